@@ -1,0 +1,1 @@
+"""Cell state: the model, transaction validation, the store and its backends."""

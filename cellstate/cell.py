@@ -1,0 +1,168 @@
+"""Reading the cell state: snapshots and the one place that interprets staged records.
+
+A :class:`CellReader` is anything with the six mappings below; an immutable
+:class:`CellSnapshot` from a replica is one, and so is the store's working view. The
+functions here are the only code that knows how gang-staged allocations read (see
+docs/architecture.md, "Gangs larger than one etcd txn"), so every reader agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import attrs
+import immutables
+
+from cellstate.model import (
+    Allocation,
+    CellConfig,
+    GangRecord,
+    GangState,
+    Job,
+    Machine,
+    Resources,
+    TaskRecord,
+    TaskState,
+    split_task_id,
+    sum_resources,
+)
+
+
+class CellReader(Protocol):
+    @property
+    def revision(self) -> int: ...
+    @property
+    def config(self) -> CellConfig: ...
+    @property
+    def machines(self) -> Mapping[str, Machine]: ...
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+    @property
+    def tasks(self) -> Mapping[str, TaskRecord]: ...
+    @property
+    def gangs(self) -> Mapping[str, GangRecord]: ...
+    @property
+    def usage(self) -> Mapping[str, object]: ...
+
+
+@attrs.frozen(slots=True)
+class CellSnapshot:
+    """A consistent, read-only view of a whole cell at one revision. Cheap to take:
+    it shares structure with the replica's maps (HAMTs) instead of copying them."""
+
+    revision: int
+    config: CellConfig
+    machines: immutables.Map[str, Machine]
+    jobs: immutables.Map[str, Job]
+    tasks: immutables.Map[str, TaskRecord]
+    gangs: immutables.Map[str, GangRecord]
+    usage: immutables.Map[str, object]
+
+    @classmethod
+    def empty(cls) -> CellSnapshot:
+        m: immutables.Map = immutables.Map()  # type: ignore[type-arg]
+        return cls(0, CellConfig(), m, m, m, m, m)
+
+
+def alloc_holds(a: Allocation, gangs: Mapping[str, GangRecord], own_gang: str = "") -> bool:
+    """Whether an allocation holds its machine's resources right now.
+
+    A gang-staged hold counts while its gang's record exists (preparing or committed;
+    an absent record means the gang aborted, and gang ids are never reused). A task
+    marked for eviction by a gang keeps its hold until that gang commits. ``own_gang``
+    is the gang being validated, whose staged evictions count as done."""
+    if a.gang and a.gang != own_gang and a.gang not in gangs:
+        return False
+    if a.evicted_by:
+        if a.evicted_by == own_gang:
+            return False
+        g = gangs.get(a.evicted_by)
+        if g is not None and g.state is GangState.COMMITTED:
+            return False
+    return True
+
+
+def alloc_placed(a: Allocation, gangs: Mapping[str, GangRecord]) -> bool:
+    """Whether the allocation's task counts as running on the machine."""
+    if not alloc_holds(a, gangs):
+        return False
+    if a.gang:
+        g = gangs.get(a.gang)
+        return g is not None and g.state is GangState.COMMITTED
+    return True
+
+
+def is_settled(a: Allocation) -> bool:
+    return not a.gang and not a.evicted_by
+
+
+def holding(m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = "") -> Iterator[Allocation]:
+    for a in m.allocations.values():
+        if alloc_holds(a, gangs, own_gang):
+            yield a
+
+
+def machine_used(m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = "") -> Resources:
+    if all(is_settled(a) for a in m.allocations.values()):
+        return sum_resources(a.resources for a in m.allocations.values())
+    return sum_resources(a.resources for a in holding(m, gangs, own_gang))
+
+
+def machine_free(m: Machine, gangs: Mapping[str, GangRecord]) -> Resources:
+    used = machine_used(m, gangs)
+    return Resources(
+        tuple((n, max(a - used.get(n), 0.0)) for n, a in m.capacity.amounts if a > used.get(n))
+    )
+
+
+@attrs.frozen(slots=True)
+class TaskView:
+    """A task as a reader should see it, whatever stage its records are in."""
+
+    job: str
+    index: int
+    state: TaskState
+    machine: str = ""
+    reserved_by: str = ""  # a gang in flight holds it
+
+
+def task_view(reader: CellReader, tid: str) -> TaskView:
+    job, index = split_task_id(tid)
+    rec = reader.tasks.get(tid)
+    if rec is None:
+        return TaskView(job, index, TaskState.PENDING)
+    if rec.gang:
+        g = reader.gangs.get(rec.gang)
+        if g is None:
+            # The gang aborted: the task was claimable before it, and still is.
+            return TaskView(job, index, TaskState.PENDING)
+        if g.state is GangState.PREPARING:
+            return TaskView(job, index, TaskState.PENDING, reserved_by=g.id)
+    if rec.state is TaskState.RUNNING:
+        m = reader.machines.get(rec.machine)
+        a = m.allocations.get(tid) if m is not None else None
+        if a is not None and a.evicted_by:
+            g = reader.gangs.get(a.evicted_by)
+            if g is not None and g.state is GangState.COMMITTED:
+                return TaskView(job, index, TaskState.PREEMPTED, rec.machine)
+    return TaskView(job, index, rec.state, rec.machine)
+
+
+def running_tasks(reader: CellReader) -> Iterator[tuple[str, str]]:
+    """(task id, machine id) of every task that counts as running."""
+    for m in reader.machines.values():
+        for a in m.allocations.values():
+            if alloc_placed(a, reader.gangs):
+                yield a.task, m.id
+
+
+def scheduler_usage(reader: CellReader, scheduler: str) -> Resources:
+    """What ``scheduler`` holds across the cell, summed from the machines (the slow,
+    always-correct way; the store keeps counters only for limited schedulers)."""
+    return sum_resources(
+        a.resources
+        for m in reader.machines.values()
+        for a in m.allocations.values()
+        if a.scheduler == scheduler and alloc_placed(a, reader.gangs)
+    )

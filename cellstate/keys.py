@@ -1,0 +1,87 @@
+"""Where each record of a cell lives in etcd.
+
+::
+
+    /omega/<cell>/config                  CellConfig (per-scheduler limits)
+    /omega/<cell>/machines/<machine>      Machine, with its allocations
+    /omega/<cell>/jobs/<job>              Job spec (immutable once submitted)
+    /omega/<cell>/tasks/<job>/<index>     TaskRecord (absent = pending)
+    /omega/<cell>/gangs/<gang>            GangRecord (large gang in flight)
+    /omega/<cell>/usage/<scheduler>       UsageRecord (resource-limited schedulers)
+
+One prefix per cell, so one watch follows a whole cell and several cells can share an
+etcd cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from cellstate.kv.base import prefix_end
+from cellstate.model import check_name
+
+
+class KeyKind(enum.Enum):
+    CONFIG = "config"
+    MACHINE = "machines"
+    JOB = "jobs"
+    TASK = "tasks"
+    GANG = "gangs"
+    USAGE = "usage"
+
+
+@attrs.frozen
+class Keyspace:
+    cell: str = "default"
+    root: bytes = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        check_name(self.cell, "cell name")
+        object.__setattr__(self, "root", f"/omega/{self.cell}/".encode())
+
+    @property
+    def end(self) -> bytes:
+        return prefix_end(self.root)
+
+    @property
+    def config(self) -> bytes:
+        return self.root + b"config"
+
+    def machine(self, machine: str) -> bytes:
+        return self.root + b"machines/" + machine.encode()
+
+    def job(self, job: str) -> bytes:
+        return self.root + b"jobs/" + job.encode()
+
+    def task(self, job: str, index: int) -> bytes:
+        return self.root + b"tasks/" + job.encode() + b"/" + str(index).encode()
+
+    def task_key(self, tid: str) -> bytes:
+        return self.root + b"tasks/" + tid.encode()
+
+    def gang(self, gang: str) -> bytes:
+        return self.root + b"gangs/" + gang.encode()
+
+    def usage(self, scheduler: str) -> bytes:
+        return self.root + b"usage/" + scheduler.encode()
+
+    def prefix(self, kind: KeyKind) -> bytes:
+        return self.root + kind.value.encode() + b"/"
+
+    def classify(self, key: bytes) -> tuple[KeyKind, str] | None:
+        """The kind of record at ``key`` and its id (task ids are ``job/index``), or
+        None for a key this cell does not own."""
+        if not key.startswith(self.root):
+            return None
+        rest = key[len(self.root) :].decode()
+        if rest == "config":
+            return KeyKind.CONFIG, ""
+        kind, sep, ident = rest.partition("/")
+        if not sep or not ident:
+            return None
+        try:
+            return KeyKind(kind), ident
+        except ValueError:
+            return None

@@ -1,0 +1,1 @@
+"""Key-value backends with etcd's semantics: a real etcd, or in memory."""

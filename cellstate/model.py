@@ -1,0 +1,470 @@
+"""The cell-state model: resources, machines, jobs, tasks, claims, transactions, results.
+
+Everything here is an immutable attrs value. Records that live in the store carry the
+etcd ``mod_revision`` they were read at; for a machine that revision *is* its sequence
+number (every change to a machine rewrites its key, so the revision changes with it).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+# Names of resource dimensions, labels, machines, jobs and schedulers. Kept to a safe
+# alphabet because they become parts of etcd keys and of file names in the simulator.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_DIMENSION = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+# A resource amount above this is a typo or an attack, not a machine: refusing it keeps
+# sums exact enough in float arithmetic (2**53 / 1e12 leaves ~4 digits of headroom).
+MAX_AMOUNT = 1e12
+# Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
+# less than this fraction of it still fits.
+_FIT_SLACK = 1e-9
+
+
+class ModelError(ValueError):
+    """A value that cannot be part of the cell state; the message says which and why."""
+
+
+def check_name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ModelError(
+            f"{what} {value!r} is not a valid name: use 1-128 letters, digits, '_', '.', '-',"
+            " starting with a letter or digit"
+        )
+    return value
+
+
+def check_amount(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ModelError(f"{where} must be a number, got {value!r}")
+    amount = float(value)
+    if math.isnan(amount):
+        raise ModelError(f"{where} is NaN")
+    if math.isinf(amount):
+        raise ModelError(f"{where} is infinite")
+    if amount < 0:
+        raise ModelError(f"{where} is negative ({amount:g})")
+    if amount > MAX_AMOUNT:
+        raise ModelError(f"{where} is {amount:g}, above the limit of {MAX_AMOUNT:g}")
+    return amount
+
+
+@attrs.frozen(slots=True, cache_hash=True)
+class Resources:
+    """A vector over named dimensions (``cpu``, ``mem`` in GiB, ``gpu``, ``disk``, ...).
+
+    Stored as ``(name, amount)`` pairs sorted by name with zero amounts dropped, so equal
+    vectors compare equal. Construct with :meth:`of` or :meth:`from_mapping`, which
+    check every amount."""
+
+    amounts: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, **amounts: float) -> Resources:
+        return cls.from_mapping(amounts)
+
+    @classmethod
+    def from_mapping(cls, amounts: Mapping[str, object], where: str = "resources") -> Resources:
+        if not isinstance(amounts, Mapping):
+            raise ModelError(f"{where} must be a mapping of dimension to amount")
+        pairs = []
+        for name, value in amounts.items():
+            if not isinstance(name, str) or not _DIMENSION.match(name):
+                raise ModelError(
+                    f"{where}: {name!r} is not a valid dimension name (lowercase letters,"
+                    " digits and '_', starting with a letter)"
+                )
+            amount = check_amount(value, f"{where}.{name}")
+            if amount:
+                pairs.append((name, amount))
+        return cls(tuple(sorted(pairs)))
+
+    def get(self, name: str) -> float:
+        for dim, amount in self.amounts:
+            if dim == name:
+                return amount
+        return 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.amounts)
+
+    def __add__(self, other: Resources) -> Resources:
+        if not other.amounts:
+            return self
+        if not self.amounts:
+            return other
+        out = dict(self.amounts)
+        for name, amount in other.amounts:
+            out[name] = out.get(name, 0.0) + amount
+        return Resources(tuple(sorted((n, a) for n, a in out.items() if a)))
+
+    def __sub__(self, other: Resources) -> Resources:
+        if not other.amounts:
+            return self
+        out = dict(self.amounts)
+        for name, amount in other.amounts:
+            out[name] = out.get(name, 0.0) - amount
+        # Clamp float residue so that releasing everything returns exactly to zero.
+        return Resources(tuple(sorted((n, a) for n, a in out.items() if abs(a) > 1e-9)))
+
+    def scaled(self, factor: float) -> Resources:
+        return Resources(tuple((n, a * factor) for n, a in self.amounts if a * factor))
+
+    def exceeding(self, capacity: Resources) -> str | None:
+        """The first dimension in which ``self`` exceeds ``capacity``, or None if it fits."""
+        for name, amount in self.amounts:
+            cap = capacity.get(name)
+            if amount > cap + _FIT_SLACK * max(cap, 1.0):
+                return name
+        return None
+
+    def exceeding_limit(self, limit: Resources) -> str | None:
+        """Like :meth:`exceeding`, but dimensions the limit does not name are unlimited."""
+        for name, cap in limit.amounts:
+            amount = self.get(name)
+            if amount > cap + _FIT_SLACK * max(cap, 1.0):
+                return name
+        return None
+
+    def fits_in(self, capacity: Resources) -> bool:
+        return self.exceeding(capacity) is None
+
+    def __bool__(self) -> bool:
+        return bool(self.amounts)
+
+    def __str__(self) -> str:
+        return ",".join(f"{n}={a:g}" for n, a in self.amounts) or "0"
+
+
+def sum_resources(items: Iterable[Resources]) -> Resources:
+    total: dict[str, float] = {}
+    for r in items:
+        for name, amount in r.amounts:
+            total[name] = total.get(name, 0.0) + amount
+    return Resources(tuple(sorted((n, a) for n, a in total.items() if abs(a) > 1e-9)))
+
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def labels_from(mapping: Mapping[str, str] | None, where: str = "labels") -> Labels:
+    if not mapping:
+        return ()
+    if not isinstance(mapping, Mapping):
+        raise ModelError(f"{where} must be a mapping of string to string")
+    for key, value in mapping.items():
+        check_name(key, f"{where} key")
+        if not isinstance(value, str) or len(value) > 256:
+            raise ModelError(f"{where}[{key!r}] must be a string of at most 256 characters")
+    return tuple(sorted(mapping.items()))
+
+
+# -- machines ------------------------------------------------------------------
+
+
+class MachineState(enum.Enum):
+    UP = "up"
+    DRAINING = "draining"  # runs what it has, takes nothing new
+    DOWN = "down"
+
+
+@attrs.frozen(slots=True)
+class Allocation:
+    """A task's hold on a machine's resources.
+
+    ``gang`` is set while the task was staged by a large gang transaction: the hold
+    counts against the machine while the gang's record exists, and the task counts as
+    placed once that record says committed. ``evicted_by`` names a gang whose commit
+    preempts this task. See docs/architecture.md, "Gangs larger than one etcd txn"."""
+
+    task: str
+    job: str
+    scheduler: str
+    precedence: int
+    resources: Resources
+    gang: str = ""
+    evicted_by: str = ""
+
+
+@attrs.frozen(slots=True)
+class Machine:
+    id: str
+    capacity: Resources
+    rack: str = ""
+    failure_domain: str = ""
+    labels: Labels = ()
+    state: MachineState = MachineState.UP
+    # task id -> allocation; a plain dict is fine: records are never mutated after decode.
+    allocations: Mapping[str, Allocation] = attrs.field(factory=dict, eq=False)
+    seq: int = 0  # the etcd mod_revision of the machine's key; 0 before it exists
+
+    def label(self, key: str) -> str | None:
+        """A machine label, where ``rack``, ``failure_domain`` and ``machine`` are
+        labels too, so selectors can name them."""
+        if key == "rack":
+            return self.rack
+        if key == "failure_domain":
+            return self.failure_domain
+        if key == "machine":
+            return self.id
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+
+# -- jobs and tasks ----------------------------------------------------------------
+
+
+class JobKind(enum.Enum):
+    BATCH = "batch"
+    SERVICE = "service"
+    MAPREDUCE = "mapreduce"
+
+
+class SelectorOp(enum.Enum):
+    IN = "in"
+    NOT_IN = "not_in"
+    EXISTS = "exists"
+    NOT_EXISTS = "not_exists"
+
+
+@attrs.frozen(slots=True)
+class Requirement:
+    """One term of a label selector; a selector matches when all its terms do."""
+
+    key: str
+    op: SelectorOp
+    values: tuple[str, ...] = ()
+
+    def matches(self, value: str | None) -> bool:
+        if self.op is SelectorOp.EXISTS:
+            return value is not None
+        if self.op is SelectorOp.NOT_EXISTS:
+            return value is None
+        if self.op is SelectorOp.IN:
+            return value is not None and value in self.values
+        return value is None or value not in self.values
+
+
+Selector = tuple[Requirement, ...]
+
+
+def selector_matches_labels(selector: Selector, labels: Labels) -> bool:
+    lookup = dict(labels)
+    return all(r.matches(lookup.get(r.key)) for r in selector)
+
+
+@attrs.frozen(slots=True)
+class Constraints:
+    """Placement rules the store enforces on every claim (fine-grained checks).
+
+    * ``machine_selector``: the machine's labels (plus rack, failure_domain, machine)
+      must match.
+    * ``anti_affinity``: no task of a job whose labels match may share the machine
+      (checked both ways: an existing task's anti-affinity also keeps newcomers off).
+    * ``affinity``: the machine must already run a task of a job whose labels match.
+    * ``max_per_machine``: at most this many of the job's own tasks per machine
+      (1 spreads the job's tasks over distinct machines); 0 means no limit.
+    """
+
+    machine_selector: Selector = ()
+    anti_affinity: Selector = ()
+    affinity: Selector = ()
+    max_per_machine: int = 0
+
+
+@attrs.frozen(slots=True)
+class Job:
+    id: str
+    owner: str
+    scheduler: str
+    task_count: int
+    task_resources: Resources
+    kind: JobKind = JobKind.BATCH
+    gang: bool = False
+    precedence: int = 0
+    constraints: Constraints = Constraints()
+    labels: Labels = ()
+    duration: float | None = None  # seconds each task runs (agents, simulator)
+    command: tuple[str, ...] = ()  # or a real command an agent runs
+    submitted_at: float = 0.0
+    revision: int = 0  # mod_revision of the job's key
+
+
+class TaskState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    LOST = "lost"
+    PREEMPTED = "preempted"
+
+
+# A task in one of these states may be (re)claimed.
+PLACEABLE = frozenset({TaskState.PENDING, TaskState.LOST, TaskState.PREEMPTED})
+# Outcomes an agent or operator may report for a running task.
+RELEASE_OUTCOMES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.LOST})
+
+
+def task_id(job: str, index: int) -> str:
+    return f"{job}/{index}"
+
+
+def split_task_id(tid: str) -> tuple[str, int]:
+    job, _, index = tid.rpartition("/")
+    if not job or not index.isdigit():
+        raise ModelError(f"{tid!r} is not a task id (expected JOB/INDEX)")
+    return job, int(index)
+
+
+@attrs.frozen(slots=True)
+class TaskRecord:
+    """What the store holds for a task that has ever been placed. A task with no
+    record is pending."""
+
+    job: str
+    index: int
+    state: TaskState
+    machine: str = ""
+    scheduler: str = ""
+    gang: str = ""  # staged by this gang; placed once the gang commits
+    revision: int = 0
+
+    @property
+    def id(self) -> str:
+        return task_id(self.job, self.index)
+
+
+class GangState(enum.Enum):
+    PREPARING = "preparing"
+    COMMITTED = "committed"
+
+
+@attrs.frozen(slots=True)
+class GangRecord:
+    """The commit point of a gang transaction too large for one etcd transaction."""
+
+    id: str
+    scheduler: str
+    state: GangState
+    claims: int
+    # Resources the gang adds per scheduler (placements minus its evictions), applied to
+    # usage counters at the commit point.
+    usage_delta: Mapping[str, Resources] = attrs.field(factory=dict, eq=False)
+    revision: int = 0
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SchedulerLimits:
+    """Omega §3.4: a scheduler may be limited in the precedence it can wield and in the
+    resources it may hold."""
+
+    max_precedence: int | None = None
+    max_resources: Resources | None = None
+
+
+@attrs.frozen(slots=True)
+class CellConfig:
+    limits: Mapping[str, SchedulerLimits] = attrs.field(factory=dict, eq=False)
+    revision: int = 0
+
+    def limits_for(self, scheduler: str) -> SchedulerLimits | None:
+        return self.limits.get(scheduler)
+
+
+@attrs.frozen(slots=True)
+class UsageRecord:
+    """The resources one resource-limited scheduler holds (see store.usage)."""
+
+    scheduler: str
+    base_revision: int  # the config revision the count starts from
+    used: Resources
+    revision: int = 0
+
+
+# -- transactions --------------------------------------------------------------------
+
+
+class TxnMode(enum.Enum):
+    INCREMENTAL = "incremental"  # commit every claim that passes
+    GANG = "gang"  # all or nothing
+
+
+class Detection(enum.Enum):
+    FINE = "fine"  # reject only what no longer fits
+    COARSE = "coarse"  # reject any claim whose machine changed since it was seen
+
+
+@attrs.frozen(slots=True)
+class Claim:
+    """Place task ``index`` of ``job`` on ``machine``, seen at sequence ``seen_seq``,
+    optionally preempting tasks (ids) that run on that machine."""
+
+    job: str
+    index: int
+    machine: str
+    seen_seq: int = 0
+    evict: tuple[str, ...] = ()
+    # If given, must equal the job's per-task resources (a check against confused or
+    # hostile clients); None means "what the job asks for".
+    resources: Resources | None = None
+
+    @property
+    def task(self) -> str:
+        return task_id(self.job, self.index)
+
+
+@attrs.frozen(slots=True)
+class Transaction:
+    scheduler: str
+    claims: tuple[Claim, ...]
+    mode: TxnMode = TxnMode.INCREMENTAL
+    detection: Detection = Detection.FINE
+    job: str = ""  # when set, every claim must be for this job
+
+
+class Reason(enum.Enum):
+    SEQUENCE_CHANGED = "sequence_changed"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    MACHINE_DOWN = "machine_down"
+    UNKNOWN_MACHINE = "unknown_machine"
+    CONSTRAINT_VIOLATED = "constraint_violated"
+    TASK_ALREADY_PLACED = "task_already_placed"
+    PRECEDENCE_TOO_LOW = "precedence_too_low"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    GANG_ABORTED = "gang_aborted"
+    INVALID = "invalid"
+
+
+@attrs.frozen(slots=True)
+class Rejection:
+    claim: Claim
+    reason: Reason
+    detail: str
+    dimension: str = ""  # for insufficient_resources / limit_exceeded
+
+
+@attrs.frozen(slots=True)
+class CommitResult:
+    committed: tuple[Claim, ...]
+    rejected: tuple[Rejection, ...]
+    revision: int  # the store revision after the last write of this commit
+    evicted: tuple[str, ...] = ()
+    attempts: int = 1  # etcd transactions tried, including guard failures
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+    def reasons(self) -> dict[str, Reason]:
+        return {r.claim.task: r.reason for r in self.rejected}

@@ -1,0 +1,911 @@
+"""The cell-state store: applies validated decisions to a KV backend, atomically.
+
+Every write follows one pattern (optimistic concurrency over etcd revisions):
+
+1. make sure the working view knows every record the decision will read;
+2. decide, with a pure function over the view (``validation.validate`` for claims);
+3. send one etcd transaction: compares on the mod_revision of every record read,
+   the new records as puts, and reads of the same keys as the failure branch;
+4. on success remember what was written; on failure learn the fresh values that came
+   back with the failure and go to 2.
+
+So any number of stores in any number of processes can commit against one etcd, and a
+machine is never over-committed: two commits that read the same machine cannot both
+pass their compares. A transaction too big for one etcd transaction is split; an
+incremental one commits group by group, a gang one goes through a staged protocol
+whose commit point is one key (see docs/architecture.md, "Gangs larger than one etcd
+txn").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from cellstate import codec
+from cellstate.cell import (
+    CellSnapshot,
+    alloc_holds,
+    alloc_placed,
+    scheduler_usage,
+    task_view,
+)
+from cellstate.keys import KeyKind, Keyspace
+from cellstate.kv.base import (
+    KV,
+    Compare,
+    CompactedError,
+    Delete,
+    Get,
+    KeyValue,
+    LeaseNotFoundError,
+    Op,
+    Put,
+    TxnResult,
+    range_all,
+)
+from cellstate.model import (
+    CellConfig,
+    Claim,
+    CommitResult,
+    GangRecord,
+    GangState,
+    Job,
+    Machine,
+    MachineState,
+    ModelError,
+    Reason,
+    Rejection,
+    Resources,
+    TaskRecord,
+    TaskState,
+    Transaction,
+    TxnMode,
+    UsageRecord,
+    split_task_id,
+    sum_resources,
+)
+from cellstate.validation import Decision, TransactionError, check_shape, validate
+from cellstate.view import WorkingView
+
+log = logging.getLogger(__name__)
+
+# Ops kept free in every etcd transaction for the config guard, usage counters and the
+# gang records the machines in it may reference.
+_RESERVED_OPS = 12
+_ALLOC_BYTES = 160  # an allocation's share of an encoded machine record, roughly
+
+
+class StoreError(Exception):
+    """A store operation that cannot be done; the message says why. Nothing changed."""
+
+
+class NotFoundError(StoreError):
+    pass
+
+
+class AlreadyExistsError(StoreError):
+    pass
+
+
+class ContentionError(StoreError):
+    """The records an operation needs kept changing under it, past the retry budget."""
+
+
+@attrs.frozen
+class StoreOptions:
+    # Seconds a large gang's record outlives a committer that stopped keeping it alive.
+    gang_lease_ttl: int = 10
+    # Guarded etcd transactions tried per group of claims before giving up.
+    max_attempts: int = 64
+    # Stay well under etcd's --max-request-bytes (1.5 MiB by default).
+    max_txn_bytes: int = 1_000_000
+
+
+@attrs.frozen
+class _Write:
+    """One guarded etcd transaction and the records it writes."""
+
+    guards: Mapping[bytes, int]
+    records: Mapping[bytes, object]  # key -> record to encode, or None to delete
+    leases: Mapping[bytes, int] = attrs.field(factory=dict)
+
+
+class CellStore:
+    """One committer's handle on a cell. Methods are thread-safe (one write at a time
+    per handle); use one handle per thread for parallel commits."""
+
+    def __init__(self, kv: KV, cell: str = "default", *, options: StoreOptions | None = None):
+        self.kv = kv
+        self.keys = Keyspace(cell)
+        self.options = options or StoreOptions()
+        self.view = WorkingView(self.keys)
+        self._lock = threading.RLock()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Read the whole cell into the working view (optional: it fills lazily)."""
+        with self._lock:
+            res = range_all(self.kv, self.keys.root)
+            self.view.observe_range(res.kvs, res.revision)
+            self.view.config_known = True
+            return res.revision
+
+    def read_snapshot(self, revision: int = 0) -> CellSnapshot:
+        """A consistent snapshot read straight from the backend (slow: a full range
+        read; schedulers use a replica instead)."""
+        from cellstate.replica import snapshot_from_kvs
+
+        res = range_all(self.kv, self.keys.root, revision=revision)
+        return snapshot_from_kvs(self.keys, res.kvs, res.revision)
+
+    def _fetch(self, keys: Iterable[bytes]) -> None:
+        wanted = list(dict.fromkeys(keys))
+        step = self.kv.max_txn_ops
+        for i in range(0, len(wanted), step):
+            chunk = wanted[i : i + step]
+            res = self.kv.txn([], [Get(k) for k in chunk])
+            self._observe_reads(chunk, res)
+
+    def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
+        for key, found in zip(keys, res.responses, strict=True):
+            kvs = found if isinstance(found, tuple) else ()
+            self.view.observe(key, kvs[0] if kvs else None, res.revision)
+
+    def _ensure_config(self) -> None:
+        if not self.view.config_known:
+            self._fetch([self.keys.config])
+            self.view.config_known = True
+
+    def _ensure_loaded(self, claims: Sequence[Claim], scheduler: str) -> None:
+        """Fetch what validating ``claims`` will read and the view does not know."""
+        self._ensure_config()
+        keys = self.keys
+        self._fetch(
+            k
+            for c in claims
+            for k in (keys.machine(c.machine), keys.job(c.job))
+            if not self.view.knows(k)
+        )
+        # Jobs of the tasks already on those machines (affinity rules read their labels)
+        # and gangs that staged holds there.
+        more: list[bytes] = []
+        for mid in {c.machine for c in claims}:
+            m = self.view.machines.get(mid)
+            if m is None:
+                continue
+            for a in m.allocations.values():
+                more.append(keys.job(a.job))
+                more.extend(keys.gang(g) for g in (a.gang, a.evicted_by) if g)
+        self._fetch(k for k in more if not self.view.knows(k))
+        self._ensure_usage([scheduler])
+
+    # -- per-scheduler usage counters ------------------------------------------------
+
+    def _limited(self, scheduler: str) -> bool:
+        lim = self.view.config.limits_for(scheduler)
+        return lim is not None and lim.max_resources is not None
+
+    def _ensure_usage(self, schedulers: Iterable[str]) -> None:
+        """Make sure the view holds a current usage counter for each limited scheduler.
+
+        A counter counts from the revision of the config that set the limit: its start
+        value is what the scheduler held at exactly that revision (read from history,
+        so every process computes the same number), and every later change to the
+        scheduler's holdings updates it in the same etcd transaction."""
+        for s in set(schedulers):
+            if not self._limited(s):
+                continue
+            key = self.keys.usage(s)
+            rec = self.view.usage.get(s)
+            if rec is not None and rec.base_revision == self.view.config.revision:
+                continue
+            self._fetch([key])
+            rec = self.view.usage.get(s)
+            if rec is not None and rec.base_revision == self.view.config.revision:
+                continue
+            self._init_usage(s)
+
+    def _init_usage(self, scheduler: str) -> None:
+        base = self.view.config.revision
+        try:
+            res = range_all(self.kv, self.keys.root, revision=base)
+        except CompactedError as e:
+            raise StoreError(
+                f"cannot start usage accounting for scheduler {scheduler!r}: the history at "
+                f"config revision {base} is compacted; set the limits again"
+            ) from e
+        from cellstate.replica import snapshot_from_kvs
+
+        used = scheduler_usage(snapshot_from_kvs(self.keys, res.kvs, base), scheduler)
+        record = UsageRecord(scheduler, base, used)
+        key = self.keys.usage(scheduler)
+        self._write_once(
+            _Write({key: self.view.guard_revision(key), self.keys.config: base}, {key: record})
+        )
+
+    def _usage_records(
+        self, added: Mapping[str, Resources], removed: Mapping[str, Resources]
+    ) -> dict[bytes, UsageRecord]:
+        out = {}
+        for s in set(added) | set(removed):
+            if not self._limited(s):
+                continue
+            rec = self.view.usage[s]
+            used = rec.used + added.get(s, Resources()) - removed.get(s, Resources())
+            out[self.keys.usage(s)] = attrs.evolve(rec, used=used)
+        return out
+
+    # -- guarded writes ----------------------------------------------------------------
+
+    def _try_write(self, w: _Write) -> TxnResult:
+        compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
+        ops: list[Op] = []
+        for key, record in w.records.items():
+            if record is None:
+                ops.append(Delete(key))
+            else:
+                ops.append(Put(key, _encode(record), w.leases.get(key, 0)))
+        failure = [Get(k) for k in w.guards]
+        res = self.kv.txn(compares, ops, failure)
+        if res.succeeded:
+            for key, record in w.records.items():
+                self.view.put_record(key, _with_revision(record, res.revision), res.revision)
+        else:
+            self._observe_reads(list(w.guards), res)
+        return res
+
+    def _write_once(self, w: _Write) -> TxnResult:
+        res = self._try_write(w)
+        if not res.succeeded:
+            raise ContentionError("the records changed while writing; try again")
+        return res
+
+    def _retry(self, what: str, attempt_fn: object) -> TxnResult:
+        """Run ``attempt_fn() -> _Write`` until its guarded write succeeds."""
+        for _ in range(self.options.max_attempts):
+            w = attempt_fn()  # type: ignore[operator]
+            res = self._try_write(w)
+            if res.succeeded:
+                return res
+        raise ContentionError(
+            f"{what}: gave up after {self.options.max_attempts} attempts; the records it "
+            "needs keep changing"
+        )
+
+    # -- commits -------------------------------------------------------------------------
+
+    def commit(self, txn: Transaction) -> CommitResult:
+        """Validate and apply a transaction. Raises TransactionError if it is malformed
+        (then nothing is applied); otherwise every claim is either committed or rejected
+        with a reason."""
+        check_shape(txn)
+        with self._lock:
+            self._ensure_config()
+            groups = self._groups(txn.claims)
+            if txn.mode is TxnMode.GANG and len(groups) > 1:
+                return self._commit_staged_gang(txn, groups)
+            if txn.mode is TxnMode.GANG:
+                return self._commit_groups(txn, [list(txn.claims)])
+            return self._commit_groups(txn, groups)
+
+    def _groups(self, claims: Sequence[Claim]) -> list[list[Claim]]:
+        """Split claims, in order, into groups that each fit one etcd transaction."""
+        budget = self.kv.max_txn_ops - _RESERVED_OPS
+        groups: list[list[Claim]] = []
+        cur: list[Claim] = []
+        machines: set[str] = set()
+        jobs: set[str] = set()
+        compares = puts = size = 0
+        for c in claims:
+            new_machine = c.machine not in machines
+            dc = 1 + len(c.evict) + new_machine + (c.job not in jobs)
+            dp = 1 + len(c.evict) + new_machine
+            db = 2 * _ALLOC_BYTES
+            if new_machine:
+                m = self.view.machines.get(c.machine)
+                db += 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
+            if cur and (
+                compares + dc > budget or puts + dp > budget or size + db > self.options.max_txn_bytes
+            ):
+                groups.append(cur)
+                cur, machines, jobs = [], set(), set()
+                compares = puts = size = 0
+                new_machine = True
+                dc, dp = 3 + len(c.evict), 2 + len(c.evict)
+            cur.append(c)
+            machines.add(c.machine)
+            jobs.add(c.job)
+            compares, puts, size = compares + dc, puts + dp, size + db
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _decision_write(self, decision: Decision, extra_guards: Mapping[bytes, int] = {}) -> _Write:
+        k = self.keys
+        v = self.view
+        guards: dict[bytes, int] = {k.config: v.config.revision}
+        reads = decision.reads
+        for mid in reads.machines:
+            guards[k.machine(mid)] = v.guard_revision(k.machine(mid))
+        for tid in reads.tasks:
+            guards[k.task_key(tid)] = v.guard_revision(k.task_key(tid))
+        for jid in reads.jobs:
+            guards[k.job(jid)] = v.guard_revision(k.job(jid))
+        for gid in reads.gangs:
+            guards[k.gang(gid)] = v.guard_revision(k.gang(gid))
+        records: dict[bytes, object] = {}
+        for mid, m in decision.machines.items():
+            records[k.machine(mid)] = m
+        for tid, t in decision.tasks.items():
+            records[k.task_key(tid)] = t
+        self._ensure_usage([*decision.added, *decision.removed])
+        for key, u in self._usage_records(decision.added, decision.removed).items():
+            guards[key] = v.guard_revision(key)
+            records[key] = u
+        for s in reads.usage:
+            guards[k.usage(s)] = v.guard_revision(k.usage(s))
+        guards.update(extra_guards)
+        return _Write(guards, records)
+
+    def _fits(self, w: _Write) -> bool:
+        limit = self.kv.max_txn_ops
+        return len(w.guards) <= limit and len(w.records) <= limit
+
+    def _commit_groups(self, txn: Transaction, groups: list[list[Claim]]) -> CommitResult:
+        committed: list[Claim] = []
+        rejected: list[Rejection] = []
+        evicted: list[str] = []
+        rewrites: dict[str, tuple[int, int]] = {}
+        attempts = 0
+        revision = self.view.revision
+        queue = list(groups)
+        while queue:
+            group = queue.pop(0)
+            sub = attrs.evolve(txn, claims=tuple(group))
+            for _ in range(self.options.max_attempts):
+                attempts += 1
+                self._ensure_loaded(group, txn.scheduler)
+                decision = validate(self.view, sub, seq_rewrites=rewrites)
+                w = self._decision_write(decision)
+                if not self._fits(w) and len(group) > 1:
+                    half = len(group) // 2
+                    queue[:0] = [group[:half], group[half:]]
+                    break
+                before = {mid: m.seq for mid, m in self.view.machines.items() if mid in
+                          decision.machines}
+                res = self._try_write(w)
+                if res.succeeded:
+                    for mid, seq in before.items():
+                        rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
+                    committed.extend(decision.accepted)
+                    rejected.extend(decision.rejected)
+                    evicted.extend(decision.evicted)
+                    revision = res.revision
+                    break
+            else:
+                rejected.extend(
+                    Rejection(c, Reason.SEQUENCE_CHANGED, "the store gave up after "
+                              f"{self.options.max_attempts} attempts: its machines keep changing")
+                    for c in group
+                )
+        return CommitResult(
+            tuple(committed), tuple(rejected), revision, tuple(evicted), attempts
+        )
+
+    # -- large gangs -------------------------------------------------------------------
+
+    def _commit_staged_gang(self, txn: Transaction, groups: list[list[Claim]]) -> CommitResult:
+        """All-or-nothing commit of a gang too large for one etcd transaction.
+
+        Stage every placement as a hold tagged with a new gang id whose record (leased,
+        state preparing) must exist for the holds to count; then flip the record to
+        committed in one etcd transaction: that is the commit point. A committer that
+        dies before it lets the lease lapse, which deletes the record and voids every
+        hold; after it, anyone can finish the clean-up (``recover``)."""
+        self._ensure_loaded(txn.claims, txn.scheduler)
+        whole = validate(self.view, txn)
+        if whole.rejected:
+            return CommitResult((), whole.rejected, self.view.revision, (), 1)
+        gid = uuid.uuid4().hex
+        gkey = self.keys.gang(gid)
+        lease = self.kv.lease_grant(self.options.gang_lease_ttl)
+        stop = threading.Event()
+        keeper = threading.Thread(
+            target=_keep_alive, args=(self.kv, lease, self.options.gang_lease_ttl, stop),
+            name=f"gang-{gid[:8]}-lease", daemon=True,
+        )
+        keeper.start()
+        attempts = 1
+        try:
+            record = GangRecord(gid, txn.scheduler, GangState.PREPARING, len(txn.claims))
+            res = self._write_once(_Write({gkey: 0}, {gkey: record}, {gkey: lease}))
+            gang_rev = res.revision
+            attempts += 1
+            added: dict[str, Resources] = {}
+            removed: dict[str, Resources] = {}
+            evicted: list[str] = []
+            rewrites: dict[str, tuple[int, int]] = {}
+            staged_machines: set[str] = set()
+            staged_tasks: set[str] = set()
+            for group in groups:
+                sub = attrs.evolve(txn, claims=tuple(group))
+                for _ in range(self.options.max_attempts):
+                    attempts += 1
+                    self._ensure_loaded(group, txn.scheduler)
+                    if gid not in self.view.gangs:
+                        return self._gang_lost(txn, attempts)
+                    decision = validate(self.view, sub, staging_gang=gid, seq_rewrites=rewrites)
+                    if decision.rejected:
+                        self._abort_gang(gid, staged_machines, staged_tasks)
+                        return self._gang_failed(txn, decision.rejected, attempts)
+                    w = self._stage_write(decision, gkey, gang_rev)
+                    before = {mid: self.view.machines[mid].seq for mid in decision.machines}
+                    res = self._try_write(w)
+                    if res.succeeded:
+                        for mid, seq in before.items():
+                            rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
+                        staged_machines.update(decision.machines)
+                        staged_tasks.update(decision.tasks)
+                        _accumulate(added, decision.added)
+                        _accumulate(removed, decision.removed)
+                        evicted.extend(decision.evicted)
+                        break
+                else:
+                    self._abort_gang(gid, staged_machines, staged_tasks)
+                    return self._gang_failed(
+                        txn,
+                        [Rejection(group[0], Reason.SEQUENCE_CHANGED,
+                                   "staging gave up: the machines keep changing")],
+                        attempts,
+                    )
+            flipped = self._flip_gang(txn, gid, gang_rev, added, removed)
+            attempts += 1
+            if isinstance(flipped, Rejection):
+                self._abort_gang(gid, staged_machines, staged_tasks)
+                return self._gang_failed(txn, [flipped], attempts)
+            if flipped is None:
+                return self._gang_lost(txn, attempts)
+        finally:
+            stop.set()
+            keeper.join()
+            try:
+                self.kv.lease_revoke(lease)
+            except LeaseNotFoundError:
+                pass
+        revision = flipped
+        try:
+            self.finalize_gang(gid, staged_machines, staged_tasks)
+        except StoreError as e:  # the gang is committed; recover() finishes the clean-up
+            log.warning("gang %s committed; clean-up deferred: %s", gid, e)
+        return CommitResult(txn.claims, (), revision, tuple(evicted), attempts)
+
+    def _stage_write(self, decision: Decision, gkey: bytes, gang_rev: int) -> _Write:
+        """Staging writes holds and marks only; usage counters move at the commit point."""
+        w = self._decision_write(attrs.evolve(decision, added={}, removed={}))
+        return _Write({**w.guards, gkey: gang_rev}, w.records)
+
+    def _flip_gang(
+        self,
+        txn: Transaction,
+        gid: str,
+        gang_rev: int,
+        added: Mapping[str, Resources],
+        removed: Mapping[str, Resources],
+    ) -> int | Rejection | None:
+        """The commit point. Returns the revision, a rejection (limit), or None when
+        the gang's record is gone (its lease lapsed)."""
+        gkey = self.keys.gang(gid)
+        for _ in range(self.options.max_attempts):
+            self._fetch([self.keys.config])
+            self._ensure_usage([*added, *removed])
+            if gid not in self.view.gangs:
+                return None
+            guards: dict[bytes, int] = {gkey: gang_rev, self.keys.config: self.view.config.revision}
+            usage = self._usage_records(added, removed)
+            for key, u in usage.items():
+                guards[key] = self.view.guard_revision(key)
+                lim = self.view.config.limits_for(u.scheduler)
+                assert lim is not None and lim.max_resources is not None
+                if u.scheduler in added:
+                    dim = u.used.exceeding_limit(lim.max_resources)
+                    if dim is not None:
+                        first = txn.claims[0]
+                        return Rejection(
+                            first, Reason.LIMIT_EXCEEDED,
+                            f"scheduler {u.scheduler!r} would hold {u.used.get(dim):g} {dim}, "
+                            f"past its limit of {lim.max_resources.get(dim):g}", dim,
+                        )
+            record = GangRecord(
+                gid, txn.scheduler, GangState.COMMITTED, len(txn.claims),
+                {s: r for s, r in added.items()},
+            )
+            res = self._try_write(_Write(guards, {gkey: record, **usage}))
+            if res.succeeded:
+                return res.revision
+        raise ContentionError(f"gang {gid}: the commit point kept failing its guards")
+
+    def _gang_failed(
+        self, txn: Transaction, failures: Sequence[Rejection], attempts: int
+    ) -> CommitResult:
+        failed = {r.claim.task for r in failures}
+        first = failures[0]
+        rest = [
+            Rejection(c, Reason.GANG_ABORTED,
+                      f"gang aborted: {first.claim.task}: {first.detail}")
+            for c in txn.claims if c.task not in failed
+        ]
+        return CommitResult((), (*failures, *rest), self.view.revision, (), attempts)
+
+    def _gang_lost(self, txn: Transaction, attempts: int) -> CommitResult:
+        return CommitResult(
+            (),
+            tuple(Rejection(c, Reason.GANG_ABORTED, "gang aborted: its lease lapsed before the "
+                            "commit point") for c in txn.claims),
+            self.view.revision, (), attempts,
+        )
+
+    def _abort_gang(
+        self, gid: str, machines: set[str] | None = None, tasks: set[str] | None = None
+    ) -> None:
+        """Delete a preparing gang's record (so its holds are void) and clear them."""
+        gkey = self.keys.gang(gid)
+        self._fetch([gkey])
+        rec = self.view.gangs.get(gid)
+        if rec is not None and rec.state is GangState.PREPARING:
+            res = self._try_write(_Write({gkey: rec.revision}, {gkey: None}))
+            if not res.succeeded:
+                self._fetch([gkey])
+        try:
+            self._clean_gang_marks(gid, machines, tasks)
+        except StoreError as e:
+            log.warning("gang %s aborted; clean-up deferred: %s", gid, e)
+
+    def finalize_gang(
+        self, gid: str, machines: set[str] | None = None, tasks: set[str] | None = None
+    ) -> None:
+        """Turn a committed gang's holds into plain allocations, carry out its evictions,
+        then delete its record. Idempotent; safe to run from any process. ``machines``
+        and ``tasks`` say where the gang staged records, if known (else the whole cell
+        is read to find them)."""
+        with self._lock:
+            gkey = self.keys.gang(gid)
+            self._fetch([gkey])
+            rec = self.view.gangs.get(gid)
+            if rec is None:
+                return
+            if rec.state is not GangState.COMMITTED:
+                raise StoreError(f"gang {gid} is {rec.state.value}, not committed")
+            self._clean_gang_marks(gid, machines, tasks)
+            self._retry(
+                f"deleting gang {gid}",
+                lambda: _Write({gkey: self.view.guard_revision(gkey)}, {gkey: None}),
+            )
+
+    def _clean_gang_marks(
+        self, gid: str, machine_hint: set[str] | None = None, task_hint: set[str] | None = None
+    ) -> None:
+        """Rewrite every record tagged with gang ``gid``: settle them if it committed,
+        drop them if it aborted."""
+        k = self.keys
+        if machine_hint is None or task_hint is None:
+            self.load()
+        else:
+            self._fetch([k.gang(gid), *map(k.machine, machine_hint), *map(k.task_key, task_hint)])
+        committed = (g := self.view.gangs.get(gid)) is not None and g.state is GangState.COMMITTED
+        machines = [m.id for m in self.view.machines.values()
+                    if (machine_hint is None or m.id in machine_hint)
+                    and any(gid in (a.gang, a.evicted_by) for a in m.allocations.values())]
+        tasks = [t.id for t in self.view.tasks.values()
+                 if (task_hint is None or t.id in task_hint) and t.gang == gid]
+        step = max(1, (self.kv.max_txn_ops - _RESERVED_OPS) // 2)
+        for i in range(0, len(machines), step):
+            batch = machines[i : i + step]
+            self._retry(f"settling gang {gid}", lambda b=batch: self._settle_machines(gid, b,
+                                                                                    committed))
+        for i in range(0, len(tasks), self.kv.max_txn_ops - _RESERVED_OPS):
+            batch = tasks[i : i + self.kv.max_txn_ops - _RESERVED_OPS]
+            self._retry(f"settling gang {gid}", lambda b=batch: self._settle_tasks(gid, b,
+                                                                                 committed))
+
+    def _settle_machines(self, gid: str, mids: Sequence[str], committed: bool) -> _Write:
+        k = self.keys
+        guards: dict[bytes, int] = {k.gang(gid): self.view.guard_revision(k.gang(gid))}
+        records: dict[bytes, object] = {}
+        for mid in mids:
+            m = self.view.machines.get(mid)
+            if m is None:
+                continue
+            allocs = dict(m.allocations)
+            for tid, a in m.allocations.items():
+                if a.gang == gid:
+                    if committed:
+                        allocs[tid] = attrs.evolve(a, gang="")
+                    else:
+                        del allocs[tid]
+                elif a.evicted_by == gid:
+                    if committed:
+                        del allocs[tid]
+                        tkey = k.task_key(tid)
+                        guards[tkey] = self.view.guard_revision(tkey)
+                        records[tkey] = TaskRecord(
+                            *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler
+                        )
+                    else:
+                        allocs[tid] = attrs.evolve(a, evicted_by="")
+            guards[k.machine(mid)] = m.seq
+            records[k.machine(mid)] = attrs.evolve(m, allocations=allocs)
+        return _Write(guards, records)
+
+    def _settle_tasks(self, gid: str, tids: Sequence[str], committed: bool) -> _Write:
+        k = self.keys
+        guards: dict[bytes, int] = {k.gang(gid): self.view.guard_revision(k.gang(gid))}
+        records: dict[bytes, object] = {}
+        for tid in tids:
+            t = self.view.tasks.get(tid)
+            if t is None or t.gang != gid:
+                continue
+            guards[k.task_key(tid)] = t.revision
+            records[k.task_key(tid)] = attrs.evolve(t, gang="") if committed else None
+        return _Write(guards, records)
+
+    def recover(self) -> list[str]:
+        """Finish what crashed committers left: settle committed gangs, clear the holds
+        of aborted ones. Returns the ids of the gangs it touched."""
+        with self._lock:
+            self.load()
+            touched = []
+            for gid, g in list(self.view.gangs.items()):
+                if g.state is GangState.COMMITTED:
+                    self.finalize_gang(gid)
+                    touched.append(gid)
+            orphans = {
+                tag
+                for m in self.view.machines.values()
+                for a in m.allocations.values()
+                for tag in (a.gang, a.evicted_by)
+                if tag and tag not in self.view.gangs
+            } | {t.gang for t in self.view.tasks.values() if t.gang and t.gang not in
+                 self.view.gangs}
+            for gid in sorted(orphans):
+                self._clean_gang_marks(gid)
+                touched.append(gid)
+            return touched
+
+    # -- jobs, machines, releases, config ------------------------------------------------
+
+    def submit_job(self, job: Job) -> int:
+        """Store a new job (its tasks start pending). Returns the revision."""
+        codec.parse_job(codec.job_to_doc(job))  # the same checks as for user input
+        with self._lock:
+            key = self.keys.job(job.id)
+            res = self._try_write(_Write({key: 0}, {key: job}))
+            if not res.succeeded:
+                raise AlreadyExistsError(f"job {job.id!r} already exists")
+            return res.revision
+
+    def add_machine(self, machine: Machine) -> int:
+        codec.parse_machine(codec.machine_to_doc(machine))
+        if machine.allocations:
+            raise StoreError(f"machine {machine.id!r}: a new machine cannot carry allocations")
+        with self._lock:
+            key = self.keys.machine(machine.id)
+            res = self._try_write(_Write({key: 0}, {key: attrs.evolve(machine, seq=0)}))
+            if not res.succeeded:
+                raise AlreadyExistsError(f"machine {machine.id!r} already exists")
+            return res.revision
+
+    def update_machine(
+        self,
+        machine_id: str,
+        *,
+        capacity: Resources | None = None,
+        state: MachineState | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> int:
+        """Change a machine's capacity, state or labels. Taking it down loses every task
+        on it (state lost), which frees their resources and sends them back to their
+        schedulers; a capacity below what its tasks hold is refused."""
+        if capacity is not None:
+            codec.parse_resources(capacity.as_dict(), f"machine {machine_id}: capacity")
+        if state is not None and not isinstance(state, MachineState):
+            raise StoreError(f"machine {machine_id}: {state!r} is not a machine state")
+        new_labels = codec.labels_from(labels, f"machine {machine_id}: labels") if labels else None
+        with self._lock:
+            self._ensure_config()
+
+            def attempt() -> _Write:
+                self._fetch([self.keys.machine(machine_id)])
+                m = self.view.machines.get(machine_id)
+                if m is None:
+                    raise NotFoundError(f"unknown machine {machine_id!r}")
+                changed = attrs.evolve(
+                    m,
+                    capacity=capacity if capacity is not None else m.capacity,
+                    state=state if state is not None else m.state,
+                    labels=new_labels if new_labels is not None else m.labels,
+                )
+                if state is MachineState.DOWN:
+                    return self._lose_tasks(changed)
+                self._fetch_gangs(m)
+                held = sum_resources(
+                    a.resources for a in m.allocations.values() if alloc_holds(a, self.view.gangs)
+                )
+                dim = held.exceeding(changed.capacity)
+                if dim is not None:
+                    raise StoreError(
+                        f"machine {machine_id}: new capacity {changed.capacity.get(dim):g} {dim} "
+                        f"is below the {held.get(dim):g} its tasks hold"
+                    )
+                guards = {self.keys.machine(machine_id): m.seq}
+                guards.update(self._gang_guards(m))
+                return _Write(guards, {self.keys.machine(machine_id): changed})
+
+            res = self._retry(f"updating machine {machine_id}", attempt)
+            return res.revision
+
+    def _fetch_gangs(self, m: Machine) -> None:
+        self._fetch(
+            self.keys.gang(g) for a in m.allocations.values() for g in (a.gang, a.evicted_by) if g
+        )
+
+    def _gang_guards(self, m: Machine) -> dict[bytes, int]:
+        return {
+            self.keys.gang(g): self.view.guard_revision(self.keys.gang(g))
+            for a in m.allocations.values()
+            for g in (a.gang, a.evicted_by)
+            if g
+        }
+
+    def _lose_tasks(self, m: Machine) -> _Write:
+        """The write that takes machine ``m`` down: every task holding it is lost, and
+        gangs still preparing holds on it are aborted (they could not run here)."""
+        self._fetch_gangs(m)
+        k = self.keys
+        guards: dict[bytes, int] = {k.machine(m.id): m.seq, k.config: self.view.config.revision}
+        guards.update(self._gang_guards(m))
+        records: dict[bytes, object] = {}
+        removed: dict[str, Resources] = {}
+        allocs = dict(m.allocations)
+        budget = self.kv.max_txn_ops - _RESERVED_OPS
+        for tid, a in m.allocations.items():
+            if len(records) >= budget:
+                break  # the rest go in the next write (the machine is already down)
+            del allocs[tid]
+            g = self.view.gangs.get(a.gang) if a.gang else None
+            if a.gang and g is not None and g.state is GangState.PREPARING:
+                records[k.gang(a.gang)] = None  # abort it; its task records are void
+                continue
+            if not alloc_placed(a, self.view.gangs):
+                continue
+            tkey = k.task_key(tid)
+            guards[tkey] = self.view.guard_revision(tkey)
+            records[tkey] = TaskRecord(*split_task_id(tid), TaskState.LOST, m.id, a.scheduler)
+            removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
+        self._ensure_usage(removed)
+        for key, u in self._usage_records({}, removed).items():
+            guards[key] = self.view.guard_revision(key)
+            records[key] = u
+        records[k.machine(m.id)] = attrs.evolve(m, allocations=allocs)
+        return _Write(guards, records)
+
+    def remove_machine(self, machine_id: str) -> int:
+        """Take the machine down (losing its tasks) and delete it."""
+        with self._lock:
+            while True:
+                self._fetch([self.keys.machine(machine_id)])
+                m = self.view.machines.get(machine_id)
+                if m is None:
+                    raise NotFoundError(f"unknown machine {machine_id!r}")
+                if m.state is not MachineState.DOWN or m.allocations:
+                    self.update_machine(machine_id, state=MachineState.DOWN)
+                    continue
+                key = self.keys.machine(machine_id)
+                res = self._try_write(_Write({key: m.seq}, {key: None}))
+                if res.succeeded:
+                    return res.revision
+
+    def release_task(self, tid: str, outcome: TaskState) -> int:
+        """Record that a running task ended (finished, failed, lost) and free its hold."""
+        if outcome not in (TaskState.FINISHED, TaskState.FAILED, TaskState.LOST):
+            raise StoreError(
+                f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}"
+            )
+        try:
+            job, index = split_task_id(tid)
+        except ModelError as e:
+            raise StoreError(str(e)) from e
+        with self._lock:
+            self._ensure_config()
+            k = self.keys
+
+            def attempt() -> _Write:
+                self._fetch([k.task_key(tid)])
+                rec = self.view.tasks.get(tid)
+                if rec is not None and rec.machine:
+                    self._fetch([k.machine(rec.machine)])
+                    m = self.view.machines.get(rec.machine)
+                    if m is not None:
+                        self._fetch_gangs(m)
+                if rec is not None and rec.gang:
+                    self._fetch([k.gang(rec.gang)])
+                view = task_view(self.view, tid)
+                if view.state is not TaskState.RUNNING:
+                    raise StoreError(f"task {tid} is {view.state.value}, not running")
+                assert rec is not None
+                m = self.view.machines[rec.machine]
+                a = m.allocations[tid]
+                allocs = {t: x for t, x in m.allocations.items() if t != tid}
+                guards = {k.task_key(tid): rec.revision, k.machine(m.id): m.seq,
+                          k.config: self.view.config.revision}
+                guards.update(self._gang_guards(m))
+                records: dict[bytes, object] = {
+                    k.task_key(tid): TaskRecord(job, index, outcome, m.id, a.scheduler),
+                    k.machine(m.id): attrs.evolve(m, allocations=allocs),
+                }
+                self._ensure_usage([a.scheduler])
+                for key, u in self._usage_records({}, {a.scheduler: a.resources}).items():
+                    guards[key] = self.view.guard_revision(key)
+                    records[key] = u
+                return _Write(guards, records)
+
+            return self._retry(f"releasing task {tid}", attempt).revision
+
+    def set_config(self, config: CellConfig) -> int:
+        """Replace the cell's configuration (per-scheduler limits)."""
+        codec.parse_config(codec.config_to_doc(config))
+        with self._lock:
+            self._fetch([self.keys.config])
+            key = self.keys.config
+            res = self._retry(
+                "setting the cell config",
+                lambda: _Write({key: self.view.guard_revision(key)}, {key: config}),
+            )
+            # Start the counters of resource-limited schedulers now, while the history
+            # at this revision is surely still there.
+            self._ensure_usage(config.limits)
+            return res.revision
+
+
+def _accumulate(into: dict[str, Resources], more: Mapping[str, Resources]) -> None:
+    for s, r in more.items():
+        into[s] = into.get(s, Resources()) + r
+
+
+def _keep_alive(kv: KV, lease: int, ttl: int, stop: threading.Event) -> None:
+    while not stop.wait(max(ttl / 3, 0.2)):
+        try:
+            kv.lease_keepalive(lease)
+        except Exception as e:  # the commit point will notice the lapsed lease
+            log.warning("gang lease %x: keep-alive failed: %s", lease, e)
+            return
+
+
+def _encode(record: object) -> bytes:
+    if isinstance(record, Machine):
+        return codec.encode_machine(record)
+    if isinstance(record, TaskRecord):
+        return codec.encode_task(record)
+    if isinstance(record, GangRecord):
+        return codec.encode_gang(record)
+    if isinstance(record, UsageRecord):
+        return codec.encode_usage(record)
+    if isinstance(record, Job):
+        return codec.encode_job(record)
+    if isinstance(record, CellConfig):
+        return codec.encode_config(record)
+    raise TypeError(f"cannot encode {type(record).__name__}")
+
+
+def _with_revision(record: object, revision: int) -> object:
+    if record is None:
+        return None
+    if isinstance(record, Machine):
+        return attrs.evolve(record, seq=revision)
+    return attrs.evolve(record, revision=revision)  # type: ignore[misc]
+

@@ -1,0 +1,523 @@
+"""Transaction validation: a pure function of a cell reader and a transaction.
+
+``validate(cell, txn)`` decides every claim and says what the store must write; it does
+no I/O. The store's backends only read what it needs and write what it returns, guarded
+by the revisions of everything it read (``Decision.reads``), so a decision made on
+state that changed before the write lands is thrown away and made again.
+
+Claims are checked in order against the cell plus the effects of the claims accepted
+before them in the same transaction. The checks, in order (the first that fails names
+the reason):
+
+1. the job exists, belongs to the transaction's scheduler, has that task  -> invalid
+2. the task is not placed or reserved already                           -> task_already_placed
+3. the machine exists                                                   -> unknown_machine
+4. coarse detection only: the machine's sequence number is the one seen -> sequence_changed
+5. the machine is up                                                    -> machine_down
+6. the scheduler may use the job's precedence                           -> limit_exceeded
+7. every victim runs on the machine with lower precedence than the job  -> precedence_too_low
+8. selector, affinity, anti-affinity, tasks per machine                 -> constraint_violated
+9. the task fits in what is free after the victims leave                -> insufficient_resources
+10. the scheduler stays within its resource limit                       -> limit_exceeded
+
+A gang transaction commits only if every claim passes; otherwise the failing claims
+keep their reasons and all others are rejected as gang_aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from cellstate.cell import CellReader, alloc_holds, alloc_placed, holding, task_view
+from cellstate.model import (
+    Allocation,
+    Claim,
+    Detection,
+    GangRecord,
+    Job,
+    Machine,
+    MachineState,
+    ModelError,
+    Reason,
+    Rejection,
+    Resources,
+    TaskRecord,
+    TaskState,
+    Transaction,
+    TxnMode,
+    UsageRecord,
+    check_amount,
+    check_name,
+    selector_matches_labels,
+    split_task_id,
+    sum_resources,
+)
+
+MAX_CLAIMS_PER_TRANSACTION = 100_000
+
+
+class TransactionError(ValueError):
+    """A transaction that is malformed as a whole; nothing of it was applied."""
+
+
+@attrs.frozen
+class Reads:
+    """Every record a decision relied on; the store guards each by its revision."""
+
+    machines: frozenset[str]
+    tasks: frozenset[str]
+    jobs: frozenset[str]
+    gangs: frozenset[str]
+    usage: frozenset[str]
+
+
+@attrs.frozen
+class Decision:
+    accepted: tuple[Claim, ...]
+    rejected: tuple[Rejection, ...]
+    machines: Mapping[str, Machine]  # new records of machines that change
+    tasks: Mapping[str, TaskRecord]  # new records of tasks that change
+    evicted: tuple[str, ...]
+    added: Mapping[str, Resources]  # per scheduler: resources newly held
+    removed: Mapping[str, Resources]  # per scheduler: resources freed by evictions
+    reads: Reads
+
+
+# -- shape -------------------------------------------------------------------------
+
+
+def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) -> None:
+    """Refuse a transaction that is malformed whatever the cell holds."""
+    problems: list[str] = []
+    try:
+        check_name(txn.scheduler, "scheduler")
+    except ModelError as e:
+        problems.append(str(e))
+    if not isinstance(txn.mode, TxnMode):
+        problems.append(f"mode {txn.mode!r} is not one of incremental, gang")
+    if not isinstance(txn.detection, Detection):
+        problems.append(f"detection {txn.detection!r} is not one of fine, coarse")
+    if not txn.claims:
+        raise TransactionError("transaction has no claims")
+    if len(txn.claims) > max_claims:
+        raise TransactionError(
+            f"transaction has {len(txn.claims)} claims, more than the limit of {max_claims}"
+        )
+    first_claim: dict[str, int] = {}
+    for i, c in enumerate(txn.claims):
+        problems.extend(_claim_problems(i, c, txn))
+        if len(problems) > 20:
+            break
+        tid = f"{c.job}/{c.index}"
+        if tid in first_claim:
+            problems.append(f"claim {i}: task {tid} is already claimed by claim {first_claim[tid]}")
+        else:
+            first_claim.setdefault(tid, i)
+    for i, c in enumerate(txn.claims):
+        for victim in c.evict if isinstance(c.evict, tuple) else ():
+            if victim in first_claim:
+                problems.append(f"claim {i}: evicts task {victim}, which this transaction claims")
+    if problems:
+        shown = problems[:20]
+        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+        raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
+
+
+def _claim_problems(i: int, c: Claim, txn: Transaction) -> list[str]:
+    where = f"claim {i}"
+    out = []
+    if not isinstance(c, Claim):
+        return [f"{where} is not a Claim"]
+    for value, what in ((c.job, "job"), (c.machine, "machine")):
+        try:
+            check_name(value, f"{where}: {what}")
+        except ModelError as e:
+            out.append(str(e))
+    if isinstance(c.index, bool) or not isinstance(c.index, int) or c.index < 0:
+        out.append(f"{where}: task index {c.index!r} is not a non-negative integer")
+    if isinstance(c.seen_seq, bool) or not isinstance(c.seen_seq, int) or c.seen_seq < 0:
+        out.append(f"{where}: seen_seq {c.seen_seq!r} is not a non-negative integer")
+    if txn.job and c.job != txn.job:
+        out.append(f"{where} is for a task of job {c.job!r}, but the transaction is for job "
+                   f"{txn.job!r}")
+    if c.resources is not None:
+        try:
+            if not isinstance(c.resources, Resources):
+                raise ModelError("resources must be a Resources vector")
+            for name, amount in c.resources.amounts:
+                check_amount(amount, f"resources.{name}")
+        except ModelError as e:
+            out.append(f"{where}: {e}")
+    if not isinstance(c.evict, tuple):
+        out.append(f"{where}: evict must be a tuple of task ids")
+        return out
+    seen: set[str] = set()
+    for victim in c.evict:
+        try:
+            if not isinstance(victim, str):
+                raise ModelError(f"{victim!r} is not a task id")
+            split_task_id(victim)
+        except ModelError as e:
+            out.append(f"{where}: evict: {e}")
+            continue
+        if victim in seen:
+            out.append(f"{where}: evicts task {victim} twice")
+        seen.add(victim)
+    return out
+
+
+# -- decision ------------------------------------------------------------------------
+
+
+class _Work:
+    """The cell plus the effects of the claims accepted so far in this transaction."""
+
+    def __init__(
+        self,
+        cell: CellReader,
+        txn: Transaction,
+        gang: str,
+        seq_rewrites: Mapping[str, tuple[int, int]],
+    ) -> None:
+        self.cell = cell
+        self.txn = txn
+        self.gang = gang
+        self.seq_rewrites = seq_rewrites  # set when staging a large gang: placements are staged holds
+        self.machines: dict[str, Machine] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        self.added: dict[str, Resources] = {}
+        self.removed: dict[str, Resources] = {}
+        self.evicted: list[str] = []
+        self.read_machines: set[str] = set()
+        self.read_tasks: set[str] = set()
+        self.read_jobs: set[str] = set()
+        self.read_gangs: set[str] = set()
+        self.read_usage: set[str] = set()
+
+    def machine(self, mid: str) -> Machine | None:
+        self.read_machines.add(mid)
+        m = self.machines.get(mid)
+        if m is None:
+            m = self.cell.machines.get(mid)
+            if m is not None:
+                # Staged records on the machine are read through their gangs.
+                self.read_gangs.update(
+                    g for a in m.allocations.values() for g in (a.gang, a.evicted_by) if g
+                )
+        return m
+
+    @property
+    def gangs(self) -> Mapping[str, GangRecord]:
+        return self.cell.gangs
+
+
+def validate(
+    cell: CellReader,
+    txn: Transaction,
+    *,
+    staging_gang: str = "",
+    seq_rewrites: Mapping[str, tuple[int, int]] | None = None,
+) -> Decision:
+    """Decide ``txn`` against ``cell``. Raises TransactionError for a malformed one.
+
+    ``staging_gang`` is set by the store when it stages a gang too large for one etcd
+    transaction: accepted placements are then written as holds tagged with the gang,
+    and evictions as marks, both of which only take effect when the gang commits.
+
+    ``seq_rewrites`` maps a machine to (sequence before, sequence after) the store's own
+    writes of earlier parts of the same transaction, so that under coarse detection a
+    transaction split over several etcd transactions does not conflict with itself."""
+    check_shape(txn)
+    w = _Work(cell, txn, staging_gang, seq_rewrites or {})
+    accepted: list[Claim] = []
+    rejected: list[Rejection] = []
+    for claim in txn.claims:
+        rejection = _check_claim(w, claim)
+        if rejection is None:
+            _apply(w, claim)
+            accepted.append(claim)
+        else:
+            rejected.append(rejection)
+    reads = Reads(
+        frozenset(w.read_machines),
+        frozenset(w.read_tasks),
+        frozenset(w.read_jobs),
+        frozenset(w.read_gangs),
+        frozenset(w.read_usage),
+    )
+    if txn.mode is TxnMode.GANG and rejected:
+        failed = {r.claim.task for r in rejected}
+        aborted = tuple(
+            Rejection(c, Reason.GANG_ABORTED, f"gang aborted: {len(rejected)} claim(s) failed, "
+                      f"first {rejected[0].claim.task}: {rejected[0].detail}")
+            for c in txn.claims
+            if c.task not in failed
+        )
+        ordered = {r.claim.task: r for r in (*rejected, *aborted)}
+        return Decision(
+            (), tuple(ordered[c.task] for c in txn.claims), {}, {}, (), {}, {}, reads
+        )
+    return Decision(
+        tuple(accepted),
+        tuple(rejected),
+        w.machines,
+        w.tasks,
+        tuple(w.evicted),
+        w.added,
+        w.removed,
+        reads,
+    )
+
+
+def _reject(claim: Claim, reason: Reason, detail: str, dimension: str = "") -> Rejection:
+    return Rejection(claim, reason, detail, dimension)
+
+
+def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
+    txn = w.txn
+    w.read_jobs.add(claim.job)
+    job = w.cell.jobs.get(claim.job)
+    if job is None:
+        return _reject(claim, Reason.INVALID, f"unknown job {claim.job!r}")
+    if job.scheduler != txn.scheduler:
+        return _reject(
+            claim,
+            Reason.INVALID,
+            f"job {job.id!r} belongs to scheduler {job.scheduler!r}, not {txn.scheduler!r}",
+        )
+    if claim.index >= job.task_count:
+        return _reject(
+            claim,
+            Reason.INVALID,
+            f"job {job.id!r} has {job.task_count} tasks; there is no task {claim.index}",
+        )
+    if claim.resources is not None and claim.resources != job.task_resources:
+        return _reject(
+            claim,
+            Reason.INVALID,
+            f"claim asks for {claim.resources}, but job {job.id!r} tasks need "
+            f"{job.task_resources}",
+        )
+    rejection = _check_task(w, claim)
+    if rejection is not None:
+        return rejection
+    m = w.machine(claim.machine)
+    if m is None:
+        return _reject(claim, Reason.UNKNOWN_MACHINE, f"unknown machine {claim.machine!r}")
+    committed = w.cell.machines.get(claim.machine)
+    if (
+        txn.detection is Detection.COARSE
+        and committed is not None
+        and committed.seq != claim.seen_seq
+        and w.seq_rewrites.get(m.id) != (claim.seen_seq, committed.seq)
+    ):
+        return _reject(
+            claim,
+            Reason.SEQUENCE_CHANGED,
+            f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {claim.seen_seq}",
+        )
+    if m.state is not MachineState.UP:
+        return _reject(claim, Reason.MACHINE_DOWN, f"machine {m.id!r} is {m.state.value}")
+    limits = w.cell.config.limits_for(txn.scheduler)
+    if limits is not None and limits.max_precedence is not None:
+        if job.precedence > limits.max_precedence:
+            return _reject(
+                claim,
+                Reason.LIMIT_EXCEEDED,
+                f"job {job.id!r} has precedence {job.precedence}, above scheduler "
+                f"{txn.scheduler!r}'s limit of {limits.max_precedence}",
+            )
+    victims, rejection = _check_victims(w, claim, job, m)
+    if rejection is not None:
+        return rejection
+    rejection = _check_constraints(w, claim, job, m, victims)
+    if rejection is not None:
+        return rejection
+    return _check_resources(w, claim, job, m, victims)
+
+
+def _check_task(w: _Work, claim: Claim) -> Rejection | None:
+    tid = claim.task
+    w.read_tasks.add(tid)
+    if tid in w.tasks:
+        # Preempted earlier in this same transaction: not claimable within it.
+        return _reject(claim, Reason.TASK_ALREADY_PLACED, f"task {tid} changed earlier in this "
+                       "transaction")
+    view = task_view(w.cell, tid)
+    if view.reserved_by:
+        w.read_gangs.add(view.reserved_by)
+        return _reject(
+            claim,
+            Reason.TASK_ALREADY_PLACED,
+            f"task {tid} is reserved by gang {view.reserved_by} in flight",
+        )
+    rec = w.cell.tasks.get(tid)
+    if rec is not None and rec.gang:
+        w.read_gangs.add(rec.gang)
+    if view.state not in (TaskState.PENDING, TaskState.LOST, TaskState.PREEMPTED):
+        where = f" on machine {view.machine!r}" if view.machine else ""
+        return _reject(
+            claim, Reason.TASK_ALREADY_PLACED, f"task {tid} is {view.state.value}{where}"
+        )
+    return None
+
+
+def _check_victims(
+    w: _Work, claim: Claim, job: Job, m: Machine
+) -> tuple[list[Allocation], Rejection | None]:
+    victims = []
+    for victim in claim.evict:
+        w.read_tasks.add(victim)
+        a = m.allocations.get(victim)
+        if a is None or not alloc_placed(a, w.gangs) or a.evicted_by:
+            return victims, _reject(
+                claim, Reason.INVALID, f"cannot evict {victim}: it does not run on {m.id!r}"
+            )
+        if a.precedence >= job.precedence:
+            return victims, _reject(
+                claim,
+                Reason.PRECEDENCE_TOO_LOW,
+                f"cannot evict {victim} (precedence {a.precedence}) for job {job.id!r} "
+                f"(precedence {job.precedence}): victims must have lower precedence",
+            )
+        victims.append(a)
+    return victims, None
+
+
+def _check_constraints(
+    w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
+) -> Rejection | None:
+    c = job.constraints
+    if c.machine_selector and not all(r.matches(m.label(r.key)) for r in c.machine_selector):
+        return _reject(
+            claim, Reason.CONSTRAINT_VIOLATED, f"machine {m.id!r} does not match the selector"
+        )
+    gone = {v.task for v in victims}
+    neighbours = [a for a in holding(m, w.gangs, w.gang) if a.task not in gone]
+    if c.max_per_machine:
+        mine = sum(1 for a in neighbours if a.job == job.id)
+        if mine >= c.max_per_machine:
+            return _reject(
+                claim,
+                Reason.CONSTRAINT_VIOLATED,
+                f"machine {m.id!r} already runs {mine} task(s) of job {job.id!r} "
+                f"(max_per_machine {c.max_per_machine})",
+            )
+    if not (c.anti_affinity or c.affinity) and not any(
+        _has_anti_affinity(w, a.job) for a in neighbours
+    ):
+        return None
+    neighbour_jobs = {a.job for a in neighbours}
+    for other_id in neighbour_jobs:
+        if other_id == job.id:
+            continue
+        other = w.cell.jobs.get(other_id)
+        if other is None:
+            continue
+        if c.anti_affinity and selector_matches_labels(c.anti_affinity, other.labels):
+            return _reject(
+                claim,
+                Reason.CONSTRAINT_VIOLATED,
+                f"anti-affinity: machine {m.id!r} runs job {other_id!r}",
+            )
+        ca = other.constraints.anti_affinity
+        if ca and selector_matches_labels(ca, job.labels):
+            return _reject(
+                claim,
+                Reason.CONSTRAINT_VIOLATED,
+                f"anti-affinity: job {other_id!r} on machine {m.id!r} keeps job {job.id!r} off",
+            )
+    if c.affinity and not any(
+        (j := w.cell.jobs.get(o)) is not None and selector_matches_labels(c.affinity, j.labels)
+        for o in neighbour_jobs
+    ):
+        return _reject(
+            claim,
+            Reason.CONSTRAINT_VIOLATED,
+            f"affinity: machine {m.id!r} runs no task of a matching job",
+        )
+    return None
+
+
+def _has_anti_affinity(w: _Work, job_id: str) -> bool:
+    other = w.cell.jobs.get(job_id)
+    return other is not None and bool(other.constraints.anti_affinity)
+
+
+def _check_resources(
+    w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
+) -> Rejection | None:
+    used = sum_resources(a.resources for a in holding(m, w.gangs, w.gang))
+    freed = sum_resources(v.resources for v in victims)
+    need = job.task_resources
+    after = used - freed + need
+    dim = after.exceeding(m.capacity)
+    if dim is not None:
+        free = max(m.capacity.get(dim) - (used - freed).get(dim), 0.0)
+        return _reject(
+            claim,
+            Reason.INSUFFICIENT_RESOURCES,
+            f"machine {m.id!r} has {free:g} {dim} free, task needs {need.get(dim):g}",
+            dim,
+        )
+    return _check_usage_limit(w, claim, need)
+
+
+def _check_usage_limit(w: _Work, claim: Claim, need: Resources) -> Rejection | None:
+    scheduler = w.txn.scheduler
+    limits = w.cell.config.limits_for(scheduler)
+    if limits is None or limits.max_resources is None:
+        return None
+    w.read_usage.add(scheduler)
+    record = w.cell.usage.get(scheduler)
+    if not isinstance(record, UsageRecord):
+        return _reject(
+            claim,
+            Reason.LIMIT_EXCEEDED,
+            f"usage of scheduler {scheduler!r} is not known yet; retry",
+        )
+    held = record.used + w.added.get(scheduler, Resources()) - w.removed.get(
+        scheduler, Resources()
+    )
+    dim = (held + need).exceeding_limit(limits.max_resources)
+    if dim is not None:
+        return _reject(
+            claim,
+            Reason.LIMIT_EXCEEDED,
+            f"scheduler {scheduler!r} holds {held.get(dim):g} {dim}; this task would take it "
+            f"past its limit of {limits.max_resources.get(dim):g}",
+            dim,
+        )
+    return None
+
+
+def _apply(w: _Work, claim: Claim) -> None:
+    job = w.cell.jobs[claim.job]
+    m = w.machine(claim.machine)
+    assert m is not None
+    allocs = dict(m.allocations)
+    # Holds of aborted gangs are dropped whenever a machine is rewritten anyway.
+    for tid, a in list(allocs.items()):
+        if a.gang and a.gang not in w.gangs and a.gang != w.gang:
+            del allocs[tid]
+    for victim in claim.evict:
+        a = allocs[victim]
+        if w.gang:
+            allocs[victim] = attrs.evolve(a, evicted_by=w.gang)
+        else:
+            del allocs[victim]
+            w.tasks[victim] = TaskRecord(
+                *split_task_id(victim), TaskState.PREEMPTED, m.id, a.scheduler
+            )
+        w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
+        w.evicted.append(victim)
+    allocs[claim.task] = Allocation(
+        claim.task, job.id, w.txn.scheduler, job.precedence, job.task_resources, w.gang
+    )
+    w.machines[m.id] = attrs.evolve(m, allocations=allocs)
+    w.tasks[claim.task] = TaskRecord(
+        job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
+    )
+    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, Resources()) + job.task_resources

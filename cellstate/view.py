@@ -1,0 +1,143 @@
+"""The committer's working view: the newest record it knows for each key.
+
+Unlike a replica's snapshot it need not be consistent across keys: every record a
+decision relies on is guarded by its revision in the etcd transaction that applies the
+decision, so a stale record costs a retry, never a wrong commit. It is filled from
+reads, from the committer's own writes, from the values a failed transaction returns,
+and (in a server) from a watch. Newer knowledge of a key always wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cellstate import codec
+from cellstate.keys import KeyKind, Keyspace
+from cellstate.kv.base import EventType, KeyValue, WatchResponse
+from cellstate.model import (
+    CellConfig,
+    GangRecord,
+    Job,
+    Machine,
+    TaskRecord,
+    UsageRecord,
+)
+
+
+class WorkingView:
+    """A :class:`~cellstate.cell.CellReader` over the newest known record per key."""
+
+    def __init__(self, keys: Keyspace) -> None:
+        self.keys = keys
+        self.revision = 0
+        self.config = CellConfig()
+        self.config_known = False
+        self.machines: dict[str, Machine] = {}
+        self.jobs: dict[str, Job] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        self.gangs: dict[str, GangRecord] = {}
+        self.usage: dict[str, UsageRecord] = {}
+        # key -> the revision our knowledge of it is as of (a read's revision, a write's
+        # revision, an event's revision). Keys never seen are unknown.
+        self._as_of: dict[bytes, int] = {}
+
+    def knows(self, key: bytes) -> bool:
+        return key in self._as_of
+
+    def guard_revision(self, key: bytes) -> int:
+        """The mod_revision a guard on ``key`` must expect (0 for absent or unknown:
+        an unknown key is assumed absent, and the guard checks that assumption)."""
+        kind = self.keys.classify(key)
+        if kind is None:
+            return 0
+        rec = self._record(kind[0], kind[1])
+        return getattr(rec, "revision", 0) if rec is not None else 0
+
+    def _record(self, kind: KeyKind, ident: str) -> object | None:
+        if kind is KeyKind.MACHINE:
+            m = self.machines.get(ident)
+            return None if m is None else _Rev(m.seq)
+        if kind is KeyKind.CONFIG:
+            return _Rev(self.config.revision) if self.config_known else None
+        table: dict[str, object] = {
+            KeyKind.JOB: self.jobs,
+            KeyKind.TASK: self.tasks,
+            KeyKind.GANG: self.gangs,
+            KeyKind.USAGE: self.usage,
+        }[kind]  # type: ignore[assignment]
+        return table.get(ident)
+
+    def observe(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
+        """Learn that at revision ``as_of`` the key held ``kv`` (None: absent)."""
+        if self._as_of.get(key, -1) > as_of:
+            return
+        kind = self.keys.classify(key)
+        if kind is None:
+            return
+        self._as_of[key] = as_of
+        if as_of > self.revision:
+            self.revision = as_of
+        self._set(kind[0], kind[1], kv)
+
+    def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
+        for kv in kvs:
+            self.observe(kv.key, kv, as_of)
+
+    def observe_watch(self, response: WatchResponse) -> None:
+        for event in response.events:
+            kv = event.kv if event.type is EventType.PUT else None
+            self.observe(event.kv.key, kv, event.kv.mod_revision)
+
+    def _set(self, kind: KeyKind, ident: str, kv: KeyValue | None) -> None:
+        if kind is KeyKind.CONFIG:
+            self.config_known = True
+            self.config = (
+                codec.decode_config(kv.value, kv.mod_revision) if kv is not None else CellConfig()
+            )
+            return
+        if kind is KeyKind.MACHINE:
+            _put(self.machines, ident, kv, codec.decode_machine)
+        elif kind is KeyKind.JOB:
+            _put(self.jobs, ident, kv, codec.decode_job)
+        elif kind is KeyKind.TASK:
+            _put(self.tasks, ident, kv, codec.decode_task)
+        elif kind is KeyKind.GANG:
+            _put(self.gangs, ident, kv, codec.decode_gang)
+        elif kind is KeyKind.USAGE:
+            _put(self.usage, ident, kv, codec.decode_usage)
+
+    def put_record(self, key: bytes, record: object, revision: int) -> None:
+        """Learn a record this process just wrote at ``revision`` (no decode needed)."""
+        if self._as_of.get(key, -1) > revision:
+            return
+        self._as_of[key] = revision
+        self.revision = max(self.revision, revision)
+        kind, ident = self.keys.classify(key) or (None, "")
+        if isinstance(record, Machine):
+            self.machines[ident] = record
+        elif isinstance(record, TaskRecord):
+            self.tasks[ident] = record
+        elif isinstance(record, GangRecord):
+            self.gangs[ident] = record
+        elif isinstance(record, UsageRecord):
+            self.usage[ident] = record
+        elif isinstance(record, Job):
+            self.jobs[ident] = record
+        elif isinstance(record, CellConfig):
+            self.config, self.config_known = record, True
+        elif record is None and kind is not None:
+            self._set(kind, ident, None)
+
+
+class _Rev:
+    __slots__ = ("revision",)
+
+    def __init__(self, revision: int) -> None:
+        self.revision = revision
+
+
+def _put(table: dict[str, object], ident: str, kv: KeyValue | None, decode: object) -> None:
+    if kv is None:
+        table.pop(ident, None)
+    else:
+        table[ident] = decode(ident, kv.value, kv.mod_revision)  # type: ignore[operator]

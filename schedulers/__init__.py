@@ -1,0 +1,1 @@
+"""Scheduler runtime and plugins (built in the scheduler-runtime issue)."""

