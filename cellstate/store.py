@@ -700,6 +700,34 @@ class CellStore:
                 raise AlreadyExistsError(f"machine {machine.id!r} already exists")
             return res.revision
 
+    def add_machines(self, machines: Sequence[Machine]) -> int:
+        """Add many new machines, as few etcd transactions as the limits allow. All are
+        checked before anything is written; each transaction adds its machines or, if
+        any of them exists already, none of them (and this raises)."""
+        for m in machines:
+            codec.parse_machine(codec.machine_to_doc(m))
+            if m.allocations:
+                raise StoreError(f"machine {m.id!r}: a new machine cannot carry allocations")
+        ids = [m.id for m in machines]
+        dupes = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+        if dupes:
+            raise StoreError(f"machines listed twice: {', '.join(dupes)}")
+        step = self.kv.max_txn_ops
+        revision = 0
+        with self._lock:
+            for i in range(0, len(machines), step):
+                batch = machines[i : i + step]
+                keys = [self.keys.machine(m.id) for m in batch]
+                res = self._try_write(_Write(
+                    dict.fromkeys(keys, 0),
+                    {k: attrs.evolve(m, seq=0) for k, m in zip(keys, batch, strict=True)},
+                ))
+                if not res.succeeded:
+                    present = [m.id for m in batch if m.id in self.view.machines]
+                    raise AlreadyExistsError(f"machines already exist: {', '.join(present)}")
+                revision = res.revision
+        return revision
+
     def update_machine(
         self,
         machine_id: str,

@@ -19,6 +19,7 @@ Load it with ``pytest_plugins = ["tests.etcd_fixture"]`` (in tests/conftest.py) 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import time
@@ -59,8 +60,8 @@ def docker_available(timeout: float = 2.0) -> bool:
     if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
         return False  # the common case here: not even worth importing docker
     try:
-        import docker
-
+        # Imported only here (slow, and untyped); testcontainers depends on it.
+        docker: Any = importlib.import_module("docker")
         client = docker.from_env(timeout=timeout)
         try:
             return bool(client.ping())

@@ -1,0 +1,737 @@
+#!/usr/bin/env python
+"""Commit throughput of the cell-state store, beside the raw etcd Txn rate.
+
+    python benchmarks/commit_throughput.py [--quick] [--seconds N] [--no-fsync] [--json out.json]
+
+For each backend (a real etcd started here, and the in-memory KV), each number of
+concurrent committers (1, 4, 8), each mode (incremental, gang) and each detection (fine,
+coarse), every committer loops for the run time: it builds a transaction of B claims
+(consecutive tasks of its own job, each on a machine picked at random from the whole
+cell, seen at the sequence number its store's view holds), calls ``CellStore.commit`` and
+records the latency and the outcome. The committers share the machines, so conflicts are
+real. Every configuration gets a cell of its own (``bench-<n>``), deleted afterwards.
+
+etcd committers are OS processes (each with its own EtcdKV and CellStore, loaded before
+the clock starts); memory committers are threads of this process, because a MemoryKV
+cannot be shared across processes (so they also share one GIL).
+
+The raw baseline: the store's KV is wrapped to record the shape of every transaction
+that writes (compares on existing and on absent keys, puts that update and that create,
+value sizes). After the store runs with N committers, N processes replay transactions of
+exactly those shapes with ``kv.txn`` on the same etcd (compares that hold, on keys each
+process owns, so none conflict), and the table shows that Txn rate, the placements per
+second it would give at B claims per Txn, and the store's share of it.
+
+Goals checked at the end (from the issue): at least 5,000 placements/s with 4 committers
+(incremental, fine, etcd) on this 2-core machine, and committing through the store keeps
+at least half of the raw etcd rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import functools
+import json
+import multiprocessing
+import os
+import platform
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+# Runnable as a plain script from anywhere: the repository root holds the package.
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from cellstate import codec  # noqa: E402
+from cellstate.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
+from cellstate.kv.base import (  # noqa: E402
+    KV,
+    Compare,
+    Delete,
+    Get,
+    Op,
+    Put,
+    RangeResult,
+    TxnResult,
+    Watcher,
+    prefix_end,
+)
+from cellstate.kv.etcd import EtcdKV  # noqa: E402
+from cellstate.kv.memory import MemoryKV  # noqa: E402
+from cellstate.model import (  # noqa: E402
+    Claim,
+    Detection,
+    Job,
+    Machine,
+    Resources,
+    Transaction,
+    TxnMode,
+)
+from cellstate.store import CellStore  # noqa: E402
+
+COMMITTER_COUNTS = (1, 4, 8)
+MODES = (TxnMode.INCREMENTAL, TxnMode.GANG)
+DETECTIONS = (Detection.FINE, Detection.COARSE)
+MACHINES = 2000
+MACHINE_CPU, MACHINE_MEM = 32.0, 128.0
+TASK_CPU, TASK_MEM = 0.1, 0.25
+TASKS_PER_JOB = 1_000_000  # the codec's maximum; a run never gets near it
+GOAL_PLACEMENTS = 5000.0
+GOAL_RATIO = 0.5
+SHAPES_KEPT = 300  # transaction shapes each committer keeps for the raw replay
+RAW_POOL = 2000  # keys each raw process rewrites (as a committer rewrites machines)
+REPLY_SLACK = 180.0  # seconds a worker may take beyond the run time before we give up
+
+# A transaction's shape: value sizes of puts that update a key the Txn compares at its
+# current revision, value sizes of puts that create a key compared as absent, and the
+# number of compares on keys it does not write (existing, absent).
+Shape = tuple[tuple[int, ...], tuple[int, ...], int, int]
+
+
+# -- instrumentation ----------------------------------------------------------------
+
+
+class CountingKV:
+    """A KV that passes every call on to ``inner`` and records what the store's writing
+    transactions look like. One per committer, so counts are per committer."""
+
+    def __init__(self, inner: KV) -> None:
+        self.inner = inner
+        self.max_txn_ops = inner.max_txn_ops
+        self.max_request_bytes = inner.max_request_bytes
+        self.reset()
+
+    def reset(self) -> None:
+        self.read_txns = 0  # transactions without puts (fetches of unknown keys)
+        self.write_txns = 0
+        self.failed_write_txns = 0  # a guard did not hold: a conflict
+        self.ok_compares = 0  # totals over the write transactions that succeeded
+        self.ok_puts = 0
+        self.ok_bytes = 0  # keys + values of the success branch
+        self.shapes: list[Shape] = []
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+            ) -> TxnResult:
+        res = self.inner.txn(compares, success, failure)
+        puts = [op for op in success if type(op) is Put]
+        if not puts:
+            self.read_txns += 1
+            return res
+        self.write_txns += 1
+        if not res.succeeded:
+            self.failed_write_txns += 1
+            return res
+        self.ok_compares += len(compares)
+        self.ok_puts += len(puts)
+        self.ok_bytes += sum(len(op.key) + len(op.value) for op in puts)
+        if len(self.shapes) < SHAPES_KEPT:
+            guard = {c.key: c.value for c in compares}
+            updates = tuple(len(p.value) for p in puts if guard.get(p.key, 0) != 0)
+            creates = tuple(len(p.value) for p in puts if guard.get(p.key, 0) == 0)
+            written = {p.key for p in puts}
+            others = [c.value for c in compares if c.key not in written]
+            self.shapes.append(
+                (updates, creates, sum(1 for v in others if v != 0), sum(1 for v in others
+                                                                       if v == 0))
+            )
+        return res
+
+    def range(self, key: bytes, range_end: bytes | None = None, *, revision: int = 0,
+              limit: int = 0, keys_only: bool = False) -> RangeResult:
+        return self.inner.range(key, range_end, revision=revision, limit=limit,
+                                keys_only=keys_only)
+
+    def watch(self, key: bytes, range_end: bytes | None = None, *, start_revision: int = 0
+              ) -> Watcher:
+        return self.inner.watch(key, range_end, start_revision=start_revision)
+
+    def compact(self, revision: int) -> None:
+        self.inner.compact(revision)
+
+    def lease_grant(self, ttl: int) -> int:
+        return self.inner.lease_grant(ttl)
+
+    def lease_keepalive(self, lease_id: int) -> int:
+        return self.inner.lease_keepalive(lease_id)
+
+    def lease_revoke(self, lease_id: int) -> None:
+        self.inner.lease_revoke(lease_id)
+
+    def close(self) -> None:
+        """The inner KV is shared; its owner closes it."""
+
+
+# -- cells ----------------------------------------------------------------------------
+
+
+def job_id(committer: int) -> str:
+    return f"job-c{committer}"
+
+
+def scheduler_name(committer: int) -> str:
+    return f"sched-{committer}"
+
+
+def setup_cell(kv: KV, cell: str, machines: int, committers: int) -> None:
+    """Machines (written in bulk, 100 per etcd Txn) and one job per committer."""
+    store = CellStore(kv, cell)
+    keys = store.keys
+    cap = Resources.of(cpu=MACHINE_CPU, mem=MACHINE_MEM)
+    batch: list[tuple[bytes, bytes]] = []
+    for i in range(machines):
+        m = Machine(f"m{i:05d}", cap)
+        batch.append((keys.machine(m.id), codec.encode_machine(m)))
+        if len(batch) == 100 or i == machines - 1:
+            res = kv.txn([Compare.absent(k) for k, _ in batch], [Put(k, v) for k, v in batch])
+            if not res.succeeded:
+                raise RuntimeError(f"cell {cell} is not empty")
+            batch = []
+    task = Resources.of(cpu=TASK_CPU, mem=TASK_MEM)
+    for c in range(committers):
+        store.submit_job(Job(job_id(c), "bench", scheduler_name(c), TASKS_PER_JOB, task))
+
+
+def delete_prefix(kv: KV, prefix: bytes) -> None:
+    kv.txn([], [Delete(prefix, prefix_end(prefix))])
+
+
+# -- the committer loop (a process for etcd, a thread for memory) ----------------------
+
+
+def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: TxnMode,
+                detection: Detection, batch: int, seed: int, t0: float, deadline: float
+                ) -> dict[str, Any]:
+    rng = random.Random(seed)
+    mids = sorted(store.view.machines)
+    machines = store.view.machines
+    job, sched = job_id(committer), scheduler_name(committer)
+    counting.reset()
+    index = committed = rejected = commits = attempts = 0
+    latencies: list[float] = []
+    pause = t0 - time.monotonic()
+    if pause > 0:
+        time.sleep(pause)
+    perf = time.perf_counter
+    while time.monotonic() < deadline:
+        chosen = rng.choices(mids, k=batch)
+        claims = tuple(
+            Claim(job, index + i, mid, machines[mid].seq) for i, mid in enumerate(chosen)
+        )
+        index += batch
+        started = perf()
+        res = store.commit(Transaction(sched, claims, mode, detection))
+        latencies.append(perf() - started)
+        committed += len(res.committed)
+        rejected += len(res.rejected)
+        commits += 1
+        attempts += res.attempts
+    end = time.monotonic()
+    return {
+        "committed": committed, "rejected": rejected, "commits": commits,
+        "attempts": attempts, "latencies": latencies, "end": end,
+        "read_txns": counting.read_txns, "write_txns": counting.write_txns,
+        "failed_write_txns": counting.failed_write_txns, "ok_compares": counting.ok_compares,
+        "ok_puts": counting.ok_puts, "ok_bytes": counting.ok_bytes, "shapes": counting.shapes,
+    }
+
+
+# -- the raw baseline --------------------------------------------------------------------
+
+
+class RawReplayer:
+    """Sends Txns of recorded shapes straight to etcd, on keys only this process uses,
+    with compares that hold: what etcd does for the store's transactions, minus the
+    store."""
+
+    def __init__(self, kv: KV, prefix: bytes, shapes: Sequence[Shape], seed: int) -> None:
+        self.kv = kv
+        self.prefix = prefix
+        self.shapes = list(shapes)
+        self.rng = random.Random(seed)
+        self.rng.shuffle(self.shapes)
+        self.pool = [prefix + b"machines/m%05d" % i for i in range(RAW_POOL)]
+        self.revs: dict[bytes, int] = {}
+        self.readonly = [prefix + b"jobs/job%d" % i for i in range(8)]
+        self.created = 0
+        self.put_bytes = 0
+
+    def prepare(self) -> None:
+        for i in range(0, RAW_POOL, 100):
+            chunk = self.pool[i : i + 100]
+            res = self.kv.txn([], [Put(k, b"x" * 200) for k in chunk])
+            self.revs.update(dict.fromkeys(chunk, res.revision))
+        res = self.kv.txn([], [Put(k, b"x" * 200) for k in self.readonly])
+        self.revs.update(dict.fromkeys(self.readonly, res.revision))
+
+    def one(self, shape: Shape) -> None:
+        updates, creates, extra_existing, extra_absent = shape
+        picked = self.rng.sample(self.pool, len(updates))
+        compares = [Compare.mod_revision_is(k, self.revs[k]) for k in picked]
+        puts = [Put(k, b"v" * n) for k, n in zip(picked, updates, strict=True)]
+        for n in creates:
+            key = self.prefix + b"tasks/job/%d" % self.created
+            self.created += 1
+            compares.append(Compare.absent(key))
+            puts.append(Put(key, b"t" * n))
+        compares.extend(
+            Compare.mod_revision_is(k, self.revs[k]) for k in self.readonly[:extra_existing]
+        )
+        compares.extend(
+            Compare.absent(self.prefix + b"absent/%d" % i) for i in range(extra_absent)
+        )
+        # The store sends reads of every guarded key as the failure branch; so do we.
+        failure = [Get(c.key) for c in compares]
+        res = self.kv.txn(compares, puts, failure)
+        if not res.succeeded:
+            raise RuntimeError("a raw replay transaction failed its compares")
+        for k in picked:
+            self.revs[k] = res.revision
+        self.put_bytes += sum(len(p.key) + len(p.value) for p in puts)
+
+    def loop(self, t0: float, deadline: float) -> dict[str, Any]:
+        n = 0
+        latencies: list[float] = []
+        pause = t0 - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        perf = time.perf_counter
+        while time.monotonic() < deadline:
+            started = perf()
+            self.one(self.shapes[n % len(self.shapes)])
+            latencies.append(perf() - started)
+            n += 1
+        return {"txns": n, "latencies": latencies, "end": time.monotonic(),
+                "put_bytes": self.put_bytes}
+
+
+# -- etcd worker processes -------------------------------------------------------------
+
+
+def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
+    """One etcd committer process: runs store or raw rounds as the parent asks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    kv = EtcdKV([endpoint])
+    try:
+        while True:
+            msg = conn.recv()
+            kind = msg[0]
+            if kind == "stop":
+                return
+            try:
+                p: dict[str, Any] = msg[1]
+                run: Callable[[float, float], dict[str, Any]]
+                if kind == "store":
+                    counting = CountingKV(kv)
+                    store = CellStore(counting, p["cell"])
+                    store.load()
+                    run = functools.partial(commit_loop, store, counting, wid, p["mode"],
+                                            p["detection"], p["batch"], p["seed"])
+                else:
+                    replayer = RawReplayer(kv, p["prefix"], p["shapes"], p["seed"])
+                    replayer.prepare()
+                    run = replayer.loop
+                conn.send(("ready",))
+                go = conn.recv()
+                if go[0] == "stop":
+                    return
+                result = _profiled(run, go[1], go[2], p.get("profile"))
+                conn.send(("result", result))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        kv.close()
+
+
+def _profiled(run: Callable[[float, float], dict[str, Any]], t0: float, deadline: float,
+              profile: str | None) -> dict[str, Any]:
+    if not profile:
+        return run(t0, deadline)
+    import cProfile
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(run, t0, deadline)
+    finally:
+        prof.dump_stats(profile)
+
+
+class Workers:
+    """The etcd committer processes, started once (spawn) and reused for every round."""
+
+    def __init__(self, endpoint: str, count: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        for wid in range(count):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(child, endpoint, wid),
+                               name=f"committer-{wid}", daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    def _recv(self, i: int, timeout: float) -> tuple[Any, ...]:
+        conn, proc = self.conns[i], self.procs[i]
+        deadline = time.monotonic() + timeout
+        while not conn.poll(0.2):
+            if not proc.is_alive():
+                raise RuntimeError(f"committer process {i} died (exit code {proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"committer process {i} did not answer in {timeout:g} s")
+        msg: tuple[Any, ...] = conn.recv()
+        if msg[0] == "error":
+            raise RuntimeError(f"committer process {i} failed:\n{msg[1]}")
+        return msg
+
+    def round(self, kind: str, params: Sequence[dict[str, Any]], seconds: float
+              ) -> tuple[float, list[dict[str, Any]]]:
+        """Run one timed round on the first len(params) workers; returns (t0, results)."""
+        n = len(params)
+        for i in range(n):
+            self.conns[i].send((kind, params[i]))
+        for i in range(n):
+            self._recv(i, REPLY_SLACK)
+        t0 = time.monotonic() + 0.05
+        for i in range(n):
+            self.conns[i].send(("go", t0, t0 + seconds))
+        return t0, [self._recv(i, seconds + REPLY_SLACK)[1] for i in range(n)]
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop",))
+        for proc in self.procs:
+            proc.join(timeout=5)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+# -- figures ----------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def summarize(t0: float, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    wall = max(r["end"] for r in results) - t0
+    lat = sorted(x for r in results for x in r["latencies"])
+    committed = sum(r["committed"] for r in results)
+    rejected = sum(r["rejected"] for r in results)
+    commits = sum(r["commits"] for r in results)
+    writes = sum(r["write_txns"] for r in results)
+    ok_writes = writes - sum(r["failed_write_txns"] for r in results)
+    return {
+        "wall_s": wall,
+        "placements_per_s": committed / wall,
+        "commits_per_s": commits / wall,
+        "p50_ms": percentile(lat, 0.50) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3,
+        "committed": committed,
+        "rejected": rejected,
+        "rejected_fraction": rejected / max(1, committed + rejected),
+        "commits": commits,
+        "etcd_txns_per_commit": sum(r["attempts"] for r in results) / max(1, commits),
+        "conflict_fraction": (writes - ok_writes) / max(1, writes),
+        "fetch_txns": sum(r["read_txns"] for r in results),
+        "compares_per_write": sum(r["ok_compares"] for r in results) / max(1, ok_writes),
+        "puts_per_write": sum(r["ok_puts"] for r in results) / max(1, ok_writes),
+        "bytes_per_write": sum(r["ok_bytes"] for r in results) / max(1, ok_writes),
+    }
+
+
+def summarize_raw(t0: float, results: Sequence[dict[str, Any]], batch: int) -> dict[str, Any]:
+    wall = max(r["end"] for r in results) - t0
+    txns = sum(r["txns"] for r in results)
+    lat = sorted(x for r in results for x in r["latencies"])
+    return {
+        "wall_s": wall,
+        "txns_per_s": txns / wall,
+        "placements_per_s": txns / wall * batch,
+        "p50_ms": percentile(lat, 0.50) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3,
+        "bytes_per_txn": sum(r["put_bytes"] for r in results) / max(1, txns),
+    }
+
+
+HEADER = (
+    f"{'backend':<7} {'comm':>4} {'mode':<11} {'detect':<6} {'place/s':>8} {'commit/s':>8} "
+    f"{'p50 ms':>7} {'p99 ms':>7} {'rej%':>5} {'confl%':>6} {'txn/c':>5} "
+    f"{'raw Txn/s':>9} {'raw pl/s':>8} {'st/raw':>6}"
+)
+
+
+def row(cfg: dict[str, Any], raw: dict[str, Any] | None) -> str:
+    s = cfg["result"]
+    if raw is not None:
+        ratio = s["placements_per_s"] / raw["placements_per_s"]
+        rawpart = f"{raw['txns_per_s']:>9.0f} {raw['placements_per_s']:>8.0f} {ratio:>6.2f}"
+    else:
+        rawpart = f"{'-':>9} {'-':>8} {'-':>6}"
+    return (
+        f"{cfg['backend']:<7} {cfg['committers']:>4} {cfg['mode']:<11} {cfg['detection']:<6} "
+        f"{s['placements_per_s']:>8.0f} {s['commits_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
+        f"{s['p99_ms']:>7.1f} {100 * s['rejected_fraction']:>5.1f} "
+        f"{100 * s['conflict_fraction']:>6.1f} {s['etcd_txns_per_commit']:>5.2f} {rawpart}"
+    )
+
+
+# -- the benchmark ----------------------------------------------------------------------
+
+
+def configurations() -> Iterator[tuple[int, TxnMode, Detection]]:
+    for n in COMMITTER_COUNTS:
+        for mode in MODES:
+            for det in DETECTIONS:
+                yield n, mode, det
+
+
+def _thread_main(results: list[dict[str, Any] | None], errors: list[str], i: int,
+                 run: Callable[[], dict[str, Any]]) -> None:
+    try:
+        results[i] = run()
+    except Exception:
+        errors.append(traceback.format_exc())
+
+
+def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[str, Any]],
+               emit: Callable[[str], None]) -> None:
+    for n, mode, det in configurations():
+        kv = MemoryKV()
+        cell = f"bench-{next(cell_no)}"
+        setup_cell(kv, cell, args.machines, n)
+        results: list[dict[str, Any] | None] = [None] * n
+        errors: list[str] = []
+        countings = [CountingKV(kv) for _ in range(n)]
+        stores = [CellStore(c, cell) for c in countings]
+        for s in stores:
+            s.load()
+        t0 = time.monotonic() + 0.05
+        threads = [
+            threading.Thread(
+                target=_thread_main, daemon=True,
+                args=(results, errors, i, functools.partial(
+                    commit_loop, stores[i], countings[i], i, mode, det, args.batch,
+                    args.seed + i, t0, t0 + args.seconds)),
+            )
+            for i in range(n)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError("a memory committer failed:\n" + errors[0])
+        cfg: dict[str, Any] = {"backend": "memory", "committers": n, "mode": mode.value,
+               "detection": det.value, "cell": cell,
+               "result": summarize(t0, [r for r in results if r is not None])}
+        out.append(cfg)
+        emit(row(cfg, None))
+        kv.close()
+
+
+def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: Iterator[int],
+             out: list[dict[str, Any]], raws: dict[int, dict[str, Any]],
+             emit: Callable[[str], None]) -> None:
+    for n in COMMITTER_COUNTS:
+        shapes: list[Shape] = []
+        rows: list[dict[str, Any]] = []
+        for mode in MODES:
+            for det in DETECTIONS:
+                cell = f"bench-{next(cell_no)}"
+                setup_cell(kv, cell, args.machines, n)
+                profile = None
+                if args.profile and (n, mode, det) == (4, TxnMode.INCREMENTAL, Detection.FINE):
+                    profile = args.profile
+                params = [{"cell": cell, "mode": mode, "detection": det, "batch": args.batch,
+                           "seed": args.seed + 1000 * n + i,
+                           "profile": f"{profile}/committer-{i}.prof" if profile else None}
+                          for i in range(n)]
+                t0, results = workers.round("store", params, args.seconds)
+                for r in results:
+                    shapes.extend(r["shapes"])
+                cfg: dict[str, Any] = {"backend": "etcd", "committers": n, "mode": mode.value,
+                       "detection": det.value, "cell": cell, "result": summarize(t0, results)}
+                rows.append(cfg)
+                out.append(cfg)
+                delete_prefix(kv, CellStore(kv, cell).keys.root)
+        if not shapes:
+            raise RuntimeError(f"no committed transaction to take a shape from ({n} committers)")
+        prefix = f"/omega/raw-{n}/".encode()
+        params = [{"prefix": prefix + b"w%d/" % i, "shapes": shapes, "seed": args.seed + i}
+                  for i in range(n)]
+        t0, results = workers.round("raw", params, args.seconds)
+        raw = summarize_raw(t0, results, args.batch)
+        raw["shapes"] = len(shapes)
+        raws[n] = raw
+        delete_prefix(kv, prefix)
+        for cfg in rows:
+            cfg["raw"] = raw
+            cfg["store_over_raw"] = cfg["result"]["placements_per_s"] / raw["placements_per_s"]
+            emit(row(cfg, raw))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="short runs (1.5 s each)")
+    ap.add_argument("--seconds", type=float, help="seconds per configuration (default 4)")
+    ap.add_argument("--no-fsync", action="store_true",
+                    help="run etcd with --unsafe-no-fsync (default: fsync on, as in production)")
+    ap.add_argument("--json", metavar="OUT", help="also write every figure to this file")
+    ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
+    ap.add_argument("--machines", type=int, default=MACHINES)
+    ap.add_argument("--backends", default="etcd,memory", help="comma-separated")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", metavar="DIR",
+                    help="cProfile every committer of the incremental/fine/4-committer etcd "
+                         "run into DIR/committer-<i>.prof (slows them down)")
+    args = ap.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 1.5 if args.quick else 4.0
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not set(backends) <= {"etcd", "memory"}:
+        ap.error("--backends takes etcd and/or memory")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    configs: list[dict[str, Any]] = []
+    raws: dict[int, dict[str, Any]] = {}
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/commit_throughput.py",
+                             *(sys.argv[1:] if argv is None else argv)]),
+        "cpus": os.cpu_count(), "python": platform.python_version(),
+        "machine": platform.platform(), "seconds": args.seconds, "batch": args.batch,
+        "machines": args.machines, "fsync": not args.no_fsync,
+    }
+    cell_no = iter(range(1_000_000))
+    server: LocalEtcd | None = None
+    workers: Workers | None = None
+    kv: EtcdKV | None = None
+    try:
+        if "etcd" in backends:
+            server = LocalEtcd(unsafe_no_fsync=args.no_fsync, quiet_version_warning=True)
+            server.start()
+            meta["etcd_version"] = server.version
+            meta["etcd_binary"] = server.binary
+            kv = EtcdKV([server.endpoint])
+            workers = Workers(server.endpoint, max(COMMITTER_COUNTS))
+        emit(f"commit throughput: {args.machines} machines (cpu={MACHINE_CPU:g}, "
+             f"mem={MACHINE_MEM:g}), tasks cpu={TASK_CPU:g} mem={TASK_MEM:g}, "
+             f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration")
+        emit(f"host: {os.cpu_count()} cores, Python {platform.python_version()}"
+             + (f"; etcd {server.version} ({server.binary}), fsync "
+                f"{'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}" if server else ""))
+        if server is not None and server.version in UNSAFE_VERSIONS:
+            emit(f"note: etcd {server.version} is fine for a benchmark, not for production "
+                 "(use 3.5.6+)")
+        emit("etcd committers are processes; memory committers are threads of one process "
+             "(a MemoryKV cannot be shared across processes), so they share one GIL")
+        emit("place/s = committed claims per second of wall time over all committers; "
+             "rej% = claims rejected; confl% = etcd Txns whose guards failed; txn/c = etcd "
+             "Txns per commit; raw = kv.txn of the same shape, same etcd, same process count, "
+             "no store; raw pl/s = raw Txn/s x B; st/raw = place/s / raw pl/s")
+        emit("")
+        emit(HEADER)
+        if kv is not None and workers is not None:
+            run_etcd(args, kv, workers, cell_no, configs, raws, emit)
+        if "memory" in backends:
+            run_memory(args, cell_no, configs, emit)
+        emit("")
+        for n, raw in sorted(raws.items()):
+            emit(f"raw etcd, {n} process(es): {raw['txns_per_s']:.0f} Txn/s, p50 "
+                 f"{raw['p50_ms']:.1f} ms, p99 {raw['p99_ms']:.1f} ms, "
+                 f"{raw['bytes_per_txn'] / 1024:.1f} KiB of puts per Txn "
+                 f"({raw['shapes']} recorded shapes replayed)")
+        for cfg in configs:
+            if cfg["backend"] == "etcd" and cfg["mode"] == "incremental" and \
+                    cfg["detection"] == "fine":
+                s = cfg["result"]
+                emit(f"store Txn shape, {cfg['committers']} committer(s), incremental/fine: "
+                     f"{s['compares_per_write']:.0f} compares, {s['puts_per_write']:.0f} puts, "
+                     f"{s['bytes_per_write'] / 1024:.1f} KiB of puts per committed etcd Txn")
+        emit("")
+        emit_goals(configs, emit)
+        if kv is not None:
+            with contextlib.suppress(Exception):
+                meta["etcd_db_bytes_at_end"] = int(kv.status().dbSize)
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping committers and etcd", file=sys.stderr)
+        return 130
+    finally:
+        if workers is not None:
+            workers.stop()
+        if kv is not None:
+            kv.close()
+        if server is not None:
+            server.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "configurations": configs, "raw": raws, "table": lines},
+                      f, indent=2)
+    return 0
+
+
+def emit_goals(configs: Sequence[dict[str, Any]], emit: Callable[[str], None]) -> None:
+    def find(n: int) -> dict[str, Any] | None:
+        for c in configs:
+            if (c["backend"], c["committers"], c["mode"], c["detection"]) == (
+                    "etcd", n, "incremental", "fine"):
+                return c
+        return None
+
+    four = find(4)
+    if four is None:
+        emit("goals: not checked (the etcd backend did not run)")
+        return
+    rate = four["result"]["placements_per_s"]
+    ok = rate >= GOAL_PLACEMENTS
+    emit(f"goal 1: >= {GOAL_PLACEMENTS:,.0f} placements/s with 4 committers (incremental, fine, "
+         f"etcd): {rate:,.0f}/s -> {'PASS' if ok else 'MISS'}")
+    ratios: dict[int, float] = {}
+    for n in COMMITTER_COUNTS:
+        found = find(n)
+        if found is not None and "store_over_raw" in found:
+            ratios[n] = found["store_over_raw"]
+    all_ok = all(r >= GOAL_RATIO for r in ratios.values())
+    listed = ", ".join(f"{n} committer(s) {r:.2f}" for n, r in ratios.items())
+    emit(f"goal 2: store/raw >= {GOAL_RATIO} (incremental, fine, etcd): {listed} -> "
+         f"{'PASS' if all_ok else 'MISS'}")
+    others = [c for c in configs if c["backend"] == "etcd" and "store_over_raw" in c]
+    met = sum(1 for c in others if c["store_over_raw"] >= GOAL_RATIO)
+    emit(f"        (all etcd configurations: {met} of {len(others)} at >= {GOAL_RATIO})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

