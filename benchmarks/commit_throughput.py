@@ -119,7 +119,9 @@ class CountingKV:
         self.ok_compares = 0  # totals over the write transactions that succeeded
         self.ok_puts = 0
         self.ok_bytes = 0  # keys + values of the success branch
+        self.ok_writes = 0
         self.shapes: list[Shape] = []
+        self._rng = random.Random(0)
 
     def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
             ) -> TxnResult:
@@ -135,16 +137,27 @@ class CountingKV:
         self.ok_compares += len(compares)
         self.ok_puts += len(puts)
         self.ok_bytes += sum(len(op.key) + len(op.value) for op in puts)
-        if len(self.shapes) < SHAPES_KEPT:
-            guard = {c.key: c.value for c in compares}
-            updates = tuple(len(p.value) for p in puts if guard.get(p.key, 0) != 0)
-            creates = tuple(len(p.value) for p in puts if guard.get(p.key, 0) == 0)
-            written = {p.key for p in puts}
-            others = [c.value for c in compares if c.key not in written]
-            self.shapes.append(
-                (updates, creates, sum(1 for v in others if v != 0), sum(1 for v in others
-                                                                       if v == 0))
-            )
+        # Keep a uniform sample of the run's shapes (reservoir sampling): machine records
+        # grow during a run, so the first transactions alone would be too small.
+        self.ok_writes += 1
+        slot = len(self.shapes)
+        if slot >= SHAPES_KEPT:
+            slot = self._rng.randrange(self.ok_writes)
+            if slot >= SHAPES_KEPT:
+                return res
+        guard = {c.key: c.value for c in compares}
+        written = {p.key for p in puts}
+        others = [c.value for c in compares if c.key not in written]
+        shape: Shape = (
+            tuple(len(p.value) for p in puts if guard.get(p.key, 0) != 0),
+            tuple(len(p.value) for p in puts if guard.get(p.key, 0) == 0),
+            sum(1 for v in others if v != 0),
+            sum(1 for v in others if v == 0),
+        )
+        if slot == len(self.shapes):
+            self.shapes.append(shape)
+        else:
+            self.shapes[slot] = shape
         return res
 
     def range(self, key: bytes, range_end: bytes | None = None, *, revision: int = 0,

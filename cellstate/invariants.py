@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cellstate.cell import CellReader, alloc_holds, alloc_placed, scheduler_usage, task_view
-from cellstate.model import GangState, TaskState, UsageRecord, sum_resources
+from cellstate.model import TaskState, UsageRecord, sum_resources
 
 
 def violations(cell: CellReader) -> list[str]:
@@ -48,9 +48,6 @@ def violations(cell: CellReader) -> list[str]:
         dim = actual.exceeding_limit(lim.max_resources)
         if dim is not None:
             out.append(f"scheduler {name} holds {actual.get(dim):g} {dim}, past its limit")
-    for g in cell.gangs.values():
-        if g.state not in (GangState.PREPARING, GangState.COMMITTED):
-            out.append(f"gang {g.id} in unknown state {g.state}")
     return out
 
 

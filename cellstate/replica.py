@@ -27,8 +27,8 @@ from cellstate.kv.base import (
     EventType,
     KeyValue,
     KVError,
-    Watcher,
     WatchDroppedError,
+    Watcher,
     WatchResponse,
     range_all,
 )
@@ -51,7 +51,8 @@ def _apply(
 ) -> CellSnapshot:
     """``snap`` with the changes of one or more whole revisions applied."""
     mutators = {
-        name: getattr(snap, name).mutate() for name in ("machines", "jobs", "tasks", "gangs", "usage")
+        name: getattr(snap, name).mutate()
+        for name in ("machines", "jobs", "tasks", "gangs", "usage")
     }
     config = snap.config
     for key, kv in changes:
@@ -66,7 +67,7 @@ def _apply(
         if kv is None:
             table.pop(kind[1], None)
         else:
-            table[kind[1]] = decode(kind[1], kv.value, kv.mod_revision)  # type: ignore[operator]
+            table[kind[1]] = decode(kind[1], kv.value, kv.mod_revision)
     return CellSnapshot(
         revision,
         config,

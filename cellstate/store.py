@@ -19,6 +19,7 @@ txn").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -34,14 +35,13 @@ from cellstate.cell import (
     scheduler_usage,
     task_view,
 )
-from cellstate.keys import KeyKind, Keyspace
+from cellstate.keys import Keyspace
 from cellstate.kv.base import (
     KV,
-    Compare,
     CompactedError,
+    Compare,
     Delete,
     Get,
-    KeyValue,
     LeaseNotFoundError,
     Op,
     Put,
@@ -69,7 +69,8 @@ from cellstate.model import (
     split_task_id,
     sum_resources,
 )
-from cellstate.validation import Decision, TransactionError, check_shape, validate
+from cellstate.model import labels_from as model_labels
+from cellstate.validation import Decision, check_shape, validate
 from cellstate.view import WorkingView
 
 log = logging.getLogger(__name__)
@@ -311,7 +312,9 @@ class CellStore:
                 m = self.view.machines.get(c.machine)
                 db += 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
             if cur and (
-                compares + dc > budget or puts + dp > budget or size + db > self.options.max_txn_bytes
+                compares + dc > budget
+                or puts + dp > budget
+                or size + db > self.options.max_txn_bytes
             ):
                 groups.append(cur)
                 cur, machines, jobs = [], set(), set()
@@ -474,10 +477,8 @@ class CellStore:
         finally:
             stop.set()
             keeper.join()
-            try:
+            with contextlib.suppress(LeaseNotFoundError):
                 self.kv.lease_revoke(lease)
-            except LeaseNotFoundError:
-                pass
         revision = flipped
         try:
             self.finalize_gang(gid, staged_machines, staged_tasks)
@@ -743,7 +744,7 @@ class CellStore:
             codec.parse_resources(capacity.as_dict(), f"machine {machine_id}: capacity")
         if state is not None and not isinstance(state, MachineState):
             raise StoreError(f"machine {machine_id}: {state!r} is not a machine state")
-        new_labels = codec.labels_from(labels, f"machine {machine_id}: labels") if labels else None
+        new_labels = model_labels(labels, f"machine {machine_id}: labels") if labels else None
         with self._lock:
             self._ensure_config()
 

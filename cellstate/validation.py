@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from cellstate.cell import CellReader, alloc_holds, alloc_placed, holding, task_view
+from cellstate.cell import CellReader, alloc_placed, holding, task_view
 from cellstate.model import (
     Allocation,
     Claim,
@@ -95,10 +95,13 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         check_name(txn.scheduler, "scheduler")
     except ModelError as e:
         problems.append(str(e))
-    if not isinstance(txn.mode, TxnMode):
-        problems.append(f"mode {txn.mode!r} is not one of incremental, gang")
-    if not isinstance(txn.detection, Detection):
-        problems.append(f"detection {txn.detection!r} is not one of fine, coarse")
+    # Transactions arrive from other processes: check types the annotations promise.
+    mode: object = txn.mode
+    detection: object = txn.detection
+    if not isinstance(mode, TxnMode):
+        problems.append(f"mode {mode!r} is not one of incremental, gang")
+    if not isinstance(detection, Detection):
+        problems.append(f"detection {detection!r} is not one of fine, coarse")
     if not txn.claims:
         raise TransactionError("transaction has no claims")
     if len(txn.claims) > max_claims:
@@ -125,11 +128,12 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
 
 
-def _claim_problems(i: int, c: Claim, txn: Transaction) -> list[str]:
+def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
     where = f"claim {i}"
-    out = []
-    if not isinstance(c, Claim):
+    out: list[str] = []
+    if not isinstance(item, Claim):
         return [f"{where} is not a Claim"]
+    c = item
     for value, what in ((c.job, "job"), (c.machine, "machine")):
         try:
             check_name(value, f"{where}: {what}")
@@ -150,7 +154,8 @@ def _claim_problems(i: int, c: Claim, txn: Transaction) -> list[str]:
                 check_amount(amount, f"resources.{name}")
         except ModelError as e:
             out.append(f"{where}: {e}")
-    if not isinstance(c.evict, tuple):
+    evict: object = c.evict
+    if not isinstance(evict, tuple):
         out.append(f"{where}: evict must be a tuple of task ids")
         return out
     seen: set[str] = set()
@@ -183,8 +188,8 @@ class _Work:
     ) -> None:
         self.cell = cell
         self.txn = txn
-        self.gang = gang
-        self.seq_rewrites = seq_rewrites  # set when staging a large gang: placements are staged holds
+        self.gang = gang  # set when staging a large gang: placements are staged holds
+        self.seq_rewrites = seq_rewrites
         self.machines: dict[str, Machine] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.added: dict[str, Resources] = {}
@@ -321,14 +326,17 @@ def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
     if m.state is not MachineState.UP:
         return _reject(claim, Reason.MACHINE_DOWN, f"machine {m.id!r} is {m.state.value}")
     limits = w.cell.config.limits_for(txn.scheduler)
-    if limits is not None and limits.max_precedence is not None:
-        if job.precedence > limits.max_precedence:
-            return _reject(
-                claim,
-                Reason.LIMIT_EXCEEDED,
-                f"job {job.id!r} has precedence {job.precedence}, above scheduler "
-                f"{txn.scheduler!r}'s limit of {limits.max_precedence}",
-            )
+    if (
+        limits is not None
+        and limits.max_precedence is not None
+        and job.precedence > limits.max_precedence
+    ):
+        return _reject(
+            claim,
+            Reason.LIMIT_EXCEEDED,
+            f"job {job.id!r} has precedence {job.precedence}, above scheduler "
+            f"{txn.scheduler!r}'s limit of {limits.max_precedence}",
+        )
     victims, rejection = _check_victims(w, claim, job, m)
     if rejection is not None:
         return rejection
@@ -367,7 +375,7 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
 def _check_victims(
     w: _Work, claim: Claim, job: Job, m: Machine
 ) -> tuple[list[Allocation], Rejection | None]:
-    victims = []
+    victims: list[Allocation] = []
     for victim in claim.evict:
         w.read_tasks.add(victim)
         a = m.allocations.get(victim)

@@ -9,7 +9,8 @@ and (in a server) from a watch. Newer knowledge of a key always wins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from cellstate import codec
 from cellstate.keys import KeyKind, Keyspace
@@ -22,6 +23,8 @@ from cellstate.model import (
     TaskRecord,
     UsageRecord,
 )
+
+R = TypeVar("R")
 
 
 class WorkingView:
@@ -136,8 +139,10 @@ class _Rev:
         self.revision = revision
 
 
-def _put(table: dict[str, object], ident: str, kv: KeyValue | None, decode: object) -> None:
+def _put(
+    table: dict[str, R], ident: str, kv: KeyValue | None, decode: Callable[[str, bytes, int], R]
+) -> None:
     if kv is None:
         table.pop(ident, None)
     else:
-        table[ident] = decode(ident, kv.value, kv.mod_revision)  # type: ignore[operator]
+        table[ident] = decode(ident, kv.value, kv.mod_revision)

@@ -19,6 +19,8 @@ from cellstate.model import (
 )
 from cellstate.store import CellStore
 
+NO_CONSTRAINTS = Constraints()
+
 
 def machine(mid: str, cpu: float = 4, mem: float = 16, **kw: object) -> Machine:
     return Machine(mid, Resources.of(cpu=cpu, mem=mem), **kw)  # type: ignore[arg-type]
@@ -31,7 +33,7 @@ def job(
     mem: float = 1,
     scheduler: str = "batch",
     precedence: int = 0,
-    constraints: Constraints = Constraints(),
+    constraints: Constraints = NO_CONSTRAINTS,
     labels: Iterable[tuple[str, str]] = (),
     gang: bool = False,
     kind: JobKind = JobKind.BATCH,
@@ -61,7 +63,9 @@ def make_cell(
     return store
 
 
-def claims(snap: CellSnapshot, job_id: str, placements: Iterable[tuple[int, str]]) -> tuple[Claim, ...]:
+def claims(
+    snap: CellSnapshot, job_id: str, placements: Iterable[tuple[int, str]]
+) -> tuple[Claim, ...]:
     return tuple(
         Claim(job_id, i, mid, snap.machines[mid].seq if mid in snap.machines else 0)
         for i, mid in placements

@@ -179,6 +179,18 @@ def test_watch_delivers_events_not_the_created_response(etcd_kv: EtcdKV) -> None
     assert not w.alive and w.next(timeout=0.1) is None
 
 
+def test_cancel_wakes_a_blocked_next(etcd_kv: EtcdKV) -> None:
+    w = etcd_kv.watch(b"/idle", progress_notify=False)
+    got: list[WatchResponse | None] = [WatchResponse(-1)]
+    reader = threading.Thread(target=lambda: got.__setitem__(0, w.next()))
+    reader.start()
+    time.sleep(0.1)
+    w.cancel()
+    reader.join(timeout=5)
+    assert not reader.is_alive() and got == [None]
+    assert not w.alive
+
+
 def test_watch_catch_up_is_split_per_revision(etcd_kv: EtcdKV) -> None:
     revs = [etcd_kv.txn([], [Put(b"/h/%d" % i, b"x")]).revision for i in range(5)]
     with etcd_kv.watch(b"/h/", prefix_end(b"/h/"), start_revision=revs[0]) as w:

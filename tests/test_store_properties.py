@@ -81,11 +81,12 @@ def run_program(kv: KV, program: list[tuple]) -> None:  # type: ignore[type-arg]
             take_snapshot(op[1])
         elif op[0] == "commit":
             _, s, raw, gang, coarse = op
-            store_claims, model_claims = [], []
+            store_claims: list[Claim] = []
+            model_claims: list[tuple[str, int, str, int, tuple[str, ...]]] = []
             for index, m, evict in raw:
                 seq, ver = seen[s].get(m, (0, 0))
                 cands = [v for v in victims_seen[s].get(m, []) if not v.startswith(f"j{s}/")]
-                victims = (cands[0],) if evict and cands else ()
+                victims: tuple[str, ...] = (cands[0],) if evict and cands else ()
                 store_claims.append(Claim(f"j{s}", index, m, seq, victims))
                 model_claims.append((f"j{s}", index, m, ver, victims))
             txn = Transaction(s, tuple(store_claims),

@@ -723,7 +723,8 @@ class EtcdWatcher:
         self._resume = create.start_revision  # see resume_revision
         self._on_close = on_close
         self._requests: queue.SimpleQueue[pb.WatchRequest | None] = queue.SimpleQueue()
-        self._responses: queue.SimpleQueue[WatchResponse | _Dropped] = queue.SimpleQueue()
+        # None wakes a next() blocked while cancel() runs in another thread.
+        self._responses: queue.SimpleQueue[WatchResponse | _Dropped | None] = queue.SimpleQueue()
         self._created = threading.Event()
         self._create_error: BaseException | None = None
         self._cancelled = False
@@ -852,6 +853,8 @@ class EtcdWatcher:
                 item = self._responses.get(timeout=timeout)
         except queue.Empty:
             return None
+        if item is None:  # cancelled meanwhile
+            return None
         if type(item) is _Dropped:
             self._drop = item.error
             raise item.error
@@ -877,6 +880,7 @@ class EtcdWatcher:
                 return
             self._cancelled = True
         self._requests.put(_END_OF_REQUESTS)
+        self._responses.put(None)
         self._call.cancel()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)

@@ -22,8 +22,8 @@ import attrs
 from cellstate.kv.base import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TXN_OPS,
-    Compare,
     CompactedError,
+    Compare,
     CompareResult,
     CompareTarget,
     Delete,
@@ -235,7 +235,7 @@ class MemoryKV:
             for op in branch:
                 if isinstance(op, Put | Delete) and op.key in written:
                     raise DuplicateKeyError("duplicate key given in txn request")
-                if isinstance(op, Put | Delete) and (not isinstance(op, Delete) or not op.range_end):
+                if isinstance(op, Put) or (isinstance(op, Delete) and not op.range_end):
                     written.add(op.key)
 
     def _compare(self, c: Compare) -> bool:

@@ -8,8 +8,8 @@ import pytest
 
 from cellstate.kv.base import (
     KV,
-    Compare,
     CompactedError,
+    Compare,
     CompareResult,
     CompareTarget,
     Delete,
@@ -18,6 +18,7 @@ from cellstate.kv.base import (
     Get,
     Put,
     TxnTooLargeError,
+    Watcher,
     WatchResponse,
     prefix_end,
     range_all,
@@ -28,7 +29,7 @@ def put(kv: KV, key: bytes, value: bytes) -> int:
     return kv.txn([], [Put(key, value)]).revision
 
 
-def drain(watcher, want: int, timeout: float = 5.0) -> list[WatchResponse]:
+def drain(watcher: Watcher, want: int, timeout: float = 5.0) -> list[WatchResponse]:
     got: list[WatchResponse] = []
     deadline = time.monotonic() + timeout
     while sum(len(r.events) for r in got) < want and time.monotonic() < deadline:

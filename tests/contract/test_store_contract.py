@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from cellstate.cell import task_view
 from cellstate.invariants import placed_tasks_of, violations
 from cellstate.kv.base import KV
 from cellstate.model import (
@@ -22,7 +23,6 @@ from cellstate.model import (
     Transaction,
     TxnMode,
 )
-from cellstate.cell import task_view
 from cellstate.store import AlreadyExistsError, CellStore, NotFoundError, StoreError
 from cellstate.validation import TransactionError
 from tests.builders import claims, job, machine, make_cell, txn
@@ -246,12 +246,14 @@ def test_machine_and_job_operations_refuse_bad_requests(kv: KV) -> None:
 
 def _bad_transactions() -> dict[str, Transaction]:
     nan = Resources((("cpu", math.nan),))
+    negative = Resources((("cpu", -1.0),))
+    huge = Resources((("cpu", 1e300),))
     return {
         "empty": Transaction("batch", ()),
         "oversized": Transaction("batch", tuple(Claim("j", i, "m1") for i in range(100_001))),
         "nan": Transaction("batch", (Claim("j", 0, "m1", resources=nan),)),
-        "negative": Transaction("batch", (Claim("j", 0, "m1", resources=Resources((("cpu", -1.0),))),)),
-        "huge": Transaction("batch", (Claim("j", 0, "m1", resources=Resources((("cpu", 1e300),))),)),
+        "negative": Transaction("batch", (Claim("j", 0, "m1", resources=negative),)),
+        "huge": Transaction("batch", (Claim("j", 0, "m1", resources=huge),)),
         "claimed twice": Transaction("batch", (Claim("j", 0, "m1"), Claim("j", 0, "m2"))),
         "other job": Transaction("batch", (Claim("j", 0, "m1"), Claim("k", 0, "m1")), job="j"),
         "bad index": Transaction("batch", (Claim("j", -1, "m1"),)),

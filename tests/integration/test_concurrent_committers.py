@@ -17,6 +17,7 @@ from cellstate.invariants import violations
 from cellstate.kv.base import KV
 from cellstate.model import TaskState
 from tests.builders import job, machine, make_cell
+from tests.etcd_fixture import EtcdServer
 
 pytestmark = pytest.mark.etcd
 
@@ -30,7 +31,9 @@ PROCS = [
 ]
 
 
-def test_concurrent_processes_never_overcommit(etcd_kv: KV, etcd_server, tmp_path: Path) -> None:
+def test_concurrent_processes_never_overcommit(
+    etcd_kv: KV, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
     cell = "conc"
     store = make_cell(
         etcd_kv,

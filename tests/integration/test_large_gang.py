@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -19,6 +18,7 @@ from cellstate.model import Transaction, TxnMode
 from cellstate.replica import Replica
 from cellstate.store import CellStore
 from tests.builders import job, machine
+from tests.etcd_fixture import EtcdServer
 from tests.integration.gang_proc import gang_claims
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
@@ -98,7 +98,9 @@ def _run_and_kill(endpoint: str, cell: str, kill_when) -> bool:  # type: ignore[
     return killed
 
 
-def test_committer_killed_before_the_commit_point_leaves_nothing(etcd_kv: KV, etcd_server) -> None:
+def test_committer_killed_before_the_commit_point_leaves_nothing(
+    etcd_kv: KV, etcd_server: EtcdServer
+) -> None:
     cell = "gang-kill-early"
     store = _cell(etcd_kv, cell)
     observer = Observer(etcd_kv, cell)
@@ -125,7 +127,7 @@ def test_committer_killed_before_the_commit_point_leaves_nothing(etcd_kv: KV, et
 
 
 def test_committer_killed_after_the_commit_point_leaves_everything(
-    etcd_kv: KV, etcd_server
+    etcd_kv: KV, etcd_server: EtcdServer
 ) -> None:
     cell = "gang-kill-late"
     store = _cell(etcd_kv, cell)

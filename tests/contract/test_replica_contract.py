@@ -1,0 +1,137 @@
+"""Synced local copies (cellstate/replica.py) on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from cellstate.invariants import placed_tasks_of
+from cellstate.kv.base import KV
+from cellstate.kv.etcd import EtcdKV
+from cellstate.kv.memory import MemoryKV
+from cellstate.model import Claim
+from cellstate.replica import Replica
+from tests.builders import job, machine, make_cell, txn
+
+
+def pump_until(replica: Replica, revision: int) -> None:
+    for _ in range(100):
+        replica.pump(timeout=0.1)
+        if replica.revision >= revision:
+            return
+    raise AssertionError(f"replica stuck at {replica.revision}, wanted {revision}")
+
+
+def test_replica_follows_commits_and_snapshots_do_not_change(kv: KV) -> None:
+    store = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=4)])
+    replica = Replica(kv)
+    r0 = replica.load()
+    before = replica.snapshot()
+    assert before.revision == r0 and set(before.machines) == {"m1", "m2"}
+    res = store.commit(txn([Claim("j", 0, "m1"), Claim("j", 1, "m2")]))
+    pump_until(replica, res.revision)
+    after = replica.snapshot()
+    assert after.revision == res.revision
+    assert placed_tasks_of(after, "j") == 2
+    assert placed_tasks_of(before, "j") == 0  # an old snapshot is never touched
+    assert before.machines["m1"].allocations == {}
+    assert replica.verify() == []
+    replica.stop()
+
+
+def test_replica_applies_each_revision_whole(kv: KV) -> None:
+    store = make_cell(kv, [machine(f"m{i}") for i in range(5)], [job("j", tasks=5)])
+    replica = Replica(kv)
+    replica.load()
+    seen: list[tuple[int, int]] = []
+    replica.on_change(lambda s: seen.append((s.revision, placed_tasks_of(s, "j"))))
+    res = store.commit(txn([Claim("j", i, f"m{i}") for i in range(5)]))
+    pump_until(replica, res.revision)
+    assert seen[-1] == (res.revision, 5)
+    assert all(count in (0, 5) for _, count in seen)
+    replica.stop()
+
+
+def test_lag_reports_what_the_replica_has_not_applied(kv: KV) -> None:
+    now = [100.0]
+    store = make_cell(kv, [machine("m1")], [job("j", tasks=3)])
+    replica = Replica(kv, clock=lambda: now[0])
+    replica.load()
+    now[0] += 5
+    assert replica.lag().seconds_since_confirmed == pytest.approx(5)
+    res = store.commit(txn([Claim("j", 0, "m1")]))
+    replica.request_progress()
+    pump_until(replica, res.revision)
+    lag = replica.lag()
+    assert lag.applied_revision == res.revision and lag.revisions_behind == 0
+    assert lag.seconds_since_confirmed == 0
+    replica.stop()
+
+
+def test_replica_in_a_thread_can_be_waited_on(kv: KV) -> None:
+    store = make_cell(kv, [machine("m1")], [job("j")])
+    with Replica(kv) as replica:
+        res = store.commit(txn([Claim("j", 0, "m1")]))
+        assert replica.wait_for(res.revision, timeout=10)
+        assert placed_tasks_of(replica.snapshot(), "j") == 1
+
+
+def _break_stream(kv: KV, restart: object = None) -> None:
+    if isinstance(kv, MemoryKV):
+        kv.drop_watches()
+    else:
+        restart()  # type: ignore[operator]
+
+
+def _resume_case(kv: KV, restart: object) -> None:
+    store = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=4)])
+    replica = Replica(kv, retry_delay=0.05)
+    replica.load()
+    store.commit(txn([Claim("j", 0, "m1")]))
+    _break_stream(kv, restart)
+    res = store.commit(txn([Claim("j", 1, "m2")]))
+    pump_until(replica, res.revision)
+    assert placed_tasks_of(replica.snapshot(), "j") == 2
+    assert replica.resumes >= 1 and replica.reloads == 0
+    assert replica.verify() == []
+    replica.stop()
+
+
+def _compaction_case(kv: KV, restart: object) -> None:
+    store = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=4)])
+    replica = Replica(kv, retry_delay=0.05)
+    replica.load()
+    _break_stream(kv, restart)
+    store.commit(txn([Claim("j", 0, "m1")]))
+    res = store.commit(txn([Claim("j", 1, "m2")]))
+    kv.compact(res.revision)
+    pump_until(replica, res.revision)
+    assert replica.reloads == 1
+    assert placed_tasks_of(replica.snapshot(), "j") == 2
+    assert replica.verify() == []
+    replica.stop()
+
+
+def test_memory_replica_resumes_after_a_dropped_stream() -> None:
+    _resume_case(MemoryKV(), None)
+
+
+def test_memory_replica_reloads_after_compaction() -> None:
+    _compaction_case(MemoryKV(), None)
+
+
+@pytest.mark.etcd
+def test_etcd_replica_resumes_after_the_server_restarts(fresh_etcd) -> None:  # type: ignore[no-untyped-def]
+    kv = EtcdKV([fresh_etcd.endpoint])
+    try:
+        _resume_case(kv, fresh_etcd.restart)
+    finally:
+        kv.close()
+
+
+@pytest.mark.etcd
+def test_etcd_replica_reloads_after_compaction(fresh_etcd) -> None:  # type: ignore[no-untyped-def]
+    kv = EtcdKV([fresh_etcd.endpoint])
+    try:
+        _compaction_case(kv, fresh_etcd.restart)
+    finally:
+        kv.close()
