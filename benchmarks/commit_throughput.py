@@ -582,8 +582,10 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                            "profile": f"{profile}/committer-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results = workers.round("store", params, args.seconds)
-                for r in results:
-                    shapes.extend(r["shapes"])
+                if (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE):
+                    # The baseline replays the shape of the configuration the goals name.
+                    for r in results:
+                        shapes.extend(r["shapes"])
                 cfg: dict[str, Any] = {"backend": "etcd", "committers": n, "mode": mode.value,
                        "detection": det.value, "cell": cell, "result": summarize(t0, results)}
                 rows.append(cfg)
@@ -647,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "machine": platform.platform(), "seconds": args.seconds, "batch": args.batch,
         "machines": args.machines, "fsync": not args.no_fsync,
+        "load_average_at_start": os.getloadavg(),
     }
     cell_no = iter(range(1_000_000))
     server: LocalEtcd | None = None
@@ -663,7 +666,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit(f"commit throughput: {args.machines} machines (cpu={MACHINE_CPU:g}, "
              f"mem={MACHINE_MEM:g}), tasks cpu={TASK_CPU:g} mem={TASK_MEM:g}, "
              f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration")
-        emit(f"host: {os.cpu_count()} cores, Python {platform.python_version()}"
+        load = os.getloadavg()
+        emit(f"host: {os.cpu_count()} cores (load average {load[0]:.2f} {load[1]:.2f} "
+             f"{load[2]:.2f} at the start), Python {platform.python_version()}"
              + (f"; etcd {server.version} ({server.binary}), fsync "
                 f"{'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}" if server else ""))
         if server is not None and server.version in UNSAFE_VERSIONS:
@@ -673,8 +678,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              "(a MemoryKV cannot be shared across processes), so they share one GIL")
         emit("place/s = committed claims per second of wall time over all committers; "
              "rej% = claims rejected; confl% = etcd Txns whose guards failed; txn/c = etcd "
-             "Txns per commit; raw = kv.txn of the same shape, same etcd, same process count, "
-             "no store; raw pl/s = raw Txn/s x B; st/raw = place/s / raw pl/s")
+             "Txns per commit; raw = kv.txn with the shape of the store's incremental/fine Txns "
+             "(same etcd, same process count, no store, no conflicts); raw pl/s = raw Txn/s x "
+             "B; st/raw = place/s / raw pl/s")
         emit("")
         emit(HEADER)
         if kv is not None and workers is not None:
@@ -699,6 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if kv is not None:
             with contextlib.suppress(Exception):
                 meta["etcd_db_bytes_at_end"] = int(kv.status().dbSize)
+                emit(f"etcd db size at the end: {meta['etcd_db_bytes_at_end'] / 2**20:.0f} MiB")
     except KeyboardInterrupt:
         print("\ninterrupted; stopping committers and etcd", file=sys.stderr)
         return 130

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -114,6 +114,15 @@ class _Write:
     guards: Mapping[bytes, int]
     records: Mapping[bytes, object]  # key -> record to encode, or None to delete
     leases: Mapping[bytes, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class _Prepared:
+    """A write with its records encoded, so its size is known before it is sent."""
+
+    write: _Write
+    ops: list[Op]
+    size: int
 
 
 class CellStore:
@@ -244,16 +253,32 @@ class CellStore:
 
     # -- guarded writes ----------------------------------------------------------------
 
-    def _try_write(self, w: _Write) -> TxnResult:
-        compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
+    def _prepare(self, w: _Write) -> _Prepared:
         ops: list[Op] = []
+        size = 0
         for key, record in w.records.items():
             if record is None:
                 ops.append(Delete(key))
             else:
-                ops.append(Put(key, _encode(record), w.leases.get(key, 0)))
+                value = _encode(record)
+                size += len(key) + len(value)
+                ops.append(Put(key, value, w.leases.get(key, 0)))
+        return _Prepared(w, ops, size + sum(len(k) + 16 for k in w.guards))
+
+    def _fits(self, p: _Prepared) -> bool:
+        limit = self.kv.max_txn_ops
+        return (
+            len(p.write.guards) <= limit
+            and len(p.ops) <= limit
+            and p.size <= min(self.options.max_txn_bytes, self.kv.max_request_bytes)
+        )
+
+    def _try_write(self, w: _Write | _Prepared) -> TxnResult:
+        p = w if isinstance(w, _Prepared) else self._prepare(w)
+        w = p.write
+        compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
         failure = [Get(k) for k in w.guards]
-        res = self.kv.txn(compares, ops, failure)
+        res = self.kv.txn(compares, p.ops, failure)
         if res.succeeded:
             for key, record in w.records.items():
                 self.view.put_record(key, _with_revision(record, res.revision), res.revision)
@@ -356,10 +381,6 @@ class CellStore:
         guards.update(extra_guards)
         return _Write(guards, records)
 
-    def _fits(self, w: _Write) -> bool:
-        limit = self.kv.max_txn_ops
-        return len(w.guards) <= limit and len(w.records) <= limit
-
     def _commit_groups(self, txn: Transaction, groups: list[list[Claim]]) -> CommitResult:
         committed: list[Claim] = []
         rejected: list[Rejection] = []
@@ -375,14 +396,19 @@ class CellStore:
                 attempts += 1
                 self._ensure_loaded(group, txn.scheduler)
                 decision = validate(self.view, sub, seq_rewrites=rewrites)
-                w = self._decision_write(decision)
-                if not self._fits(w) and len(group) > 1:
-                    half = len(group) // 2
-                    queue[:0] = [group[:half], group[half:]]
+                p = self._prepare(self._decision_write(decision))
+                if not self._fits(p):
+                    if txn.mode is TxnMode.GANG:
+                        half = len(group) // 2
+                        return self._commit_staged_gang(txn, [group[:half], group[half:]])
+                    if len(group) > 1:
+                        half = len(group) // 2
+                        queue[:0] = [group[:half], group[half:]]
+                    else:
+                        rejected.append(_too_big(group[0]))
                     break
-                before = {mid: m.seq for mid, m in self.view.machines.items() if mid in
-                          decision.machines}
-                res = self._try_write(w)
+                before = {mid: self.view.machines[mid].seq for mid in decision.machines}
+                res = self._try_write(p)
                 if res.succeeded:
                     for mid, seq in before.items():
                         rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
@@ -436,7 +462,9 @@ class CellStore:
             rewrites: dict[str, tuple[int, int]] = {}
             staged_machines: set[str] = set()
             staged_tasks: set[str] = set()
-            for group in groups:
+            queue = list(groups)
+            while queue:
+                group = queue.pop(0)
                 sub = attrs.evolve(txn, claims=tuple(group))
                 for _ in range(self.options.max_attempts):
                     attempts += 1
@@ -447,9 +475,16 @@ class CellStore:
                     if decision.rejected:
                         self._abort_gang(gid, staged_machines, staged_tasks)
                         return self._gang_failed(txn, decision.rejected, attempts)
-                    w = self._stage_write(decision, gkey, gang_rev)
+                    p = self._prepare(self._stage_write(decision, gkey, gang_rev))
+                    if not self._fits(p):
+                        if len(group) == 1:
+                            self._abort_gang(gid, staged_machines, staged_tasks)
+                            return self._gang_failed(txn, [_too_big(group[0])], attempts)
+                        half = len(group) // 2
+                        queue[:0] = [group[:half], group[half:]]
+                        break
                     before = {mid: self.view.machines[mid].seq for mid in decision.machines}
-                    res = self._try_write(w)
+                    res = self._try_write(p)
                     if res.succeeded:
                         for mid, seq in before.items():
                             rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
@@ -604,15 +639,32 @@ class CellStore:
                     and any(gid in (a.gang, a.evicted_by) for a in m.allocations.values())]
         tasks = [t.id for t in self.view.tasks.values()
                  if (task_hint is None or t.id in task_hint) and t.gang == gid]
-        step = max(1, (self.kv.max_txn_ops - _RESERVED_OPS) // 2)
-        for i in range(0, len(machines), step):
-            batch = machines[i : i + step]
-            self._retry(f"settling gang {gid}", lambda b=batch: self._settle_machines(gid, b,
-                                                                                    committed))
-        for i in range(0, len(tasks), self.kv.max_txn_ops - _RESERVED_OPS):
-            batch = tasks[i : i + self.kv.max_txn_ops - _RESERVED_OPS]
-            self._retry(f"settling gang {gid}", lambda b=batch: self._settle_tasks(gid, b,
-                                                                                 committed))
+        budget = self.kv.max_txn_ops - _RESERVED_OPS
+        self._write_in_batches(f"settling gang {gid}", machines, max(1, budget // 2),
+                               lambda b: self._settle_machines(gid, b, committed))
+        self._write_in_batches(f"settling gang {gid}", tasks, budget,
+                               lambda b: self._settle_tasks(gid, b, committed))
+
+    def _write_in_batches(
+        self, what: str, items: Sequence[str], step: int,
+        make_write: Callable[[Sequence[str]], _Write],
+    ) -> None:
+        """Write ``make_write(batch)`` for consecutive batches of ``items``, halving a
+        batch whose write would not fit one backend transaction, retrying guard
+        failures (``make_write`` reads the refreshed view each time)."""
+        queue = [items[i : i + step] for i in range(0, len(items), step)]
+        while queue:
+            batch = queue.pop(0)
+            for _ in range(self.options.max_attempts):
+                p = self._prepare(make_write(batch))
+                if not self._fits(p) and len(batch) > 1:
+                    queue[:0] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+                    break
+                if self._try_write(p).succeeded:
+                    break
+            else:
+                raise ContentionError(f"{what}: gave up after {self.options.max_attempts} "
+                                      "attempts; the records it needs keep changing")
 
     def _settle_machines(self, gid: str, mids: Sequence[str], committed: bool) -> _Write:
         k = self.keys
@@ -899,6 +951,14 @@ class CellStore:
             # at this revision is surely still there.
             self._ensure_usage(config.limits)
             return res.revision
+
+
+def _too_big(claim: Claim) -> Rejection:
+    return Rejection(
+        claim, Reason.INVALID,
+        f"claim for {claim.task} on {claim.machine!r} does not fit in one etcd transaction "
+        "(the machine's record is too large); raise etcd's --max-request-bytes",
+    )
 
 
 def _accumulate(into: dict[str, Resources], more: Mapping[str, Resources]) -> None:

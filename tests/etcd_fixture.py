@@ -115,7 +115,8 @@ def _container_etcd() -> Iterator[EtcdServer]:
         container.stop()
 
 
-def _local_etcd(**kwargs: Any) -> LocalEtcd:
+def make_local_etcd(**kwargs: Any) -> LocalEtcd:
+    """A LocalEtcd (not started) set up for tests: no fsync, no version warning."""
     return LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True, **kwargs)
 
 
@@ -127,7 +128,7 @@ def etcd_server() -> Iterator[EtcdServer]:
         with _container_etcd() as server:
             yield server
         return
-    server_process = _local_etcd()
+    server_process = make_local_etcd()
     try:
         server_process.start()
         yield EtcdServer(server_process.endpoint, "local", server_process)
@@ -149,7 +150,7 @@ def etcd_kv(etcd_server: EtcdServer) -> Iterator[EtcdKV]:
 @pytest.fixture
 def fresh_etcd() -> Iterator[LocalEtcd]:
     """A dedicated local etcd for this test only (free to kill, restart, reconfigure)."""
-    server = _local_etcd()
+    server = make_local_etcd()
     try:
         server.start()
         yield server

@@ -33,7 +33,7 @@ from cellstate.kv.etcd import EtcdAuthError, EtcdKV, EtcdWatcher
 from cellstate.kv.etcdpb.authpb import auth_pb2
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
-from tests.etcd_fixture import EtcdServer, _local_etcd
+from tests.etcd_fixture import EtcdServer, make_local_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -343,7 +343,10 @@ def test_password_auth(fresh_etcd: LocalEtcd) -> None:
 
 
 def test_raised_max_txn_ops_is_applied() -> None:
-    with _local_etcd(max_txn_ops=200) as server, EtcdKV([server.endpoint], max_txn_ops=200) as kv:
+    with (
+        make_local_etcd(max_txn_ops=200) as server,
+        EtcdKV([server.endpoint], max_txn_ops=200) as kv,
+    ):
         assert kv.txn([], _puts(129)).succeeded
         assert kv.txn([], _puts(200, b"/m/")).succeeded
         with pytest.raises(TxnTooLargeError):

@@ -23,7 +23,7 @@ from cellstate.etcd_launcher import (
 )
 from cellstate.kv.base import Put, UnavailableError
 from cellstate.kv.etcd import EtcdKV
-from tests.etcd_fixture import _local_etcd
+from tests.etcd_fixture import make_local_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -49,7 +49,7 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def test_start_and_stop_clean_up_process_and_temp_dir() -> None:
-    server = _local_etcd()
+    server = make_local_etcd()
     try:
         server.start()
         pid, data_dir = server.pid, server.data_dir
@@ -104,7 +104,7 @@ def test_restart_keeps_ports_and_data_and_kill_is_a_crash(fresh_etcd: LocalEtcd)
 
 
 def test_failed_start_reports_the_log_tail() -> None:
-    server = _local_etcd(extra_args=["--no-such-flag=1"])
+    server = make_local_etcd(extra_args=["--no-such-flag=1"])
     try:
         with pytest.raises(EtcdStartError) as info:
             server.start()

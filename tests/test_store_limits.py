@@ -1,0 +1,36 @@
+"""Transactions bigger than one backend transaction allows, in bytes rather than ops:
+incremental ones are split, gang ones go through the staged protocol."""
+
+from __future__ import annotations
+
+from cellstate.invariants import placed_tasks_of, violations
+from cellstate.kv.memory import MemoryKV
+from cellstate.model import Claim
+from tests.builders import job, machine, make_cell, txn
+
+
+def _crowded_cell(kv: MemoryKV):  # type: ignore[no-untyped-def]
+    """Ten machines, each with 60 small tasks on it, so each record is several KiB."""
+    store = make_cell(kv, [machine(f"m{i}", cpu=100, mem=1000) for i in range(10)],
+                      [job("filler", tasks=600, cpu=0.1, mem=0.1), job("new", tasks=20)])
+    for i in range(10):
+        assert store.commit(txn([Claim("filler", i * 60 + k, f"m{i}") for k in range(60)])).ok
+    return store
+
+
+def test_incremental_transaction_over_the_byte_limit_is_split() -> None:
+    kv = MemoryKV(max_request_bytes=24_000)
+    store = _crowded_cell(kv)
+    res = store.commit(txn([Claim("new", i, f"m{i % 10}") for i in range(20)]))
+    assert res.ok and res.attempts >= 2
+    assert placed_tasks_of(store.read_snapshot(), "new") == 20
+
+
+def test_gang_over_the_byte_limit_commits_through_staging() -> None:
+    kv = MemoryKV(max_request_bytes=24_000)
+    store = _crowded_cell(kv)
+    res = store.commit(txn([Claim("new", i, f"m{i % 10}") for i in range(20)], gang=True))
+    assert res.ok
+    snap = store.read_snapshot()
+    assert placed_tasks_of(snap, "new") == 20
+    assert len(snap.gangs) == 0 and violations(snap) == []
