@@ -106,8 +106,8 @@ def holding(
 
 
 def machine_used(m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = "") -> Resources:
-    if all(is_settled(a) for a in m.allocations.values()):
-        return sum_resources(a.resources for a in m.allocations.values())
+    if not m.has_tags:
+        return m.settled_used
     return sum_resources(a.resources for a in holding(m, gangs, own_gang))
 
 

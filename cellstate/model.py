@@ -8,6 +8,7 @@ number (every change to a machine rewrites its key, so the revision changes with
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -203,6 +204,25 @@ class Machine:
     # task id -> allocation; a plain dict is fine: records are never mutated after decode.
     allocations: Mapping[str, Allocation] = attrs.field(factory=dict, eq=False)
     seq: int = 0  # the etcd mod_revision of the machine's key; 0 before it exists
+
+    @functools.cached_property
+    def settled_used(self) -> Resources:
+        """What the allocations without gang tags hold (computed once per record)."""
+        return sum_resources(
+            a.resources for a in self.allocations.values() if not a.gang and not a.evicted_by
+        )
+
+    @functools.cached_property
+    def has_tags(self) -> bool:
+        return any(a.gang or a.evicted_by for a in self.allocations.values())
+
+    def with_allocations(self, allocations: Mapping[str, Allocation]) -> Machine:
+        return Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
+                       self.state, allocations, self.seq)
+
+    def with_seq(self, seq: int) -> Machine:
+        return Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
+                       self.state, self.allocations, seq)
 
     def label(self, key: str) -> str | None:
         """A machine label, where ``rack``, ``failure_domain`` and ``machine`` are

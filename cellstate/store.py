@@ -360,11 +360,11 @@ class CellStore:
         guards: dict[bytes, int] = {k.config: v.config.revision}
         reads = decision.reads
         for mid in reads.machines:
-            guards[k.machine(mid)] = v.guard_revision(k.machine(mid))
+            guards[k.machine(mid)] = v.machine_rev(mid)
         for tid in reads.tasks:
-            guards[k.task_key(tid)] = v.guard_revision(k.task_key(tid))
+            guards[k.task_key(tid)] = v.task_rev(tid)
         for jid in reads.jobs:
-            guards[k.job(jid)] = v.guard_revision(k.job(jid))
+            guards[k.job(jid)] = v.job_rev(jid)
         for gid in reads.gangs:
             guards[k.gang(gid)] = v.guard_revision(k.gang(gid))
         records: dict[bytes, object] = {}
@@ -395,7 +395,7 @@ class CellStore:
             for _ in range(self.options.max_attempts):
                 attempts += 1
                 self._ensure_loaded(group, txn.scheduler)
-                decision = validate(self.view, sub, seq_rewrites=rewrites)
+                decision = validate(self.view, sub, seq_rewrites=rewrites, shape_checked=True)
                 p = self._prepare(self._decision_write(decision))
                 if not self._fits(p):
                     if txn.mode is TxnMode.GANG:
@@ -438,7 +438,7 @@ class CellStore:
         dies before it lets the lease lapse, which deletes the record and voids every
         hold; after it, anyone can finish the clean-up (``recover``)."""
         self._ensure_loaded(txn.claims, txn.scheduler)
-        whole = validate(self.view, txn)
+        whole = validate(self.view, txn, shape_checked=True)
         if whole.rejected:
             return CommitResult((), whole.rejected, self.view.revision, (), 1)
         gid = uuid.uuid4().hex
@@ -471,7 +471,8 @@ class CellStore:
                     self._ensure_loaded(group, txn.scheduler)
                     if gid not in self.view.gangs:
                         return self._gang_lost(txn, attempts)
-                    decision = validate(self.view, sub, staging_gang=gid, seq_rewrites=rewrites)
+                    decision = validate(self.view, sub, staging_gang=gid, seq_rewrites=rewrites,
+                                        shape_checked=True)
                     if decision.rejected:
                         self._abort_gang(gid, staged_machines, staged_tasks)
                         return self._gang_failed(txn, decision.rejected, attempts)
@@ -995,6 +996,9 @@ def _with_revision(record: object, revision: int) -> object:
     if record is None:
         return None
     if isinstance(record, Machine):
-        return attrs.evolve(record, seq=revision)
+        return record.with_seq(revision)
+    if isinstance(record, TaskRecord):
+        return TaskRecord(record.job, record.index, record.state, record.machine,
+                          record.scheduler, record.gang, revision)
     return attrs.evolve(record, revision=revision)  # type: ignore[misc]
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from cellstate.cell import CellReader, alloc_placed, holding, task_view
+from cellstate.cell import CellReader, alloc_placed, holding, machine_used, task_view
 from cellstate.model import (
     Allocation,
     Claim,
@@ -224,6 +224,7 @@ def validate(
     *,
     staging_gang: str = "",
     seq_rewrites: Mapping[str, tuple[int, int]] | None = None,
+    shape_checked: bool = False,
 ) -> Decision:
     """Decide ``txn`` against ``cell``. Raises TransactionError for a malformed one.
 
@@ -234,7 +235,8 @@ def validate(
     ``seq_rewrites`` maps a machine to (sequence before, sequence after) the store's own
     writes of earlier parts of the same transaction, so that under coarse detection a
     transaction split over several etcd transactions does not conflict with itself."""
-    check_shape(txn)
+    if not shape_checked:
+        check_shape(txn)
     w = _Work(cell, txn, staging_gang, seq_rewrites or {})
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
@@ -457,7 +459,7 @@ def _has_anti_affinity(w: _Work, job_id: str) -> bool:
 def _check_resources(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    used = sum_resources(a.resources for a in holding(m, w.gangs, w.gang))
+    used = machine_used(m, w.gangs, w.gang)
     freed = sum_resources(v.resources for v in victims)
     need = job.task_resources
     after = used - freed + need
@@ -524,7 +526,7 @@ def _apply(w: _Work, claim: Claim) -> None:
     allocs[claim.task] = Allocation(
         claim.task, job.id, w.txn.scheduler, job.precedence, job.task_resources, w.gang
     )
-    w.machines[m.id] = attrs.evolve(m, allocations=allocs)
+    w.machines[m.id] = m.with_allocations(allocs)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )

@@ -109,27 +109,40 @@ class WorkingView:
         elif kind is KeyKind.USAGE:
             _put(self.usage, ident, kv, codec.decode_usage)
 
+    def machine_rev(self, mid: str) -> int:
+        m = self.machines.get(mid)
+        return m.seq if m is not None else 0
+
+    def task_rev(self, tid: str) -> int:
+        t = self.tasks.get(tid)
+        return t.revision if t is not None else 0
+
+    def job_rev(self, jid: str) -> int:
+        j = self.jobs.get(jid)
+        return j.revision if j is not None else 0
+
     def put_record(self, key: bytes, record: object, revision: int) -> None:
-        """Learn a record this process just wrote at ``revision`` (no decode needed)."""
+        """Learn a record this process just wrote at ``revision`` (no decode needed);
+        the record already carries that revision."""
         if self._as_of.get(key, -1) > revision:
             return
         self._as_of[key] = revision
-        self.revision = max(self.revision, revision)
-        kind, ident = self.keys.classify(key) or (None, "")
+        if revision > self.revision:
+            self.revision = revision
         if isinstance(record, Machine):
-            self.machines[ident] = record
+            self.machines[record.id] = record
         elif isinstance(record, TaskRecord):
-            self.tasks[ident] = record
+            self.tasks[record.id] = record
         elif isinstance(record, GangRecord):
-            self.gangs[ident] = record
+            self.gangs[record.id] = record
         elif isinstance(record, UsageRecord):
-            self.usage[ident] = record
+            self.usage[record.scheduler] = record
         elif isinstance(record, Job):
-            self.jobs[ident] = record
+            self.jobs[record.id] = record
         elif isinstance(record, CellConfig):
             self.config, self.config_known = record, True
-        elif record is None and kind is not None:
-            self._set(kind, ident, None)
+        elif record is None and (kind := self.keys.classify(key)) is not None:
+            self._set(kind[0], kind[1], None)
 
 
 class _Rev:

@@ -216,7 +216,10 @@ def test_compaction(etcd_kv: EtcdKV) -> None:
     r1 = etcd_kv.txn([], [Put(b"/c/k", b"1")]).revision
     r2 = etcd_kv.txn([], [Put(b"/c/k", b"2")]).revision
     r3 = etcd_kv.txn([], [Put(b"/c/k", b"3")]).revision
+    before = etcd_kv.compact_revision()
+    assert before < r1  # 0, or where an earlier test compacted the shared server
     etcd_kv.compact(r2)
+    assert etcd_kv.compact_revision() == r2
     with pytest.raises(CompactedError) as info:
         etcd_kv.range(b"/c/k", revision=r1)
     assert info.value.compact_revision == r2

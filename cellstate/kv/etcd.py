@@ -391,7 +391,7 @@ class EtcdKV:
         details: str = err.details() or ""
         where = f"(etcd {endpoint.address})"
         if _MSG_COMPACTED in details:
-            return CompactedError(self._compact_revision(key))
+            return CompactedError(self.compact_revision(key))
         if _MSG_FUTURE in details:
             return FutureRevisionError(f"{details} {where}")
         if (
@@ -448,12 +448,15 @@ class EtcdKV:
                 self._metadata = (("token", response.token),)
             self._login_needed = False
 
-    def _compact_revision(self, key: bytes) -> int:
-        """The store's compacted revision (0 if it cannot be found out).
+    def compact_revision(self, key: bytes = b"\x00") -> int:
+        """The store's compacted revision: reads below it raise :class:`CompactedError`
+        (0 when nothing was compacted or it cannot be found out in time).
 
-        etcd's "compacted" error does not say where history starts, and neither Range nor
-        Status reports it; but a watch from revision 1 is cancelled with
-        ``compact_revision`` set to exactly that. This is only done on the error path.
+        Neither Range nor Status reports it, and etcd's "compacted" error does not say
+        where history starts. But a watch from revision 1 is cancelled with
+        ``compact_revision`` set to exactly that, and otherwise answers a progress
+        request once it has caught up (etcd drops progress requests until then, so they
+        are repeated). ``key`` is the key watched (one the credentials may read).
         """
         try:
             watcher = self.watch(key, start_revision=1, progress_notify=False)
@@ -462,11 +465,13 @@ class EtcdKV:
         try:
             deadline = time.monotonic() + min(self.timeout, 5.0)
             while (remaining := deadline - time.monotonic()) > 0:
-                resp = watcher.next(timeout=remaining)
+                resp = watcher.next(timeout=min(remaining, 0.1))
                 if resp is None:
-                    break
-                if resp.canceled:
+                    watcher.request_progress()
+                elif resp.canceled:
                     return resp.compact_revision
+                elif resp.is_progress:
+                    return 0
             return 0
         except KVError:
             return 0
