@@ -408,18 +408,21 @@ class Workers:
             raise RuntimeError(f"committer process {i} failed:\n{msg[1]}")
         return msg
 
-    def round(self, kind: str, params: Sequence[dict[str, Any]], seconds: float
-              ) -> tuple[float, list[dict[str, Any]]]:
-        """Run one timed round on the first len(params) workers; returns (t0, results)."""
+    def round(self, kind: str, params: Sequence[dict[str, Any]], seconds: float,
+              meter: CpuMeter) -> tuple[float, list[dict[str, Any]], float | None]:
+        """Run one timed round on the first len(params) workers; returns t0, the results
+        and the share of CPU other processes used meanwhile."""
         n = len(params)
         for i in range(n):
             self.conns[i].send((kind, params[i]))
         for i in range(n):
             self._recv(i, REPLY_SLACK)
         t0 = time.monotonic() + 0.05
+        meter.start()
         for i in range(n):
             self.conns[i].send(("go", t0, t0 + seconds))
-        return t0, [self._recv(i, seconds + REPLY_SLACK)[1] for i in range(n)]
+        results = [self._recv(i, seconds + REPLY_SLACK)[1] for i in range(n)]
+        return t0, results, meter.stop()
 
     def stop(self) -> None:
         for conn in self.conns:
@@ -436,6 +439,48 @@ class Workers:
                 proc.join()
         for conn in self.conns:
             conn.close()
+
+
+# -- CPU used by other processes -----------------------------------------------------------
+
+
+class CpuMeter:
+    """How much of the machine's CPU processes outside this benchmark (this process, its
+    committer processes and its etcd) used during a timed run: the machine is shared,
+    and a figure taken while something else ran says so in the table. Linux only
+    (/proc); elsewhere it reports nothing."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = [os.getpid()]
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._start: tuple[float, float, float] | None = None
+
+    def _snapshot(self) -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            # user nice system idle iowait irq softirq steal: busy is all but idle, iowait
+            busy = sum(fields[:8]) - fields[3] - fields[4]
+            ours = 0
+            for pid in self.pids:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
+                ours += int(stat[11]) + int(stat[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            return None
+        return busy / self.tick, ours / self.tick, time.monotonic()
+
+    def start(self) -> None:
+        self._start = self._snapshot()
+
+    def stop(self) -> float | None:
+        """Percent of all cores' time used by other processes since start()."""
+        end = self._snapshot()
+        if self._start is None or end is None:
+            return None
+        busy, ours, wall = (b - a for a, b in zip(self._start, end, strict=True))
+        cores = os.cpu_count() or 1
+        return max(0.0, 100 * (busy - ours) / (wall * cores)) if wall > 0 else None
 
 
 # -- figures ----------------------------------------------------------------------------
@@ -491,7 +536,7 @@ def summarize_raw(t0: float, results: Sequence[dict[str, Any]], batch: int) -> d
 HEADER = (
     f"{'backend':<7} {'comm':>4} {'mode':<11} {'detect':<6} {'place/s':>8} {'commit/s':>8} "
     f"{'p50 ms':>7} {'p99 ms':>7} {'rej%':>5} {'confl%':>6} {'txn/c':>5} "
-    f"{'raw Txn/s':>9} {'raw pl/s':>8} {'st/raw':>6}"
+    f"{'raw Txn/s':>9} {'raw pl/s':>8} {'st/raw':>6} {'other%':>6}"
 )
 
 
@@ -506,8 +551,13 @@ def row(cfg: dict[str, Any], raw: dict[str, Any] | None) -> str:
         f"{cfg['backend']:<7} {cfg['committers']:>4} {cfg['mode']:<11} {cfg['detection']:<6} "
         f"{s['placements_per_s']:>8.0f} {s['commits_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
         f"{s['p99_ms']:>7.1f} {100 * s['rejected_fraction']:>5.1f} "
-        f"{100 * s['conflict_fraction']:>6.1f} {s['etcd_txns_per_commit']:>5.2f} {rawpart}"
+        f"{100 * s['conflict_fraction']:>6.1f} {s['etcd_txns_per_commit']:>5.2f} {rawpart} "
+        f"{_pct(cfg.get('other_cpu_pct'))}"
     )
+
+
+def _pct(value: float | None) -> str:
+    return f"{'?':>6}" if value is None else f"{value:>6.0f}"
 
 
 # -- the benchmark ----------------------------------------------------------------------
@@ -529,7 +579,7 @@ def _thread_main(results: list[dict[str, Any] | None], errors: list[str], i: int
 
 
 def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[str, Any]],
-               emit: Callable[[str], None]) -> None:
+               meter: CpuMeter, emit: Callable[[str], None]) -> None:
     for n, mode, det in configurations():
         kv = MemoryKV()
         cell = f"bench-{next(cell_no)}"
@@ -550,22 +600,25 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
             )
             for i in range(n)
         ]
+        meter.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        other = meter.stop()
         if errors:
             raise RuntimeError("a memory committer failed:\n" + errors[0])
         cfg: dict[str, Any] = {"backend": "memory", "committers": n, "mode": mode.value,
                "detection": det.value, "cell": cell,
-               "result": summarize(t0, [r for r in results if r is not None])}
+               "result": summarize(t0, [r for r in results if r is not None]),
+               "other_cpu_pct": other}
         out.append(cfg)
         emit(row(cfg, None))
         kv.close()
 
 
 def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: Iterator[int],
-             out: list[dict[str, Any]], raws: dict[int, dict[str, Any]],
+             out: list[dict[str, Any]], raws: dict[int, dict[str, Any]], meter: CpuMeter,
              emit: Callable[[str], None]) -> None:
     for n in COMMITTER_COUNTS:
         shapes: list[Shape] = []
@@ -581,13 +634,14 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                            "seed": args.seed + 1000 * n + i,
                            "profile": f"{profile}/committer-{i}.prof" if profile else None}
                           for i in range(n)]
-                t0, results = workers.round("store", params, args.seconds)
+                t0, results, other = workers.round("store", params, args.seconds, meter)
                 if (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE):
                     # The baseline replays the shape of the configuration the goals name.
                     for r in results:
                         shapes.extend(r["shapes"])
                 cfg: dict[str, Any] = {"backend": "etcd", "committers": n, "mode": mode.value,
-                       "detection": det.value, "cell": cell, "result": summarize(t0, results)}
+                       "detection": det.value, "cell": cell, "result": summarize(t0, results),
+                       "other_cpu_pct": other}
                 rows.append(cfg)
                 out.append(cfg)
                 delete_prefix(kv, CellStore(kv, cell).keys.root)
@@ -596,9 +650,10 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
         prefix = f"/omega/raw-{n}/".encode()
         params = [{"prefix": prefix + b"w%d/" % i, "shapes": shapes, "seed": args.seed + i}
                   for i in range(n)]
-        t0, results = workers.round("raw", params, args.seconds)
+        t0, results, other = workers.round("raw", params, args.seconds, meter)
         raw = summarize_raw(t0, results, args.batch)
         raw["shapes"] = len(shapes)
+        raw["other_cpu_pct"] = other
         raws[n] = raw
         delete_prefix(kv, prefix)
         for cfg in rows:
@@ -652,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_at_start": os.getloadavg(),
     }
     cell_no = iter(range(1_000_000))
+    meter = CpuMeter()
     server: LocalEtcd | None = None
     workers: Workers | None = None
     kv: EtcdKV | None = None
@@ -663,6 +719,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta["etcd_binary"] = server.binary
             kv = EtcdKV([server.endpoint])
             workers = Workers(server.endpoint, max(COMMITTER_COUNTS))
+            meter.pids.extend([p.pid for p in workers.procs if p.pid is not None])
+            if server.pid is not None:
+                meter.pids.append(server.pid)
         emit(f"commit throughput: {args.machines} machines (cpu={MACHINE_CPU:g}, "
              f"mem={MACHINE_MEM:g}), tasks cpu={TASK_CPU:g} mem={TASK_MEM:g}, "
              f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration")
@@ -680,19 +739,21 @@ def main(argv: Sequence[str] | None = None) -> int:
              "rej% = claims rejected; confl% = etcd Txns whose guards failed; txn/c = etcd "
              "Txns per commit; raw = kv.txn with the shape of the store's incremental/fine Txns "
              "(same etcd, same process count, no store, no conflicts); raw pl/s = raw Txn/s x "
-             "B; st/raw = place/s / raw pl/s")
+             "B; st/raw = place/s / raw pl/s; other% = share of all cores used by processes "
+             "outside this benchmark during the run (the machine may be shared)")
         emit("")
         emit(HEADER)
         if kv is not None and workers is not None:
-            run_etcd(args, kv, workers, cell_no, configs, raws, emit)
+            run_etcd(args, kv, workers, cell_no, configs, raws, meter, emit)
         if "memory" in backends:
-            run_memory(args, cell_no, configs, emit)
+            run_memory(args, cell_no, configs, meter, emit)
         emit("")
         for n, raw in sorted(raws.items()):
             emit(f"raw etcd, {n} process(es): {raw['txns_per_s']:.0f} Txn/s, p50 "
                  f"{raw['p50_ms']:.1f} ms, p99 {raw['p99_ms']:.1f} ms, "
                  f"{raw['bytes_per_txn'] / 1024:.1f} KiB of puts per Txn "
-                 f"({raw['shapes']} recorded shapes replayed)")
+                 f"({raw['shapes']} recorded shapes replayed; other processes "
+                 f"{_pct(raw['other_cpu_pct']).strip()}% CPU)")
         for cfg in configs:
             if cfg["backend"] == "etcd" and cfg["mode"] == "incremental" and \
                     cfg["detection"] == "fine":
