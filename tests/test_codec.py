@@ -65,7 +65,7 @@ def test_bad_job_fields_are_named(change: dict[str, Any], message: str) -> None:
 
 
 def test_missing_required_fields_are_named() -> None:
-    with pytest.raises(ModelError, match="job.scheduler is required"):
+    with pytest.raises(ModelError, match=r"job\.scheduler is required"):
         parse_job({"id": "x", "task_resources": {"cpu": 1}})
     with pytest.raises(ModelError, match="expected an object"):
         parse_job(["not", "a", "job"])
