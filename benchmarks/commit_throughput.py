@@ -89,6 +89,7 @@ TASK_CPU, TASK_MEM = 0.1, 0.25
 TASKS_PER_JOB = 1_000_000  # the codec's maximum; a run never gets near it
 GOAL_PLACEMENTS = 5000.0
 GOAL_RATIO = 0.5
+NOISY_PCT = 10.0  # other processes' CPU share above which a figure is flagged
 SHAPES_KEPT = 300  # transaction shapes each committer keeps for the raw replay
 RAW_POOL = 2000  # keys each raw process rewrites (as a committer rewrites machines)
 REPLY_SLACK = 180.0  # seconds a worker may take beyond the run time before we give up
@@ -812,6 +813,15 @@ def emit_goals(configs: Sequence[dict[str, Any]], emit: Callable[[str], None]) -
     others = [c for c in configs if c["backend"] == "etcd" and "store_over_raw" in c]
     met = sum(1 for c in others if c["store_over_raw"] >= GOAL_RATIO)
     emit(f"        (all etcd configurations: {met} of {len(others)} at >= {GOAL_RATIO})")
+    involved = [("store", n, c.get("other_cpu_pct")) for n in COMMITTER_COUNTS
+                if (c := find(n)) is not None]
+    involved += [("raw", n, c["raw"].get("other_cpu_pct")) for n in COMMITTER_COUNTS
+                 if (c := find(n)) is not None and "raw" in c]
+    busy = [f"{what} {n}c {pct:.0f}%" for what, n, pct in involved
+            if pct is not None and pct > NOISY_PCT]
+    if busy:
+        emit(f"warning: other processes used more than {NOISY_PCT:g}% of the CPU during runs "
+             f"these goals rest on ({', '.join(busy)}): rerun on a quiet machine")
 
 
 if __name__ == "__main__":

@@ -261,7 +261,8 @@ def range_all(kv: KV, prefix: bytes, *, revision: int = 0, page: int = 2000) -> 
     response exceeds the gRPC message limit."""
     first = kv.range(prefix, prefix_end(prefix), revision=revision, limit=page)
     kvs = list(first.kvs)
-    at = first.revision
+    # The response header carries the store's current revision, not the one read at.
+    at = revision or first.revision
     more = first.more
     end = prefix_end(prefix)
     while more and kvs:
@@ -269,3 +270,7 @@ def range_all(kv: KV, prefix: bytes, *, revision: int = 0, page: int = 2000) -> 
         kvs.extend(nxt.kvs)
         more = nxt.more
     return RangeResult(tuple(kvs), at, False, len(kvs))
+
+
+class AuthError(KVError):
+    """The server refused the credentials or the operation for lack of permission."""

@@ -28,6 +28,7 @@ import grpc
 from cellstate.kv.base import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TXN_OPS,
+    AuthError,
     CompactedError,
     Compare,
     CompareResult,
@@ -124,7 +125,7 @@ _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 0.5
 
 
-class EtcdAuthError(KVError):
+class EtcdAuthError(AuthError):
     """etcd refused the credentials, requires credentials that were not given, or denied
     permission for the key range."""
 

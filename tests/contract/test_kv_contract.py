@@ -222,3 +222,11 @@ def test_put_without_lease_detaches_the_key(kv: KV) -> None:
     kv.txn([], [Put(b"/t/keep", b"b")])
     kv.lease_revoke(lease)
     assert kv.range(b"/t/keep").kvs[0].value == b"b"
+
+
+def test_paged_range_at_a_past_revision_reads_that_revision(kv: KV) -> None:
+    kv.txn([], [Put(f"/t/q/{i:03}".encode(), b"old") for i in range(30)])
+    at = kv.range(b"/t/q/000").revision
+    kv.txn([], [Put(f"/t/q/{i:03}".encode(), b"new") for i in range(30)])
+    res = range_all(kv, b"/t/q/", revision=at, page=7)
+    assert res.revision == at and {k.value for k in res.kvs} == {b"old"} and len(res.kvs) == 30
