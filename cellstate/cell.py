@@ -19,9 +19,12 @@ from cellstate.model import (
     CellConfig,
     GangRecord,
     GangState,
+    InstanceRecord,
     Job,
+    JobStatus,
     Machine,
     Resources,
+    SchedulerRecord,
     TaskRecord,
     TaskState,
     split_task_id,
@@ -46,6 +49,10 @@ class CellReader(Protocol):
     def usage(self) -> Mapping[str, object]: ...
 
 
+# The record tables of a snapshot, in the order of CellSnapshot's fields.
+TABLES = ("machines", "jobs", "tasks", "gangs", "usage", "statuses", "instances", "schedulers")
+
+
 @attrs.frozen(slots=True)
 class CellSnapshot:
     """A consistent, read-only view of a whole cell at one revision. Cheap to take:
@@ -58,11 +65,18 @@ class CellSnapshot:
     tasks: immutables.Map[str, TaskRecord]
     gangs: immutables.Map[str, GangRecord]
     usage: immutables.Map[str, object]
+    statuses: immutables.Map[str, JobStatus]
+    instances: immutables.Map[str, InstanceRecord]  # "scheduler/instance" -> record
+    schedulers: immutables.Map[str, SchedulerRecord]
 
     @classmethod
     def empty(cls) -> CellSnapshot:
         m: immutables.Map = immutables.Map()  # type: ignore[type-arg]
-        return cls(0, CellConfig(), m, m, m, m, m)
+        return cls(0, CellConfig(), *([m] * len(TABLES)))
+
+    def live_instances(self, scheduler: str) -> list[str]:
+        """Instance ids of ``scheduler`` that hold a live lease, sorted."""
+        return sorted(i.instance for i in self.instances.values() if i.scheduler == scheduler)
 
 
 def alloc_holds(a: Allocation, gangs: Mapping[str, GangRecord], own_gang: str = "") -> bool:

@@ -22,10 +22,14 @@ from cellstate.model import (
     Allocation,
     CellConfig,
     Constraints,
+    Detection,
     GangRecord,
     GangState,
+    InstanceRecord,
     Job,
     JobKind,
+    JobState,
+    JobStatus,
     Labels,
     Machine,
     MachineState,
@@ -33,6 +37,7 @@ from cellstate.model import (
     Requirement,
     Resources,
     SchedulerLimits,
+    SchedulerRecord,
     Selector,
     SelectorOp,
     TaskRecord,
@@ -128,6 +133,8 @@ def job_to_doc(job: Job) -> dict[str, Any]:
         doc["command"] = list(job.command)
     if job.submitted_at:
         doc["submitted_at"] = job.submitted_at
+    if job.detection is not None:
+        doc["detection"] = job.detection.value
     return doc
 
 
@@ -261,6 +268,15 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     command = f.get("command", [])
     if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
         raise ModelError(f"{f.path('command')} must be a list of strings")
+    detection_name = f.get("detection")
+    detection = None
+    if detection_name is not None:
+        try:
+            detection = Detection(detection_name)
+        except ValueError:
+            raise ModelError(
+                f"{f.path('detection')}: {detection_name!r} is not one of fine, coarse"
+            ) from None
     submitted_at = f.get("submitted_at", 0.0)
     if isinstance(submitted_at, bool) or not isinstance(submitted_at, int | float):
         raise ModelError(f"{f.path('submitted_at')} must be a number")
@@ -278,6 +294,7 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
         duration=float(duration) if duration is not None else None,
         command=tuple(command),
         submitted_at=float(submitted_at),
+        detection=detection,
         revision=revision,
     )
     f.no_unknown()
@@ -375,6 +392,44 @@ def decode_gang(gang_id: str, value: bytes, revision: int) -> GangRecord:
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"gang {gang_id!r}: stored record is corrupt ({e})") from e
+
+
+def encode_status(s: JobStatus) -> bytes:
+    return orjson.dumps({"state": s.state.value, "reason": s.reason, "by": s.by, "at": s.at})
+
+
+def decode_status(job: str, value: bytes, revision: int) -> JobStatus:
+    try:
+        doc = orjson.loads(value)
+        return JobStatus(job, JobState(doc["state"]), doc["reason"], doc.get("by", ""),
+                         doc.get("at", 0.0), revision)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"job status {job!r}: stored record is corrupt ({e})") from e
+
+
+def encode_instance(i: InstanceRecord) -> bytes:
+    return orjson.dumps({"policy": i.policy, "started_at": i.started_at})
+
+
+def decode_instance(ident: str, value: bytes, revision: int) -> InstanceRecord:
+    scheduler, _, instance = ident.partition("/")
+    try:
+        doc = orjson.loads(value)
+        return InstanceRecord(scheduler, instance, doc.get("policy", ""),
+                              doc.get("started_at", 0.0), revision)
+    except (orjson.JSONDecodeError, TypeError, ValueError) as e:
+        raise ModelError(f"instance {ident!r}: stored record is corrupt ({e})") from e
+
+
+def encode_scheduler(s: SchedulerRecord) -> bytes:
+    return orjson.dumps({"policy": s.policy})
+
+
+def decode_scheduler(name: str, value: bytes, revision: int) -> SchedulerRecord:
+    try:
+        return SchedulerRecord(name, orjson.loads(value).get("policy", ""), revision)
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+        raise ModelError(f"scheduler {name!r}: stored record is corrupt ({e})") from e
 
 
 def encode_usage(u: UsageRecord) -> bytes:

@@ -8,6 +8,9 @@
     /omega/<cell>/tasks/<job>/<index>     TaskRecord (absent = pending)
     /omega/<cell>/gangs/<gang>            GangRecord (large gang in flight)
     /omega/<cell>/usage/<scheduler>       UsageRecord (resource-limited schedulers)
+    /omega/<cell>/jobstatus/<job>         JobStatus (abandoned or killed, with reason)
+    /omega/<cell>/instances/<sched>/<id>  InstanceRecord (leased: live instances)
+    /omega/<cell>/schedulers/<name>       SchedulerRecord (names that have run here)
 
 One prefix per cell, so one watch follows a whole cell and several cells can share an
 etcd cluster.
@@ -30,6 +33,9 @@ class KeyKind(enum.Enum):
     TASK = "tasks"
     GANG = "gangs"
     USAGE = "usage"
+    STATUS = "jobstatus"
+    INSTANCE = "instances"
+    SCHEDULER = "schedulers"
 
 
 @attrs.frozen
@@ -66,6 +72,15 @@ class Keyspace:
 
     def usage(self, scheduler: str) -> bytes:
         return self.root + b"usage/" + scheduler.encode()
+
+    def status(self, job: str) -> bytes:
+        return self.root + b"jobstatus/" + job.encode()
+
+    def instance(self, scheduler: str, instance: str) -> bytes:
+        return self.root + b"instances/" + scheduler.encode() + b"/" + instance.encode()
+
+    def scheduler(self, name: str) -> bytes:
+        return self.root + b"schedulers/" + name.encode()
 
     def prefix(self, kind: KeyKind) -> bytes:
         return self.root + kind.value.encode() + b"/"

@@ -242,6 +242,16 @@ class Machine:
 # -- jobs and tasks ----------------------------------------------------------------
 
 
+class TxnMode(enum.Enum):
+    INCREMENTAL = "incremental"  # commit every claim that passes
+    GANG = "gang"  # all or nothing
+
+
+class Detection(enum.Enum):
+    FINE = "fine"  # reject only what no longer fits
+    COARSE = "coarse"  # reject any claim whose machine changed since it was seen
+
+
 class JobKind(enum.Enum):
     BATCH = "batch"
     SERVICE = "service"
@@ -315,6 +325,8 @@ class Job:
     duration: float | None = None  # seconds each task runs (agents, simulator)
     command: tuple[str, ...] = ()  # or a real command an agent runs
     submitted_at: float = 0.0
+    # Conflict detection for this job's transactions; None: the scheduler's default.
+    detection: Detection | None = None
     revision: int = 0  # mod_revision of the job's key
 
 
@@ -381,6 +393,49 @@ class GangRecord:
     revision: int = 0
 
 
+class JobState(enum.Enum):
+    ABANDONED = "abandoned"  # a scheduler gave up; the reason says why
+    KILLED = "killed"  # a user withdrew it
+
+
+@attrs.frozen(slots=True)
+class JobStatus:
+    """A verdict on a job that its spec cannot carry (specs are immutable): set when a
+    scheduler abandons it or a user kills it. A job with no status is live."""
+
+    job: str
+    state: JobState
+    reason: str
+    by: str = ""  # the scheduler instance (or user) that set it
+    at: float = 0.0
+    revision: int = 0
+
+
+@attrs.frozen(slots=True)
+class InstanceRecord:
+    """A live scheduler instance; its key is leased, so it disappears with the process."""
+
+    scheduler: str
+    instance: str
+    policy: str = ""
+    started_at: float = 0.0
+    revision: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.scheduler}/{self.instance}"
+
+
+@attrs.frozen(slots=True)
+class SchedulerRecord:
+    """A scheduler name that has run in this cell (kept after its instances stop), so a
+    job naming a scheduler that never existed can be told so."""
+
+    name: str
+    policy: str = ""
+    revision: int = 0
+
+
 # -- configuration -------------------------------------------------------------------
 
 
@@ -413,16 +468,6 @@ class UsageRecord:
 
 
 # -- transactions --------------------------------------------------------------------
-
-
-class TxnMode(enum.Enum):
-    INCREMENTAL = "incremental"  # commit every claim that passes
-    GANG = "gang"  # all or nothing
-
-
-class Detection(enum.Enum):
-    FINE = "fine"  # reject only what no longer fits
-    COARSE = "coarse"  # reject any claim whose machine changed since it was seen
 
 
 @attrs.frozen(slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from cellstate import codec
-from cellstate.cell import CellSnapshot
+from cellstate.cell import TABLES, CellSnapshot
 from cellstate.keys import KeyKind, Keyspace
 from cellstate.kv.base import (
     KV,
@@ -42,6 +42,9 @@ _DECODERS = {
     KeyKind.TASK: ("tasks", codec.decode_task),
     KeyKind.GANG: ("gangs", codec.decode_gang),
     KeyKind.USAGE: ("usage", codec.decode_usage),
+    KeyKind.STATUS: ("statuses", codec.decode_status),
+    KeyKind.INSTANCE: ("instances", codec.decode_instance),
+    KeyKind.SCHEDULER: ("schedulers", codec.decode_scheduler),
 }
 
 
@@ -50,10 +53,7 @@ def _apply(
     revision: int,
 ) -> CellSnapshot:
     """``snap`` with the changes of one or more whole revisions applied."""
-    mutators = {
-        name: getattr(snap, name).mutate()
-        for name in ("machines", "jobs", "tasks", "gangs", "usage")
-    }
+    mutators = {name: getattr(snap, name).mutate() for name in TABLES}
     config = snap.config
     for key, kv in changes:
         kind = keys.classify(key)
@@ -71,12 +71,15 @@ def _apply(
     return CellSnapshot(
         revision,
         config,
-        *(mutators[n].finish() for n in ("machines", "jobs", "tasks", "gangs", "usage")),
+        *(mutators[n].finish() for n in TABLES),
     )
 
 
 def snapshot_from_kvs(keys: Keyspace, kvs: Iterable[KeyValue], revision: int) -> CellSnapshot:
     return _apply(keys, CellSnapshot.empty(), ((kv.key, kv) for kv in kvs), revision)
+
+
+ChangeListener = Callable[[CellSnapshot, "list[tuple[KeyKind, str]] | None"], None]
 
 
 @attrs.frozen
@@ -113,6 +116,7 @@ class Replica:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._listeners: list[Callable[[CellSnapshot], None]] = []
+        self._change_listeners: list[ChangeListener] = []
         self.reloads = 0  # full reloads after compaction
         self.resumes = 0  # watches re-opened after a dropped stream
 
@@ -133,6 +137,12 @@ class Replica:
         """Call ``listener(snapshot)`` after each applied batch (from the sync thread)."""
         self._listeners.append(listener)
 
+    def on_changes(self, listener: ChangeListener) -> None:
+        """Call ``listener(snapshot, changed)`` after each applied batch, where
+        ``changed`` lists the (kind, id) of every record that changed, or is None after
+        a (re)load, when anything may have changed."""
+        self._change_listeners.append(listener)
+
     def wait_for(self, revision: int, timeout: float | None = None) -> bool:
         """Block until the replica has applied ``revision`` (or timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -152,7 +162,7 @@ class Replica:
             self._watcher.cancel()
             self._watcher = None
         res = range_all(self.kv, self.keys.root)
-        self._publish(snapshot_from_kvs(self.keys, res.kvs, res.revision))
+        self._publish(snapshot_from_kvs(self.keys, res.kvs, res.revision), None)
         self._known = max(self._known, res.revision)
         self._confirmed_at = self._clock()
         self._open_watch()
@@ -210,23 +220,28 @@ class Replica:
         if not response.events:
             # Progress: every event up to response.revision has been delivered.
             if response.revision >= self._snap.revision:
-                self._publish(attrs.evolve(self._snap, revision=response.revision))
+                self._publish(attrs.evolve(self._snap, revision=response.revision), [])
             self._confirmed_at = self._clock()
             return
         changes = [
             (e.kv.key, e.kv if e.type is EventType.PUT else None) for e in response.events
         ]
         last = max(e.kv.mod_revision for e in response.events)
-        self._publish(_apply(self.keys, self._snap, changes, last))
+        changed = [k for k in (self.keys.classify(key) for key, _ in changes) if k is not None]
+        self._publish(_apply(self.keys, self._snap, changes, last), changed)
         if last >= self._known:
             self._confirmed_at = self._clock()
 
-    def _publish(self, snap: CellSnapshot) -> None:
+    def _publish(
+        self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None
+    ) -> None:
         with self._cond:
             self._snap = snap
             self._cond.notify_all()
         for listener in self._listeners:
             listener(snap)
+        for change_listener in self._change_listeners:
+            change_listener(snap, changed)
 
     def request_progress(self) -> None:
         if self._watcher is not None:
@@ -275,7 +290,7 @@ class Replica:
             snap.revision,
         )
         diffs = []
-        for name in ("machines", "jobs", "tasks", "gangs", "usage"):
+        for name in TABLES:
             mine, theirs = getattr(snap, name), getattr(fresh, name)
             for key in set(mine.keys()) | set(theirs.keys()):
                 if _fingerprint(mine.get(key)) != _fingerprint(theirs.get(key)):

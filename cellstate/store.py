@@ -46,6 +46,7 @@ from cellstate.kv.base import (
     Op,
     Put,
     TxnResult,
+    prefix_end,
     range_all,
 )
 from cellstate.model import (
@@ -54,13 +55,16 @@ from cellstate.model import (
     CommitResult,
     GangRecord,
     GangState,
+    InstanceRecord,
     Job,
+    JobStatus,
     Machine,
     MachineState,
     ModelError,
     Reason,
     Rejection,
     Resources,
+    SchedulerRecord,
     TaskRecord,
     TaskState,
     Transaction,
@@ -938,6 +942,73 @@ class CellStore:
 
             return self._retry(f"releasing task {tid}", attempt).revision
 
+    def set_job_status(self, status: JobStatus) -> int:
+        """Record a verdict on a job (abandoned with a reason, or killed). Refused for a
+        job that does not exist."""
+        if not status.reason:
+            raise StoreError(f"job {status.job}: a status needs a reason")
+        with self._lock:
+            jkey, skey = self.keys.job(status.job), self.keys.status(status.job)
+
+            def attempt() -> _Write:
+                self._fetch([jkey])
+                if status.job not in self.view.jobs:
+                    raise NotFoundError(f"unknown job {status.job!r}")
+                return _Write({jkey: self.view.job_rev(status.job)}, {skey: status})
+
+            return self._retry(f"setting the status of job {status.job}", attempt).revision
+
+    def register_instance(self, record: InstanceRecord, ttl: int) -> int:
+        """Announce a live scheduler instance under a new lease of ``ttl`` seconds (the
+        caller keeps it alive); also records the scheduler's name for good. Returns the
+        lease id. Refused if the same instance id is live already."""
+        lease = self.kv.lease_grant(ttl)
+        ikey = self.keys.instance(record.scheduler, record.instance)
+        skey = self.keys.scheduler(record.scheduler)
+        sched = SchedulerRecord(record.scheduler, record.policy)
+        with self._lock:
+            res = self.kv.txn([Compare.absent(ikey)], [
+                Put(ikey, codec.encode_instance(record), lease),
+                Put(skey, codec.encode_scheduler(sched)),
+            ])
+        if not res.succeeded:
+            self.kv.lease_revoke(lease)
+            raise AlreadyExistsError(f"instance {record.id} is already running")
+        return lease
+
+    def deregister_instance(self, scheduler: str, instance: str, lease: int) -> None:
+        """Withdraw an instance at once (its jobs move to the others)."""
+        with contextlib.suppress(LeaseNotFoundError):
+            self.kv.lease_revoke(lease)
+        self.kv.txn([], [Delete(self.keys.instance(scheduler, instance))])
+
+    def resize_job(self, job_id: str, task_count: int) -> int:
+        """Grow (or shrink to no fewer than its placed-or-ended tasks) a job's task count,
+        as an elastic scheduler does to grow a running job into idle resources."""
+        if isinstance(task_count, bool) or not isinstance(task_count, int) or not (
+            1 <= task_count <= codec.MAX_TASKS_PER_JOB
+        ):
+            raise StoreError(f"job {job_id}: task count must be between 1 and "
+                             f"{codec.MAX_TASKS_PER_JOB}, got {task_count!r}")
+        with self._lock:
+            key = self.keys.job(job_id)
+
+            def attempt() -> _Write:
+                self._fetch([key])
+                job = self.view.jobs.get(job_id)
+                if job is None:
+                    raise NotFoundError(f"unknown job {job_id!r}")
+                if task_count < job.task_count:
+                    prefix = self.keys.task_key(job_id + "/")
+                    res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
+                    used = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
+                    if used and max(used) >= task_count:
+                        raise StoreError(f"job {job_id}: task {max(used)} has run; cannot "
+                                         f"shrink to {task_count} tasks")
+                return _Write({key: job.revision}, {key: attrs.evolve(job, task_count=task_count)})
+
+            return self._retry(f"resizing job {job_id}", attempt).revision
+
     def set_config(self, config: CellConfig) -> int:
         """Replace the cell's configuration (per-scheduler limits)."""
         codec.parse_config(codec.config_to_doc(config))
@@ -989,6 +1060,8 @@ def _encode(record: object) -> bytes:
         return codec.encode_job(record)
     if isinstance(record, CellConfig):
         return codec.encode_config(record)
+    if isinstance(record, JobStatus):
+        return codec.encode_status(record)
     raise TypeError(f"cannot encode {type(record).__name__}")
 
 

@@ -19,6 +19,7 @@ from cellstate.model import (
     CellConfig,
     GangRecord,
     Job,
+    JobStatus,
     Machine,
     TaskRecord,
     UsageRecord,
@@ -141,6 +142,8 @@ class WorkingView:
             self.jobs[record.id] = record
         elif isinstance(record, CellConfig):
             self.config, self.config_known = record, True
+        elif isinstance(record, JobStatus):
+            pass  # statuses are not read by validation
         elif record is None and (kind := self.keys.classify(key)) is not None:
             self._set(kind[0], kind[1], None)
 

@@ -1,0 +1,224 @@
+"""The scheduler plugin interface.
+
+A policy is a small class. It reads the cell only through a :class:`Context` (a
+read-only view of a snapshot with the scheduler's own not-yet-visible claims laid over
+it) and writes only by returning a :class:`Plan`; the runtime owns queueing, commit,
+retry, backoff, give-up and metrics (``schedulers/runtime.py``).
+
+A policy implements the hooks it needs; the runtime calls whichever it has:
+
+* :meth:`Policy.schedule_job` -- one job at a time (batch, service).
+* :meth:`Policy.schedule_jobs` -- every due job of its queue at once, free to preempt or
+  resize (a flow scheduler that re-solves the whole workload each round). If a policy
+  overrides it, the runtime calls it instead of ``schedule_job``.
+* :meth:`Policy.propose` -- every ``propose_interval`` seconds, with no new job (an
+  elastic MapReduce scheduler that grows running jobs; a fair-share rebalancer).
+
+Expected outcomes are values: a plan says which tasks it could not place and why
+(``Unplaced``), and whether that will never change (``permanent``: e.g. a task larger
+than every machine), so "why is my job pending?" always has an answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from cellstate.cell import CellSnapshot, alloc_placed, machine_used, task_view
+from cellstate.model import (
+    PLACEABLE,
+    Allocation,
+    Claim,
+    GangRecord,
+    Job,
+    Machine,
+    MachineState,
+    Resources,
+    task_id,
+)
+
+
+@attrs.frozen
+class Unplaced:
+    """Tasks of a job the policy could not place, and why."""
+
+    job: str
+    reason: str
+    tasks: int = 1
+    permanent: bool = False  # no state of the cell would let them fit: abandon now
+
+
+@attrs.frozen
+class Plan:
+    """What a policy wants: claims (which may evict), job resizes, and what it could not
+    place. Claims are committed in order, as one transaction per job."""
+
+    claims: tuple[Claim, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+    resize: Mapping[str, int] = attrs.field(factory=dict)  # job -> new task count
+
+    @property
+    def empty(self) -> bool:
+        return not self.claims and not self.resize
+
+
+class CellView:
+    """A snapshot plus the scheduler's own claims that the snapshot does not show yet:
+    those it committed since (until its replica catches up) and those made earlier in
+    the current decision. Read-only for policies except through :meth:`claim`."""
+
+    def __init__(self, snap: CellSnapshot, scheduler: str,
+                 pending: Sequence[tuple[Claim, Job]] = ()) -> None:
+        self.snap = snap
+        self.scheduler = scheduler
+        self._extra: dict[str, dict[str, Allocation]] = {}
+        self._gone: dict[str, set[str]] = {}
+        self._placed: set[str] = set()
+        self._claims: list[Claim] = []
+        for claim, job in pending:
+            self._add(claim, job)
+
+    # -- reads ----------------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        return self.snap.revision
+
+    @property
+    def gangs(self) -> Mapping[str, GangRecord]:
+        return self.snap.gangs
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        return self.snap.jobs
+
+    def machine_ids(self) -> list[str]:
+        return list(self.snap.machines.keys())
+
+    def machines(self) -> Iterator[Machine]:
+        for mid, m in self.snap.machines.items():
+            yield m if mid not in self._extra and mid not in self._gone else self._overlaid(m)
+
+    def machine(self, mid: str) -> Machine | None:
+        m = self.snap.machines.get(mid)
+        if m is None or (mid not in self._extra and mid not in self._gone):
+            return m
+        return self._overlaid(m)
+
+    def _overlaid(self, m: Machine) -> Machine:
+        gone = self._gone.get(m.id, ())
+        allocs = {t: a for t, a in m.allocations.items() if t not in gone}
+        allocs.update(self._extra.get(m.id, {}))
+        return m.with_allocations(allocs)
+
+    def used(self, mid: str) -> Resources:
+        m = self.machine(mid)
+        return machine_used(m, self.snap.gangs) if m is not None else Resources()
+
+    def free(self, mid: str) -> Resources:
+        m = self.machine(mid)
+        if m is None:
+            return Resources()
+        used = machine_used(m, self.snap.gangs)
+        return Resources(tuple((n, a - used.get(n)) for n, a in m.capacity.amounts
+                               if a - used.get(n) > 1e-9))
+
+    def fits(self, mid: str, need: Resources, freed: Resources | None = None) -> bool:
+        m = self.machine(mid)
+        if m is None or m.state is not MachineState.UP:
+            return False
+        used = machine_used(m, self.snap.gangs)
+        return ((used - freed if freed else used) + need).fits_in(m.capacity)
+
+    def pending_tasks(self, job: Job) -> list[int]:
+        """Indexes of the job's tasks that may be claimed now, as far as this view
+        knows (not placed, not claimed earlier in this decision)."""
+        return [i for i in range(job.task_count)
+                if (t := task_id(job.id, i)) not in self._placed
+                and task_view(self.snap, t).state in PLACEABLE
+                and not task_view(self.snap, t).reserved_by]
+
+    def placed_tasks(self, job: str) -> list[tuple[str, str]]:
+        """(task id, machine) of the job's tasks that run or were claimed."""
+        out = []
+        for m in self.machines():
+            for a in m.allocations.values():
+                if a.job == job and (a.task in self._placed or alloc_placed(a, self.snap.gangs)):
+                    out.append((a.task, m.id))
+        return out
+
+    # -- the decision's own claims -----------------------------------------------------
+
+    def claim(self, job: Job, index: int, mid: str, evict: Sequence[str] = ()) -> Claim:
+        """Record a claim in this decision (so later choices see it) and return it."""
+        m = self.snap.machines[mid]
+        c = Claim(job.id, index, mid, m.seq, tuple(evict))
+        self._add(c, job)
+        self._claims.append(c)
+        return c
+
+    @property
+    def claims(self) -> tuple[Claim, ...]:
+        return tuple(self._claims)
+
+    def _add(self, c: Claim, job: Job) -> None:
+        self._extra.setdefault(c.machine, {})[c.task] = Allocation(
+            c.task, job.id, self.scheduler, job.precedence, job.task_resources)
+        self._placed.add(c.task)
+        for victim in c.evict:
+            self._gone.setdefault(c.machine, set()).add(victim)
+
+
+@attrs.frozen
+class Context:
+    """What a policy may use: the view, the time, its own random stream, its options."""
+
+    view: CellView
+    now: float
+    rng: random.Random
+    scheduler: str
+    instance: str
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Policy:
+    """Base class of scheduling policies. ``name`` is what jobs name as their scheduler
+    by default and what the registry finds it by."""
+
+    name: ClassVar[str] = ""
+    #: Seconds between calls of :meth:`propose`; None: never.
+    propose_interval: ClassVar[float | None] = None
+
+    def __init__(self, **options: Any) -> None:
+        self.options = dict(options)
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        """Place what can be placed of one job."""
+        raise NotImplementedError
+
+    def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
+        """Place many jobs in one decision; by default one after another."""
+        claims: list[Claim] = []
+        unplaced: list[Unplaced] = []
+        for job in jobs:
+            plan = self.schedule_job(ctx, job)
+            claims.extend(plan.claims)
+            unplaced.extend(plan.unplaced)
+        return Plan(tuple(claims), tuple(unplaced))
+
+    def propose(self, ctx: Context) -> Plan:
+        """A proposal made without a new job (called every ``propose_interval`` s)."""
+        return Plan()
+
+    @classmethod
+    def batches_jobs(cls) -> bool:
+        """Whether this policy decides for all due jobs at once."""
+        return cls.schedule_jobs is not Policy.schedule_jobs
+
+    @classmethod
+    def places_jobs(cls) -> bool:
+        return cls.schedule_job is not Policy.schedule_job or cls.batches_jobs()
+

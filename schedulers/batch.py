@@ -1,0 +1,43 @@
+"""The batch scheduler: fast randomized first fit over the whole cell (Omega §4).
+
+Pick a random candidate machine; if a task fits, place it there and keep the machine
+as a candidate; otherwise drop the machine. Stop when every pending task is placed or
+no candidate is left. Incremental transactions by default; a job that asks for gang
+scheduling is committed as a gang by the runtime.
+"""
+
+from __future__ import annotations
+
+from cellstate.model import Job
+from schedulers.api import Context, Plan, Policy, Unplaced
+from schedulers.placement import can_host, impossible
+
+
+class BatchPolicy(Policy):
+    name = "batch"
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        view = ctx.view
+        pending = view.pending_tasks(job)
+        if not pending:
+            return Plan()
+        why = impossible(view, job)
+        if why is not None:
+            return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
+        candidates = view.machine_ids()
+        claims = []
+        while pending and candidates:
+            i = ctx.rng.randrange(len(candidates))
+            mid = candidates[i]
+            m = view.machine(mid)
+            if m is not None and can_host(view, job, m):
+                claims.append(view.claim(job, pending.pop(0), mid))
+            else:
+                # Swap-remove: O(1) and the order of the rest does not matter (random picks).
+                candidates[i] = candidates[-1]
+                candidates.pop()
+        unplaced: tuple[Unplaced, ...] = ()
+        if pending:
+            unplaced = (Unplaced(job.id, f"no machine has room for {len(pending)} more "
+                                         "task(s) now", len(pending)),)
+        return Plan(tuple(claims), unplaced)

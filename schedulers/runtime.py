@@ -1,0 +1,368 @@
+"""The runtime every scheduler instance runs: queue, ownership, commit, retry, give-up.
+
+One :class:`SchedulerInstance` is one instance of one scheduler (a policy under a
+name). Its loop, one :meth:`~SchedulerInstance.step` at a time:
+
+    take the due jobs it owns -> snapshot -> policy decides -> commit -> handle result
+
+* **Queue.** Jobs name their scheduler; the queue of a scheduler is every live job
+  naming it with tasks still to place, oldest submission first. It is derived from
+  the replica's snapshot, so nothing is lost when an instance dies: the jobs are
+  still in etcd.
+* **Sharing.** Several instances of one scheduler split its queue by rendezvous
+  hashing of job ids over the live instances (leased keys in etcd, Omega §4.3). When
+  one joins or leaves, only the jobs whose winner changed move. While two instances
+  briefly disagree, both may try a job; the store lets each task be placed once.
+* **Retry.** An incremental transaction that committed part of a job leaves the rest
+  pending; a gang that failed leaves all of it. The job is retried after a backoff
+  (1 s, doubling while attempts place nothing, capped).
+* **Give up** after ``max_attempts`` attempts or ``max_fruitless_attempts`` attempts
+  in a row that placed nothing (Omega's simulator: 1,000 and 100), or at once when
+  the policy says no state of the cell would let the job fit. The reason is stored on
+  the job (``JobStatus``).
+* Clock, randomness and the store are injected, so the same instance runs threaded
+  against etcd or stepped by the simulator on virtual time over the memory store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from cellstate.cell import CellSnapshot, task_view
+from cellstate.keys import KeyKind
+from cellstate.kv.base import KVError
+from cellstate.model import (
+    PLACEABLE,
+    Claim,
+    CommitResult,
+    Detection,
+    InstanceRecord,
+    Job,
+    JobState,
+    JobStatus,
+    Transaction,
+    TxnMode,
+    task_id,
+)
+from cellstate.store import CellStore, StoreError
+from schedulers.api import CellView, Context, Plan, Policy, Unplaced
+from schedulers.metrics import SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotSource(Protocol):
+    """Where an instance reads the cell (a Replica)."""
+
+    def snapshot(self) -> CellSnapshot: ...
+
+    def on_changes(
+        self, listener: Callable[[CellSnapshot, list[tuple[KeyKind, str]] | None], None]
+    ) -> None: ...
+
+
+@attrs.frozen
+class RuntimeConfig:
+    mode: TxnMode = TxnMode.INCREMENTAL  # gang jobs always commit as gangs
+    detection: Detection = Detection.FINE  # a job's own setting wins
+    max_attempts: int = 1000
+    max_fruitless_attempts: int = 100
+    retry_delay: float = 1.0
+    max_retry_delay: float = 30.0
+    lease_ttl: int = 10
+    idle_wait: float = 0.05
+    # Jobs naming a scheduler that never ran in this cell are abandoned after this long.
+    unknown_scheduler_grace: float = 30.0
+    options: dict[str, Any] = attrs.field(factory=dict)  # handed to the policy's Context
+
+
+@attrs.define
+class _JobState:
+    first_attempt_at: float | None = None
+    attempts: int = 0
+    fruitless: int = 0
+    next_try_at: float = 0.0
+
+
+def owner_of(job_id: str, instances: Sequence[str]) -> str | None:
+    """Rendezvous hashing: the instance with the highest hash of (job, instance)."""
+    best, best_score = None, b""
+    for inst in instances:
+        score = hashlib.blake2b(f"{job_id}\x00{inst}".encode(), digest_size=8).digest()
+        if best is None or score > best_score:
+            best, best_score = inst, score
+    return best
+
+
+class SchedulerInstance:
+    def __init__(
+        self,
+        policy: Policy,
+        store: CellStore,
+        source: SnapshotSource,
+        *,
+        scheduler: str | None = None,
+        instance: str = "0",
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        config: RuntimeConfig | None = None,
+        decision_cost: Callable[[Sequence[Job], Plan, float], float] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self.source = source
+        self.scheduler = scheduler or policy.name
+        self.instance = instance
+        self.clock = clock
+        self.rng = rng or random.Random(0)
+        self.config = config or RuntimeConfig()
+        # How much (virtual) time a decision costs: by default what it really took.
+        self.decision_cost = decision_cost or (lambda jobs, plan, measured: measured)
+        self.metrics = SchedulerMetrics(self.scheduler, instance, clock())
+        self._lock = threading.Lock()
+        self._dirty: set[str] | None = None  # jobs to re-examine; None: all of them
+        self._queue: dict[str, tuple[float, str]] = {}  # job -> sort key
+        self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
+        self._jobs: dict[str, _JobState] = {}
+        self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
+        self._lease: int | None = None
+        self._last_keepalive = 0.0
+        self._next_propose = clock()
+        self._members: tuple[str, ...] = ()
+        self._all_members: tuple[str, ...] = ()
+        source.on_changes(self._on_changes)
+
+    # -- membership ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Announce this instance (a leased key), so it gets a share of the queue."""
+        record = InstanceRecord(self.scheduler, self.instance, self.policy.name, self.clock())
+        self._lease = self.store.register_instance(record, self.config.lease_ttl)
+        self._last_keepalive = self.clock()
+
+    def stop(self) -> None:
+        """Withdraw at once; the other instances take over this one's jobs."""
+        if self._lease is not None:
+            self.store.deregister_instance(self.scheduler, self.instance, self._lease)
+            self._lease = None
+
+    def _keep_alive(self, now: float) -> None:
+        if self._lease is None or now - self._last_keepalive < self.config.lease_ttl / 3:
+            return
+        try:
+            self.store.kv.lease_keepalive(self._lease)
+            self._last_keepalive = now
+        except KVError as e:
+            log.warning("%s/%s: lease lost (%s); registering again",
+                        self.scheduler, self.instance, e)
+            self._lease = None
+            self.start()
+
+    # -- the queue ---------------------------------------------------------------------
+
+    def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
+        with self._lock:
+            if changed is None or self._dirty is None:
+                self._dirty = None
+                return
+            for kind, ident in changed:
+                if kind in (KeyKind.JOB, KeyKind.STATUS):
+                    self._dirty.add(ident)
+                elif kind is KeyKind.TASK:
+                    self._dirty.add(ident.rpartition("/")[0])
+                elif kind in (KeyKind.INSTANCE, KeyKind.SCHEDULER):
+                    self._dirty = None  # ownership may have moved
+                    return
+
+    def _refresh(self, snap: CellSnapshot) -> None:
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        members = tuple(snap.live_instances(self.scheduler))
+        everyone = tuple(sorted(snap.instances))
+        if dirty is None or members != self._members or everyone != self._all_members:
+            self._members, self._all_members = members, everyone
+            dirty = set(snap.jobs.keys())
+            self._queue.clear()
+            self._orphans.clear()
+        for jid in dirty:
+            self._examine(snap, jid)
+
+    def _examine(self, snap: CellSnapshot, jid: str) -> None:
+        job = snap.jobs.get(jid)
+        self._queue.pop(jid, None)
+        self._orphans.pop(jid, None)
+        if job is None or jid in snap.statuses:
+            self._jobs.pop(jid, None)
+            return
+        if job.scheduler != self.scheduler:
+            if (job.scheduler not in snap.schedulers
+                    and owner_of(jid, self._all_members) == f"{self.scheduler}/{self.instance}"):
+                self._orphans[jid] = job.submitted_at
+            return
+        if owner_of(jid, self._members or (self.instance,)) != self.instance:
+            self._jobs.pop(jid, None)
+            return
+        if any(task_view(snap, task_id(jid, i)).state in PLACEABLE
+               for i in range(job.task_count)):
+            self._queue[jid] = (job.submitted_at, jid)
+
+    def queued(self) -> list[str]:
+        """Job ids this instance will work on, in order."""
+        return [j for _, j in sorted(self._queue.values())]
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """Do one unit of work; returns the seconds until there may be more."""
+        now = self.clock()
+        self._keep_alive(now)
+        snap = self.source.snapshot()
+        self._inflight = [x for x in self._inflight if x[0] > snap.revision]
+        self._refresh(snap)
+        self._reap_orphans(snap, now)
+        if self.policy.propose_interval is not None and now >= self._next_propose:
+            self._next_propose = now + self.policy.propose_interval
+            self._attempt(snap, [], now, propose=True)
+            return 0.0
+        due = [j for j in self.queued() if self._state(j).next_try_at <= now]
+        if not due:
+            waits = [self._state(j).next_try_at - now for j in self._queue]
+            return max(min(waits), 0.0) if waits else self.config.idle_wait
+        jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
+        self._attempt(snap, jobs, now)
+        return 0.0
+
+    def _state(self, jid: str) -> _JobState:
+        st = self._jobs.get(jid)
+        if st is None:
+            st = self._jobs[jid] = _JobState()
+        return st
+
+    def _attempt(self, snap: CellSnapshot, jobs: list[Job], now: float,
+                 propose: bool = False) -> None:
+        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight])
+        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options)
+        for job in jobs:
+            st = self._state(job.id)
+            if st.first_attempt_at is None:
+                st.first_attempt_at = now
+                self.metrics.record_wait(now - job.submitted_at)
+        started = time.perf_counter()
+        if propose:
+            plan = self.policy.propose(ctx)
+        elif self.policy.batches_jobs():
+            plan = self.policy.schedule_jobs(ctx, jobs)
+        else:
+            plan = self.policy.schedule_job(ctx, jobs[0])
+        cost = self.decision_cost(jobs, plan, time.perf_counter() - started)
+        for job_id, count in plan.resize.items():
+            try:
+                self.store.resize_job(job_id, count)
+            except StoreError as e:
+                log.warning("%s: resize of %s refused: %s", self.scheduler, job_id, e)
+        results = self._commit(snap, plan, ctx.now)
+        self.metrics.record_decision([j.id for j in jobs], cost, list(results.values()))
+        for job in jobs:
+            self._after_attempt(job, plan, results.get(job.id), now)
+
+    def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:
+        by_job: dict[str, list[Claim]] = {}
+        for c in plan.claims:
+            by_job.setdefault(c.job, []).append(c)
+        results: dict[str, CommitResult] = {}
+        for job_id, claims in by_job.items():
+            job = snap.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.gang and len(claims) < len(CellView(snap, self.scheduler).pending_tasks(job)):
+                continue  # a gang commits whole or not at all: no partial attempt
+            txn = Transaction(
+                self.scheduler,
+                tuple(claims),
+                TxnMode.GANG if job.gang else self.config.mode,
+                job.detection or self.config.detection,
+                job=job_id,
+            )
+            res = self.store.commit(txn)
+            results[job_id] = res
+            committed = {c.task for c in res.committed}
+            self._inflight.extend((res.revision, c, job) for c in claims if c.task in committed)
+        return results
+
+    def _after_attempt(self, job: Job, plan: Plan, res: CommitResult | None, now: float) -> None:
+        st = self._state(job.id)
+        st.attempts += 1
+        placed = len(res.committed) if res is not None else 0
+        st.fruitless = 0 if placed else st.fruitless + 1
+        permanent = [u for u in plan.unplaced if u.job == job.id and u.permanent]
+        if permanent:
+            self._abandon(job, permanent[0].reason, now)
+            return
+        if st.attempts >= self.config.max_attempts:
+            self._abandon(job, f"gave up after {st.attempts} attempts"
+                          + _why(plan.unplaced, job, res), now)
+            return
+        if st.fruitless >= self.config.max_fruitless_attempts:
+            self._abandon(job, f"gave up after {st.fruitless} attempts in a row placed nothing"
+                          + _why(plan.unplaced, job, res), now)
+            return
+        done = res is not None and not res.rejected and not any(
+            u.job == job.id for u in plan.unplaced)
+        if done:
+            # Off the queue until its task records change (the replica re-examines it).
+            self._queue.pop(job.id, None)
+        else:
+            delay = self.config.retry_delay * (2 ** min(st.fruitless, 5) if not placed else 1)
+            st.next_try_at = now + min(delay, self.config.max_retry_delay)
+
+    def _abandon(self, job: Job, reason: str, now: float) -> None:
+        self.metrics.jobs_abandoned += 1
+        self._queue.pop(job.id, None)
+        try:
+            self.store.set_job_status(JobStatus(job.id, JobState.ABANDONED, reason,
+                                                f"{self.scheduler}/{self.instance}", now))
+        except StoreError as e:
+            log.warning("%s: could not record abandoning %s: %s", self.scheduler, job.id, e)
+
+    def _reap_orphans(self, snap: CellSnapshot, now: float) -> None:
+        for jid, submitted in list(self._orphans.items()):
+            if now - submitted < self.config.unknown_scheduler_grace:
+                continue
+            job = snap.jobs.get(jid)
+            self._orphans.pop(jid)
+            if job is None or jid in snap.statuses or job.scheduler in snap.schedulers:
+                continue
+            known = ", ".join(sorted(snap.schedulers)) or "none"
+            self._abandon(job, f"no scheduler named {job.scheduler!r} runs in this cell "
+                               f"(known: {known})", now)
+
+    # -- threaded driver -----------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until ``stop`` is set (for processes and threaded tests)."""
+        while not stop.is_set():
+            try:
+                delay = self.step()
+            except (KVError, StoreError) as e:
+                log.warning("%s/%s: step failed: %s", self.scheduler, self.instance, e)
+                delay = self.config.retry_delay
+            if delay > 0:
+                stop.wait(delay)
+
+
+def _why(unplaced: Iterable[Unplaced], job: Job, res: CommitResult | None) -> str:
+    for u in unplaced:
+        if u.job == job.id:
+            return f"; last reason: {u.reason}"
+    if res is not None and res.rejected:
+        r = res.rejected[0]
+        return f"; last conflict: {r.reason.value}: {r.detail}"
+    return ""

@@ -1,0 +1,122 @@
+"""The service scheduler: careful placement for long-running jobs (Omega §2.1, §6).
+
+For each pending task, in order:
+
+1. the machines that may host it (up, selector, affinity, anti-affinity, tasks per
+   machine, resources);
+2. the best of them by spreading: fewest of the job's tasks in the machine's failure
+   domain, then in its rack, then by the ``score`` option: ``spread`` (most free
+   resources after placing) or ``pack`` (least free, to keep whole machines empty);
+3. if none may host it, preemption: on each machine where it would fit once some
+   lower-precedence tasks leave, the smallest set of victims (fewest tasks, then the
+   lowest precedences), and the machine whose set is cheapest.
+
+Slow decisions are fine here: instances of this scheduler run beside the batch
+scheduler's, and never block them (no head-of-line blocking between schedulers).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from cellstate.cell import alloc_placed
+from cellstate.model import Allocation, Job, Machine, MachineState, sum_resources
+from schedulers.api import CellView, Context, Plan, Policy, Unplaced
+from schedulers.placement import affinity_ok, can_host, impossible, matches_selector
+
+# Exact search for the fewest victims up to this many; beyond, greedy by precedence.
+_EXACT_VICTIMS = 3
+
+
+class ServicePolicy(Policy):
+    name = "service"
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        view = ctx.view
+        pending = view.pending_tasks(job)
+        if not pending:
+            return Plan()
+        why = impossible(view, job)
+        if why is not None:
+            return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
+        pack = str(self.options.get("score", ctx.options.get("score", "spread"))) == "pack"
+        preempt = bool(self.options.get("preempt", True))
+        claims = []
+        left = 0
+        for index in pending:
+            m = self._best_machine(view, job, pack)
+            if m is not None:
+                claims.append(view.claim(job, index, m.id))
+                continue
+            victims = self._cheapest_preemption(view, job) if preempt else None
+            if victims is None:
+                left += 1
+                continue
+            mid, evict = victims
+            claims.append(view.claim(job, index, mid, evict))
+        unplaced: tuple[Unplaced, ...] = ()
+        if left:
+            unplaced = (Unplaced(job.id, f"{left} task(s) fit nowhere, even by preempting "
+                                         "lower-precedence tasks", left),)
+        return Plan(tuple(claims), unplaced)
+
+    def _best_machine(self, view: CellView, job: Job, pack: bool) -> Machine | None:
+        per_domain: dict[str, int] = {}
+        per_rack: dict[str, int] = {}
+        machines = {m.id: m for m in view.machines()}
+        for _, mid in view.placed_tasks(job.id):
+            m = machines.get(mid)
+            if m is not None:
+                per_domain[m.failure_domain] = per_domain.get(m.failure_domain, 0) + 1
+                per_rack[m.rack] = per_rack.get(m.rack, 0) + 1
+        best: tuple[tuple[float, ...], Machine] | None = None
+        for m in machines.values():
+            if not can_host(view, job, m):
+                continue
+            free = view.free(m.id)
+            room = sum(free.get(d) / c for d, c in m.capacity.amounts if c)
+            key = (per_domain.get(m.failure_domain, 0), per_rack.get(m.rack, 0),
+                   room if pack else -room, 0.0)
+            if best is None or key < best[0]:
+                best = (key, m)
+        return best[1] if best else None
+
+    def _cheapest_preemption(self, view: CellView, job: Job) -> tuple[str, list[str]] | None:
+        best: tuple[tuple[int, int, int], str, list[str]] | None = None
+        for m in view.machines():
+            if m.state is not MachineState.UP or not matches_selector(job, m):
+                continue
+            if not job.task_resources.fits_in(m.capacity):
+                continue
+            eligible = [a for a in m.allocations.values()
+                        if a.precedence < job.precedence and alloc_placed(a, view.gangs)
+                        and not a.evicted_by]
+            chosen = self._fewest_victims(view, job, m, eligible)
+            if chosen is None:
+                continue
+            cost = (len(chosen), max(a.precedence for a in chosen),
+                    sum(a.precedence for a in chosen))
+            if best is None or cost < best[0]:
+                best = (cost, m.id, [a.task for a in chosen])
+        return (best[1], best[2]) if best else None
+
+    def _fewest_victims(self, view: CellView, job: Job, m: Machine,
+                        eligible: Sequence[Allocation]) -> list[Allocation] | None:
+        def works(victims: Sequence[Allocation]) -> bool:
+            freed = sum_resources(a.resources for a in victims)
+            return (view.fits(m.id, job.task_resources, freed)
+                    and affinity_ok(view, job, m, [a.task for a in victims]))
+
+        ordered = sorted(eligible, key=lambda a: (a.precedence, a.task))
+        for k in range(1, min(_EXACT_VICTIMS, len(ordered)) + 1):
+            options = [list(c) for c in itertools.combinations(ordered, k) if works(c)]
+            if options:
+                return min(options, key=lambda v: (max(a.precedence for a in v),
+                                                   sum(a.precedence for a in v)))
+        greedy: list[Allocation] = []
+        for a in ordered:
+            greedy.append(a)
+            if works(greedy):
+                return greedy
+        return None

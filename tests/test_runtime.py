@@ -1,0 +1,145 @@
+"""The scheduler runtime over the memory store on a virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from cellstate.cell import task_view
+from cellstate.invariants import placed_tasks_of, violations
+from cellstate.model import Constraints, JobState, Requirement, SelectorOp, TaskState
+from schedulers.batch import BatchPolicy
+from schedulers.runtime import RuntimeConfig, owner_of
+from schedulers.service import ServicePolicy
+from tests.builders import job, machine
+from tests.sched_harness import Harness, settled
+
+
+def test_batch_scheduler_places_a_job_and_records_metrics() -> None:
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=4) for i in range(10)])
+    inst = h.add(BatchPolicy())
+    h.submit([job("j1", tasks=20, cpu=1)])
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    assert placed_tasks_of(snap, "j1") == 20 and violations(snap) == []
+    m = inst.metrics.summary(h.clock())
+    assert m["tasks_placed"] == 20 and m["successful"] >= 1 and m["conflicted"] == 0
+    assert m["jobs_attempted"] == 1
+
+
+def test_partial_placement_is_retried_when_room_appears() -> None:
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=2)])
+    h.add(BatchPolicy())
+    h.submit([job("big", tasks=4, cpu=1)])
+    h.run(lambda s: placed_tasks_of(s, "big") == 2)
+    h.admin.add_machine(machine("m1", cpu=2))
+    h.run(settled)
+    assert placed_tasks_of(h.admin.read_snapshot(), "big") == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (job("huge", cpu=64), "each task needs 64 cpu; the largest machine has 4"),
+        (job("picky", constraints=Constraints(machine_selector=(
+            Requirement("gpu", SelectorOp.EXISTS),))), "matches the job's machine selector"),
+    ],
+)
+def test_impossible_jobs_are_abandoned_at_once_with_a_reason(spec, reason) -> None:  # type: ignore[no-untyped-def]
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=4) for i in range(3)])
+    h.add(BatchPolicy())
+    h.submit([spec, job("fine", tasks=3)])
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    status = snap.statuses[spec.id]
+    assert status.state is JobState.ABANDONED and reason in status.reason
+    assert placed_tasks_of(snap, "fine") == 3  # nothing else disturbed
+    assert "fine" not in snap.statuses
+
+
+def test_job_for_an_unknown_scheduler_is_abandoned_after_the_grace() -> None:
+    h = Harness()
+    h.admin.add_machines([machine("m0")])
+    h.add(BatchPolicy(), config=RuntimeConfig(unknown_scheduler_grace=5))
+    h.submit([job("lost", scheduler="nosuch"), job("ok")])
+    h.run(lambda s: "lost" in s.statuses, max_time=60)
+    snap = h.admin.read_snapshot()
+    assert "no scheduler named 'nosuch'" in snap.statuses["lost"].reason
+    assert "known: batch" in snap.statuses["lost"].reason
+    assert placed_tasks_of(snap, "ok") == 1
+
+
+def test_give_up_after_fruitless_attempts() -> None:
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=2)])
+    h.admin.submit_job(job("hog", cpu=2, scheduler="other"))
+    from cellstate.model import Claim, Transaction
+    assert h.admin.commit(Transaction("other", (Claim("hog", 0, "m0"),))).ok
+    inst = h.add(BatchPolicy(), config=RuntimeConfig(max_fruitless_attempts=5))
+    h.submit([job("starved", cpu=2)])
+    h.run(lambda s: "starved" in s.statuses, max_time=10_000)
+    status = h.admin.read_snapshot().statuses["starved"]
+    assert "5 attempts in a row placed nothing" in status.reason
+    assert inst.metrics.attempts["starved"] == 5
+
+
+def test_rendezvous_ownership_moves_only_the_leavers_jobs() -> None:
+    jobs = [f"j{i}" for i in range(300)]
+    three = {j: owner_of(j, ["a", "b", "c"]) for j in jobs}
+    two = {j: owner_of(j, ["a", "c"]) for j in jobs}
+    assert {j for j in jobs if three[j] != two[j]} == {j for j in jobs if three[j] == "b"}
+    assert 60 < sum(1 for j in jobs if three[j] == "b") < 140
+
+
+def test_service_scheduler_spreads_over_failure_domains() -> None:
+    h = Harness()
+    h.admin.add_machines([machine(f"m{d}{r}", cpu=8, rack=f"r{d}{r // 2}",
+                                  failure_domain=f"fd{d}") for d in range(3) for r in range(4)])
+    h.add(ServicePolicy(), scheduler="service")
+    h.submit([job("web", tasks=6, scheduler="service")])
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    domains = [snap.machines[task_view(snap, f"web/{i}").machine].failure_domain
+               for i in range(6)]
+    assert sorted(domains) == ["fd0", "fd0", "fd1", "fd1", "fd2", "fd2"]
+
+
+def test_service_scheduler_respects_anti_affinity() -> None:
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=8) for i in range(4)])
+    h.add(ServicePolicy(), scheduler="service")
+    spread = Constraints(max_per_machine=1)
+    h.submit([job("db", tasks=4, scheduler="service", constraints=spread),
+              job("noisy", tasks=2, scheduler="service", labels=[("app", "noisy")]),
+              job("calm", tasks=2, scheduler="service", constraints=Constraints(
+                  anti_affinity=(Requirement("app", SelectorOp.IN, ("noisy",)),)))])
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    db_machines = {task_view(snap, f"db/{i}").machine for i in range(4)}
+    assert len(db_machines) == 4
+    noisy = {task_view(snap, f"noisy/{i}").machine for i in range(2)}
+    calm = {task_view(snap, f"calm/{i}").machine for i in range(2)}
+    assert not noisy & calm and violations(snap) == []
+
+
+def test_service_preemption_picks_the_fewest_lowest_precedence_victims() -> None:
+    h = Harness()
+    # m0: two small tasks of precedence 1; m1: one big task of precedence 1;
+    # m2: one big task of precedence 3. The new task needs 4 cpu on a full 4-cpu machine.
+    h.admin.add_machines([machine(f"m{i}", cpu=4) for i in range(3)])
+    from cellstate.model import Claim, Transaction
+    h.admin.submit_job(job("small", tasks=2, cpu=2, precedence=1, scheduler="x"))
+    h.admin.submit_job(job("big1", cpu=4, precedence=1, scheduler="x"))
+    h.admin.submit_job(job("big3", cpu=4, precedence=3, scheduler="x"))
+    assert h.admin.commit(Transaction("x", (Claim("small", 0, "m0"), Claim("small", 1, "m0"),
+                                            Claim("big1", 0, "m1"), Claim("big3", 0, "m2")))).ok
+    h.add(ServicePolicy(), scheduler="service")
+    h.submit([job("vip", cpu=4, precedence=5, scheduler="service")])
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    assert task_view(snap, "vip/0").machine == "m1"
+    assert task_view(snap, "big1/0").state is TaskState.PREEMPTED
+    assert {task_view(snap, f"small/{i}").state for i in range(2)} == {TaskState.RUNNING}
+    assert task_view(snap, "big3/0").state is TaskState.RUNNING
