@@ -133,12 +133,27 @@ class CellStore:
     """One committer's handle on a cell. Methods are thread-safe (one write at a time
     per handle); use one handle per thread for parallel commits."""
 
-    def __init__(self, kv: KV, cell: str = "default", *, options: StoreOptions | None = None):
+    def __init__(
+        self,
+        kv: KV,
+        cell: str = "default",
+        *,
+        options: StoreOptions | None = None,
+        snapshots: Callable[[], CellSnapshot] | None = None,
+    ):
+        """``snapshots``, if given (a replica's ``snapshot``), is where the working view
+        learns records it has not seen before it asks etcd: a scheduler process has them
+        in its replica already, and the guards catch any that are stale."""
         self.kv = kv
         self.keys = Keyspace(cell)
         self.options = options or StoreOptions()
         self.view = WorkingView(self.keys)
+        self._snapshots = snapshots
         self._lock = threading.RLock()
+
+    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None:
+        """Learn unseen records from ``snapshots()`` (see the constructor)."""
+        self._snapshots = snapshots
 
     # -- reading ---------------------------------------------------------------------
 
@@ -176,10 +191,26 @@ class CellStore:
             self._fetch([self.keys.config])
             self.view.config_known = True
 
+    def _adopt_from_snapshot(self, machines: Iterable[str], jobs: Iterable[str]) -> None:
+        if self._snapshots is None:
+            return
+        snap = self._snapshots()
+        for mid in machines:
+            key = self.keys.machine(mid)
+            m = snap.machines.get(mid)
+            if m is not None and not self.view.knows(key):
+                self.view.put_record(key, m, snap.revision)
+        for jid in jobs:
+            key = self.keys.job(jid)
+            j = snap.jobs.get(jid)
+            if j is not None and not self.view.knows(key):
+                self.view.put_record(key, j, snap.revision)
+
     def _ensure_loaded(self, claims: Sequence[Claim], scheduler: str) -> None:
         """Fetch what validating ``claims`` will read and the view does not know."""
         self._ensure_config()
         keys = self.keys
+        self._adopt_from_snapshot({c.machine for c in claims}, {c.job for c in claims})
         self._fetch(
             k
             for c in claims
@@ -188,14 +219,17 @@ class CellStore:
         )
         # Jobs of the tasks already on those machines (affinity rules read their labels)
         # and gangs that staged holds there.
-        more: list[bytes] = []
+        jobs: set[str] = set()
+        gangs: set[str] = set()
         for mid in {c.machine for c in claims}:
             m = self.view.machines.get(mid)
             if m is None:
                 continue
             for a in m.allocations.values():
-                more.append(keys.job(a.job))
-                more.extend(keys.gang(g) for g in (a.gang, a.evicted_by) if g)
+                jobs.add(a.job)
+                gangs.update(g for g in (a.gang, a.evicted_by) if g)
+        self._adopt_from_snapshot((), jobs)
+        more = [*map(keys.job, jobs), *map(keys.gang, gangs)]
         self._fetch(k for k in more if not self.view.knows(k))
         self._ensure_usage([scheduler])
 

@@ -71,9 +71,11 @@ class CellView:
     the current decision. Read-only for policies except through :meth:`claim`."""
 
     def __init__(self, snap: CellSnapshot, scheduler: str,
-                 pending: Sequence[tuple[Claim, Job]] = ()) -> None:
+                 pending: Sequence[tuple[Claim, Job]] = (),
+                 machine_ids: Sequence[str] | None = None) -> None:
         self.snap = snap
         self.scheduler = scheduler
+        self._machine_ids = machine_ids
         self._extra: dict[str, dict[str, Allocation]] = {}
         self._gone: dict[str, set[str]] = {}
         self._placed: set[str] = set()
@@ -96,6 +98,9 @@ class CellView:
         return self.snap.jobs
 
     def machine_ids(self) -> list[str]:
+        """Every machine id (a new list the caller may reorder)."""
+        if self._machine_ids is not None:
+            return list(self._machine_ids)
         return list(self.snap.machines.keys())
 
     def machines(self) -> Iterator[Machine]:

@@ -21,9 +21,6 @@ class BatchPolicy(Policy):
         pending = view.pending_tasks(job)
         if not pending:
             return Plan()
-        why = impossible(view, job)
-        if why is not None:
-            return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
         candidates = view.machine_ids()
         claims = []
         while pending and candidates:
@@ -36,8 +33,12 @@ class BatchPolicy(Policy):
                 # Swap-remove: O(1) and the order of the rest does not matter (random picks).
                 candidates[i] = candidates[-1]
                 candidates.pop()
-        unplaced: tuple[Unplaced, ...] = ()
-        if pending:
-            unplaced = (Unplaced(job.id, f"no machine has room for {len(pending)} more "
-                                         "task(s) now", len(pending)),)
-        return Plan(tuple(claims), unplaced)
+        if not pending:
+            return Plan(tuple(claims))
+        # Only now, when something did not fit, is it worth a pass over the whole cell
+        # to tell "not now" from "never".
+        why = impossible(view, job) if not claims else None
+        if why is not None:
+            return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
+        return Plan(tuple(claims), (Unplaced(
+            job.id, f"no machine has room for {len(pending)} more task(s) now", len(pending)),))

@@ -56,7 +56,8 @@ def impossible(view: CellView, job: Job) -> str | None:
     machines = list(view.snap.machines.values())
     if not machines:
         return "the cell has no machines"
-    matching = [m for m in machines if matches_selector(job, m)]
+    matching = ([m for m in machines if matches_selector(job, m)]
+                if job.constraints.machine_selector else machines)
     if not matching:
         return "no machine in the cell matches the job's machine selector"
     if not any(job.task_resources.fits_in(m.capacity) for m in matching):

@@ -138,6 +138,13 @@ class SchedulerInstance:
         self._next_propose = clock()
         self._members: tuple[str, ...] = ()
         self._all_members: tuple[str, ...] = ()
+        # Machine ids, kept up to date from change events: listing a 10,000-entry HAMT
+        # for every decision would cost more than the decision.
+        self._machine_ids: list[str] = []
+        self._machine_set: set[str] = set()
+        self._machines_touched: set[str] | None = None
+        if store._snapshots is None:
+            store.use_snapshots(source.snapshot)
         source.on_changes(self._on_changes)
 
     # -- membership ------------------------------------------------------------------
@@ -170,8 +177,12 @@ class SchedulerInstance:
 
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         with self._lock:
-            if changed is None or self._dirty is None:
-                self._dirty = None
+            if changed is None:
+                self._dirty = self._machines_touched = None
+                return
+            if self._machines_touched is not None:
+                self._machines_touched.update(i for k, i in changed if k is KeyKind.MACHINE)
+            if self._dirty is None:
                 return
             for kind, ident in changed:
                 if kind in (KeyKind.JOB, KeyKind.STATUS):
@@ -182,9 +193,26 @@ class SchedulerInstance:
                     self._dirty = None  # ownership may have moved
                     return
 
-    def _refresh(self, snap: CellSnapshot) -> None:
+    def _take_changes(self) -> tuple[set[str] | None, set[str] | None]:
+        """What changed since the last step. Taken *before* the snapshot is read: a
+        change is announced after the snapshot showing it is published, so the
+        snapshot read next shows every change taken here."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            touched, self._machines_touched = self._machines_touched, set()
+        return dirty, touched
+
+    def _refresh(self, snap: CellSnapshot, dirty: set[str] | None,
+                 touched: set[str] | None) -> None:
+        if touched is None:
+            self._machine_ids = list(snap.machines.keys())
+            self._machine_set = set(self._machine_ids)
+        elif touched:
+            for mid in touched:
+                if (mid in snap.machines) != (mid in self._machine_set):
+                    self._machine_ids = list(snap.machines.keys())
+                    self._machine_set = set(self._machine_ids)
+                    break
         members = tuple(snap.live_instances(self.scheduler))
         everyone = tuple(sorted(snap.instances))
         if dirty is None or members != self._members or everyone != self._all_members:
@@ -224,9 +252,10 @@ class SchedulerInstance:
         """Do one unit of work; returns the seconds until there may be more."""
         now = self.clock()
         self._keep_alive(now)
+        dirty, touched = self._take_changes()
         snap = self.source.snapshot()
         self._inflight = [x for x in self._inflight if x[0] > snap.revision]
-        self._refresh(snap)
+        self._refresh(snap, dirty, touched)
         self._reap_orphans(snap, now)
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
@@ -248,7 +277,8 @@ class SchedulerInstance:
 
     def _attempt(self, snap: CellSnapshot, jobs: list[Job], now: float,
                  propose: bool = False) -> None:
-        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight])
+        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
+                        self._machine_ids)
         ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options)
         for job in jobs:
             st = self._state(job.id)
