@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the local demo cluster on an embedded etcd")
     d.add_argument("--duration", type=_positive(float), default=30.0, help="seconds (default 30)")
     d.add_argument("--machines", type=_positive(int), default=300)
-    d.add_argument("--committers", type=_positive(int), default=2)
+    d.add_argument("--batch-instances", type=_positive(int), default=2,
+                   help="instances of the batch scheduler sharing its queue (default 2)")
     d.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
@@ -69,7 +70,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from cellstate.demo import DemoOptions, run_demo
 
-        stats = run_demo(DemoOptions(args.duration, args.machines, args.committers,
+        stats = run_demo(DemoOptions(args.duration, args.machines, args.batch_instances,
                                      args.jobs_per_second, args.seed, args.no_fsync,
                                      args.data_dir), sys.stdout)
         return 0 if stats.placed > 0 else 1

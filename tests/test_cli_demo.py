@@ -26,8 +26,9 @@ def test_demo_places_work_and_stops_its_etcd() -> None:
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("done:") and "invariants hold" in last, proc.stdout
+    last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
+    assert "invariants hold" in last, proc.stdout
+    assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
     placed = int(last.split("tasks placed")[0].split(",")[-1])
     assert placed > 0
     assert _etcd_pids() <= before, "the demo left an etcd running"
