@@ -52,6 +52,7 @@ from cellstate.model import (
     TxnMode,
     task_id,
 )
+from cellstate.replica import Replica
 from cellstate.store import CellStore, StoreError
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
@@ -143,8 +144,11 @@ class SchedulerInstance:
         self._machine_ids: list[str] = []
         self._machine_set: set[str] = set()
         self._machines_touched: set[str] | None = None
-        if store._snapshots is None:
-            store.use_snapshots(source.snapshot)
+        if not store.follows_snapshots:
+            if isinstance(source, Replica):
+                store.follow(source)
+            else:
+                store.use_snapshots(source.snapshot)
         source.on_changes(self._on_changes)
 
     # -- membership ------------------------------------------------------------------
