@@ -216,13 +216,26 @@ class Machine:
     def has_tags(self) -> bool:
         return any(a.gang or a.evicted_by for a in self.allocations.values())
 
-    def with_allocations(self, allocations: Mapping[str, Allocation]) -> Machine:
-        return Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
-                       self.state, allocations, self.seq)
+    def with_allocations(
+        self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None
+    ) -> Machine:
+        """A copy with other allocations; pass their settled usage if known, to save
+        summing them again."""
+        m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
+                    self.state, allocations, self.seq)
+        if settled_used is not None:
+            object.__setattr__(m, "settled_used", settled_used)
+        return m
 
     def with_seq(self, seq: int) -> Machine:
-        return Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
-                       self.state, self.allocations, seq)
+        m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
+                    self.state, self.allocations, seq)
+        try:  # carry the cached sums over: the allocations are the same
+            object.__setattr__(m, "settled_used", object.__getattribute__(self, "settled_used"))
+            object.__setattr__(m, "has_tags", object.__getattribute__(self, "has_tags"))
+        except AttributeError:
+            pass
+        return m
 
     def label(self, key: str) -> str | None:
         """A machine label, where ``rack``, ``failure_domain`` and ``machine`` are

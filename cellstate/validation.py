@@ -200,13 +200,14 @@ class _Work:
         self.read_jobs: set[str] = set()
         self.read_gangs: set[str] = set()
         self.read_usage: set[str] = set()
+        self.rules_cache: dict[tuple[str, int, int], bool] = {}
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
         m = self.machines.get(mid)
         if m is None:
             m = self.cell.machines.get(mid)
-            if m is not None:
+            if m is not None and m.has_tags:
                 # Staged records on the machine are read through their gangs.
                 self.read_gangs.update(
                     g for a in m.allocations.values() for g in (a.gang, a.evicted_by) if g
@@ -404,6 +405,8 @@ def _check_constraints(
         return _reject(
             claim, Reason.CONSTRAINT_VIOLATED, f"machine {m.id!r} does not match the selector"
         )
+    if not (c.max_per_machine or c.anti_affinity or c.affinity) and not _neighbour_rules(w, m):
+        return None  # nothing on this machine cares (the common case: skip the scan)
     gone = {v.task for v in victims}
     neighbours = [a for a in holding(m, w.gangs, w.gang) if a.task not in gone]
     if c.max_per_machine:
@@ -449,6 +452,17 @@ def _check_constraints(
             f"affinity: machine {m.id!r} runs no task of a matching job",
         )
     return None
+
+
+def _neighbour_rules(w: _Work, m: Machine) -> bool:
+    """Whether any job with a task on ``m`` has an anti-affinity rule (which could keep
+    a newcomer off). Cached per machine record for the transaction."""
+    key = (m.id, m.seq, len(m.allocations))
+    hit = w.rules_cache.get(key)
+    if hit is None:
+        hit = w.rules_cache[key] = any(
+            _has_anti_affinity(w, j) for j in {a.job for a in m.allocations.values()})
+    return hit
 
 
 def _has_anti_affinity(w: _Work, job_id: str) -> bool:
@@ -508,12 +522,16 @@ def _apply(w: _Work, claim: Claim) -> None:
     m = w.machine(claim.machine)
     assert m is not None
     allocs = dict(m.allocations)
-    # Holds of aborted gangs are dropped whenever a machine is rewritten anyway.
-    for tid, a in list(allocs.items()):
-        if a.gang and a.gang not in w.gangs and a.gang != w.gang:
-            del allocs[tid]
+    if m.has_tags:
+        # Holds of aborted gangs are dropped whenever a machine is rewritten anyway.
+        for tid, a in list(allocs.items()):
+            if a.gang and a.gang not in w.gangs and a.gang != w.gang:
+                del allocs[tid]
+    settled = m.settled_used
     for victim in claim.evict:
         a = allocs[victim]
+        if not a.gang and not a.evicted_by:
+            settled = settled - a.resources
         if w.gang:
             allocs[victim] = attrs.evolve(a, evicted_by=w.gang)
         else:
@@ -526,7 +544,9 @@ def _apply(w: _Work, claim: Claim) -> None:
     allocs[claim.task] = Allocation(
         claim.task, job.id, w.txn.scheduler, job.precedence, job.task_resources, w.gang
     )
-    w.machines[m.id] = m.with_allocations(allocs)
+    if not w.gang:
+        settled = settled + job.task_resources
+    w.machines[m.id] = m.with_allocations(allocs, settled)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )

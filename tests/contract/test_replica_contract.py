@@ -135,3 +135,23 @@ def test_etcd_replica_reloads_after_compaction(fresh_etcd) -> None:  # type: ign
         _compaction_case(kv, fresh_etcd.restart)
     finally:
         kv.close()
+
+
+def test_a_store_following_a_replica_commits_without_stale_guards(kv: KV) -> None:
+    from cellstate.store import CellStore
+
+    admin = make_cell(kv, [machine("m1", cpu=8)], [job("j", tasks=4)])
+    follower = CellStore(kv)
+    replica = Replica(kv)
+    replica.load()
+    follower.follow(replica)
+    assert follower.commit(txn([Claim("j", 0, "m1")])).attempts == 1
+    res = admin.commit(txn([Claim("j", 1, "m1")]))  # the follower's copy of m1 is now stale
+    pump_until(replica, res.revision)
+    assert follower.commit(txn([Claim("j", 2, "m1")])).attempts == 1  # learnt, no retry
+    blind = CellStore(kv)
+    blind.load()
+    admin.commit(txn([Claim("j", 3, "m1")]))
+    stale = blind.commit(txn([Claim("j", 3, "m1")]))
+    assert stale.attempts == 2 and stale.rejected[0].reason.value == "task_already_placed"
+    replica.stop()
