@@ -78,6 +78,7 @@ from cellstate.model import (  # noqa: E402
     Transaction,
     TxnMode,
 )
+from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
 
 COMMITTER_COUNTS = (1, 4, 8)
@@ -224,8 +225,11 @@ def delete_prefix(kv: KV, prefix: bytes) -> None:
 
 
 def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: TxnMode,
-                detection: Detection, batch: int, seed: int, t0: float, deadline: float
-                ) -> dict[str, Any]:
+                detection: Detection, batch: int, seed: int, t0: float, deadline: float,
+                cpu_clock: Callable[[], float] = time.process_time) -> dict[str, Any]:
+    """Commit transactions until ``deadline``. ``cpu_clock`` measures this committer's
+    CPU: the process's (threads included) for a committer process, the thread's for a
+    committer thread."""
     rng = random.Random(seed)
     mids = sorted(store.view.machines)
     machines = store.view.machines
@@ -236,6 +240,7 @@ def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: Tx
     pause = t0 - time.monotonic()
     if pause > 0:
         time.sleep(pause)
+    cpu0 = cpu_clock()
     perf = time.perf_counter
     while time.monotonic() < deadline:
         chosen = rng.choices(mids, k=batch)
@@ -253,7 +258,7 @@ def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: Tx
     end = time.monotonic()
     return {
         "committed": committed, "rejected": rejected, "commits": commits,
-        "attempts": attempts, "latencies": latencies, "end": end,
+        "attempts": attempts, "latencies": latencies, "end": end, "cpu_s": cpu_clock() - cpu0,
         "read_txns": counting.read_txns, "write_txns": counting.write_txns,
         "failed_write_txns": counting.failed_write_txns, "ok_compares": counting.ok_compares,
         "ok_puts": counting.ok_puts, "ok_bytes": counting.ok_bytes, "shapes": counting.shapes,
@@ -320,13 +325,14 @@ class RawReplayer:
         if pause > 0:
             time.sleep(pause)
         perf = time.perf_counter
+        cpu0 = time.process_time()
         while time.monotonic() < deadline:
             started = perf()
             self.one(self.shapes[n % len(self.shapes)])
             latencies.append(perf() - started)
             n += 1
         return {"txns": n, "latencies": latencies, "end": time.monotonic(),
-                "put_bytes": self.put_bytes}
+                "put_bytes": self.put_bytes, "cpu_s": time.process_time() - cpu0}
 
 
 # -- etcd worker processes -------------------------------------------------------------
@@ -342,6 +348,7 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
             kind = msg[0]
             if kind == "stop":
                 return
+            replica: Replica | None = None
             try:
                 p: dict[str, Any] = msg[1]
                 run: Callable[[float, float], dict[str, Any]]
@@ -349,6 +356,9 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                     counting = CountingKV(kv)
                     store = CellStore(counting, p["cell"])
                     store.load()
+                    if p.get("follow"):
+                        replica = Replica(kv, p["cell"]).start()
+                        store.follow(replica)
                     run = functools.partial(commit_loop, store, counting, wid, p["mode"],
                                             p["detection"], p["batch"], p["seed"])
                 else:
@@ -363,6 +373,9 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                 conn.send(("result", result))
             except Exception:
                 conn.send(("error", traceback.format_exc()))
+            finally:
+                if replica is not None:
+                    replica.stop()
     finally:
         kv.close()
 
@@ -410,9 +423,9 @@ class Workers:
         return msg
 
     def round(self, kind: str, params: Sequence[dict[str, Any]], seconds: float,
-              meter: CpuMeter) -> tuple[float, list[dict[str, Any]], float | None]:
+              meter: CpuMeter) -> tuple[float, list[dict[str, Any]], dict[str, float | None]]:
         """Run one timed round on the first len(params) workers; returns t0, the results
-        and the share of CPU other processes used meanwhile."""
+        and what the CPU meter saw meanwhile."""
         n = len(params)
         for i in range(n):
             self.conns[i].send((kind, params[i]))
@@ -453,35 +466,41 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.pids: list[int] = [os.getpid()]
+        self.etcd_pid: int | None = None  # also counted as ours; its CPU is reported
         self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._start: tuple[float, float, float] | None = None
+        self._start: tuple[float, float, float, float] | None = None
 
-    def _snapshot(self) -> tuple[float, float, float] | None:
+    def _process_cpu(self, pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read().rsplit(")", 1)[1].split()
+        return int(stat[11]) + int(stat[12])  # utime, stime (threads included)
+
+    def _snapshot(self) -> tuple[float, float, float, float] | None:
         try:
             with open("/proc/stat") as f:
                 fields = [int(x) for x in f.readline().split()[1:]]
             # user nice system idle iowait irq softirq steal: busy is all but idle, iowait
             busy = sum(fields[:8]) - fields[3] - fields[4]
-            ours = 0
-            for pid in self.pids:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read().rsplit(")", 1)[1].split()
-                ours += int(stat[11]) + int(stat[12])  # utime, stime
+            pids = self.pids + ([self.etcd_pid] if self.etcd_pid else [])
+            ours = sum(self._process_cpu(pid) for pid in pids)
+            etcd = self._process_cpu(self.etcd_pid) if self.etcd_pid else 0
         except (OSError, ValueError, IndexError):
             return None
-        return busy / self.tick, ours / self.tick, time.monotonic()
+        return busy / self.tick, ours / self.tick, etcd / self.tick, time.monotonic()
 
     def start(self) -> None:
         self._start = self._snapshot()
 
-    def stop(self) -> float | None:
-        """Percent of all cores' time used by other processes since start()."""
+    def stop(self) -> dict[str, float | None]:
+        """``other_cpu_pct``: percent of all cores' time used by other processes since
+        start(); ``etcd_cpu_s``: CPU seconds etcd used meanwhile."""
         end = self._snapshot()
         if self._start is None or end is None:
-            return None
-        busy, ours, wall = (b - a for a, b in zip(self._start, end, strict=True))
+            return {"other_cpu_pct": None, "etcd_cpu_s": None}
+        busy, ours, etcd, wall = (b - a for a, b in zip(self._start, end, strict=True))
         cores = os.cpu_count() or 1
-        return max(0.0, 100 * (busy - ours) / (wall * cores)) if wall > 0 else None
+        other = max(0.0, 100 * (busy - ours) / (wall * cores)) if wall > 0 else None
+        return {"other_cpu_pct": other, "etcd_cpu_s": etcd if self.etcd_pid else None}
 
 
 # -- figures ----------------------------------------------------------------------------
@@ -493,8 +512,11 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def summarize(t0: float, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(t0: float, results: Sequence[dict[str, Any]], etcd_cpu_s: float | None = None
+              ) -> dict[str, Any]:
     wall = max(r["end"] for r in results) - t0
+    client_cpu = sum(r["cpu_s"] for r in results)
+    all_writes = sum(r["write_txns"] for r in results)
     lat = sorted(x for r in results for x in r["latencies"])
     committed = sum(r["committed"] for r in results)
     rejected = sum(r["rejected"] for r in results)
@@ -517,12 +539,25 @@ def summarize(t0: float, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "compares_per_write": sum(r["ok_compares"] for r in results) / max(1, ok_writes),
         "puts_per_write": sum(r["ok_puts"] for r in results) / max(1, ok_writes),
         "bytes_per_write": sum(r["ok_bytes"] for r in results) / max(1, ok_writes),
+        "client_cpu_s": client_cpu,
+        "client_cpu_ms_per_commit": _per_ms(client_cpu, commits),
+        "client_cpu_ms_per_txn": _per_ms(client_cpu, all_writes),
+        "etcd_cpu_s": etcd_cpu_s,
+        "cores_used": None if etcd_cpu_s is None else (client_cpu + etcd_cpu_s) / wall,
+        "etcd_cpu_ms_per_commit": _per_ms(etcd_cpu_s, commits),
+        "etcd_cpu_ms_per_txn": _per_ms(etcd_cpu_s, all_writes),
     }
 
 
-def summarize_raw(t0: float, results: Sequence[dict[str, Any]], batch: int) -> dict[str, Any]:
+def _per_ms(total_s: float | None, count: int) -> float | None:
+    return None if total_s is None else 1e3 * total_s / max(1, count)
+
+
+def summarize_raw(t0: float, results: Sequence[dict[str, Any]], batch: int,
+                  etcd_cpu_s: float | None = None) -> dict[str, Any]:
     wall = max(r["end"] for r in results) - t0
     txns = sum(r["txns"] for r in results)
+    client_cpu = sum(r["cpu_s"] for r in results)
     lat = sorted(x for r in results for x in r["latencies"])
     return {
         "wall_s": wall,
@@ -531,6 +566,9 @@ def summarize_raw(t0: float, results: Sequence[dict[str, Any]], batch: int) -> d
         "p50_ms": percentile(lat, 0.50) * 1e3,
         "p99_ms": percentile(lat, 0.99) * 1e3,
         "bytes_per_txn": sum(r["put_bytes"] for r in results) / max(1, txns),
+        "client_cpu_ms_per_txn": _per_ms(client_cpu, txns),
+        "etcd_cpu_ms_per_txn": _per_ms(etcd_cpu_s, txns),
+        "cores_used": None if etcd_cpu_s is None else (client_cpu + etcd_cpu_s) / wall,
     }
 
 
@@ -589,15 +627,19 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
         errors: list[str] = []
         countings = [CountingKV(kv) for _ in range(n)]
         stores = [CellStore(c, cell) for c in countings]
+        replicas: list[Replica] = []
         for s in stores:
             s.load()
+            if args.follow_replica:
+                replicas.append(Replica(kv, cell).start())
+                s.follow(replicas[-1])
         t0 = time.monotonic() + 0.05
         threads = [
             threading.Thread(
                 target=_thread_main, daemon=True,
                 args=(results, errors, i, functools.partial(
                     commit_loop, stores[i], countings[i], i, mode, det, args.batch,
-                    args.seed + i, t0, t0 + args.seconds)),
+                    args.seed + i, t0, t0 + args.seconds, time.thread_time)),
             )
             for i in range(n)
         ]
@@ -606,13 +648,15 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
             t.start()
         for t in threads:
             t.join()
-        other = meter.stop()
+        cpu = meter.stop()
+        for r in replicas:
+            r.stop()
         if errors:
             raise RuntimeError("a memory committer failed:\n" + errors[0])
         cfg: dict[str, Any] = {"backend": "memory", "committers": n, "mode": mode.value,
                "detection": det.value, "cell": cell,
                "result": summarize(t0, [r for r in results if r is not None]),
-               "other_cpu_pct": other}
+               "other_cpu_pct": cpu["other_cpu_pct"]}
         out.append(cfg)
         emit(row(cfg, None))
         kv.close()
@@ -632,17 +676,18 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                 if args.profile and (n, mode, det) == (4, TxnMode.INCREMENTAL, Detection.FINE):
                     profile = args.profile
                 params = [{"cell": cell, "mode": mode, "detection": det, "batch": args.batch,
-                           "seed": args.seed + 1000 * n + i,
+                           "seed": args.seed + 1000 * n + i, "follow": args.follow_replica,
                            "profile": f"{profile}/committer-{i}.prof" if profile else None}
                           for i in range(n)]
-                t0, results, other = workers.round("store", params, args.seconds, meter)
+                t0, results, cpu = workers.round("store", params, args.seconds, meter)
                 if (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE):
                     # The baseline replays the shape of the configuration the goals name.
                     for r in results:
                         shapes.extend(r["shapes"])
                 cfg: dict[str, Any] = {"backend": "etcd", "committers": n, "mode": mode.value,
-                       "detection": det.value, "cell": cell, "result": summarize(t0, results),
-                       "other_cpu_pct": other}
+                       "detection": det.value, "cell": cell,
+                       "result": summarize(t0, results, cpu["etcd_cpu_s"]),
+                       "other_cpu_pct": cpu["other_cpu_pct"]}
                 rows.append(cfg)
                 out.append(cfg)
                 delete_prefix(kv, CellStore(kv, cell).keys.root)
@@ -651,10 +696,10 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
         prefix = f"/omega/raw-{n}/".encode()
         params = [{"prefix": prefix + b"w%d/" % i, "shapes": shapes, "seed": args.seed + i}
                   for i in range(n)]
-        t0, results, other = workers.round("raw", params, args.seconds, meter)
-        raw = summarize_raw(t0, results, args.batch)
+        t0, results, cpu = workers.round("raw", params, args.seconds, meter)
+        raw = summarize_raw(t0, results, args.batch, cpu["etcd_cpu_s"])
         raw["shapes"] = len(shapes)
-        raw["other_cpu_pct"] = other
+        raw["other_cpu_pct"] = cpu["other_cpu_pct"]
         raws[n] = raw
         delete_prefix(kv, prefix)
         for cfg in rows:
@@ -674,6 +719,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--machines", type=int, default=MACHINES)
     ap.add_argument("--backends", default="etcd,memory", help="comma-separated")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--follow-replica", action="store_true",
+                    help="each committer's store follows a Replica of the cell (a watch), so "
+                         "its view sees other committers' writes (CellStore.follow)")
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile every committer of the incremental/fine/4-committer etcd "
                          "run into DIR/committer-<i>.prof (slows them down)")
@@ -705,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "machine": platform.platform(), "seconds": args.seconds, "batch": args.batch,
         "machines": args.machines, "fsync": not args.no_fsync,
-        "load_average_at_start": os.getloadavg(),
+        "load_average_at_start": os.getloadavg(), "follow_replica": args.follow_replica,
     }
     cell_no = iter(range(1_000_000))
     meter = CpuMeter()
@@ -721,11 +769,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv = EtcdKV([server.endpoint])
             workers = Workers(server.endpoint, max(COMMITTER_COUNTS))
             meter.pids.extend([p.pid for p in workers.procs if p.pid is not None])
-            if server.pid is not None:
-                meter.pids.append(server.pid)
+            meter.etcd_pid = server.pid
         emit(f"commit throughput: {args.machines} machines (cpu={MACHINE_CPU:g}, "
              f"mem={MACHINE_MEM:g}), tasks cpu={TASK_CPU:g} mem={TASK_MEM:g}, "
-             f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration")
+             f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration; "
+             + ("each store follows a replica (--follow-replica)" if args.follow_replica else
+                "stores learn others' writes only from failed guards (no replica)"))
         load = os.getloadavg()
         emit(f"host: {os.cpu_count()} cores (load average {load[0]:.2f} {load[1]:.2f} "
              f"{load[2]:.2f} at the start), Python {platform.python_version()}"
@@ -763,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{s['compares_per_write']:.0f} compares, {s['puts_per_write']:.0f} puts, "
                      f"{s['bytes_per_write'] / 1024:.1f} KiB of puts per committed etcd Txn")
         emit("")
+        emit_cpu_table(configs, raws, emit)
+        emit("")
         emit_goals(configs, emit)
         if kv is not None:
             with contextlib.suppress(Exception):
@@ -783,6 +834,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump({"meta": meta, "configurations": configs, "raw": raws, "table": lines},
                       f, indent=2)
     return 0
+
+
+def emit_cpu_table(configs: Sequence[dict[str, Any]], raws: dict[int, dict[str, Any]],
+                   emit: Callable[[str], None]) -> None:
+    """Where the CPU goes on the etcd backend: CPU milliseconds (all threads) spent by the
+    committers and by etcd per commit and per etcd write Txn, and the cores both kept busy."""
+    etcd = [c for c in configs if c["backend"] == "etcd"]
+    if not etcd:
+        return
+
+    def ms(value: float | None) -> str:
+        return f"{'?':>8}" if value is None else f"{value:>8.1f}"
+
+    emit("CPU time, etcd backend (ms per commit / per etcd write Txn, all threads; cores = "
+         "committers + etcd CPU over wall time):")
+    emit(f"{'comm':>4} {'mode':<11} {'detect':<6} {'cl/commit':>9} {'etcd/cmt':>8} "
+         f"{'cl/Txn':>8} {'etcd/Txn':>8} {'cores':>6}")
+    for c in etcd:
+        s = c["result"]
+        cores = s.get("cores_used")
+        emit(f"{c['committers']:>4} {c['mode']:<11} {c['detection']:<6} "
+             f" {ms(s['client_cpu_ms_per_commit'])} {ms(s['etcd_cpu_ms_per_commit'])} "
+             f"{ms(s['client_cpu_ms_per_txn'])} {ms(s['etcd_cpu_ms_per_txn'])} "
+             f"{'?' if cores is None else f'{cores:.2f}':>6}")
+    for n, raw in sorted(raws.items()):
+        cores = raw.get("cores_used")
+        emit(f"{n:>4} {'raw Txn':<11} {'':<6}  {'':>8} {'':>8} "
+             f"{ms(raw['client_cpu_ms_per_txn'])} {ms(raw['etcd_cpu_ms_per_txn'])} "
+             f"{'?' if cores is None else f'{cores:.2f}':>6}")
 
 
 def emit_goals(configs: Sequence[dict[str, Any]], emit: Callable[[str], None]) -> None:

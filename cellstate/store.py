@@ -497,11 +497,8 @@ class CellStore:
                     else:
                         rejected.append(_too_big(group[0]))
                     break
-                before = {mid: self.view.machines[mid].seq for mid in decision.machines}
-                res = self._try_write(p)
+                res = self._write_decision(p, decision, rewrites)
                 if res.succeeded:
-                    for mid, seq in before.items():
-                        rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
                     committed.extend(decision.accepted)
                     rejected.extend(decision.rejected)
                     evicted.extend(decision.evicted)
@@ -516,6 +513,19 @@ class CellStore:
         return CommitResult(
             tuple(committed), tuple(rejected), revision, tuple(evicted), attempts
         )
+
+    def _write_decision(
+        self, p: _Prepared, decision: Decision, rewrites: dict[str, tuple[int, int]]
+    ) -> TxnResult:
+        """Send one group's write; on success remember, per machine it rewrote, the
+        sequence number before this transaction's first write and the one after its
+        latest (coarse detection must not count the transaction's own writes)."""
+        before = {mid: self.view.machines[mid].seq for mid in decision.machines}
+        res = self._try_write(p)
+        if res.succeeded:
+            for mid, seq in before.items():
+                rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
+        return res
 
     # -- large gangs -------------------------------------------------------------------
 
@@ -574,11 +584,7 @@ class CellStore:
                         half = len(group) // 2
                         queue[:0] = [group[:half], group[half:]]
                         break
-                    before = {mid: self.view.machines[mid].seq for mid in decision.machines}
-                    res = self._try_write(p)
-                    if res.succeeded:
-                        for mid, seq in before.items():
-                            rewrites[mid] = (rewrites.get(mid, (seq, 0))[0], res.revision)
+                    if self._write_decision(p, decision, rewrites).succeeded:
                         staged_machines.update(decision.machines)
                         staged_tasks.update(decision.tasks)
                         _accumulate(added, decision.added)
