@@ -74,6 +74,7 @@ from cellstate.kv.base import (  # noqa: E402
     Op,
     Put,
     RangeResult,
+    TxnOp,
     TxnResult,
     Watcher,
     prefix_end,
@@ -139,12 +140,28 @@ class CountingKV:
     def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
             ) -> TxnResult:
         res = self.inner.txn(compares, success, failure)
+        # An incremental commit sends one nested transaction per machine: its shape is
+        # that of the parts that committed, flattened into one transaction.
+        compares = list(compares)
         puts = [op for op in success if type(op) is Put]
-        if not puts:
+        nested_failed = False
+        if res.succeeded:
+            for op, sub_res in zip(success, res.responses, strict=True):
+                if type(op) is TxnOp and isinstance(sub_res, TxnResult):
+                    if sub_res.succeeded:
+                        # Guards repeated in every part (config, job) count once.
+                        seen = {c.key for c in compares}
+                        compares.extend(c for c in op.compares if c.key not in seen)
+                        puts.extend(p for p in op.success if type(p) is Put)
+                    elif any(type(p) is Put for p in op.success):
+                        nested_failed = True
+        if not puts and not nested_failed:
             self.read_txns += 1
             return res
         self.write_txns += 1
-        if not res.succeeded:
+        if not res.succeeded or nested_failed:
+            # Partly committed nested transactions count as conflicts; their shape is
+            # not kept for the raw baseline, which replays whole transactions only.
             self.failed_write_txns += 1
             return res
         self.ok_compares += len(compares)

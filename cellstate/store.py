@@ -45,6 +45,7 @@ from cellstate.kv.base import (
     LeaseNotFoundError,
     Op,
     Put,
+    TxnOp,
     TxnResult,
     prefix_end,
     range_all,
@@ -110,6 +111,10 @@ class StoreOptions:
     max_attempts: int = 64
     # Stay well under etcd's --max-request-bytes (1.5 MiB by default).
     max_txn_bytes: int = 1_000_000
+    # Incremental commits: "auto" sends one nested etcd transaction per machine once
+    # guards fail often (see CellStore._contended), "always" or "never" force it.
+    per_machine_writes: str = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "always", "never")))
 
 
 @attrs.frozen
@@ -151,6 +156,7 @@ class CellStore:
         self.view = WorkingView(self.keys)
         self._snapshots = snapshots
         self._lock = threading.RLock()
+        self._conflicts = 0.0  # moving average of guard failures of commit writes
         # Records a followed replica changed, applied to the view by the committing
         # thread at its next attempt (so the replica's thread never waits on a commit).
         # Coalesced: the newest snapshot and the set of keys, however long it idles.
@@ -486,6 +492,23 @@ class CellStore:
                 attempts += 1
                 self._ensure_loaded(group, txn.scheduler)
                 decision = validate(self.view, sub, seq_rewrites=rewrites, shape_checked=True)
+                if txn.mode is TxnMode.INCREMENTAL and self._contended():
+                    per_machine = self._per_machine(group, decision)
+                    if per_machine is not None:
+                        outcome = self._write_per_machine(per_machine, decision, rewrites)
+                        if outcome is not None:
+                            done, left, revision = outcome
+                            for c in done:
+                                if c.task in decision.accepted_tasks:
+                                    committed.append(c)
+                                    evicted.extend(c.evict)
+                                else:
+                                    rejected.append(decision.rejection_of(c.task))
+                            if not left:
+                                break
+                            group = left
+                            sub = attrs.evolve(txn, claims=tuple(group))
+                            continue
                 p = self._prepare(self._decision_write(decision))
                 if not self._fits(p):
                     if txn.mode is TxnMode.GANG:
@@ -498,6 +521,7 @@ class CellStore:
                         rejected.append(_too_big(group[0]))
                     break
                 res = self._write_decision(p, decision, rewrites)
+                self._note_conflict(not res.succeeded)
                 if res.succeeded:
                     committed.extend(decision.accepted)
                     rejected.extend(decision.rejected)
@@ -510,9 +534,118 @@ class CellStore:
                               f"{self.options.max_attempts} attempts: its machines keep changing")
                     for c in group
                 )
+        # Per-machine writes finish machine by machine: report in the transaction's order.
+        order = {c.task: i for i, c in enumerate(txn.claims)}
+        committed.sort(key=lambda c: order[c.task])
+        rejected.sort(key=lambda r: order[r.claim.task])
         return CommitResult(
             tuple(committed), tuple(rejected), revision, tuple(evicted), attempts
         )
+
+    def _note_conflict(self, conflicted: bool) -> None:
+        self._conflicts = 0.9 * self._conflicts + (0.1 if conflicted else 0.0)
+
+    def _contended(self) -> bool:
+        """Whether guards fail often enough lately that one etcd transaction per group
+        (cheapest when nothing conflicts) loses to one nested transaction per machine
+        (a conflict then costs only that machine's claims)."""
+        mode = self.options.per_machine_writes
+        return mode == "always" or (mode == "auto" and self._conflicts > 0.15)
+
+    def _per_machine(
+        self, claims: Sequence[Claim], decision: Decision
+    ) -> tuple[dict[bytes, int], list[tuple[list[Claim], _Write]]] | None:
+        """The decision as one guarded write per machine, for an incremental commit:
+        a claim reads and writes only its machine, its task, its victims (on the same
+        machine) and its job, so machines can commit independently, and a change to one
+        costs a retry of that machine's claims only. The guards all parts share (config,
+        jobs: they rarely change) are returned apart, for the enclosing transaction.
+        None when a usage counter (shared by all machines) is involved: then the whole
+        group is one write."""
+        if decision.reads.usage or any(
+            self._limited(s) for s in (*decision.added, *decision.removed)
+        ):
+            return None
+        k, v = self.keys, self.view
+        by_machine: dict[str, list[Claim]] = {}
+        for c in claims:
+            by_machine.setdefault(c.machine, []).append(c)
+        shared: dict[bytes, int] = {k.config: v.config.revision}
+        out = []
+        for mid, cs in by_machine.items():
+            guards: dict[bytes, int] = {k.machine(mid): v.machine_rev(mid)}
+            records: dict[bytes, object] = {}
+            m = v.machines.get(mid)
+            if m is not None and m.has_tags:
+                for a in m.allocations.values():
+                    for g in (a.gang, a.evicted_by):
+                        if g:
+                            guards[k.gang(g)] = v.guard_revision(k.gang(g))
+            if mid in decision.machines:
+                records[k.machine(mid)] = decision.machines[mid]
+            for c in cs:
+                shared[k.job(c.job)] = v.job_rev(c.job)
+                for tid in (c.task, *c.evict):
+                    tkey = k.task_key(tid)
+                    guards[tkey] = v.task_rev(tid)
+                    rec = v.tasks.get(tid)
+                    if rec is not None and rec.gang:
+                        guards[k.gang(rec.gang)] = v.guard_revision(k.gang(rec.gang))
+                    if tid in decision.tasks:
+                        records[tkey] = decision.tasks[tid]
+            out.append((cs, _Write(guards, records)))
+        return shared, out
+
+    def _write_per_machine(
+        self,
+        split: tuple[dict[bytes, int], list[tuple[list[Claim], _Write]]],
+        decision: Decision,
+        rewrites: dict[str, tuple[int, int]],
+    ) -> tuple[list[Claim], list[Claim], int] | None:
+        """Send every machine's write as a nested transaction of one etcd request,
+        inside one guarded by the shared records. Returns (claims settled, claims to
+        decide again, revision), or None when the request would not fit (the caller
+        splits the group)."""
+        shared, parts = split
+        prepared = [self._prepare(w) for _, w in parts]
+        limit = self.kv.max_txn_ops
+        if (len(parts) > limit - 2
+                or any(len(p.write.guards) > limit or len(p.ops) > limit for p in prepared)
+                or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
+                                                       self.kv.max_request_bytes)):
+            return None
+        ops: list[Op] = [
+            TxnOp(tuple(Compare.mod_revision_is(key, rev) for key, rev in p.write.guards.items()),
+                  tuple(p.ops),  # type: ignore[arg-type]
+                  tuple(Get(key) for key in p.write.guards))
+            for p in prepared
+        ]
+        before = {mid: self.view.machines[mid].seq for mid in decision.machines}
+        res = self.kv.txn([Compare.mod_revision_is(key, rev) for key, rev in shared.items()],
+                          ops, [Get(key) for key in shared])
+        if not res.succeeded:  # the config or a job changed: learn it, decide again
+            self._observe_reads(list(shared), res)
+            return [], [c for cs, _ in parts for c in cs], res.revision
+        self._note_conflict(any(isinstance(r, TxnResult) and not r.succeeded
+                                for r in res.responses))
+        done: list[Claim] = []
+        left: list[Claim] = []
+        for (cs, w), sub_res in zip(parts, res.responses, strict=True):
+            assert isinstance(sub_res, TxnResult)
+            if sub_res.succeeded:
+                for key, record in w.records.items():
+                    self.view.put_record(key, _with_revision(record, res.revision),
+                                         res.revision)
+                mid = cs[0].machine
+                if mid in before:
+                    rewrites[mid] = (rewrites.get(mid, (before[mid], 0))[0], res.revision)
+                done.extend(cs)
+            else:
+                self._observe_reads(list(w.guards), sub_res)
+                left.extend(cs)
+        order = {c.task: i for i, c in enumerate(c for cs, _ in parts for c in cs)}
+        left.sort(key=lambda c: order[c.task])
+        return done, left, res.revision
 
     def _write_decision(
         self, p: _Prepared, decision: Decision, rewrites: dict[str, tuple[int, int]]
@@ -1006,8 +1139,10 @@ class CellStore:
                 self._fetch([k.task_key(tid)])
                 rec = self.view.tasks.get(tid)
                 if rec is not None and rec.machine:
-                    self._fetch([k.machine(rec.machine)])
-                    m = self.view.machines.get(rec.machine)
+                    # Task and machine read together, so they agree with each other.
+                    self._fetch([k.task_key(tid), k.machine(rec.machine)])
+                    rec = self.view.tasks.get(tid)
+                    m = self.view.machines.get(rec.machine) if rec is not None else None
                     if m is not None:
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
@@ -1017,7 +1152,9 @@ class CellStore:
                     raise StoreError(f"task {tid} is {view.state.value}, not running")
                 assert rec is not None
                 m = self.view.machines[rec.machine]
-                a = m.allocations[tid]
+                a = m.allocations.get(tid)
+                if a is None:
+                    raise StoreError(f"task {tid} is not on machine {m.id} any more")
                 allocs = {t: x for t, x in m.allocations.items() if t != tid}
                 guards = {k.task_key(tid): rec.revision, k.machine(m.id): m.seq,
                           k.config: self.view.config.revision}

@@ -26,6 +26,7 @@ keep their reasons and all others are rejected as gang_aborted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import attrs
@@ -83,6 +84,13 @@ class Decision:
     added: Mapping[str, Resources]  # per scheduler: resources newly held
     removed: Mapping[str, Resources]  # per scheduler: resources freed by evictions
     reads: Reads
+
+    @functools.cached_property
+    def accepted_tasks(self) -> frozenset[str]:
+        return frozenset(c.task for c in self.accepted)
+
+    def rejection_of(self, task: str) -> Rejection:
+        return next(r for r in self.rejected if r.claim.task == task)
 
 
 # -- shape -------------------------------------------------------------------------

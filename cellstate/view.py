@@ -81,7 +81,26 @@ class WorkingView:
         self._as_of[key] = as_of
         if as_of > self.revision:
             self.revision = as_of
+        if kv is not None and self._held_revision(kind[0], kind[1]) == kv.mod_revision:
+            return  # the record we hold is this one: no need to decode it again
         self._set(kind[0], kind[1], kv)
+
+    def _held_revision(self, kind: KeyKind, ident: str) -> int:
+        if kind is KeyKind.MACHINE:
+            m = self.machines.get(ident)
+            return m.seq if m is not None else -1
+        rec: Job | TaskRecord | GangRecord | UsageRecord | None
+        if kind is KeyKind.TASK:
+            rec = self.tasks.get(ident)
+        elif kind is KeyKind.JOB:
+            rec = self.jobs.get(ident)
+        elif kind is KeyKind.GANG:
+            rec = self.gangs.get(ident)
+        elif kind is KeyKind.USAGE:
+            rec = self.usage.get(ident)
+        else:
+            return -1
+        return rec.revision if rec is not None else -1
 
     def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
         for kv in kvs:

@@ -25,7 +25,7 @@ from cellstate.model import (
     Transaction,
     TxnMode,
 )
-from cellstate.store import CellStore, StoreError
+from cellstate.store import CellStore, StoreError, StoreOptions
 from tests.builders import job, machine
 from tests.reference_model import MModel
 
@@ -54,7 +54,8 @@ op_st = st.one_of(
 )
 
 
-def run_program(kv: KV, program: list[tuple]) -> None:  # type: ignore[type-arg]
+def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
+                per_machine: str = "auto") -> None:
     cell = f"prop{next(_cells)}"
     admin = CellStore(kv, cell)
     for mid in MACHINES:
@@ -65,7 +66,8 @@ def run_program(kv: KV, program: list[tuple]) -> None:  # type: ignore[type-arg]
         admin.submit_job(job(f"j{s}", tasks=TASKS, cpu=cpu, mem=1, scheduler=s, precedence=i + 1))
         model.need[f"j{s}"], model.precedence[f"j{s}"] = cpu, i + 1
         model.owner[f"j{s}"], model.tasks[f"j{s}"] = s, TASKS
-    stores = {s: CellStore(kv, cell) for s in SCHEDULERS}
+    options = StoreOptions(per_machine_writes=per_machine)
+    stores = {s: CellStore(kv, cell, options=options) for s in SCHEDULERS}
     seen: dict[str, dict[str, tuple[int, int]]] = {s: {} for s in SCHEDULERS}
     victims_seen: dict[str, dict[str, list[str]]] = {s: {} for s in SCHEDULERS}
 
@@ -128,12 +130,18 @@ def test_memory_store_matches_the_sequential_model(program: list[tuple]) -> None
     run_program(MemoryKV(), program)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op_st, min_size=1, max_size=25))
+def test_per_machine_writes_match_the_sequential_model(program: list[tuple]) -> None:  # type: ignore[type-arg]
+    run_program(MemoryKV(), program, per_machine="always")
+
+
 @pytest.mark.etcd
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(op_st, min_size=1, max_size=20))
 def test_etcd_store_matches_the_sequential_model(etcd_kv: KV, program: list[tuple]) -> None:  # type: ignore[type-arg]
-    run_program(etcd_kv, program)
+    run_program(etcd_kv, program, per_machine="always" if len(program) % 2 else "never")
 
 
 def test_model_and_store_agree_on_a_hand_written_interleaving() -> None:

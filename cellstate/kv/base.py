@@ -117,18 +117,30 @@ class Get:
     range_end: bytes | None = None
 
 
-Op = Put | Delete | Get
+@attrs.frozen(slots=True)
+class TxnOp:
+    """A transaction nested in a transaction's branch (etcd >= 3.3): its own compares
+    decide which of its own branches runs; every nested transaction that runs is part
+    of the outer one's single revision. Answered by a :class:`TxnResult`."""
+
+    compares: tuple[Compare, ...]
+    success: tuple[Put | Delete | Get, ...]
+    failure: tuple[Put | Delete | Get, ...] = ()
+
+
+Op = Put | Delete | Get | TxnOp
 
 
 @attrs.frozen(slots=True)
 class TxnResult:
     """``responses[i]`` answers op ``i`` of the branch that ran: for :class:`Get` the
-    list of key-values, for :class:`Delete` the number deleted, for :class:`Put` None.
+    list of key-values, for :class:`Delete` the number deleted, for :class:`Put` None,
+    for a nested :class:`TxnOp` its own TxnResult.
     ``revision`` is the store revision after the transaction (etcd's header revision)."""
 
     succeeded: bool
     revision: int
-    responses: tuple[tuple[KeyValue, ...] | int | None, ...]
+    responses: tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]
 
 
 @attrs.frozen(slots=True)

@@ -44,6 +44,7 @@ from cellstate.kv.base import (
     Op,
     Put,
     RangeResult,
+    TxnOp,
     TxnResult,
     TxnTooLargeError,
     UnavailableError,
@@ -211,18 +212,44 @@ def _add_ops(target: Any, ops: Sequence[Op]) -> bool:
             rng.key = op.key
             if op.range_end is not None:
                 rng.range_end = op.range_end
+        elif type(op) is TxnOp:
+            only_puts = False
+            nested = add().request_txn
+            _add_compares(nested.compare, op.compares)
+            _add_ops(nested.success, op.success)
+            _add_ops(nested.failure, op.failure)
         else:
             raise TypeError(f"not a transaction op: {op!r}")
     return only_puts
 
 
-def _op_results(ops: Sequence[Op], responses: Any) -> tuple[tuple[KeyValue, ...] | int | None, ...]:
-    out: list[tuple[KeyValue, ...] | int | None] = []
+def _add_compares(target: Any, compares: Sequence[Compare]) -> None:
+    add_compare = target.add
+    for cmp in compares:
+        c = add_compare()
+        c.key = cmp.key
+        c.result = _COMPARE_RESULTS[cmp.result]
+        kind, field = _COMPARE_TARGETS[cmp.target]
+        c.target = kind
+        setattr(c, field, cmp.value)
+        if cmp.range_end is not None:
+            c.range_end = cmp.range_end
+
+
+def _op_results(
+    ops: Sequence[Op], responses: Any, revision: int
+) -> tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]:
+    out: list[tuple[KeyValue, ...] | int | TxnResult | None] = []
     for op, resp in zip(ops, responses, strict=True):
         if type(op) is Put:
             out.append(None)
         elif type(op) is Delete:
             out.append(resp.response_delete_range.deleted)
+        elif type(op) is TxnOp:
+            inner = resp.response_txn
+            branch = op.success if inner.succeeded else op.failure
+            out.append(TxnResult(inner.succeeded, revision,
+                                 _op_results(branch, inner.responses, revision)))
         else:
             out.append(_kvs(resp.response_range.kvs))
     return tuple(out)
@@ -525,16 +552,7 @@ class EtcdKV:
         # Hot path (benchmarked): the request is built in place, field by field.
         request = pb.TxnRequest()
         if compares:
-            add_compare = request.compare.add
-            for cmp in compares:
-                c = add_compare()
-                c.key = cmp.key
-                c.result = _COMPARE_RESULTS[cmp.result]
-                target, field = _COMPARE_TARGETS[cmp.target]
-                c.target = target
-                setattr(c, field, cmp.value)
-                if cmp.range_end is not None:
-                    c.range_end = cmp.range_end
+            _add_compares(request.compare, compares)
         success_only_puts = _add_ops(request.success, success)
         failure_only_puts = _add_ops(request.failure, failure) if failure else True
 
@@ -546,8 +564,12 @@ class EtcdKV:
             branch, only_puts = success, success_only_puts
         else:
             branch, only_puts = failure, failure_only_puts
-        results = (None,) * len(branch) if only_puts else _op_results(branch, response.responses)
-        return TxnResult(response.succeeded, response.header.revision, results)
+        revision = response.header.revision
+        results = (
+            (None,) * len(branch) if only_puts
+            else _op_results(branch, response.responses, revision)
+        )
+        return TxnResult(response.succeeded, revision, results)
 
     def compact(self, revision: int) -> None:
         """Compact history before ``revision`` (logical compaction; etcd frees the space

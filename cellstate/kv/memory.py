@@ -36,6 +36,7 @@ from cellstate.kv.base import (
     Op,
     Put,
     RangeResult,
+    TxnOp,
     TxnResult,
     TxnTooLargeError,
     WatchDroppedError,
@@ -61,6 +62,16 @@ def _in_range(key: bytes, start: bytes, end: bytes | None) -> bool:
     if end == b"\x00":
         return key >= start
     return start <= key < end
+
+
+def _with_revision(
+    responses: Sequence[tuple[KeyValue, ...] | int | TxnResult | None], revision: int
+) -> tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]:
+    return tuple(
+        TxnResult(r.succeeded, revision, _with_revision(r.responses, revision))
+        if isinstance(r, TxnResult) else r
+        for r in responses
+    )
 
 
 class MemoryWatcher:
@@ -211,7 +222,7 @@ class MemoryKV:
                     raise LeaseNotFoundError(f"lease {op.lease:x} not found")
             responses, writes = self._apply(branch)
             revision = self._publish(writes) if writes else self._revision
-            return TxnResult(ok, revision, tuple(responses))
+            return TxnResult(ok, revision, _with_revision(responses, revision))
 
     def _check_limits(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]
@@ -221,22 +232,42 @@ class MemoryKV:
             raise TxnTooLargeError(
                 f"too many operations in txn request ({biggest} > {self.max_txn_ops})"
             )
+        if self._request_size(compares, success, failure) > self.max_request_bytes:
+            raise TxnTooLargeError(
+                f"request is too large (> {self.max_request_bytes} bytes)"
+            )
+        for branch in (success, failure):
+            self._check_branch(branch, set())
+
+    def _request_size(self, compares: Sequence[Compare], success: Sequence[Op],
+                      failure: Sequence[Op]) -> int:
         size = sum(len(c.key) + _OP_OVERHEAD_BYTES for c in compares)
         for op in (*success, *failure):
+            if isinstance(op, TxnOp):
+                size += self._request_size(op.compares, op.success, op.failure)
+                continue
             size += len(op.key) + _OP_OVERHEAD_BYTES
             if isinstance(op, Put):
                 size += len(op.value)
-        if size > self.max_request_bytes:
-            raise TxnTooLargeError(
-                f"request is too large ({size} > {self.max_request_bytes} bytes)"
-            )
-        for branch in (success, failure):
-            written: set[bytes] = set()
-            for op in branch:
-                if isinstance(op, Put | Delete) and op.key in written:
-                    raise DuplicateKeyError("duplicate key given in txn request")
-                if isinstance(op, Put) or (isinstance(op, Delete) and not op.range_end):
-                    written.add(op.key)
+        return size
+
+    def _check_branch(self, branch: Sequence[Op], written: set[bytes]) -> None:
+        """etcd refuses a key written twice on any path through a request, nested
+        transactions included, and checks the op limit at every level."""
+        for op in branch:
+            if isinstance(op, TxnOp):
+                biggest = max(len(op.compares), len(op.success), len(op.failure))
+                if biggest > self.max_txn_ops:
+                    raise TxnTooLargeError(
+                        f"too many operations in txn request ({biggest} > {self.max_txn_ops})"
+                    )
+                self._check_branch(op.success, written)
+                self._check_branch(op.failure, written)
+                continue
+            if isinstance(op, Put | Delete) and op.key in written:
+                raise DuplicateKeyError("duplicate key given in txn request")
+            if isinstance(op, Put) or (isinstance(op, Delete) and not op.range_end):
+                written.add(op.key)
 
     def _compare(self, c: Compare) -> bool:
         if c.range_end is not None:
@@ -273,14 +304,21 @@ class MemoryKV:
 
     def _apply(
         self, branch: Sequence[Op]
-    ) -> tuple[list[tuple[KeyValue, ...] | int | None], list[tuple[EventType, bytes, Put | None]]]:
+    ) -> tuple[list[tuple[KeyValue, ...] | int | TxnResult | None],
+               list[tuple[EventType, bytes, Put | None]]]:
         """Reads are answered at the state before this transaction's writes. The store
         never mixes reads and writes in one branch, so where etcd differs (a read after a
         write in the same branch sees it) does not matter."""
-        responses: list[tuple[KeyValue, ...] | int | None] = []
+        responses: list[tuple[KeyValue, ...] | int | TxnResult | None] = []
         writes: list[tuple[EventType, bytes, Put | None]] = []
         for op in branch:
-            if isinstance(op, Get):
+            if isinstance(op, TxnOp):
+                ok = all(self._compare(c) for c in op.compares)
+                inner, inner_writes = self._apply(op.success if ok else op.failure)
+                writes.extend(inner_writes)
+                # The revision is filled in by the caller once it is known.
+                responses.append(TxnResult(ok, -1, tuple(inner)))
+            elif isinstance(op, Get):
                 responses.append(tuple(self._scan(op.key, op.range_end, self._revision)))
             elif isinstance(op, Put):
                 writes.append((EventType.PUT, op.key, op))

@@ -230,3 +230,35 @@ def test_paged_range_at_a_past_revision_reads_that_revision(kv: KV) -> None:
     kv.txn([], [Put(f"/t/q/{i:03}".encode(), b"new") for i in range(30)])
     res = range_all(kv, b"/t/q/", revision=at, page=7)
     assert res.revision == at and {k.value for k in res.kvs} == {b"old"} and len(res.kvs) == 30
+
+
+def test_nested_transactions_commit_independently_in_one_revision(kv: KV) -> None:
+    from cellstate.kv.base import TxnOp, TxnResult
+
+    r0 = put(kv, b"/t/n/a", b"1")
+    put(kv, b"/t/n/b", b"1")
+    res = kv.txn([], [
+        TxnOp((Compare.mod_revision_is(b"/t/n/a", r0),), (Put(b"/t/n/a", b"2"),),
+              (Get(b"/t/n/a"),)),
+        TxnOp((Compare.mod_revision_is(b"/t/n/b", r0),), (Put(b"/t/n/b", b"2"),),
+              (Get(b"/t/n/b"),)),
+        TxnOp((Compare.absent(b"/t/n/c"),), (Put(b"/t/n/c", b"new"),)),
+    ])
+    first, second, third = res.responses
+    assert isinstance(first, TxnResult) and isinstance(second, TxnResult)
+    assert isinstance(third, TxnResult)
+    assert first.succeeded and third.succeeded and not second.succeeded
+    (fresh,) = second.responses
+    assert isinstance(fresh, tuple) and fresh[0].value == b"1"
+    values = {k.key: (k.value, k.mod_revision) for k in
+              kv.range(b"/t/n/", prefix_end(b"/t/n/")).kvs}
+    assert values == {b"/t/n/a": (b"2", res.revision), b"/t/n/b": (b"1", r0 + 1),
+                      b"/t/n/c": (b"new", res.revision)}
+
+
+def test_a_key_written_in_two_nested_transactions_is_refused(kv: KV) -> None:
+    from cellstate.kv.base import TxnOp
+
+    with pytest.raises(DuplicateKeyError):
+        kv.txn([], [TxnOp((), (Put(b"/t/d2", b"1"),)), TxnOp((), (Put(b"/t/d2", b"2"),))])
+    assert kv.range(b"/t/d2").kvs == ()

@@ -400,3 +400,20 @@ def test_staged_gang_with_evictions_preempts_only_at_the_commit_point(kv: KV) ->
     assert placed_tasks_of(final, "big") == 2 * n and placed_tasks_of(final, "low") == 0
     assert {task_view(final, f"low/{i}").state for i in range(n)} == {TaskState.PREEMPTED}
     assert violations(final) == []
+
+
+def test_per_machine_writes_retry_only_the_machines_that_changed(kv: KV) -> None:
+    from cellstate.store import StoreOptions
+
+    admin = make_cell(kv, [machine("m1", cpu=8), machine("m2", cpu=8)], [job("j", tasks=4)])
+    store = CellStore(kv, options=StoreOptions(per_machine_writes="always"))
+    store.load()
+    admin.commit(txn([Claim("j", 0, "m1")]))  # the store's copy of m1 is now stale
+    res = store.commit(txn([Claim("j", 1, "m1"), Claim("j", 2, "m2")]))
+    assert [c.index for c in res.committed] == [1, 2] and res.attempts == 2
+    snap = store.read_snapshot()
+    assert sorted(snap.machines["m1"].allocations) == ["j/0", "j/1"]
+    assert sorted(snap.machines["m2"].allocations) == ["j/2"]
+    # m2 committed at the first try; only m1 was decided and written again.
+    assert snap.machines["m2"].seq < snap.machines["m1"].seq == res.revision
+    assert violations(snap) == []
