@@ -693,8 +693,11 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
 def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: Iterator[int],
              out: list[dict[str, Any]], raws: dict[int, dict[str, Any]], meter: CpuMeter,
              emit: Callable[[str], None]) -> None:
+    # The raw baseline replays whole commits of B claims. Under contention a commit's
+    # retries carry only the claims that conflicted, so the shapes come from the
+    # uncontended single-committer run (the first of COMMITTER_COUNTS) and serve all.
+    shapes: list[Shape] = []
     for n in COMMITTER_COUNTS:
-        shapes: list[Shape] = []
         rows: list[dict[str, Any]] = []
         for mode in MODES:
             for det in DETECTIONS:
@@ -708,7 +711,7 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                            "profile": f"{profile}/committer-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results, cpu = workers.round("store", params, args.seconds, meter)
-                if (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE):
+                if (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE) and n == 1:
                     # The baseline replays the shape of the configuration the goals name.
                     for r in results:
                         shapes.extend(r["shapes"])
