@@ -45,6 +45,12 @@ class Harness:
         self._replicas.append(replica)
         return inst
 
+    def attach(self, inst: SchedulerInstance, replica: Replica) -> None:
+        """Step an instance built elsewhere (e.g. over a recording store)."""
+        inst.start()
+        self.instances.append(inst)
+        self._replicas.append(replica)
+
     def remove(self, inst: SchedulerInstance) -> None:
         i = self.instances.index(inst)
         inst.stop()
