@@ -216,6 +216,19 @@ class Machine:
     def has_tags(self) -> bool:
         return any(a.gang or a.evicted_by for a in self.allocations.values())
 
+    @functools.cached_property
+    def job_ids(self) -> frozenset[str]:
+        """The jobs with an allocation here (computed once per record)."""
+        return frozenset(a.job for a in self.allocations.values())
+
+    @functools.cached_property
+    def gang_tags(self) -> frozenset[str]:
+        """The gangs this machine's staged records name."""
+        if not self.has_tags:
+            return frozenset()
+        return frozenset(g for a in self.allocations.values()
+                         for g in (a.gang, a.evicted_by) if g)
+
     def with_allocations(
         self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None
     ) -> Machine:

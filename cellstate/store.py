@@ -283,11 +283,9 @@ class CellStore:
         gangs: set[str] = set()
         for mid in {c.machine for c in claims}:
             m = self.view.machines.get(mid)
-            if m is None:
-                continue
-            for a in m.allocations.values():
-                jobs.add(a.job)
-                gangs.update(g for g in (a.gang, a.evicted_by) if g)
+            if m is not None:
+                jobs |= m.job_ids
+                gangs |= m.gang_tags
         self._adopt_from_snapshot((), jobs)
         more = [*map(keys.job, jobs), *map(keys.gang, gangs)]
         self._fetch(k for k in more if not self.view.knows(k))

@@ -217,9 +217,7 @@ class _Work:
             m = self.cell.machines.get(mid)
             if m is not None and m.has_tags:
                 # Staged records on the machine are read through their gangs.
-                self.read_gangs.update(
-                    g for a in m.allocations.values() for g in (a.gang, a.evicted_by) if g
-                )
+                self.read_gangs |= m.gang_tags
         return m
 
     @property
@@ -468,8 +466,7 @@ def _neighbour_rules(w: _Work, m: Machine) -> bool:
     key = (m.id, m.seq, len(m.allocations))
     hit = w.rules_cache.get(key)
     if hit is None:
-        hit = w.rules_cache[key] = any(
-            _has_anti_affinity(w, j) for j in {a.job for a in m.allocations.values()})
+        hit = w.rules_cache[key] = any(_has_anti_affinity(w, j) for j in m.job_ids)
     return hit
 
 
