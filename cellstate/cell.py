@@ -107,10 +107,6 @@ def alloc_placed(a: Allocation, gangs: Mapping[str, GangRecord]) -> bool:
     return True
 
 
-def is_settled(a: Allocation) -> bool:
-    return not a.gang and not a.evicted_by
-
-
 def holding(
     m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = ""
 ) -> Iterator[Allocation]:
@@ -123,13 +119,6 @@ def machine_used(m: Machine, gangs: Mapping[str, GangRecord], own_gang: str = ""
     if not m.has_tags:
         return m.settled_used
     return sum_resources(a.resources for a in holding(m, gangs, own_gang))
-
-
-def machine_free(m: Machine, gangs: Mapping[str, GangRecord]) -> Resources:
-    used = machine_used(m, gangs)
-    return Resources(
-        tuple((n, max(a - used.get(n), 0.0)) for n, a in m.capacity.amounts if a > used.get(n))
-    )
 
 
 @attrs.frozen(slots=True)
@@ -163,14 +152,6 @@ def task_view(reader: CellReader, tid: str) -> TaskView:
             if g is not None and g.state is GangState.COMMITTED:
                 return TaskView(job, index, TaskState.PREEMPTED, rec.machine)
     return TaskView(job, index, rec.state, rec.machine)
-
-
-def running_tasks(reader: CellReader) -> Iterator[tuple[str, str]]:
-    """(task id, machine id) of every task that counts as running."""
-    for m in reader.machines.values():
-        for a in m.allocations.values():
-            if alloc_placed(a, reader.gangs):
-                yield a.task, m.id
 
 
 def scheduler_usage(reader: CellReader, scheduler: str) -> Resources:

@@ -114,9 +114,6 @@ class Resources:
         # Clamp float residue so that releasing everything returns exactly to zero.
         return Resources(tuple(sorted((n, a) for n, a in out.items() if abs(a) > 1e-9)))
 
-    def scaled(self, factor: float) -> Resources:
-        return Resources(tuple((n, a * factor) for n, a in self.amounts if a * factor))
-
     def exceeding(self, capacity: Resources) -> str | None:
         """The first dimension in which ``self`` exceeds ``capacity``, or None if it fits."""
         for name, amount in self.amounts:

@@ -51,6 +51,7 @@ from cellstate.kv.base import (
     range_all,
 )
 from cellstate.model import (
+    RELEASE_OUTCOMES,
     CellConfig,
     Claim,
     CommitResult,
@@ -1121,7 +1122,7 @@ class CellStore:
 
     def release_task(self, tid: str, outcome: TaskState) -> int:
         """Record that a running task ended (finished, failed, lost) and free its hold."""
-        if outcome not in (TaskState.FINISHED, TaskState.FAILED, TaskState.LOST):
+        if outcome not in RELEASE_OUTCOMES:
             raise StoreError(
                 f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}"
             )

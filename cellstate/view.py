@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from cellstate import codec
 from cellstate.keys import KeyKind, Keyspace
-from cellstate.kv.base import EventType, KeyValue, WatchResponse
+from cellstate.kv.base import KeyValue
 from cellstate.model import (
     CellConfig,
     GangRecord,
@@ -105,11 +105,6 @@ class WorkingView:
     def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
         for kv in kvs:
             self.observe(kv.key, kv, as_of)
-
-    def observe_watch(self, response: WatchResponse) -> None:
-        for event in response.events:
-            kv = event.kv if event.type is EventType.PUT else None
-            self.observe(event.kv.key, kv, event.kv.mod_revision)
 
     def _set(self, kind: KeyKind, ident: str, kv: KeyValue | None) -> None:
         if kind is KeyKind.CONFIG:
