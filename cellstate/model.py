@@ -507,8 +507,9 @@ class Claim:
     # hostile clients); None means "what the job asks for".
     resources: Resources | None = None
 
-    @property
+    @functools.cached_property
     def task(self) -> str:
+        """The task id (computed once: the commit path asks for it many times)."""
         return task_id(self.job, self.index)
 
 
