@@ -54,6 +54,7 @@ from cellstate.model import (
 )
 from cellstate.replica import Replica
 from cellstate.store import CellStore, StoreError
+from cellstate.validation import TransactionError
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
 
@@ -325,7 +326,14 @@ class SchedulerInstance:
                 job.detection or self.config.detection,
                 job=job_id,
             )
-            res = self.store.commit(txn)
+            try:
+                res = self.store.commit(txn)
+            except TransactionError as e:
+                # A policy bug must not take the instance down: the job's attempt
+                # counts as fruitless and the reason shows in the log.
+                log.error("%s/%s: policy %s proposed an invalid transaction for job %s: %s",
+                          self.scheduler, self.instance, self.policy.name, job_id, e)
+                continue
             results[job_id] = res
             committed = {c.task for c in res.committed}
             self._inflight.extend((res.revision, c, job) for c in claims if c.task in committed)
@@ -387,6 +395,9 @@ class SchedulerInstance:
                 delay = self.step()
             except (KVError, StoreError) as e:
                 log.warning("%s/%s: step failed: %s", self.scheduler, self.instance, e)
+                delay = self.config.retry_delay
+            except Exception:  # a plugin's bug: keep the instance (and its lease) alive
+                log.exception("%s/%s: step raised", self.scheduler, self.instance)
                 delay = self.config.retry_delay
             if delay > 0:
                 stop.wait(delay)

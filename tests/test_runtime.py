@@ -143,3 +143,24 @@ def test_service_preemption_picks_the_fewest_lowest_precedence_victims() -> None
     assert task_view(snap, "big1/0").state is TaskState.PREEMPTED
     assert {task_view(snap, f"small/{i}").state for i in range(2)} == {TaskState.RUNNING}
     assert task_view(snap, "big3/0").state is TaskState.RUNNING
+
+
+def test_a_policy_proposing_an_invalid_transaction_does_not_stop_the_instance() -> None:
+    from cellstate.model import Claim, Job
+    from schedulers.api import Context, Plan, Policy
+
+    class Sloppy(Policy):
+        name = "sloppy"
+
+        def schedule_job(self, ctx: Context, job: Job) -> Plan:
+            dup = Claim(job.id, 0, "m0")
+            return Plan((dup, dup))  # the same task twice: a malformed transaction
+
+    h = Harness()
+    h.admin.add_machines([machine("m0")])
+    inst = h.add(Sloppy(), config=RuntimeConfig(max_fruitless_attempts=3, retry_delay=1))
+    h.submit([job("j", scheduler="sloppy")])
+    h.run(lambda s: "j" in s.statuses)
+    status = h.admin.read_snapshot().statuses["j"]
+    assert "3 attempts in a row placed nothing" in status.reason
+    assert inst.metrics.transactions == 0
