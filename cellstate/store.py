@@ -408,15 +408,20 @@ class CellStore:
         check_shape(txn)
         with self._lock:
             self._ensure_config()
-            groups = self._groups(txn.claims)
+            nested = txn.mode is TxnMode.INCREMENTAL and self._contended()
+            groups = self._groups(txn.claims, nested)
             if txn.mode is TxnMode.GANG and len(groups) > 1:
                 return self._commit_staged_gang(txn, groups)
             if txn.mode is TxnMode.GANG:
                 return self._commit_groups(txn, [list(txn.claims)])
             return self._commit_groups(txn, groups)
 
-    def _groups(self, claims: Sequence[Claim]) -> list[list[Claim]]:
-        """Split claims, in order, into groups that each fit one etcd transaction."""
+    def _groups(self, claims: Sequence[Claim], nested: bool = False) -> list[list[Claim]]:
+        """Split claims, in order, into groups that each fit one etcd transaction.
+        ``nested``: the group will be sent as one nested transaction per machine, so
+        only the number of machines (the outer transaction's ops) and the size count."""
+        if nested:
+            return self._nested_groups(claims)
         budget = self.kv.max_txn_ops - _RESERVED_OPS
         groups: list[list[Claim]] = []
         cur: list[Claim] = []
@@ -445,6 +450,28 @@ class CellStore:
             machines.add(c.machine)
             jobs.add(c.job)
             compares, puts, size = compares + dc, puts + dp, size + db
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _nested_groups(self, claims: Sequence[Claim]) -> list[list[Claim]]:
+        budget = self.kv.max_txn_ops - 4
+        groups: list[list[Claim]] = []
+        cur: list[Claim] = []
+        machines: set[str] = set()
+        size = 0
+        for c in claims:
+            db = 2 * _ALLOC_BYTES
+            if c.machine not in machines:
+                m = self.view.machines.get(c.machine)
+                db += 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
+            if cur and ((c.machine not in machines and len(machines) >= budget)
+                        or size + db > self.options.max_txn_bytes):
+                groups.append(cur)
+                cur, machines, size = [], set(), 0
+            cur.append(c)
+            machines.add(c.machine)
+            size += db
         if cur:
             groups.append(cur)
         return groups
