@@ -50,15 +50,18 @@ _DECODERS = {
 
 def _apply(
     keys: Keyspace, snap: CellSnapshot, changes: Iterable[tuple[bytes, KeyValue | None]],
-    revision: int,
+    revision: int, changed: list[tuple[KeyKind, str]] | None = None,
 ) -> CellSnapshot:
-    """``snap`` with the changes of one or more whole revisions applied."""
+    """``snap`` with the changes of one or more whole revisions applied; the (kind, id)
+    of each changed record is appended to ``changed`` if given."""
     mutators = {name: getattr(snap, name).mutate() for name in TABLES}
     config = snap.config
     for key, kv in changes:
         kind = keys.classify(key)
         if kind is None:
             continue
+        if changed is not None:
+            changed.append(kind)
         if kind[0] is KeyKind.CONFIG:
             config = codec.decode_config(kv.value, kv.mod_revision) if kv else CellConfig()
             continue
@@ -227,8 +230,8 @@ class Replica:
             (e.kv.key, e.kv if e.type is EventType.PUT else None) for e in response.events
         ]
         last = max(e.kv.mod_revision for e in response.events)
-        changed = [k for k in (self.keys.classify(key) for key, _ in changes) if k is not None]
-        self._publish(_apply(self.keys, self._snap, changes, last), changed)
+        changed: list[tuple[KeyKind, str]] = []
+        self._publish(_apply(self.keys, self._snap, changes, last, changed), changed)
         if last >= self._known:
             self._confirmed_at = self._clock()
 
