@@ -387,10 +387,10 @@ class CellStore:
             raise ContentionError("the records changed while writing; try again")
         return res
 
-    def _retry(self, what: str, attempt_fn: object) -> TxnResult:
+    def _retry(self, what: str, attempt_fn: Callable[[], _Write]) -> TxnResult:
         """Run ``attempt_fn() -> _Write`` until its guarded write succeeds."""
         for _ in range(self.options.max_attempts):
-            w = attempt_fn()  # type: ignore[operator]
+            w = attempt_fn()
             res = self._try_write(w)
             if res.succeeded:
                 return res

@@ -52,24 +52,8 @@ class WorkingView:
         """The mod_revision a guard on ``key`` must expect (0 for absent or unknown:
         an unknown key is assumed absent, and the guard checks that assumption)."""
         kind = self.keys.classify(key)
-        if kind is None:
-            return 0
-        rec = self._record(kind[0], kind[1])
-        return getattr(rec, "revision", 0) if rec is not None else 0
-
-    def _record(self, kind: KeyKind, ident: str) -> object | None:
-        if kind is KeyKind.MACHINE:
-            m = self.machines.get(ident)
-            return None if m is None else _Rev(m.seq)
-        if kind is KeyKind.CONFIG:
-            return _Rev(self.config.revision) if self.config_known else None
-        table: dict[str, object] = {
-            KeyKind.JOB: self.jobs,
-            KeyKind.TASK: self.tasks,
-            KeyKind.GANG: self.gangs,
-            KeyKind.USAGE: self.usage,
-        }[kind]  # type: ignore[assignment]
-        return table.get(ident)
+        held = self._held_revision(*kind) if kind is not None else None
+        return held or 0
 
     def observe(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
         """Learn that at revision ``as_of`` the key held ``kv`` (None: absent)."""
@@ -81,14 +65,17 @@ class WorkingView:
         self._as_of[key] = as_of
         if as_of > self.revision:
             self.revision = as_of
-        if kv is not None and self._held_revision(kind[0], kind[1]) == kv.mod_revision:
+        if kv is not None and self._held_revision(*kind) == kv.mod_revision:
             return  # the record we hold is this one: no need to decode it again
         self._set(kind[0], kind[1], kv)
 
-    def _held_revision(self, kind: KeyKind, ident: str) -> int:
+    def _held_revision(self, kind: KeyKind, ident: str) -> int | None:
+        """The revision of the record held for a key, or None if none is held."""
         if kind is KeyKind.MACHINE:
             m = self.machines.get(ident)
-            return m.seq if m is not None else -1
+            return m.seq if m is not None else None
+        if kind is KeyKind.CONFIG:
+            return self.config.revision if self.config_known else None
         rec: Job | TaskRecord | GangRecord | UsageRecord | None
         if kind is KeyKind.TASK:
             rec = self.tasks.get(ident)
@@ -99,8 +86,8 @@ class WorkingView:
         elif kind is KeyKind.USAGE:
             rec = self.usage.get(ident)
         else:
-            return -1
-        return rec.revision if rec is not None else -1
+            return None
+        return rec.revision if rec is not None else None
 
     def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
         for kv in kvs:
@@ -160,13 +147,6 @@ class WorkingView:
             pass  # statuses are not read by validation
         elif record is None and (kind := self.keys.classify(key)) is not None:
             self._set(kind[0], kind[1], None)
-
-
-class _Rev:
-    __slots__ = ("revision",)
-
-    def __init__(self, revision: int) -> None:
-        self.revision = revision
 
 
 def _put(
