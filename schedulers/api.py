@@ -141,10 +141,15 @@ class CellView:
     def pending_tasks(self, job: Job) -> list[int]:
         """Indexes of the job's tasks that may be claimed now, as far as this view
         knows (not placed, not claimed earlier in this decision)."""
-        return [i for i in range(job.task_count)
-                if (t := task_id(job.id, i)) not in self._placed
-                and task_view(self.snap, t).state in PLACEABLE
-                and not task_view(self.snap, t).reserved_by]
+        out = []
+        for i in range(job.task_count):
+            t = task_id(job.id, i)
+            if t in self._placed:
+                continue
+            v = task_view(self.snap, t)
+            if v.state in PLACEABLE and not v.reserved_by:
+                out.append(i)
+        return out
 
     def placed_tasks(self, job: str) -> list[tuple[str, str]]:
         """(task id, machine) of the job's tasks that run or were claimed."""
