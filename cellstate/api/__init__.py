@@ -1,0 +1,1 @@
+"""The cellstate gRPC service: wire format, conversions, server and client."""
