@@ -15,6 +15,7 @@ import attrs
 import immutables
 
 from cellstate.model import (
+    AgentRecord,
     Allocation,
     CellConfig,
     GangRecord,
@@ -50,7 +51,9 @@ class CellReader(Protocol):
 
 
 # The record tables of a snapshot, in the order of CellSnapshot's fields.
-TABLES = ("machines", "jobs", "tasks", "gangs", "usage", "statuses", "instances", "schedulers")
+TABLES = (
+    "machines", "jobs", "tasks", "gangs", "usage", "statuses", "instances", "schedulers", "agents"
+)
 
 
 @attrs.frozen(slots=True)
@@ -68,6 +71,7 @@ class CellSnapshot:
     statuses: immutables.Map[str, JobStatus]
     instances: immutables.Map[str, InstanceRecord]  # "scheduler/instance" -> record
     schedulers: immutables.Map[str, SchedulerRecord]
+    agents: immutables.Map[str, AgentRecord]
 
     @classmethod
     def empty(cls) -> CellSnapshot:

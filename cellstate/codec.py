@@ -19,6 +19,7 @@ import orjson
 
 from cellstate.model import (
     MAX_AMOUNT,
+    AgentRecord,
     Allocation,
     CellConfig,
     Constraints,
@@ -70,6 +71,8 @@ def encode_machine(m: Machine) -> bytes:
         doc["fd"] = m.failure_domain
     if m.labels:
         doc["labels"] = dict(m.labels)
+    if m.agent:
+        doc["agent"] = m.agent
     if m.allocations:
         doc["allocs"] = {
             a.task: [a.job, a.scheduler, a.precedence, _res(a.resources), a.gang, a.evicted_by]
@@ -92,6 +95,7 @@ def decode_machine(machine_id: str, value: bytes, revision: int) -> Machine:
             doc.get("fd", ""),
             tuple(sorted(doc.get("labels", {}).items())),
             MachineState(doc["state"]),
+            doc.get("agent", ""),
             allocs,
             revision,
         )
@@ -312,6 +316,8 @@ def machine_to_doc(m: Machine) -> dict[str, Any]:
         doc["failure_domain"] = m.failure_domain
     if m.labels:
         doc["labels"] = dict(m.labels)
+    if m.agent:
+        doc["agent"] = m.agent
     return doc
 
 
@@ -330,11 +336,12 @@ def parse_machine(doc: object, where: str = "machine") -> Machine:
     rack = f.string("rack")
     fd = f.string("failure_domain")
     labels: Labels = labels_from(f.get("labels"), f.path("labels"))
+    agent = f.string("agent")
     f.no_unknown()
-    for value, name in ((rack, "rack"), (fd, "failure_domain")):
+    for value, name in ((rack, "rack"), (fd, "failure_domain"), (agent, "agent")):
         if value:
             check_name(value, f.path(name))
-    return Machine(machine_id, capacity, rack, fd, labels, state)
+    return Machine(machine_id, capacity, rack, fd, labels, state, agent)
 
 
 # -- tasks, gangs, usage, config -----------------------------------------------------
@@ -419,6 +426,18 @@ def decode_instance(ident: str, value: bytes, revision: int) -> InstanceRecord:
                               doc.get("started_at", 0.0), revision)
     except (orjson.JSONDecodeError, TypeError, ValueError) as e:
         raise ModelError(f"instance {ident!r}: stored record is corrupt ({e})") from e
+
+
+def encode_agent(a: AgentRecord) -> bytes:
+    return orjson.dumps({"machines": list(a.machines), "started_at": a.started_at})
+
+
+def decode_agent(agent: str, value: bytes, revision: int) -> AgentRecord:
+    try:
+        doc = orjson.loads(value)
+        return AgentRecord(agent, tuple(doc["machines"]), doc.get("started_at", 0.0), revision)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"agent {agent!r}: stored record is corrupt ({e})") from e
 
 
 def encode_scheduler(s: SchedulerRecord) -> bytes:

@@ -11,6 +11,7 @@
     /omega/<cell>/jobstatus/<job>         JobStatus (abandoned or killed, with reason)
     /omega/<cell>/instances/<sched>/<id>  InstanceRecord (leased: live instances)
     /omega/<cell>/schedulers/<name>       SchedulerRecord (names that have run here)
+    /omega/<cell>/agents/<agent>          AgentRecord (leased: live node agents)
 
 One prefix per cell, so one watch follows a whole cell and several cells can share an
 etcd cluster.
@@ -36,6 +37,7 @@ class KeyKind(enum.Enum):
     STATUS = "jobstatus"
     INSTANCE = "instances"
     SCHEDULER = "schedulers"
+    AGENT = "agents"
 
 
 @attrs.frozen
@@ -81,6 +83,9 @@ class Keyspace:
 
     def scheduler(self, name: str) -> bytes:
         return self.root + b"schedulers/" + name.encode()
+
+    def agent(self, agent: str) -> bytes:
+        return self.root + b"agents/" + agent.encode()
 
     def prefix(self, kind: KeyKind) -> bytes:
         return self.root + kind.value.encode() + b"/"

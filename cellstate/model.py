@@ -198,6 +198,7 @@ class Machine:
     failure_domain: str = ""
     labels: Labels = ()
     state: MachineState = MachineState.UP
+    agent: str = ""  # the node agent that runs it; it goes down when the agent's lease lapses
     # task id -> allocation; a plain dict is fine: records are never mutated after decode.
     allocations: Mapping[str, Allocation] = attrs.field(factory=dict, eq=False)
     seq: int = 0  # the etcd mod_revision of the machine's key; 0 before it exists
@@ -232,14 +233,14 @@ class Machine:
         """A copy with other allocations; pass their settled usage if known, to save
         summing them again."""
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
-                    self.state, allocations, self.seq)
+                    self.state, self.agent, allocations, self.seq)
         if settled_used is not None:
             object.__setattr__(m, "settled_used", settled_used)
         return m
 
     def with_seq(self, seq: int) -> Machine:
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
-                    self.state, self.allocations, seq)
+                    self.state, self.agent, self.allocations, seq)
         try:  # carry the cached sums over: the allocations are the same
             object.__setattr__(m, "settled_used", object.__getattribute__(self, "settled_used"))
             object.__setattr__(m, "has_tags", object.__getattribute__(self, "has_tags"))
@@ -447,6 +448,17 @@ class InstanceRecord:
     @property
     def id(self) -> str:
         return f"{self.scheduler}/{self.instance}"
+
+
+@attrs.frozen(slots=True)
+class AgentRecord:
+    """A live node agent; its key is leased, so it disappears when the agent stops
+    keeping it alive, and then its machines go down."""
+
+    id: str
+    machines: tuple[str, ...] = ()
+    started_at: float = 0.0
+    revision: int = 0
 
 
 @attrs.frozen(slots=True)

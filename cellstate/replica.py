@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol, cast
 
 import attrs
 
@@ -27,6 +28,7 @@ from cellstate.kv.base import (
     EventType,
     KeyValue,
     KVError,
+    RangeResult,
     WatchDroppedError,
     Watcher,
     WatchResponse,
@@ -45,6 +47,7 @@ _DECODERS = {
     KeyKind.STATUS: ("statuses", codec.decode_status),
     KeyKind.INSTANCE: ("instances", codec.decode_instance),
     KeyKind.SCHEDULER: ("schedulers", codec.decode_scheduler),
+    KeyKind.AGENT: ("agents", codec.decode_agent),
 }
 
 
@@ -85,6 +88,29 @@ def snapshot_from_kvs(keys: Keyspace, kvs: Iterable[KeyValue], revision: int) ->
 ChangeListener = Callable[[CellSnapshot, "list[tuple[KeyKind, str]] | None"], None]
 
 
+class Feed(Protocol):
+    """Where a replica's records come from: a whole cell at one revision, then every
+    change from a revision on. Over etcd that is a range read and a watch
+    (:class:`KVFeed`); in a scheduler process it is the cellstate service's sync
+    stream (``cellstate.api.client.SyncFeed``)."""
+
+    def load(self, prefix: bytes, revision: int = 0) -> RangeResult:
+        """Every record under ``prefix`` at ``revision`` (0: the newest)."""
+
+    def watch(self, prefix: bytes, end: bytes, start_revision: int) -> Watcher: ...
+
+
+@attrs.frozen
+class KVFeed:
+    kv: KV
+
+    def load(self, prefix: bytes, revision: int = 0) -> RangeResult:
+        return range_all(self.kv, prefix, revision=revision)
+
+    def watch(self, prefix: bytes, end: bytes, start_revision: int) -> Watcher:
+        return self.kv.watch(prefix, end, start_revision=start_revision)
+
+
 @attrs.frozen
 class Lag:
     applied_revision: int  # the snapshot's revision
@@ -101,13 +127,14 @@ class Replica:
 
     def __init__(
         self,
-        kv: KV,
+        kv: KV | Feed,
         cell: str = "default",
         *,
         clock: Callable[[], float] = time.monotonic,
         retry_delay: float = 0.2,
     ) -> None:
-        self.kv = kv
+        # A KV is read through a range and a watch; anything else is a feed already.
+        self.feed: Feed = KVFeed(cast(KV, kv)) if hasattr(kv, "txn") else kv
         self.keys = Keyspace(cell)
         self._clock = clock
         self._retry_delay = retry_delay
@@ -164,7 +191,7 @@ class Replica:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        res = range_all(self.kv, self.keys.root)
+        res = self.feed.load(self.keys.root)
         self._publish(snapshot_from_kvs(self.keys, res.kvs, res.revision), None)
         self._known = max(self._known, res.revision)
         self._confirmed_at = self._clock()
@@ -172,7 +199,7 @@ class Replica:
         return res.revision
 
     def _open_watch(self) -> None:
-        self._watcher = self.kv.watch(
+        self._watcher = self.feed.watch(
             self.keys.root, self.keys.end, start_revision=self._snap.revision + 1
         )
 
@@ -289,7 +316,7 @@ class Replica:
         that differ (empty when in sync). A periodic guard against lost watch events."""
         snap = self._snap
         fresh = snapshot_from_kvs(
-            self.keys, range_all(self.kv, self.keys.root, revision=snap.revision).kvs,
+            self.keys, self.feed.load(self.keys.root, revision=snap.revision).kvs,
             snap.revision,
         )
         diffs = []

@@ -52,6 +52,7 @@ from cellstate.kv.base import (
 )
 from cellstate.model import (
     RELEASE_OUTCOMES,
+    AgentRecord,
     CellConfig,
     Claim,
     CommitResult,
@@ -72,6 +73,7 @@ from cellstate.model import (
     Transaction,
     TxnMode,
     UsageRecord,
+    check_name,
     split_task_id,
     sum_resources,
 )
@@ -1237,6 +1239,105 @@ class CellStore:
             self.kv.lease_revoke(lease)
         self.kv.txn([], [Delete(self.keys.instance(scheduler, instance))])
 
+    def register_agent(
+        self, agent: str, machines: Sequence[Machine], ttl: int, now: float = 0.0
+    ) -> tuple[int, int]:
+        """Announce a live node agent under a new lease of ``ttl`` seconds (the caller
+        keeps it alive) and register its machines: new ones are added, known ones are
+        brought back up and adopted by this agent, with the capacity, rack, failure
+        domain and labels given. When the lease lapses the agent's key goes, and
+        :meth:`machine_lost` takes its machines down. Returns (lease, revision)."""
+        check_name(agent, "agent id")
+        if ttl < 1:
+            raise StoreError(f"agent {agent}: the lease ttl must be at least 1 second")
+        mine = []
+        for i, m in enumerate(machines):
+            codec.parse_machine(codec.machine_to_doc(m), f"machines[{i}]")
+            if m.agent and m.agent != agent:
+                raise StoreError(f"machines[{i}] ({m.id}) names agent {m.agent!r}, not {agent!r}")
+            if m.allocations:
+                raise StoreError(f"machines[{i}] ({m.id}): a registration carries no allocations")
+            mine.append(attrs.evolve(m, agent=agent, state=MachineState.UP, seq=0))
+        ids = [m.id for m in mine]
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            raise StoreError(f"machines listed twice: {', '.join(dupes)}")
+        lease = self.kv.lease_grant(ttl)
+        record = AgentRecord(agent, tuple(ids), now)
+        # The agent's key first: a machine naming a live agent must never be seen
+        # without that agent's key, or it would be taken for lost.
+        res = self.kv.txn([], [Put(self.keys.agent(agent), codec.encode_agent(record), lease)])
+        revision = res.revision
+        with self._lock:
+            self._fetch(self.keys.machine(i) for i in ids)
+            new = [m for m in mine if m.id not in self.view.machines]
+        if new:
+            revision = self.add_machines(new)
+        for m in mine:
+            if m.id in {n.id for n in new}:
+                continue
+            revision = max(revision, self._adopt_machine(m))
+        return lease, revision
+
+    def _adopt_machine(self, m: Machine) -> int:
+        key = self.keys.machine(m.id)
+        with self._lock:
+
+            def attempt() -> _Write:
+                self._fetch([key])
+                old = self.view.machines.get(m.id)
+                if old is None:
+                    return _Write({key: 0}, {key: m})
+                state = old.state if old.state is MachineState.DRAINING else MachineState.UP
+                changed = old.with_allocations(old.allocations)
+                changed = attrs.evolve(
+                    changed, capacity=m.capacity, rack=m.rack, failure_domain=m.failure_domain,
+                    labels=m.labels, agent=m.agent, state=state,
+                )
+                self._fetch_gangs(old)
+                held = sum_resources(
+                    a.resources for a in old.allocations.values()
+                    if alloc_holds(a, self.view.gangs)
+                )
+                dim = held.exceeding(changed.capacity)
+                if dim is not None:
+                    raise StoreError(
+                        f"machine {m.id}: capacity {changed.capacity.get(dim):g} {dim} is "
+                        f"below the {held.get(dim):g} its tasks hold"
+                    )
+                guards = {key: old.seq}
+                guards.update(self._gang_guards(old))
+                return _Write(guards, {key: changed})
+
+            return self._retry(f"registering machine {m.id}", attempt).revision
+
+    def machine_lost(self, machine_id: str) -> bool:
+        """Take a machine down whose agent is gone (its leased key has lapsed): its
+        tasks are lost and go back to their schedulers. Does nothing (returns False)
+        if the machine is down already, has no agent, or its agent is live; the write
+        is guarded on the agent's key being absent, so a racing re-registration wins.
+        Several servers may call this at once; one write happens."""
+        key = self.keys.machine(machine_id)
+        wrote = False
+        with self._lock:
+            for _ in range(self.options.max_attempts):
+                self._fetch([key])
+                m = self.view.machines.get(machine_id)
+                if m is None or not m.agent or (
+                    m.state is MachineState.DOWN and not m.allocations
+                ):
+                    return wrote
+                akey = self.keys.agent(m.agent)
+                if self.kv.range(akey).kvs:
+                    return wrote
+                # A machine with more tasks than one write can lose stays down with the
+                # rest; the next round loses those.
+                w = self._lose_tasks(attrs.evolve(m.with_allocations(m.allocations),
+                                                  state=MachineState.DOWN))
+                res = self._try_write(_Write({**w.guards, akey: 0}, w.records))
+                wrote = wrote or res.succeeded
+        raise ContentionError(f"taking machine {machine_id} down: its records keep changing")
+
     def resize_job(self, job_id: str, task_count: int) -> int:
         """Grow (or shrink to no fewer than its placed-or-ended tasks) a job's task count,
         as an elastic scheduler does to grow a running job into idle resources."""
@@ -1317,6 +1418,8 @@ def _encode(record: object) -> bytes:
         return codec.encode_config(record)
     if isinstance(record, JobStatus):
         return codec.encode_status(record)
+    if isinstance(record, AgentRecord):
+        return codec.encode_agent(record)
     raise TypeError(f"cannot encode {type(record).__name__}")
 
 

@@ -50,7 +50,7 @@ def cell(
         immutables.Map({t.id: t for t in tasks}),
         immutables.Map({g.id: g for g in gangs}),
         immutables.Map({u.scheduler: u for u in usage}),
-        immutables.Map(), immutables.Map(), immutables.Map(),
+        immutables.Map(), immutables.Map(), immutables.Map(), immutables.Map(),
     )
 
 
