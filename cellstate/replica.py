@@ -86,6 +86,9 @@ def snapshot_from_kvs(keys: Keyspace, kvs: Iterable[KeyValue], revision: int) ->
 
 
 ChangeListener = Callable[[CellSnapshot, "list[tuple[KeyKind, str]] | None"], None]
+# (changes, revision, reset): the raw records of one or more whole revisions (value None
+# for a delete), or with reset=True every record of the cell at ``revision``.
+RecordListener = Callable[["list[tuple[bytes, KeyValue | None]]", int, bool], None]
 
 
 class Feed(Protocol):
@@ -147,6 +150,7 @@ class Replica:
         self._stopping = threading.Event()
         self._listeners: list[Callable[[CellSnapshot], None]] = []
         self._change_listeners: list[ChangeListener] = []
+        self._record_listeners: list[RecordListener] = []
         self.reloads = 0  # full reloads after compaction
         self.resumes = 0  # watches re-opened after a dropped stream
 
@@ -173,6 +177,12 @@ class Replica:
         a (re)load, when anything may have changed."""
         self._change_listeners.append(listener)
 
+    def on_records(self, listener: RecordListener) -> None:
+        """Call ``listener(changes, revision, reset)`` with the raw records behind each
+        applied batch, before the snapshot listeners (a watch cache that serves other
+        processes keeps the stored bytes rather than re-encoding records)."""
+        self._record_listeners.append(listener)
+
     def wait_for(self, revision: int, timeout: float | None = None) -> bool:
         """Block until the replica has applied ``revision`` (or timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -192,6 +202,8 @@ class Replica:
             self._watcher.cancel()
             self._watcher = None
         res = self.feed.load(self.keys.root)
+        for record_listener in self._record_listeners:
+            record_listener([(kv.key, kv) for kv in res.kvs], res.revision, True)
         self._publish(snapshot_from_kvs(self.keys, res.kvs, res.revision), None)
         self._known = max(self._known, res.revision)
         self._confirmed_at = self._clock()
@@ -212,8 +224,9 @@ class Replica:
         handled = 0
         wait = timeout
         while True:
+            if self._watcher is None:
+                return handled  # stopped while resuming
             try:
-                assert self._watcher is not None
                 response = self._watcher.next(timeout=wait)
             except WatchDroppedError:
                 self._resume()
@@ -249,6 +262,8 @@ class Replica:
             raise KVError("watch canceled by the server")
         if not response.events:
             # Progress: every event up to response.revision has been delivered.
+            for record_listener in self._record_listeners:
+                record_listener([], response.revision, False)
             if response.revision >= self._snap.revision:
                 self._publish(attrs.evolve(self._snap, revision=response.revision), [])
             self._confirmed_at = self._clock()
@@ -257,6 +272,8 @@ class Replica:
             (e.kv.key, e.kv if e.type is EventType.PUT else None) for e in response.events
         ]
         last = max(e.kv.mod_revision for e in response.events)
+        for record_listener in self._record_listeners:
+            record_listener(changes, last, False)
         changed: list[tuple[KeyKind, str]] = []
         self._publish(_apply(self.keys, self._snap, changes, last, changed), changed)
         if last >= self._known:

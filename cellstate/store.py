@@ -1233,6 +1233,10 @@ class CellStore:
             raise AlreadyExistsError(f"instance {record.id} is already running")
         return lease
 
+    def keep_alive(self, lease: int) -> None:
+        """Renew a lease (an instance's or an agent's); raises KVError when it is gone."""
+        self.kv.lease_keepalive(lease)
+
     def deregister_instance(self, scheduler: str, instance: str, lease: int) -> None:
         """Withdraw an instance at once (its jobs move to the others)."""
         with contextlib.suppress(LeaseNotFoundError):

@@ -170,7 +170,7 @@ class SchedulerInstance:
         if self._lease is None or now - self._last_keepalive < self.config.lease_ttl / 3:
             return
         try:
-            self.store.kv.lease_keepalive(self._lease)
+            self.store.keep_alive(self._lease)
             self._last_keepalive = now
         except KVError as e:
             log.warning("%s/%s: lease lost (%s); registering again",

@@ -1,0 +1,144 @@
+"""Configuration files of the processes (TOML), checked field by field.
+
+A bad file stops the process before it does anything, with the file, the field and
+what is wrong: ``server.toml: etcd.endpoints[1]: "localhost" is not host:port``.
+Command-line flags override the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from cellstate import codec
+from cellstate.model import CellConfig, ModelError, check_name
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says where and why."""
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read ({e.strerror})") from None
+
+
+def address(value: object, where: str) -> str:
+    """A host:port with a port in range."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a \"host:port\" string, got {value!r}")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where}: {value!r} is not host:port")
+    return value
+
+
+def addresses(value: object, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty list of \"host:port\" strings")
+    return tuple(address(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+class _Section:
+    def __init__(self, doc: object, where: str) -> None:
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"{where}: expected a table")
+        self.doc = doc
+        self.where = where
+        self.seen: set[str] = set()
+
+    def path(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.seen.add(name)
+        value = self.doc.get(name, default)
+        if value is default:
+            return value
+        if isinstance(value, bool) and kind is not bool:
+            raise ConfigError(f"{self.path(name)}: expected {_kind_name(kind)}, got {value!r}")
+        if not isinstance(value, kind):
+            raise ConfigError(f"{self.path(name)}: expected {_kind_name(kind)}, got {value!r}")
+        return value
+
+    def no_unknown(self) -> None:
+        extra = sorted(set(self.doc) - self.seen)
+        if extra:
+            raise ConfigError(f"{self.path(extra[0])}: unknown setting")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+                        "bool": "true or false", "dict": "a table", "list": "a list"}
+                       .get(k.__name__, k.__name__) for k in kinds)
+
+
+@attrs.frozen
+class ServerConfig:
+    listen: str = "127.0.0.1:7070"
+    etcd: tuple[str, ...] = ("127.0.0.1:2379",)
+    cell: str = "default"
+    name: str = ""  # this replica's name in status output; default: the listen address
+    # Per-scheduler limits written to the cell's config at start-up, if given.
+    limits: CellConfig | None = None
+    committers: int = 4  # concurrent commits (one store handle each)
+    max_message_bytes: int = 4 * 1024 * 1024
+    grace_seconds: float = 5.0
+
+
+def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
+    """A server configuration from a parsed file (or {}): top-level ``listen``, ``cell``,
+    ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``, an ``[etcd]``
+    table with ``endpoints``, and ``[limits.<scheduler>]`` tables as in the cell config
+    (``max_precedence``, ``max_resources``)."""
+    prefix = f"{source}: " if source else ""
+    try:
+        top = _Section(doc, "")
+        listen = address(top.get("listen", str, "127.0.0.1:7070"), "listen")
+        cell = top.get("cell", str, "default")
+        try:
+            check_name(cell, "cell")
+        except ModelError as e:
+            raise ConfigError(str(e)) from None
+        name = top.get("name", str, "")
+        committers = top.get("committers", int, 4)
+        if not 1 <= committers <= 64:
+            raise ConfigError(f"committers: {committers} is not between 1 and 64")
+        max_bytes = top.get("max_message_bytes", int, 4 * 1024 * 1024)
+        if not 64 * 1024 <= max_bytes <= 64 * 1024 * 1024:
+            raise ConfigError(f"max_message_bytes: {max_bytes} is not between 64 KiB and 64 MiB")
+        grace = top.get("grace_seconds", (int, float), 5.0)
+        if not 0 <= grace <= 600:
+            raise ConfigError(f"grace_seconds: {grace} is not between 0 and 600")
+        etcd_doc = top.get("etcd", dict, {})
+        etcd_sec = _Section(etcd_doc, "etcd")
+        endpoints = addresses(etcd_sec.get("endpoints", (list, str), ["127.0.0.1:2379"]),
+                              "etcd.endpoints")
+        etcd_sec.no_unknown()
+        limits_doc = top.get("limits", dict, None)
+        limits = None
+        if limits_doc is not None:
+            try:
+                limits = codec.parse_config({"limits": limits_doc}, "")
+            except ModelError as e:
+                raise ConfigError(str(e).lstrip(".")) from None
+        top.no_unknown()
+    except ConfigError as e:
+        raise ConfigError(prefix + str(e)) from None
+    return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
+                        float(grace))

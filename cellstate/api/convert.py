@@ -1,0 +1,132 @@
+"""Between the wire (cellstate.api.pb) and the model (cellstate.model).
+
+Everything that arrives from another process is checked here or by the model's own
+parsers, with the path of the field at fault in the message (``claims[3].resources``),
+before the store sees it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import orjson
+
+from cellstate.api.pb.v1 import cellstate_pb2 as pb
+from cellstate.model import (
+    Claim,
+    CommitResult,
+    Detection,
+    ModelError,
+    Reason,
+    Rejection,
+    Resources,
+    Transaction,
+    TxnMode,
+)
+
+_MODES = {pb.TXN_MODE_UNSPECIFIED: TxnMode.INCREMENTAL, pb.INCREMENTAL: TxnMode.INCREMENTAL,
+          pb.GANG: TxnMode.GANG}
+_DETECTIONS = {pb.DETECTION_UNSPECIFIED: Detection.FINE, pb.FINE: Detection.FINE,
+               pb.COARSE: Detection.COARSE}
+_MODE_PB = {TxnMode.INCREMENTAL: pb.INCREMENTAL, TxnMode.GANG: pb.GANG}
+_DETECTION_PB = {Detection.FINE: pb.FINE, Detection.COARSE: pb.COARSE}
+
+
+class WireError(ValueError):
+    """A message that cannot be turned into a model object; says which field."""
+
+
+def resources_from(amounts: Mapping[str, float], where: str) -> Resources:
+    for name, value in amounts.items():
+        if not math.isfinite(value) or value < 0:
+            raise WireError(f"{where}.{name}: {value!r} is not a non-negative number")
+    try:
+        return Resources.of(**amounts)
+    except ModelError as e:
+        raise WireError(f"{where}: {e}") from e
+
+
+def transaction_from(msg: pb.Transaction) -> Transaction:
+    if msg.mode not in _MODES:
+        raise WireError(f"transaction.mode: {msg.mode} is not a known mode")
+    if msg.detection not in _DETECTIONS:
+        raise WireError(f"transaction.detection: {msg.detection} is not a known detection")
+    claims = []
+    for i, c in enumerate(msg.claims):
+        where = f"transaction.claims[{i}]"
+        claims.append(Claim(
+            job=c.job,
+            index=c.index,
+            machine=c.machine,
+            seen_seq=c.seen_seq,
+            evict=tuple(c.evict),
+            resources=resources_from(c.resources, f"{where}.resources") if c.resources else None,
+        ))
+    return Transaction(
+        scheduler=msg.scheduler,
+        claims=tuple(claims),
+        mode=_MODES[msg.mode],
+        detection=_DETECTIONS[msg.detection],
+        job=msg.job,
+    )
+
+
+def transaction_to(txn: Transaction, instance: str = "") -> pb.Transaction:
+    return pb.Transaction(
+        scheduler=txn.scheduler,
+        instance=instance,
+        claims=[
+            pb.Claim(
+                job=c.job, index=c.index, machine=c.machine, seen_seq=c.seen_seq,
+                evict=list(c.evict),
+                resources=c.resources.as_dict() if c.resources is not None else None,
+            )
+            for c in txn.claims
+        ],
+        mode=_MODE_PB[txn.mode],
+        detection=_DETECTION_PB[txn.detection],
+        job=txn.job,
+    )
+
+
+def result_to(txn: Transaction, result: CommitResult) -> pb.CommitResponse:
+    index = {c.task: i for i, c in enumerate(txn.claims)}
+    return pb.CommitResponse(
+        committed=[index[c.task] for c in result.committed],
+        rejected=[
+            pb.Rejection(claim=index[r.claim.task], reason=r.reason.value, detail=r.detail,
+                         dimension=r.dimension)
+            for r in result.rejected
+        ],
+        revision=result.revision,
+        evicted=list(result.evicted),
+        attempts=result.attempts,
+    )
+
+
+def result_from(txn: Transaction, msg: pb.CommitResponse) -> CommitResult:
+    claims = txn.claims
+    try:
+        return CommitResult(
+            committed=tuple(claims[i] for i in msg.committed),
+            rejected=tuple(
+                Rejection(claims[r.claim], Reason(r.reason), r.detail, r.dimension)
+                for r in msg.rejected
+            ),
+            revision=msg.revision,
+            evicted=tuple(msg.evicted),
+            attempts=msg.attempts,
+        )
+    except (IndexError, ValueError) as e:
+        raise WireError(f"commit response does not match its transaction ({e})") from e
+
+
+def json_doc(data: bytes, where: str) -> object:
+    """A JSON document from a bytes field."""
+    if not data:
+        raise WireError(f"{where} is empty")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"{where} is not valid JSON ({e})") from e

@@ -1,0 +1,497 @@
+"""The cellstate server: the gRPC face of one cell.
+
+Stateless over etcd: every decision it takes is an etcd transaction guarded by the
+revisions of what it read, so any number of replicas can serve the same cell at once
+and two of them can never both commit conflicting claims. Each replica holds one etcd
+watch (its :class:`~cellstate.replica.Replica`), which feeds both its store handles'
+working views and the :class:`~cellstate.api.watchcache.WatchCache` that serves every
+sync subscriber. It also takes down the machines of agents whose lease lapsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any, TypeVar
+
+import attrs
+import grpc
+import orjson
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cellstate import codec
+from cellstate.api import convert
+from cellstate.api.config import ServerConfig
+from cellstate.api.pb.v1 import cellstate_pb2 as pb
+from cellstate.api.pb.v1 import cellstate_pb2_grpc as pb_grpc
+from cellstate.api.watchcache import FellBehind, WatchCache
+from cellstate.cell import CellSnapshot, machine_used, task_view
+from cellstate.jobinfo import cell_totals, job_summary
+from cellstate.keys import KeyKind
+from cellstate.kv.base import KV, KVError, LeaseNotFoundError, Put, prefix_end
+from cellstate.model import (
+    RELEASE_OUTCOMES,
+    InstanceRecord,
+    JobState,
+    JobStatus,
+    MachineState,
+    ModelError,
+    TaskState,
+    split_task_id,
+)
+from cellstate.replica import Replica
+from cellstate.store import (
+    AlreadyExistsError,
+    CellStore,
+    ContentionError,
+    NotFoundError,
+    StoreError,
+)
+from cellstate.validation import TransactionError, check_shape
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "omega.cellstate.v1.CellState"
+T = TypeVar("T")
+
+
+def metrics_prefix(cell: str) -> bytes:
+    """Where scheduler instances' metric reports live: outside the cell's prefix, so
+    that replicas (which watch the cell) never decode them."""
+    return f"/omega-metrics/{cell}/".encode()
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
+    context.abort(code, message)
+
+
+def rpc(handler: Callable[..., T]) -> Callable[..., T]:
+    """Map the model's and store's errors to gRPC status codes with their message."""
+
+    @functools.wraps(handler)
+    def wrapper(self: CellStateService, request: Any, context: grpc.ServicerContext) -> T:
+        try:
+            return handler(self, request, context)
+        except (convert.WireError, ModelError, TransactionError) as e:
+            return _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))  # type: ignore[no-any-return]
+        except NotFoundError as e:
+            return _abort(context, grpc.StatusCode.NOT_FOUND, str(e))  # type: ignore[no-any-return]
+        except AlreadyExistsError as e:
+            return _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(e))  # type: ignore[no-any-return]
+        except ContentionError as e:
+            return _abort(context, grpc.StatusCode.ABORTED, str(e))  # type: ignore[no-any-return]
+        except StoreError as e:
+            return _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))  # type: ignore[no-any-return]
+        except KVError as e:
+            return _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")  # type: ignore[no-any-return]
+
+    return wrapper
+
+
+class StorePool:
+    """Store handles for concurrent requests: a CellStore does one write at a time."""
+
+    def __init__(self, kv: KV, cell: str, replica: Replica, size: int) -> None:
+        self._free: queue.SimpleQueue[CellStore] = queue.SimpleQueue()
+        for _ in range(size):
+            store = CellStore(kv, cell)
+            store.follow(replica)
+            self._free.put(store)
+
+    @contextlib.contextmanager
+    def get(self) -> Iterator[CellStore]:
+        store = self._free.get()
+        try:
+            yield store
+        finally:
+            self._free.put(store)
+
+
+class CellStateService(pb_grpc.CellStateServicer):
+    def __init__(self, kv: KV, config: ServerConfig, replica: Replica,
+                 cache: WatchCache, clock: Callable[[], float] = time.time) -> None:
+        self.kv = kv
+        self.config = config
+        self.replica = replica
+        self.cache = cache
+        self.keys = replica.keys
+        self.clock = clock
+        self.stores = StorePool(kv, config.cell, replica, config.committers)
+
+    @property
+    def snap(self) -> CellSnapshot:
+        return self.replica.snapshot()
+
+    # -- transactions and sync -------------------------------------------------------
+
+    @rpc
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
+               ) -> pb.CommitResponse:
+        if not request.HasField("transaction"):
+            raise convert.WireError("transaction is missing")
+        msg = request.transaction
+        txn = convert.transaction_from(msg)
+        check_shape(txn)  # a malformed transaction is told so, registered or not
+        self._check_registered(txn.scheduler, msg.instance, context)
+        with self.stores.get() as store:
+            result = store.commit(txn)
+        return convert.result_to(txn, result)
+
+    def _check_registered(self, scheduler: str, instance: str,
+                          context: grpc.ServicerContext) -> None:
+        """Only live scheduler instances commit: an instance registers (a leased key)
+        first. The key may have been written through another replica a moment ago, so
+        a miss in the local copy is checked against etcd before refusing."""
+        if not scheduler:
+            raise convert.WireError("transaction.scheduler is empty")
+        if instance:
+            if f"{scheduler}/{instance}" in self.snap.instances:
+                return
+            if self.kv.range(self.keys.instance(scheduler, instance)).kvs:
+                return
+            who = f"instance {scheduler}/{instance}"
+        else:
+            if self.snap.live_instances(scheduler):
+                return
+            prefix = self.keys.prefix(KeyKind.INSTANCE) + scheduler.encode() + b"/"
+            if self.kv.range(prefix, prefix_end(prefix), limit=1).kvs:
+                return
+            who = f"scheduler {scheduler!r}"
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+               f"{who} is not registered (no live instance); call RegisterInstance first")
+
+    def Sync(self, request: pb.SyncRequest, context: grpc.ServicerContext,
+             ) -> Iterator[pb.SyncResponse]:
+        if request.start_revision < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start_revision must be >= 0")
+        sub = self.cache.subscribe(request.start_revision)
+        context.add_callback(lambda: self.cache.unsubscribe(sub))
+        try:
+            yield from sub.messages()
+        except FellBehind as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{e}; resume from your revision")
+        finally:
+            self.cache.unsubscribe(sub)
+
+    # -- jobs ------------------------------------------------------------------------
+
+    @rpc
+    def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.ServicerContext,
+                  ) -> pb.SubmitJobResponse:
+        doc = convert.json_doc(request.spec_json, "spec_json")
+        job = codec.parse_job(doc, "job")
+        if not job.submitted_at:
+            job = attrs.evolve(job, submitted_at=self.clock())
+        with self.stores.get() as store:
+            revision = store.submit_job(job)
+        return pb.SubmitJobResponse(job=job.id, revision=revision)
+
+    def _job_info(self, snap: CellSnapshot, job_id: str, tasks: bool) -> pb.JobInfo:
+        job = snap.jobs[job_id]
+        s = job_summary(snap, job)
+        info = pb.JobInfo(spec_json=orjson.dumps(codec.job_to_doc(job)), state=s.state,
+                          reason=s.reason, task_states=s.task_states, revision=job.revision)
+        if tasks:
+            for i in range(job.task_count):
+                v = task_view(snap, f"{job_id}/{i}")
+                info.tasks.append(pb.TaskInfo(index=i, state=v.state.value, machine=v.machine))
+        return info
+
+    @rpc
+    def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.JobInfo:
+        snap = self.snap
+        if request.job not in snap.jobs:
+            raise NotFoundError(f"unknown job {request.job!r}")
+        return self._job_info(snap, request.job, tasks=True)
+
+    @rpc
+    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext,
+                 ) -> pb.ListJobsResponse:
+        snap = self.snap
+        out = pb.ListJobsResponse(revision=snap.revision)
+        for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
+            if request.scheduler and job.scheduler != request.scheduler:
+                continue
+            info = self._job_info(snap, job.id, tasks=False)
+            if request.state and info.state != request.state:
+                continue
+            out.jobs.append(info)
+            if request.limit and len(out.jobs) >= request.limit:
+                break
+        return out
+
+    @rpc
+    def KillJob(self, request: pb.KillJobRequest, context: grpc.ServicerContext,
+                ) -> pb.KillJobResponse:
+        """Mark the job killed (its scheduler stops placing it) and end its running
+        tasks, which frees their resources; their agents stop them."""
+        status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
+                           request.by or "user", self.clock())
+        with self.stores.get() as store:
+            revision = store.set_job_status(status)
+            snap = self.snap
+            job = snap.jobs.get(request.job)
+            for i in range(job.task_count if job else 0):
+                tid = f"{request.job}/{i}"
+                if task_view(snap, tid).state is TaskState.RUNNING:
+                    with contextlib.suppress(StoreError):
+                        revision = store.release_task(tid, TaskState.LOST)
+        return pb.KillJobResponse(revision=revision)
+
+    @rpc
+    def SetJobStatus(self, request: pb.SetJobStatusRequest, context: grpc.ServicerContext,
+                     ) -> pb.SetJobStatusResponse:
+        try:
+            state = JobState(request.state)
+        except ValueError:
+            raise convert.WireError(
+                f"state: {request.state!r} is not one of abandoned, killed") from None
+        with self.stores.get() as store:
+            revision = store.set_job_status(
+                JobStatus(request.job, state, request.reason, request.by, request.at))
+        return pb.SetJobStatusResponse(revision=revision)
+
+    @rpc
+    def ResizeJob(self, request: pb.ResizeJobRequest, context: grpc.ServicerContext,
+                  ) -> pb.ResizeJobResponse:
+        with self.stores.get() as store:
+            revision = store.resize_job(request.job, request.task_count)
+        return pb.ResizeJobResponse(revision=revision)
+
+    # -- machines and status ---------------------------------------------------------
+
+    @rpc
+    def ListMachines(self, request: pb.ListMachinesRequest, context: grpc.ServicerContext,
+                     ) -> pb.ListMachinesResponse:
+        if request.state:
+            try:
+                wanted = MachineState(request.state)
+            except ValueError:
+                raise convert.WireError(
+                    f"state: {request.state!r} is not one of up, down, draining") from None
+        snap = self.snap
+        out = pb.ListMachinesResponse(revision=snap.revision)
+        for mid in sorted(snap.machines):
+            m = snap.machines[mid]
+            if request.state and m.state is not wanted:
+                continue
+            out.machines.append(pb.MachineInfo(
+                machine_json=orjson.dumps(codec.machine_to_doc(m)),
+                used=machine_used(m, snap.gangs).as_dict(), tasks=len(m.allocations), seq=m.seq))
+            if request.limit and len(out.machines) >= request.limit:
+                break
+        return out
+
+    @rpc
+    def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
+                  ) -> pb.CellStatus:
+        totals = cell_totals(self.snap)
+        out = pb.CellStatus(
+            revision=totals["revision"], machines_up=totals["machines_up"],
+            machines_down=totals["machines_down"], capacity=totals["capacity"],
+            used=totals["used"], jobs=totals["jobs"], tasks=totals["tasks"],
+            agents=totals["agents"], server=self.config.name,
+        )
+        prefix = metrics_prefix(self.config.cell)
+        for kv in self.kv.range(prefix, prefix_end(prefix)).kvs:
+            scheduler, _, instance = kv.key[len(prefix):].decode().partition("/")
+            out.schedulers.append(pb.SchedulerStatus(scheduler=scheduler, instance=instance,
+                                                     metrics_json=kv.value))
+        return out
+
+    # -- scheduler instances ---------------------------------------------------------
+
+    @rpc
+    def RegisterInstance(self, request: pb.RegisterInstanceRequest,
+                         context: grpc.ServicerContext) -> pb.RegisterInstanceResponse:
+        for name, value in (("scheduler", request.scheduler), ("instance", request.instance)):
+            if not value:
+                raise convert.WireError(f"{name} is empty")
+        if not 1 <= request.ttl <= 3600:
+            raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
+        record = InstanceRecord(request.scheduler, request.instance, request.policy,
+                                request.started_at or self.clock())
+        with self.stores.get() as store:
+            lease = store.register_instance(record, request.ttl)
+        return pb.RegisterInstanceResponse(lease=lease)
+
+    @rpc
+    def DeregisterInstance(self, request: pb.DeregisterInstanceRequest,
+                           context: grpc.ServicerContext) -> pb.DeregisterInstanceResponse:
+        with self.stores.get() as store:
+            store.deregister_instance(request.scheduler, request.instance, request.lease)
+        return pb.DeregisterInstanceResponse()
+
+    @rpc
+    def KeepAlive(self, request: pb.KeepAliveRequest, context: grpc.ServicerContext,
+                  ) -> pb.KeepAliveResponse:
+        try:
+            ttl = self.kv.lease_keepalive(request.lease)
+        except LeaseNotFoundError:
+            ttl = 0
+        return pb.KeepAliveResponse(ttl=ttl)
+
+    @rpc
+    def ReportMetrics(self, request: pb.ReportMetricsRequest, context: grpc.ServicerContext,
+                      ) -> pb.ReportMetricsResponse:
+        doc = convert.json_doc(request.metrics_json, "metrics_json")
+        if not isinstance(doc, dict):
+            raise convert.WireError("metrics_json: expected a JSON object")
+        key = metrics_prefix(self.config.cell) + f"{request.scheduler}/{request.instance}".encode()
+        try:
+            self.kv.txn([], [Put(key, request.metrics_json, request.lease)])
+        except LeaseNotFoundError:
+            raise StoreError(f"lease {request.lease} is gone; register again") from None
+        return pb.ReportMetricsResponse()
+
+    # -- agents ----------------------------------------------------------------------
+
+    @rpc
+    def RegisterAgent(self, request: pb.RegisterAgentRequest, context: grpc.ServicerContext,
+                      ) -> pb.RegisterAgentResponse:
+        machines = [
+            codec.parse_machine(convert.json_doc(m, f"machines_json[{i}]"), f"machines_json[{i}]")
+            for i, m in enumerate(request.machines_json)
+        ]
+        if not 1 <= request.ttl <= 3600:
+            raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
+        with self.stores.get() as store:
+            lease, revision = store.register_agent(request.agent, machines, request.ttl,
+                                                   self.clock())
+        return pb.RegisterAgentResponse(lease=lease, revision=revision)
+
+    @rpc
+    def ReportTask(self, request: pb.ReportTaskRequest, context: grpc.ServicerContext,
+                   ) -> pb.ReportTaskResponse:
+        try:
+            outcome = TaskState(request.outcome)
+        except ValueError:
+            outcome = None
+        if outcome not in RELEASE_OUTCOMES:
+            raise convert.WireError(
+                f"outcome: {request.outcome!r} is not one of finished, failed, lost")
+        assert outcome is not None
+        split_task_id(request.task)  # a malformed id is the caller's error
+        if request.machine:
+            seen = task_view(self.snap, request.task)
+            if seen.machine and seen.machine != request.machine:
+                raise StoreError(
+                    f"task {request.task} runs on {seen.machine}, not {request.machine}")
+        with self.stores.get() as store:
+            revision = store.release_task(request.task, outcome)
+        return pb.ReportTaskResponse(revision=revision)
+
+
+class Reaper:
+    """Takes down the machines whose agent's lease lapsed, so their tasks go back to
+    their schedulers. Every server replica runs one; the store's guarded write makes
+    concurrent attempts harmless."""
+
+    def __init__(self, kv: KV, cell: str, replica: Replica, interval: float = 1.0) -> None:
+        self.store = CellStore(kv, cell)
+        self.replica = replica
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
+        replica.on_changes(self._changed)
+
+    def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
+        if changed is None or any(k in (KeyKind.AGENT, KeyKind.MACHINE) for k, _ in changed):
+            self._wake.set()
+
+    def orphans(self, snap: CellSnapshot) -> list[str]:
+        return sorted(
+            m.id for m in snap.machines.values()
+            if m.agent and m.agent not in snap.agents
+            and (m.state is not MachineState.DOWN or m.allocations)
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            for mid in self.orphans(self.replica.snapshot()):
+                try:
+                    if self.store.machine_lost(mid):
+                        log.info("machine %s is down: its agent's lease lapsed", mid)
+                except (StoreError, KVError) as e:
+                    log.warning("taking machine %s down failed (%s); will retry", mid, e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+class CellStateServer:
+    """One replica of the service: its etcd watch, cache, reaper and gRPC server."""
+
+    def __init__(self, kv: KV, config: ServerConfig, *, clock: Callable[[], float] = time.time,
+                 ) -> None:
+        self.kv = kv
+        self.config = config
+        self.replica = Replica(kv, config.cell)
+        self.cache = WatchCache(self.replica)
+        self.service = CellStateService(kv, config, self.replica, self.cache, clock)
+        self.reaper = Reaper(kv, config.cell, self.replica)
+        self.health = health.HealthServicer()
+        opts = [("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.so_reuseport", 0)]
+        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=128,
+                                                           thread_name_prefix="cellstate"),
+                                options=opts, maximum_concurrent_rpcs=1000)
+        pb_grpc.add_CellStateServicer_to_server(self.service, self.grpc)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        self.port = 0
+        self._stopped = threading.Event()
+
+    def start(self) -> int:
+        """Load the cell, settle what crashed committers left, then serve. Returns the
+        port it listens on."""
+        with self.service.stores.get() as store:
+            if self.config.limits is not None:
+                store.set_config(self.config.limits)
+            settled = store.recover()
+            if settled:
+                log.info("settled %d gang(s) left by crashed committers", len(settled))
+        self.replica.start()
+        self.reaper.start()
+        self.port = self.grpc.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        self.grpc.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("cellstate %s serving cell %s at revision %d", self.config.name,
+                 self.config.cell, self.replica.revision)
+        return self.port
+
+    def stop(self, grace: float | None = None) -> None:
+        """Graceful: report NOT_SERVING, end every sync stream (clients resume on
+        another replica), let unary calls in flight finish within the grace period."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.cache.close()
+        self.grpc.stop(self.config.grace_seconds if grace is None else grace).wait()
+        self.reaper.stop()
+        self.replica.stop()
+
+    def wait(self) -> None:
+        self.grpc.wait_for_termination()
+

@@ -1,0 +1,180 @@
+"""One watch on etcd, served to every subscriber of the sync stream.
+
+The server's replica follows the cell with a single etcd watch; this cache keeps the
+raw stored records it delivers (as ready-made wire messages) and a window of recent
+change batches. A subscriber gets either the whole cell at one revision followed by
+every later batch, or, when it resumes from a revision the window still covers, just
+the batches from there. Subscribers that fall too far behind are cut off and resume;
+nobody can make the cache (or etcd) buffer without bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from collections.abc import Iterator
+
+import immutables
+
+from cellstate.api.pb.v1 import cellstate_pb2 as pb
+from cellstate.keys import Keyspace
+from cellstate.kv.base import KeyValue
+from cellstate.replica import Replica
+
+SNAPSHOT_CHUNK = 1000  # records per snapshot message (well under gRPC's 4 MiB default)
+
+
+class FellBehind(Exception):
+    """The subscriber's queue passed its limit; it should resume from its revision."""
+
+
+class Subscriber:
+    def __init__(self, initial: list[pb.SyncResponse], limit: int, start: int = 0) -> None:
+        self._initial = initial
+        # A subscriber resuming from another server replica may be ahead of this one:
+        # batches it has already seen are not sent again.
+        self._start = start
+        self._queue: queue.SimpleQueue[pb.SyncResponse | None] = queue.SimpleQueue()
+        self._limit = limit
+        self.closed = False
+        self.overflowed = False
+
+    def put(self, msg: pb.SyncResponse) -> None:
+        if self.closed or msg.revision < self._start:
+            return
+        if self._queue.qsize() >= self._limit:
+            self.overflowed = True
+            self.close()
+            return
+        self._queue.put(msg)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._queue.put(None)
+
+    def messages(self, poll: float = 1.0) -> Iterator[pb.SyncResponse]:
+        """What to send, in order, until closed. Raises FellBehind on overflow."""
+        yield from self._initial
+        self._initial = []
+        while True:
+            try:
+                msg = self._queue.get(timeout=poll)
+            except queue.Empty:
+                continue
+            if msg is None:
+                if self.overflowed:
+                    raise FellBehind("the subscriber fell too far behind")
+                return
+            yield msg
+
+
+class WatchCache:
+    def __init__(self, replica: Replica, *, history: int = 20_000, queue_limit: int = 50_000,
+                 ) -> None:
+        self.keys: Keyspace = replica.keys
+        self._root_len = len(self.keys.root)
+        self._lock = threading.Lock()
+        self._records: immutables.Map[str, pb.Record] = immutables.Map()
+        self._revision = 0
+        # Change batches after _complete_from - 1, oldest first: (last revision, message).
+        self._history: collections.deque[tuple[int, pb.SyncResponse]] = collections.deque(
+            maxlen=history)
+        self._complete_from = 1
+        self._subs: set[Subscriber] = set()
+        self._queue_limit = queue_limit
+        self.loaded = threading.Event()
+        replica.on_records(self._on_records)
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    def _record(self, key: bytes, kv: KeyValue | None, revision: int) -> pb.Record:
+        rel = key[self._root_len:].decode()
+        if kv is None:
+            return pb.Record(key=rel, deleted=True, mod_revision=revision)
+        return pb.Record(key=rel, value=kv.value, mod_revision=kv.mod_revision,
+                         create_revision=kv.create_revision)
+
+    def _on_records(self, changes: list[tuple[bytes, KeyValue | None]], revision: int,
+                    reset: bool) -> None:
+        records = [self._record(k, kv, revision) for k, kv in changes]
+        with self._lock:
+            if reset:
+                self._records = immutables.Map((r.key, r) for r in records)
+                self._revision = revision
+                self._history.clear()
+                self._complete_from = revision + 1
+                # Whoever followed the old history must start again from a snapshot.
+                for sub in self._subs:
+                    sub.close()
+                self._subs.clear()
+                self.loaded.set()
+                return
+            if not records:
+                if revision > self._revision:
+                    self._revision = revision
+                progress = pb.SyncResponse(revision=revision)
+                for sub in self._subs:
+                    sub.put(progress)
+                return
+            with self._records.mutate() as m:
+                for r in records:
+                    if r.deleted:
+                        m.pop(r.key, None)
+                    else:
+                        m[r.key] = r
+                self._records = m.finish()
+            self._revision = max(self._revision, revision)
+            msg = pb.SyncResponse(revision=revision, records=records)
+            if len(self._history) == self._history.maxlen:
+                self._complete_from = self._history[0][0] + 1
+            self._history.append((revision, msg))
+            for sub in self._subs:
+                sub.put(msg)
+
+    def subscribe(self, start_revision: int) -> Subscriber:
+        """A subscriber that sees the cell from ``start_revision`` (0: a snapshot)."""
+        with self._lock:
+            if start_revision and start_revision >= self._complete_from:
+                initial = [m for rev, m in self._history if rev >= start_revision]
+                snapshot = None
+            else:
+                snapshot, revision = self._records, self._revision
+                initial = []
+            sub = Subscriber(initial, self._queue_limit, start_revision if snapshot is None else 0)
+            self._subs.add(sub)
+        if snapshot is not None:
+            # Built outside the lock: later batches queue up behind it meanwhile.
+            sub._initial = _snapshot_messages(snapshot, revision, reset=start_revision != 0)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        with self._lock:
+            self._subs.discard(sub)
+        sub.close()
+
+    def close(self) -> None:
+        with self._lock:
+            subs, self._subs = self._subs, set()
+        for sub in subs:
+            sub.close()
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+
+def _snapshot_messages(records: immutables.Map[str, pb.Record], revision: int,
+                       reset: bool) -> list[pb.SyncResponse]:
+    values = list(records.values())
+    out = []
+    for i in range(0, max(len(values), 1), SNAPSHOT_CHUNK):
+        out.append(pb.SyncResponse(
+            snapshot=True, reset=reset, revision=revision,
+            records=values[i:i + SNAPSHOT_CHUNK],
+            snapshot_done=i + SNAPSHOT_CHUNK >= len(values),
+        ))
+    return out

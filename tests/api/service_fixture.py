@@ -1,0 +1,31 @@
+"""A cellstate server in this process (real gRPC on loopback) over a given KV."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cellstate.api.client import CellClient
+from cellstate.api.config import ServerConfig
+from cellstate.api.server import CellStateServer
+from cellstate.kv.base import KV
+
+
+@contextmanager
+def running_server(kv: KV, **config: object) -> Iterator[CellStateServer]:
+    config.setdefault("listen", "127.0.0.1:0")
+    server = CellStateServer(kv, ServerConfig(**config))  # type: ignore[arg-type]
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(grace=0)
+
+
+@contextmanager
+def client_for(*servers: CellStateServer, retry_for: float = 5.0) -> Iterator[CellClient]:
+    client = CellClient([f"127.0.0.1:{s.port}" for s in servers], retry_for=retry_for)
+    try:
+        yield client
+    finally:
+        client.close()
