@@ -112,7 +112,8 @@ def test_malformed_messages_get_invalid_argument_and_change_nothing(
                                                 resources={"cpu": float("nan")})])),
          r"transaction.claims\[0\].resources.cpu"),
         (stub.Commit, pb.CommitRequest(transaction=pb.Transaction(
-            scheduler="batch", mode=7, claims=[pb.Claim(job="j1", machine="m1")])),
+            scheduler="batch", mode=7,  # type: ignore[arg-type]  # a number no enum has
+            claims=[pb.Claim(job="j1", machine="m1")])),
          "transaction.mode: 7"),
         (stub.SubmitJob, pb.SubmitJobRequest(spec_json=b"{not json"), "spec_json is not valid"),
         (stub.SubmitJob, pb.SubmitJobRequest(spec_json=orjson.dumps(
