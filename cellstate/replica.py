@@ -224,8 +224,8 @@ class Replica:
         handled = 0
         wait = timeout
         while True:
-            if self._watcher is None:
-                return handled  # stopped while resuming
+            if self._watcher is None or self._stopping.is_set():
+                return handled
             try:
                 response = self._watcher.next(timeout=wait)
             except WatchDroppedError:

@@ -1149,8 +1149,10 @@ class CellStore:
                 if res.succeeded:
                     return res.revision
 
-    def release_task(self, tid: str, outcome: TaskState) -> int:
-        """Record that a running task ended (finished, failed, lost) and free its hold."""
+    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
+        """Record that a running task ended (finished, failed, lost) and free its hold.
+        With ``machine``, refused unless the task runs there (a late report from an
+        agent must not end the task's next run elsewhere)."""
         if outcome not in RELEASE_OUTCOMES:
             raise StoreError(
                 f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}"
@@ -1179,6 +1181,8 @@ class CellStore:
                 if view.state is not TaskState.RUNNING:
                     raise StoreError(f"task {tid} is {view.state.value}, not running")
                 assert rec is not None
+                if machine is not None and rec.machine != machine:
+                    raise StoreError(f"task {tid} runs on {rec.machine}, not {machine}")
                 m = self.view.machines[rec.machine]
                 a = m.allocations.get(tid)
                 if a is None:
@@ -1277,8 +1281,9 @@ class CellStore:
             new = [m for m in mine if m.id not in self.view.machines]
         if new:
             revision = self.add_machines(new)
+        added = {n.id for n in new}
         for m in mine:
-            if m.id in {n.id for n in new}:
+            if m.id in added:
                 continue
             revision = max(revision, self._adopt_machine(m))
         return lease, revision

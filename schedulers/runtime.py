@@ -53,7 +53,7 @@ from cellstate.model import (
     task_id,
 )
 from cellstate.replica import Replica
-from cellstate.store import CellStore, StoreError
+from cellstate.store import StoreError
 from cellstate.validation import TransactionError
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
@@ -69,6 +69,31 @@ class SnapshotSource(Protocol):
     def on_changes(
         self, listener: Callable[[CellSnapshot, list[tuple[KeyKind, str]] | None], None]
     ) -> None: ...
+
+
+class Committer(Protocol):
+    """What an instance commits and registers through: a :class:`CellStore` (straight
+    to etcd, or the memory store in the simulator) or, in a scheduler process, the
+    cellstate service (``cellstate.api.client.RemoteStore``)."""
+
+    @property
+    def follows_snapshots(self) -> bool: ...
+
+    def follow(self, replica: Replica) -> None: ...
+
+    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None: ...
+
+    def commit(self, txn: Transaction) -> CommitResult: ...
+
+    def register_instance(self, record: InstanceRecord, ttl: int) -> int: ...
+
+    def deregister_instance(self, scheduler: str, instance: str, lease: int) -> None: ...
+
+    def keep_alive(self, lease: int) -> None: ...
+
+    def resize_job(self, job_id: str, task_count: int) -> int: ...
+
+    def set_job_status(self, status: JobStatus) -> int: ...
 
 
 @attrs.frozen
@@ -108,7 +133,7 @@ class SchedulerInstance:
     def __init__(
         self,
         policy: Policy,
-        store: CellStore,
+        store: Committer,
         source: SnapshotSource,
         *,
         scheduler: str | None = None,
@@ -159,6 +184,11 @@ class SchedulerInstance:
         record = InstanceRecord(self.scheduler, self.instance, self.policy.name, self.clock())
         self._lease = self.store.register_instance(record, self.config.lease_ttl)
         self._last_keepalive = self.clock()
+
+    @property
+    def lease(self) -> int | None:
+        """The lease of this instance's registration (None before start)."""
+        return self._lease
 
     def stop(self) -> None:
         """Withdraw at once; the other instances take over this one's jobs."""

@@ -105,8 +105,13 @@ class CellClient:
         self.timeout = timeout
         self.retry_for = retry_for
         self._sleep = sleep
+        # Reconnect quickly: a restarted server (or the next replica) should be found
+        # within a second, not after gRPC's default backoff of up to two minutes.
         opts = [("grpc.max_receive_message_length", MAX_MESSAGE),
-                ("grpc.max_send_message_length", MAX_MESSAGE)]
+                ("grpc.max_send_message_length", MAX_MESSAGE),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
         self._channels = [grpc.insecure_channel(e, options=opts) for e in self.endpoints]
         self._stubs = [pb_grpc.CellStateStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
         self._current = 0
@@ -238,6 +243,7 @@ class SyncWatcher:
         self._root = root
         self._queue: queue.SimpleQueue[WatchResponse | Exception | None] = queue.SimpleQueue()
         self._dropped: Exception | None = None
+        self._cancelled = False
         self._thread = threading.Thread(target=self._read, name="sync-stream", daemon=True)
         self._thread.start()
 
@@ -252,12 +258,16 @@ class SyncWatcher:
                         self._queue.put(_Reset(RangeResult(tuple(snapshot), msg.revision)))
                         snapshot = []
                     continue
+                self._feed.failures = 0
                 self._queue.put(_response(self._root, msg))
+            self._feed.failures += 1
             self._queue.put(WatchDroppedError("the server ended the sync stream"))
         except grpc.RpcError as e:
-            if e.code() is grpc.StatusCode.CANCELLED:
+            if self._cancelled:
                 self._queue.put(None)
                 return
+            # A server shutting down may end the stream as CANCELLED too: resume.
+            self._feed.failures += 1
             self._feed.client.stream_failed(self._endpoint)
             self._queue.put(WatchDroppedError(f"sync stream lost: {e.details()}"))
 
@@ -289,6 +299,7 @@ class SyncWatcher:
         handover = self._feed._open
         if handover is not None and handover[1] is self:
             return  # the replica reloads from what this stream sent; keep it open
+        self._cancelled = True
         self._stream.cancel()
 
 
@@ -311,6 +322,7 @@ class SyncFeed:
         self.client = client
         self.pending: RangeResult | None = None  # a snapshot a stream already delivered
         self._open: tuple[int, SyncWatcher] | None = None  # (next revision, watcher)
+        self.failures = 0  # streams lost in a row, for backoff while no server answers
 
     def load(self, prefix: bytes, revision: int = 0) -> RangeResult:
         if revision:
@@ -346,6 +358,8 @@ class SyncFeed:
             if nxt == start_revision:
                 return watcher
             watcher.cancel()
+        if self.failures:
+            time.sleep(min(0.05 * 2 ** min(self.failures, 5), 1.0) * random.uniform(0.5, 1.0))
         endpoint, stream = self.client.stream(pb.SyncRequest(start_revision=start_revision))
         return SyncWatcher(self, endpoint, stream, prefix)
 
@@ -429,6 +443,14 @@ class RemoteAgentBackend:
         return self.client.keep_alive(lease) > 0
 
     def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
-        self.client.call("ReportTask", pb.ReportTaskRequest(
-            task=task, outcome=outcome.value, agent=agent, machine=machine),
-            what=f"reporting task {task} {outcome.value}")
+        """Raises only when the report may not have been recorded (the service is
+        unavailable); a report the cell has moved past (the task was preempted, lost
+        or moved meanwhile) is dropped with a log line."""
+        try:
+            self.client.call("ReportTask", pb.ReportTaskRequest(
+                task=task, outcome=outcome.value, agent=agent, machine=machine),
+                what=f"reporting task {task} {outcome.value}")
+        except (NotFoundError, ContentionError) as e:
+            log.info("%s", e)
+        except StoreError as e:  # FAILED_PRECONDITION: not running (here) any more
+            log.info("dropped: %s", e)

@@ -1,0 +1,177 @@
+"""One scheduler instance as its own process, against the cellstate service.
+
+All it needs is the service's address(es): it keeps a synced copy of the cell over
+the sync stream, commits through the service, and reports its metrics there (the
+``omega status`` command shows them). Configured from a TOML file and flags::
+
+    [scheduler]
+    name = "batch"            # the scheduler's name; jobs name it
+    policy = "batch"          # a registered policy (default: the name)
+    instance = "b0"           # unique among the scheduler's live instances
+    cellstate = ["127.0.0.1:7070"]
+    cell = "default"
+    mode = "incremental"      # or "gang"
+    detection = "fine"        # or "coarse"
+    max_attempts = 1000
+    max_fruitless_attempts = 100
+    retry_delay = 1.0
+    lease_ttl = 10
+    [options]                 # handed to the policy (Context.options)
+    spread = "failure_domain"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from cellstate.api.client import CellClient, RemoteStore, remote_replica
+from cellstate.api.config import ConfigError, _Section, addresses
+from cellstate.gc_tuning import tune_for_large_heap
+from cellstate.kv.base import KVError
+from cellstate.model import Detection, ModelError, TxnMode, check_name
+from cellstate.store import StoreError
+from schedulers.registry import Registry
+from schedulers.runtime import RuntimeConfig, SchedulerInstance
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class SchedulerProcessConfig:
+    name: str
+    policy: str
+    instance: str
+    cellstate: tuple[str, ...]
+    cell: str = "default"
+    runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
+    metrics_interval: float = 2.0
+    seed: int | None = None
+
+
+def default_instance() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def scheduler_config(doc: Mapping[str, Any], overrides: Mapping[str, Any],
+                     source: str = "") -> SchedulerProcessConfig:
+    """Config from a parsed file (``[scheduler]`` and ``[options]`` tables) with flags
+    (non-None values in ``overrides``) taking precedence."""
+    prefix = f"{source}: " if source else ""
+    try:
+        top = _Section(doc, "")
+        sec = _Section(top.get("scheduler", dict, {}), "scheduler")
+        options = dict(top.get("options", dict, {}))
+        top.no_unknown()
+
+        def pick(name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+            if overrides.get(name) is not None:
+                return overrides[name]
+            return sec.get(name, kind, default)
+
+        name = pick("name", str, "")
+        if not name:
+            raise ConfigError("scheduler.name: missing (give --name or set it in the file)")
+        policy = pick("policy", str, name)
+        instance = pick("instance", str, "") or default_instance()
+        for field, value in (("name", name), ("instance", instance)):
+            try:
+                check_name(value, f"scheduler.{field}")
+            except ModelError as e:
+                raise ConfigError(str(e)) from None
+        endpoints = addresses(pick("cellstate", (list, str), ["127.0.0.1:7070"]),
+                              "scheduler.cellstate")
+        cell = pick("cell", str, "default")
+        mode_name = pick("mode", str, "incremental")
+        detection_name = pick("detection", str, "fine")
+        try:
+            mode = TxnMode(mode_name)
+        except ValueError:
+            raise ConfigError(f"scheduler.mode: {mode_name!r} is not one of incremental, gang"
+                              ) from None
+        try:
+            detection = Detection(detection_name)
+        except ValueError:
+            raise ConfigError(
+                f"scheduler.detection: {detection_name!r} is not one of fine, coarse") from None
+        runtime = RuntimeConfig(
+            mode=mode, detection=detection,
+            max_attempts=_at_least(pick("max_attempts", int, 1000), 1, "max_attempts"),
+            max_fruitless_attempts=_at_least(pick("max_fruitless_attempts", int, 100), 1,
+                                             "max_fruitless_attempts"),
+            retry_delay=_at_least(float(pick("retry_delay", (int, float), 1.0)), 0.01,
+                                  "retry_delay"),
+            max_retry_delay=_at_least(float(pick("max_retry_delay", (int, float), 30.0)), 0.01,
+                                      "max_retry_delay"),
+            lease_ttl=_at_least(pick("lease_ttl", int, 10), 2, "lease_ttl"),
+            options=options,
+        )
+        seed = pick("seed", int, None)
+        sec.no_unknown()
+    except ConfigError as e:
+        raise ConfigError(prefix + str(e)) from None
+    return SchedulerProcessConfig(name, policy, instance, endpoints, cell, runtime, seed=seed)
+
+
+def _at_least(value: Any, low: float, name: str) -> Any:
+    if value < low:
+        raise ConfigError(f"scheduler.{name}: {value} is below the minimum of {low}")
+    return value
+
+
+def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
+                  registry: Registry | None = None) -> SchedulerInstance:
+    """Run one instance until ``stop`` is set; withdraws it (its jobs move to the
+    scheduler's other instances at once) before returning."""
+    registry = registry or Registry.from_entry_points()
+    policy = registry.create(config.policy)  # an unknown name fails before connecting
+    tune_for_large_heap()
+    client = CellClient(config.cellstate)
+    replica = remote_replica(client, config.cell)
+    try:
+        replica.start()
+        store = RemoteStore(client)
+        rng = random.Random(config.seed) if config.seed is not None else random.Random()
+        inst = SchedulerInstance(policy, store, replica, scheduler=config.name,
+                                 instance=config.instance, rng=rng, config=config.runtime)
+        inst.start()
+        log.info("scheduler %s/%s (policy %s) running against %s", config.name,
+                 config.instance, config.policy, ", ".join(config.cellstate))
+        reporter = threading.Thread(target=_report_metrics, args=(inst, store, config, stop),
+                                    name="metrics", daemon=True)
+        reporter.start()
+        try:
+            inst.run(stop)
+        finally:
+            stop.set()
+            reporter.join(timeout=5)
+            try:
+                inst.stop()
+            except (KVError, StoreError) as e:
+                log.warning("could not withdraw %s/%s (%s); its lease will lapse",
+                            config.name, config.instance, e)
+        return inst
+    finally:
+        replica.stop()
+        client.close()
+
+
+def _report_metrics(inst: SchedulerInstance, store: RemoteStore,
+                    config: SchedulerProcessConfig, stop: threading.Event) -> None:
+    while not stop.wait(config.metrics_interval):
+        lease = inst.lease
+        if lease is None:
+            continue
+        try:
+            store.report_metrics(config.name, config.instance, lease,
+                                 inst.metrics.summary(time.time()))
+        except (KVError, StoreError) as e:
+            log.debug("metrics report failed: %s", e)
