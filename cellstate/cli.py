@@ -1,19 +1,43 @@
-"""The `omega` command line."""
+"""The `omega` command line: start each process, submit and inspect jobs, run the demo.
+
+Processes::
+
+    omega etcd                        a local single-member etcd (prints its endpoint)
+    omega server                      a cellstate server replica (gRPC)
+    omega agent --spec cells/demo.toml    a node agent for a cell spec's machines
+    omega scheduler --name batch      one scheduler instance
+    omega workload                    a stream of demo jobs
+    omega demo                        all of the above, locally, with a live summary
+
+Using a cell (through any cellstate server; ``--cellstate`` or $OMEGA_CELLSTATE)::
+
+    omega submit --file job.json | --id J --scheduler batch --tasks 10 --cpu 1 ...
+    omega jobs | job ID | kill ID | machines | status      (--json for scripts)
+
+Administration straight on etcd: ``omega check`` and ``omega recover``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+import threading
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from cellstate.cell import machine_used, task_view
-from cellstate.invariants import violations
+import orjson
+
 from cellstate.model import ModelError
 
+DEFAULT_CELLSTATE = "127.0.0.1:7070"
 
-def _positive(kind: type[float] | type[int]):  # type: ignore[no-untyped-def]
+
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float | int]:
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
@@ -26,59 +50,324 @@ def _positive(kind: type[float] | type[int]):  # type: ignore[no-untyped-def]
     return parse
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _cellstate_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cellstate", default=os.environ.get("OMEGA_CELLSTATE", DEFAULT_CELLSTATE),
+                   help="cellstate server address(es), comma-separated "
+                        f"(default $OMEGA_CELLSTATE or {DEFAULT_CELLSTATE})")
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omega", description="Omega-style shared-state cell.")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run the local demo cluster on an embedded etcd")
-    d.add_argument("--duration", type=_positive(float), default=30.0, help="seconds (default 30)")
-    d.add_argument("--machines", type=_positive(int), default=300)
+    d = sub.add_parser("demo", help="run the local demo cluster (etcd, server, agents, "
+                                    "schedulers, workload) as processes")
+    d.add_argument("--duration", type=_positive(float), default=30.0,
+                   help="seconds (default 30)")
+    d.add_argument("--spec", default=None,
+                   help="cell spec of the machines (default: the shipped cells/demo.toml)")
+    d.add_argument("--agents", type=_positive(int), default=2,
+                   help="agent processes sharing the spec's machines (default 2)")
+    d.add_argument("--servers", type=_positive(int), default=1,
+                   help="cellstate server replicas (default 1)")
     d.add_argument("--batch-instances", type=_positive(int), default=2,
                    help="instances of the batch scheduler sharing its queue (default 2)")
     d.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
-    d.add_argument("--data-dir", help="keep etcd's data here (default: a temp dir)")
+    d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
+                                      "(default: a temp dir)")
 
-    e = sub.add_parser("etcd", help="run a local etcd in the foreground")
+    e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
     e.add_argument("--data-dir")
     e.add_argument("--no-fsync", action="store_true")
 
-    for name, text in (("status", "show a cell's machines, tasks and utilization"),
-                       ("check", "check a cell's invariants (exit 1 if broken)"),
-                       ("recover", "finish what crashed committers left behind")):
-        c = sub.add_parser(name, help=text)
-        c.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
-        c.add_argument("--cell", default="default")
-        c.add_argument("--json", action="store_true", help="machine-readable output")
+    s = sub.add_parser("server", help="run a cellstate server replica")
+    s.add_argument("--config", help="TOML file (see docs/operations.md); flags override it")
+    s.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
+    s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
+    s.add_argument("--cell", help="cell name (default 'default')")
+    s.add_argument("--name", help="this replica's name in status output")
+
+    a = sub.add_parser("agent", help="run a node agent for the machines of a cell spec")
+    _cellstate_flag(a)
+    a.add_argument("--spec", required=True, help="cell spec file (TOML), e.g. cells/demo.toml")
+    a.add_argument("--index", type=_non_negative_int, default=0,
+                   help="this agent's share of the spec's machines (0-based)")
+    a.add_argument("--of", type=_positive(int), default=1, dest="count",
+                   help="how many agents share the spec (default 1)")
+    a.add_argument("--id", default="", help="agent id (default host-pid)")
+    a.add_argument("--cell", default="default")
+    a.add_argument("--ttl", type=_positive(int), default=10,
+                   help="lease seconds: machines go down this long after the agent dies")
+    a.add_argument("--workdir", help="working directory of task commands")
+    a.add_argument("--log-dir", help="write each command task's output under this folder")
+
+    c = sub.add_parser("scheduler", help="run one scheduler instance")
+    c.add_argument("--cellstate", help="cellstate server address(es), comma-separated "
+                                       "(default: the config file's, $OMEGA_CELLSTATE or "
+                                       f"{DEFAULT_CELLSTATE})")
+    c.add_argument("--config", help="TOML file (see schedulers/process.py); flags override it")
+    c.add_argument("--name", help="scheduler name (jobs name it)")
+    c.add_argument("--policy", help="registered policy (default: the name)")
+    c.add_argument("--instance", help="instance id (default host-pid)")
+    c.add_argument("--cell")
+    c.add_argument("--mode", choices=["incremental", "gang"])
+    c.add_argument("--detection", choices=["fine", "coarse"])
+    c.add_argument("--seed", type=int)
+
+    w = sub.add_parser("workload", help="submit a stream of demo jobs")
+    _cellstate_flag(w)
+    w.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
+    w.add_argument("--duration", type=_positive(float), help="seconds (default: until stopped)")
+    w.add_argument("--seed", type=int, default=1)
+    w.add_argument("--prefix", default="", help="prefix of the job ids")
+
+    sm = sub.add_parser("submit", help="submit a job from a spec file or flags")
+    _cellstate_flag(sm)
+    _json_flag(sm)
+    sm.add_argument("--file", help="job spec (JSON or TOML): one job, or {\"jobs\": [...]}")
+    sm.add_argument("--id")
+    sm.add_argument("--scheduler", default="batch")
+    sm.add_argument("--tasks", type=_positive(int), default=1)
+    sm.add_argument("--cpu", type=_positive(float), default=1.0)
+    sm.add_argument("--mem", type=_positive(float), default=1.0)
+    sm.add_argument("--kind", choices=["batch", "service"], default="batch")
+    sm.add_argument("--precedence", type=_non_negative_int, default=0)
+    sm.add_argument("--gang", action="store_true", help="all tasks or none")
+    sm.add_argument("--owner", default=os.environ.get("USER", "nobody"))
+    sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
+    sm.add_argument("command", nargs=argparse.REMAINDER,
+                    help="after --: a command each task runs (instead of a duration)")
+
+    j = sub.add_parser("jobs", help="list jobs")
+    _cellstate_flag(j)
+    _json_flag(j)
+    j.add_argument("--scheduler", default="")
+    j.add_argument("--state", default="",
+                   choices=["", "pending", "running", "finished", "failed", "abandoned",
+                            "killed"])
+    j.add_argument("--limit", type=_non_negative_int, default=0)
+
+    for name, text in (("job", "show one job and its tasks"), ("kill", "kill a job")):
+        x = sub.add_parser(name, help=text)
+        _cellstate_flag(x)
+        _json_flag(x)
+        x.add_argument("job_id", metavar="JOB")
+        if name == "kill":
+            x.add_argument("--reason", default="killed by a user")
+
+    m = sub.add_parser("machines", help="list machines")
+    _cellstate_flag(m)
+    _json_flag(m)
+    m.add_argument("--state", default="", choices=["", "up", "down", "draining"])
+    m.add_argument("--limit", type=_non_negative_int, default=0)
+
+    st = sub.add_parser("status", help="cell status: utilization, jobs, per-scheduler metrics")
+    _cellstate_flag(st)
+    _json_flag(st)
+
+    for name, text in (("check", "check a cell's invariants on etcd (exit 1 if broken)"),
+                       ("recover", "finish what crashed committers left behind, on etcd")):
+        x = sub.add_parser(name, help=text)
+        x.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
+        x.add_argument("--cell", default="default")
+        _json_flag(x)
+
+    _add_simulator(sub)
     return p
 
 
+def _add_simulator(sub: Any) -> None:
+    try:
+        from simulator.cli import register  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    register(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cellstate.api.client import ClientError, ServiceUnavailable
+    from cellstate.api.config import ConfigError
+    from cellstate.cellspec import CellSpecError
+    from cellstate.store import StoreError
+
     try:
         return _dispatch(args)
-    except (ModelError, OSError, RuntimeError) as e:
+    except ServiceUnavailable as e:
+        where = getattr(args, "cellstate", "")
+        print(f"omega {args.command}: no cellstate server answered at {where} ({e}). Is "
+              "`omega server` running? Give its address with --cellstate HOST:PORT.",
+              file=sys.stderr)
+        return 3
+    except (ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
+            ValueError) as e:
         print(f"omega {args.command}: {e}", file=sys.stderr)
         return 2
 
 
+def _endpoints(text: str) -> tuple[str, ...]:
+    from cellstate.api.config import addresses
+
+    return addresses(text, "--cellstate")
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "demo":
+    cmd = args.command
+    if cmd == "demo":
         from cellstate.demo import DemoOptions, run_demo
 
-        stats = run_demo(DemoOptions(args.duration, args.machines, args.batch_instances,
-                                     args.jobs_per_second, args.seed, args.no_fsync,
-                                     args.data_dir), sys.stdout)
-        return 0 if stats.placed > 0 else 1
-    if args.command == "etcd":
+        stats = run_demo(DemoOptions(
+            duration=args.duration, spec=args.spec, agents=args.agents, servers=args.servers,
+            batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
+            seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir), sys.stdout)
+        return 0 if stats.ok else 1
+    if cmd == "etcd":
         from cellstate.etcd_launcher import main as etcd_main
 
         return etcd_main([*(["--data-dir", args.data_dir] if args.data_dir else []),
                           *(["--unsafe-no-fsync"] if args.no_fsync else [])])
+    if cmd == "server":
+        return _server(args)
+    if cmd == "agent":
+        from cellstate.agent_process import AgentProcessConfig, run_agent
+        from cellstate.signals import stop_event_on_signals
+
+        config = AgentProcessConfig(
+            _endpoints(args.cellstate), Path(args.spec), args.index, args.count, args.id,
+            args.cell, args.ttl, Path(args.workdir) if args.workdir else None,
+            Path(args.log_dir) if args.log_dir else None)
+        run_agent(config, stop_event_on_signals())
+        return 0
+    if cmd == "scheduler":
+        return _scheduler(args)
+    if cmd == "workload":
+        return _workload(args)
+    if cmd in ("check", "recover"):
+        return _admin(args)
+    if cmd == "simulate":
+        runner: Callable[[argparse.Namespace], int] = args.run
+        return runner(args)
+    from cellstate.api.client import CellClient
+
+    with CellClient(_endpoints(args.cellstate), retry_for=5.0) as client:
+        if cmd == "submit":
+            jobs = _job_docs(args)
+            for doc in jobs:
+                client.submit_job(doc)
+            ids = [str(d.get("id")) for d in jobs]
+            _emit(args, {"submitted": ids}, "\n".join(f"submitted {i}" for i in ids))
+        elif cmd == "jobs":
+            listed = client.list_jobs(args.scheduler, args.state, args.limit)
+            _emit(args, listed, _jobs_table(listed))
+        elif cmd == "job":
+            info = client.get_job(args.job_id)
+            _emit(args, info, _job_text(info))
+        elif cmd == "kill":
+            revision = client.kill_job(args.job_id, args.reason, os.environ.get("USER", "user"))
+            _emit(args, {"job": args.job_id, "revision": revision}, f"killed {args.job_id}")
+        elif cmd == "machines":
+            machines = client.list_machines(args.state, args.limit)
+            _emit(args, machines, _machines_table(machines))
+        elif cmd == "status":
+            status = client.status()
+            _emit(args, status, status_text(status))
+    return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    import attrs
+
+    from cellstate.api.config import addresses, read_toml, server_config
+    from cellstate.api.server import CellStateServer
+    from cellstate.kv.etcd import EtcdKV
+    from cellstate.signals import stop_event_on_signals
+
+    doc = read_toml(args.config) if args.config else {}
+    config = server_config(doc, args.config or "")
+    if args.listen:
+        config = attrs.evolve(config, listen=args.listen, name=config.name
+                              if doc.get("name") else args.listen)
+    if args.etcd:
+        config = attrs.evolve(config, etcd=addresses(args.etcd, "--etcd"))
+    if args.cell:
+        config = attrs.evolve(config, cell=args.cell)
+    if args.name:
+        config = attrs.evolve(config, name=args.name)
+    stop = stop_event_on_signals()
+    kv = EtcdKV(list(config.etcd))
+    try:
+        server = CellStateServer(kv, config)
+        port = server.start()
+        print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
+              f"(etcd {','.join(config.etcd)})", flush=True)
+        try:
+            stop.wait()
+        finally:
+            server.stop()
+    finally:
+        kv.close()
+    return 0
+
+
+def _scheduler(args: argparse.Namespace) -> int:
+    from cellstate.api.config import read_toml
+    from cellstate.signals import stop_event_on_signals
+    from schedulers.process import run_scheduler, scheduler_config
+    from schedulers.registry import Registry
+
+    doc = read_toml(args.config) if args.config else {}
+    overrides = {"name": args.name, "policy": args.policy, "instance": args.instance,
+                 "cell": args.cell, "mode": args.mode, "detection": args.detection,
+                 "seed": args.seed}
+    in_file = isinstance(doc.get("scheduler"), dict) and "cellstate" in doc["scheduler"]
+    overrides["cellstate"] = args.cellstate or (
+        None if in_file else os.environ.get("OMEGA_CELLSTATE", DEFAULT_CELLSTATE))
+    config = scheduler_config(doc, overrides, args.config or "")
+    registry = Registry.from_entry_points()
+    if config.policy not in registry.names():
+        raise ValueError(f"no scheduler policy named {config.policy!r}; installed: "
+                         f"{', '.join(registry.names())}")
+    run_scheduler(config, stop_event_on_signals(), registry)
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> int:
+    from cellstate.api.client import CellClient
+    from cellstate.signals import stop_event_on_signals
+    from cellstate.workload import WorkloadOptions, generate
+
+    stop = stop_event_on_signals()
+    if args.duration:
+        threading.Timer(args.duration, stop.set).start()
+    with CellClient(_endpoints(args.cellstate)) as client:
+        n = generate(client.submit_job, WorkloadOptions(args.jobs_per_second, seed=args.seed,
+                                                        prefix=args.prefix), stop)
+    print(f"submitted {n} jobs")
+    return 0
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from cellstate.invariants import violations
     from cellstate.kv.etcd import EtcdKV
     from cellstate.store import CellStore
 
@@ -90,29 +379,108 @@ def _dispatch(args: argparse.Namespace) -> int:
             _emit(args, {"gangs": touched}, f"settled or cleared {len(touched)} gang(s)")
             return 0
         snap = store.read_snapshot()
-        if args.command == "check":
-            problems = violations(snap)
-            _emit(args, {"revision": snap.revision, "violations": problems},
-                  "\n".join(problems) or f"cell {args.cell} at revision {snap.revision}: ok")
-            return 1 if problems else 0
-        states: dict[str, int] = {}
-        for j in snap.jobs.values():
-            for i in range(j.task_count):
-                s = task_view(snap, f"{j.id}/{i}").state.value
-                states[s] = states.get(s, 0) + 1
-        cap = sum(m.capacity.get("cpu") for m in snap.machines.values())
-        used = sum(machine_used(m, snap.gangs).get("cpu") for m in snap.machines.values())
-        doc = {"revision": snap.revision, "machines": len(snap.machines),
-               "jobs": len(snap.jobs), "tasks": states,
-               "cpu_utilization": used / cap if cap else 0.0}
-        _emit(args, doc, "\n".join(f"{k}: {v}" for k, v in doc.items()))
-        return 0
+        problems = violations(snap)
+        _emit(args, {"revision": snap.revision, "violations": problems},
+              "\n".join(problems) or f"cell {args.cell} at revision {snap.revision}: ok")
+        return 1 if problems else 0
     finally:
         kv.close()
 
 
+# -- job specs from files and flags ----------------------------------------------------
+
+
+def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    command = [c for c in args.command if c != "--"] if args.command else []
+    if args.file:
+        if args.id or command:
+            raise ValueError("give either --file or --id/flags, not both")
+        return load_job_file(Path(args.file))
+    if not args.id:
+        raise ValueError("give a job spec with --file, or at least --id (see omega submit -h)")
+    doc: dict[str, Any] = {
+        "id": args.id, "owner": args.owner, "scheduler": args.scheduler,
+        "task_count": args.tasks, "task_resources": {"cpu": args.cpu, "mem": args.mem},
+        "kind": args.kind, "precedence": args.precedence, "gang": args.gang,
+    }
+    if args.duration is not None:
+        doc["duration"] = args.duration
+    if command:
+        doc["command"] = command
+    return [doc]
+
+
+def load_job_file(path: Path) -> list[dict[str, Any]]:
+    """Job specs from a JSON or TOML file: one job, or ``{"jobs": [...]}``. The specs
+    are checked by the server (with the field at fault named); here only the shape."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        doc: Any = (tomllib.loads(raw.decode()) if path.suffix == ".toml"
+                    else orjson.loads(raw))
+    except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({e})") from None
+    jobs = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else [doc]
+    if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs) or not jobs:
+        raise ValueError(f"{path}: expected a job object or {{\"jobs\": [objects]}}")
+    return jobs
+
+
+# -- output --------------------------------------------------------------------------
+
+
 def _emit(args: argparse.Namespace, doc: object, text: str) -> None:
     print(json.dumps(doc, indent=2, sort_keys=True) if args.json else text)
+
+
+def _jobs_table(jobs: list[dict[str, Any]]) -> str:
+    lines = [f"{'JOB':<24} {'SCHEDULER':<10} {'STATE':<10} TASKS"]
+    for j in jobs:
+        counts = " ".join(f"{k}={v}" for k, v in sorted(j["task_states"].items()))
+        lines.append(f"{j['spec']['id']:<24} {j['spec']['scheduler']:<10} {j['state']:<10} "
+                     f"{counts}")
+    return "\n".join(lines)
+
+
+def _job_text(info: dict[str, Any]) -> str:
+    spec = info["spec"]
+    lines = [f"job {spec['id']} ({spec['scheduler']}, {spec.get('kind', 'batch')}): "
+             f"{info['state']}" + (f" - {info['reason']}" if info.get("reason") else "")]
+    for t in info.get("tasks", []):
+        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']}")
+    return "\n".join(lines)
+
+
+def _machines_table(machines: list[dict[str, Any]]) -> str:
+    lines = [f"{'MACHINE':<10} {'STATE':<8} {'RACK':<6} {'FD':<6} {'CPU':>11} {'MEM':>13} TASKS"]
+    for m in machines:
+        cap, used = m["capacity"], m["used"]
+        lines.append(
+            f"{m['id']:<10} {m['state']:<8} {m.get('rack', ''):<6} "
+            f"{m.get('failure_domain', ''):<6} {used.get('cpu', 0):>5g}/{cap.get('cpu', 0):<5g} "
+            f"{used.get('mem', 0):>6g}/{cap.get('mem', 0):<6g} {m['tasks']}")
+    return "\n".join(lines)
+
+
+def status_text(s: dict[str, Any]) -> str:
+    cap, used = s["capacity"], s["used"]
+    util = "  ".join(f"{r} {100 * used.get(r, 0) / c:.1f}%" for r, c in sorted(cap.items()) if c)
+    lines = [
+        f"cell at revision {s['revision']} (answered by {s['server']})",
+        f"machines: {s['machines_up']} up, {s['machines_down']} down; agents: {s['agents']}",
+        f"utilization: {util or 'no capacity'}",
+        "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(s["jobs"].items())) or "none"),
+        "tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(s["tasks"].items())) or "none"),
+    ]
+    for x in s["schedulers"]:
+        lines.append(
+            f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
+            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
+            f"busyness {100 * x.get('busyness', 0):.1f}%, "
+            f"wait mean {x.get('wait_mean_s', 0):.2f} s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

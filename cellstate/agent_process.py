@@ -1,0 +1,54 @@
+"""A node agent as its own process: the machines of a cell spec (or its share of them),
+against the cellstate service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+import attrs
+
+from cellstate.agent import Agent, SubprocessRunner
+from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.cellspec import load_cell_spec
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class AgentProcessConfig:
+    cellstate: tuple[str, ...]
+    spec: Path
+    index: int = 0  # this agent's share of the spec: block ``index`` of ``count``
+    count: int = 1
+    agent_id: str = ""
+    cell: str = "default"
+    ttl: int = 10
+    workdir: Path | None = None
+    log_dir: Path | None = None
+
+
+def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
+    spec = load_cell_spec(config.spec)  # a bad spec fails before connecting
+    if not 0 <= config.index < config.count:
+        raise ValueError(f"--index {config.index} is not below --of {config.count}")
+    agent_id = config.agent_id or f"{socket.gethostname()}-{os.getpid()}"
+    machines = spec.machines_for(config.index, config.count, agent_id)
+    if not machines:
+        raise ValueError(f"{config.spec}: share {config.index} of {config.count} has no machines")
+    client = CellClient(config.cellstate)
+    replica = remote_replica(client, config.cell)
+    try:
+        replica.start()
+        agent = Agent(RemoteAgentBackend(client), replica, agent_id, machines, ttl=config.ttl,
+                      runner=SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir))
+        log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
+                 machines[0].id, machines[-1].id, config.spec)
+        agent.run(stop)
+        return agent
+    finally:
+        replica.stop()
+        client.close()

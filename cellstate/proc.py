@@ -1,0 +1,89 @@
+"""Child processes that cannot outlive their parent.
+
+The demo and the end-to-end tests start etcd, servers, agents and schedulers as
+children. Each is started in its own session (a Ctrl-C in the terminal reaches only
+the parent, which stops the children in order) and, on Linux, with a parent-death
+signal, so that even a parent killed with SIGKILL leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Child:
+    """A started child process with its log file."""
+
+    def __init__(self, name: str, args: Sequence[str], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.args = list(args)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[bytes] = log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, **(env or {})},
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def terminate(self) -> None:
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.kill()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL if it has not ended within ``timeout``."""
+        self.terminate()
+        code = self.wait(timeout)
+        if code is None:
+            self.kill()
+            code = self.popen.wait()
+        self._log.close()
+        return code
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def omega(*args: str) -> list[str]:
+    """The command line that runs ``omega ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "cellstate.cli", *args]
