@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import threading
 import tomllib
@@ -152,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--gang", action="store_true", help="all tasks or none")
     sm.add_argument("--owner", default=os.environ.get("USER", "nobody"))
     sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
-    sm.add_argument("command", nargs=argparse.REMAINDER,
-                    help="after --: a command each task runs (instead of a duration)")
+    sm.add_argument("--command", dest="task_command", default="",
+                    help="a command each task runs, e.g. --command 'sleep 30' (split like a "
+                         "shell would, but run without one)")
 
     j = sub.add_parser("jobs", help="list jobs")
     _cellstate_flag(j)
@@ -391,7 +393,7 @@ def _admin(args: argparse.Namespace) -> int:
 
 
 def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    command = [c for c in args.command if c != "--"] if args.command else []
+    command = shlex.split(args.task_command) if args.task_command else []
     if args.file:
         if args.id or command:
             raise ValueError("give either --file or --id/flags, not both")
@@ -421,7 +423,8 @@ def load_job_file(path: Path) -> list[dict[str, Any]]:
         doc: Any = (tomllib.loads(raw.decode()) if path.suffix == ".toml"
                     else orjson.loads(raw))
     except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({e})") from None
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise ValueError(f"{path}: not valid {kind} ({e})") from None
     jobs = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else [doc]
     if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs) or not jobs:
         raise ValueError(f"{path}: expected a job object or {{\"jobs\": [objects]}}")
