@@ -51,7 +51,10 @@ def test_jobs_of_both_kinds_finish(fresh_etcd: LocalEtcd, tmp_path: Path) -> Non
             client.submit_job(_job("cmd", "batch", 1, None, command=[
                 "python3", "-c", f"open({str(out)!r}, 'w').write('ok')"]))
         for job in ("b1", "s1", "cmd"):
-            wait_for(f"job {job} to finish", lambda job=job: _state(c, job) == "finished", c)
+            def finished(job: str = job) -> bool:
+                return _state(c, job) == "finished"
+
+            wait_for(f"job {job} to finish", finished, c)
         assert out.read_text() == "ok"
         with c.client(port_a) as client:
             info = client.get_job("s1")
