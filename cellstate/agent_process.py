@@ -13,7 +13,7 @@ import attrs
 
 from cellstate.agent import Agent, SubprocessRunner
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
-from cellstate.cellspec import load_cell_spec
+from cellstate.cellspec import load_cell_spec, resolve_spec
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class AgentProcessConfig:
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
-    spec = load_cell_spec(config.spec)  # a bad spec fails before connecting
+    spec = load_cell_spec(resolve_spec(config.spec))  # a bad spec fails before connecting
     if not 0 <= config.index < config.count:
         raise ValueError(f"--index {config.index} is not below --of {config.count}")
     agent_id = config.agent_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -347,3 +347,19 @@ def _check_unique(types: tuple[MachineType, ...]) -> None:
             raise _FieldError(f"types[{i}].name",
                               f"{t.name!r} is already the name of types[{seen[t.name]}]")
         seen[t.name] = i
+
+
+SHIPPED = Path(__file__).resolve().parent / "cells"
+
+
+def resolve_spec(name_or_path: str | Path) -> Path:
+    """A spec file's path: an existing path as given, else the shipped spec of that name
+    (``demo``, ``alibaba``), so that ``--spec demo`` works from any directory."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = SHIPPED / f"{path.stem}.toml"
+    if path.parent == Path(".") and shipped.exists():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.toml")))
+    raise CellSpecError(f"{path}: no such file (shipped specs: {names})")

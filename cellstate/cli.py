@@ -4,7 +4,7 @@ Processes::
 
     omega etcd                        a local single-member etcd (prints its endpoint)
     omega server                      a cellstate server replica (gRPC)
-    omega agent --spec cells/demo.toml    a node agent for a cell spec's machines
+    omega agent --spec demo           a node agent for a cell spec's machines
     omega scheduler --name batch      one scheduler instance
     omega workload                    a stream of demo jobs
     omega demo                        all of the above, locally, with a live summary
@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--duration", type=_positive(float), default=30.0,
                    help="seconds (default 30)")
     d.add_argument("--spec", default=None,
-                   help="cell spec of the machines (default: the shipped cells/demo.toml)")
+                   help="cell spec of the machines: a file, or a shipped one by name "
+                        "(default: demo)")
     d.add_argument("--agents", type=_positive(int), default=2,
                    help="agent processes sharing the spec's machines (default 2)")
     d.add_argument("--servers", type=_positive(int), default=1,
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("agent", help="run a node agent for the machines of a cell spec")
     _cellstate_flag(a)
-    a.add_argument("--spec", required=True, help="cell spec file (TOML), e.g. cells/demo.toml")
+    a.add_argument("--spec", required=True,
+                   help="cell spec: a TOML file, or a shipped one by name (demo, alibaba)")
     a.add_argument("--index", type=_non_negative_int, default=0,
                    help="this agent's share of the spec's machines (0-based)")
     a.add_argument("--of", type=_positive(int), default=1, dest="count",

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import attrs
 
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
-from cellstate.cellspec import load_cell_spec
+from cellstate.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from cellstate.cli import status_text
 from cellstate.etcd_launcher import LocalEtcd
 from cellstate.invariants import violations
@@ -29,7 +29,7 @@ from cellstate.kv.etcd import EtcdKV
 from cellstate.proc import Child, omega
 from cellstate.store import CellStore
 
-DEMO_SPEC = Path(__file__).resolve().parents[1] / "cells" / "demo.toml"
+DEMO_SPEC = SHIPPED / "demo.toml"
 
 
 @attrs.frozen
@@ -108,7 +108,7 @@ class Demo:
 
     def run(self) -> DemoStats:
         o = self.opts
-        spec_path = Path(o.spec) if o.spec else DEMO_SPEC
+        spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
         with self._data_dir() as data:
             logs = data / "logs"

@@ -11,7 +11,7 @@ import pytest
 from cellstate.cellspec import CellSpecError, load_cell_spec, parse_cell_spec
 from cellstate.model import Resources
 
-CELLS = Path(__file__).resolve().parent.parent / "cells"
+CELLS = Path(__file__).resolve().parent.parent / "cellstate" / "cells"
 
 SMALL = """
 [layout]

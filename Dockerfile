@@ -1,0 +1,14 @@
+# The project image: every omega process (cellstate server, agent, scheduler, workload)
+# runs from it with a different command; see docker-compose.yml.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY cellstate ./cellstate
+COPY schedulers ./schedulers
+RUN pip install . && useradd --create-home omega
+USER omega
+# A service's command names the process, e.g. ["omega", "server", ...].
+CMD ["omega", "--help"]
