@@ -206,6 +206,9 @@ def _add_simulator(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cellstate.proc import die_with_parent
+
+    die_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -2,8 +2,13 @@
 
 The demo and the end-to-end tests start etcd, servers, agents and schedulers as
 children. Each is started in its own session (a Ctrl-C in the terminal reaches only
-the parent, which stops the children in order) and, on Linux, with a parent-death
-signal, so that even a parent killed with SIGKILL leaves nothing running.
+the parent, which stops the children in order) and asks, on Linux, for a parent-death
+signal as soon as it starts (``OMEGA_PARENT_PID``, see :func:`die_with_parent`), so
+that even a parent killed with SIGKILL leaves nothing running.
+
+The request is made by the child itself, not by a ``preexec_fn``: a ``preexec_fn``
+makes Python fork instead of vfork, and gRPC >= 1.80 aborts a forked child of a
+process with live channels before it can exec (grpc/grpc#43055).
 """
 
 from __future__ import annotations
@@ -19,12 +24,20 @@ from pathlib import Path
 from typing import IO
 
 _PR_SET_PDEATHSIG = 1
+PARENT_ENV = "OMEGA_PARENT_PID"
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """If started by :class:`Child`, get SIGTERM when the parent dies; exit at once if it
+    is gone already. Does nothing elsewhere."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not for our own children's children
+    if not parent or not sys.platform.startswith("linux"):
+        return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if str(os.getppid()) != parent:
+        sys.exit(f"parent process {parent} is gone")
 
 
 class Child:
@@ -39,8 +52,8 @@ class Child:
         self._log: IO[bytes] = log_path.open("ab")
         self.popen = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})},
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            start_new_session=True,
+            env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
         )
 
     @property
