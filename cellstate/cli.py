@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from cellstate.model import ModelError
+from cellstate.model import ModelError, check_name
 
 DEFAULT_CELLSTATE = "127.0.0.1:7070"
 
@@ -304,7 +304,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _server(args: argparse.Namespace) -> int:
     import attrs
 
-    from cellstate.api.config import addresses, read_toml, server_config
+    from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
     from cellstate.kv.etcd import EtcdKV
     from cellstate.signals import stop_event_on_signals
@@ -312,12 +312,13 @@ def _server(args: argparse.Namespace) -> int:
     doc = read_toml(args.config) if args.config else {}
     config = server_config(doc, args.config or "")
     if args.listen:
-        config = attrs.evolve(config, listen=args.listen, name=config.name
-                              if doc.get("name") else args.listen)
+        listen = address(args.listen, "--listen", listen=True)
+        config = attrs.evolve(config, listen=listen,
+                              name=config.name if doc.get("name") else listen)
     if args.etcd:
         config = attrs.evolve(config, etcd=addresses(args.etcd, "--etcd"))
     if args.cell:
-        config = attrs.evolve(config, cell=args.cell)
+        config = attrs.evolve(config, cell=check_name(args.cell, "--cell"))
     if args.name:
         config = attrs.evolve(config, name=args.name)
     stop = stop_event_on_signals()

@@ -73,9 +73,8 @@ def scheduler_config(doc: Mapping[str, Any], overrides: Mapping[str, Any],
         top.no_unknown()
 
         def pick(name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-            if overrides.get(name) is not None:
-                return overrides[name]
-            return sec.get(name, kind, default)
+            in_file = sec.get(name, kind, default)  # checked even when a flag wins
+            return overrides[name] if overrides.get(name) is not None else in_file
 
         name = pick("name", str, "")
         if not name:

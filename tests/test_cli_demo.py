@@ -178,6 +178,9 @@ def test_bad_server_config_stops_it_with_a_message(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["server", "--listen", "nowhere"], "--listen: 'nowhere' is not host:port"),
+        (["server", "--etcd", "a:1,b"], "--etcd[1]: 'b' is not host:port"),
+        (["server", "--cell", "no/slash"], "--cell"),
         (["scheduler"], "scheduler.name: missing"),
         (["scheduler", "--name", "batch", "--policy", "nope"], "no scheduler policy named 'nope'"),
         (["scheduler", "--name", "bad name"], "scheduler.name"),

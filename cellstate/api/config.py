@@ -35,12 +35,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read ({e.strerror})") from None
 
 
-def address(value: object, where: str) -> str:
-    """A host:port with a port in range."""
+def address(value: object, where: str, *, listen: bool = False) -> str:
+    """A host:port with a port in range (port 0, any free port, only to listen on)."""
     if not isinstance(value, str):
         raise ConfigError(f"{where}: expected a \"host:port\" string, got {value!r}")
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    low = 0 if listen else 1
+    if not sep or not host or not port.isdigit() or not low <= int(port) < 65536:
         raise ConfigError(f"{where}: {value!r} is not host:port")
     return value
 
@@ -109,7 +110,7 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
-        listen = address(top.get("listen", str, "127.0.0.1:7070"), "listen")
+        listen = address(top.get("listen", str, "127.0.0.1:7070"), "listen", listen=True)
         cell = top.get("cell", str, "default")
         try:
             check_name(cell, "cell")

@@ -95,10 +95,12 @@ def rpc(handler: Callable[..., T]) -> Callable[..., T]:
 
 
 class StorePool:
-    """Store handles for concurrent requests: a CellStore does one write at a time."""
+    """Store handles for concurrent requests: a CellStore does one write at a time.
+    The most recently used handle goes out first: its working view is the freshest,
+    so a lone scheduler's commits do not rotate through stale views and retry."""
 
     def __init__(self, kv: KV, cell: str, replica: Replica, size: int) -> None:
-        self._free: queue.SimpleQueue[CellStore] = queue.SimpleQueue()
+        self._free: queue.LifoQueue[CellStore] = queue.LifoQueue()
         for _ in range(size):
             store = CellStore(kv, cell)
             store.follow(replica)
@@ -398,7 +400,9 @@ class Reaper:
         replica.on_changes(self._changed)
 
     def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
-        if changed is None or any(k in (KeyKind.AGENT, KeyKind.MACHINE) for k, _ in changed):
+        # A machine is orphaned when its agent's key goes; anything else the periodic
+        # pass catches (a scan of every machine per commit would cost more than it saves).
+        if changed is None or any(k is KeyKind.AGENT for k, _ in changed):
             self._wake.set()
 
     def orphans(self, snap: CellSnapshot) -> list[str]:
