@@ -68,7 +68,17 @@ def metrics_prefix(cell: str) -> bytes:
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
-    context.abort(code, message)
+    context.abort(code, message)  # raises
+
+
+# The store's and model's errors, most specific first, and the status each becomes.
+_STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
+    ((convert.WireError, ModelError, TransactionError), grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (ContentionError, grpc.StatusCode.ABORTED),
+    (StoreError, grpc.StatusCode.FAILED_PRECONDITION),
+)
 
 
 def rpc(handler: Callable[..., T]) -> Callable[..., T]:
@@ -78,18 +88,13 @@ def rpc(handler: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: CellStateService, request: Any, context: grpc.ServicerContext) -> T:
         try:
             return handler(self, request, context)
-        except (convert.WireError, ModelError, TransactionError) as e:
-            return _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))  # type: ignore[no-any-return]
-        except NotFoundError as e:
-            return _abort(context, grpc.StatusCode.NOT_FOUND, str(e))  # type: ignore[no-any-return]
-        except AlreadyExistsError as e:
-            return _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(e))  # type: ignore[no-any-return]
-        except ContentionError as e:
-            return _abort(context, grpc.StatusCode.ABORTED, str(e))  # type: ignore[no-any-return]
-        except StoreError as e:
-            return _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))  # type: ignore[no-any-return]
         except KVError as e:
             return _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")  # type: ignore[no-any-return]
+        except Exception as e:
+            for kinds, code in _STATUS:
+                if isinstance(e, kinds):
+                    return _abort(context, code, str(e))  # type: ignore[no-any-return]
+            raise
 
     return wrapper
 
