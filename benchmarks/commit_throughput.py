@@ -422,16 +422,20 @@ def _profiled(run: Callable[[float, float], dict[str, Any]], t0: float, deadline
 
 
 class Workers:
-    """The etcd committer processes, started once (spawn) and reused for every round."""
+    """Worker processes, started once (spawn) and reused for every round: by default
+    the etcd committers; ``target(conn, endpoint, wid)`` runs another kind."""
 
-    def __init__(self, endpoint: str, count: int) -> None:
+    def __init__(self, endpoint: str, count: int,
+                 target: Callable[[Connection, str, int], None] | None = None,
+                 role: str = "committer") -> None:
         ctx = multiprocessing.get_context("spawn")
+        self.role = role
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         for wid in range(count):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, endpoint, wid),
-                               name=f"committer-{wid}", daemon=True)
+            proc = ctx.Process(target=target or worker_main, args=(child, endpoint, wid),
+                               name=f"{role}-{wid}", daemon=True)
             proc.start()
             child.close()
             self.procs.append(proc)
@@ -442,12 +446,12 @@ class Workers:
         deadline = time.monotonic() + timeout
         while not conn.poll(0.2):
             if not proc.is_alive():
-                raise RuntimeError(f"committer process {i} died (exit code {proc.exitcode})")
+                raise RuntimeError(f"{self.role} process {i} died (exit code {proc.exitcode})")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"committer process {i} did not answer in {timeout:g} s")
+                raise RuntimeError(f"{self.role} process {i} did not answer in {timeout:g} s")
         msg: tuple[Any, ...] = conn.recv()
         if msg[0] == "error":
-            raise RuntimeError(f"committer process {i} failed:\n{msg[1]}")
+            raise RuntimeError(f"{self.role} process {i} failed:\n{msg[1]}")
         return msg
 
     def round(self, kind: str, params: Sequence[dict[str, Any]], seconds: float,

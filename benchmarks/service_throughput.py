@@ -57,7 +57,6 @@ import contextlib
 import datetime
 import functools
 import json
-import multiprocessing
 import os
 import platform
 import random
@@ -85,6 +84,7 @@ from commit_throughput import (  # noqa: E402
     MACHINE_MEM,
     MACHINES,
     NOISY_PCT,
+    REPLY_SLACK,
     TASK_CPU,
     TASK_MEM,
     CountingKV,
@@ -96,6 +96,7 @@ from commit_throughput import (  # noqa: E402
     scheduler_name,
     setup_cell,
 )
+from commit_throughput import Workers as CommitWorkers  # noqa: E402
 
 from cellstate.api.client import (  # noqa: E402
     CellClient,
@@ -124,7 +125,6 @@ GOAL_SYNC_P99_MS = 10.0
 SYNC_RATE = 20.0  # commits per second of B claims in the sync-latency rounds (see below)
 SYNC_TAIL = 1.0  # seconds the follower keeps listening after the committer stops
 INSTANCE_TTL = 120
-REPLY_SLACK = 180.0
 
 
 # -- the worker processes ----------------------------------------------------------------
@@ -259,7 +259,7 @@ def _follower(replica: Replica, cleanup: list[Callable[[], None]]
     return functools.partial(follow_loop, arrivals)
 
 
-def worker_main(conn: Connection, endpoint: str) -> None:
+def worker_main(conn: Connection, endpoint: str, wid: int = 0) -> None:
     """One scheduler process: runs whatever round the parent sends, each with fresh
     clients (an etcd connection is kept for the direct rounds)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
@@ -287,37 +287,14 @@ def worker_main(conn: Connection, endpoint: str) -> None:
         kv.close()
 
 
-class Workers:
+class Workers(CommitWorkers):
     """The scheduler processes (spawned once, reused by every round)."""
 
     def __init__(self, endpoint: str, count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        for wid in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, endpoint),
-                               name=f"scheduler-{wid}", daemon=True)
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
+        super().__init__(endpoint, count, worker_main, "scheduler")
 
-    def _recv(self, i: int, timeout: float) -> tuple[Any, ...]:
-        conn, proc = self.conns[i], self.procs[i]
-        deadline = time.monotonic() + timeout
-        while not conn.poll(0.2):
-            if not proc.is_alive():
-                raise RuntimeError(f"worker process {i} died (exit code {proc.exitcode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker process {i} did not answer in {timeout:g} s")
-        msg: tuple[Any, ...] = conn.recv()
-        if msg[0] == "error":
-            raise RuntimeError(f"worker process {i} failed:\n{msg[1]}")
-        return msg
-
-    def round(self, jobs: Sequence[tuple[str, dict[str, Any], float]], seconds: float,
-              meter: CpuMeter) -> tuple[float, list[dict[str, Any]], dict[str, float | None]]:
+    def run_jobs(self, jobs: Sequence[tuple[str, dict[str, Any], float]], seconds: float,
+                 meter: CpuMeter) -> tuple[float, list[dict[str, Any]], dict[str, float | None]]:
         """Worker i runs jobs[i] = (kind, params, extra seconds); the workers are
         prepared one after the other in order (a follower is listening before the
         committer starts), then all start at t0. Returns t0, results, CPU seen."""
@@ -331,21 +308,6 @@ class Workers:
         results = [self._recv(i, seconds + jobs[i][2] + REPLY_SLACK)[1]
                    for i in range(len(jobs))]
         return t0, results, meter.stop()
-
-    def stop(self) -> None:
-        for conn in self.conns:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send(("stop",))
-        for proc in self.procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
 
 
 # -- the server process --------------------------------------------------------------------
@@ -705,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs = [("direct", {"cell": cell, "committer": i, "batch": args.batch,
                                 "seed": args.seed + 1000 * n + i,
                                 "follow": args.direct_follow}, 0.0) for i in range(n)]
-            t0, results, cpu = workers.round(jobs, args.seconds, meter)
+            t0, results, cpu = workers.run_jobs(jobs, args.seconds, meter)
             direct = summarize(t0, results, cpu, None)
             drop_cell(cell)
             emit(row("direct", n, direct, None))
@@ -722,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpu_before = proc_cpu_s(server.pid)
             if args.pyspy:
                 spy = PySpy(server.pid, args.seconds, Path(args.pyspy) / f"server-{n}p.txt")
-            t0, results, cpu = workers.round(jobs, args.seconds, meter)
+            t0, results, cpu = workers.run_jobs(jobs, args.seconds, meter)
             cpu_after = proc_cpu_s(server.pid)
             server_cpu = (None if cpu_before is None or cpu_after is None
                           else cpu_after - cpu_before)
@@ -755,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 params["address"] = server.address
             # The follower (worker 1) is prepared, loaded and listening first.
             jobs = [(f"follow-{path}", params, SYNC_TAIL), (f"paced-{path}", params, 0.0)]
-            t0, results, cpu = workers.round(jobs, args.sync_seconds, meter)
+            t0, results, cpu = workers.run_jobs(jobs, args.sync_seconds, meter)
             if server is not None:
                 meter.pids.remove(server.pid)
                 server.stop()
