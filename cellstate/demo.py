@@ -11,11 +11,14 @@ and checks the cell's invariants on etcd. The same topology is docker-compose.ym
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 import attrs
@@ -107,13 +110,18 @@ class Demo:
         print(text, file=self.out, flush=True)
 
     def run(self) -> DemoStats:
+        # SIGTERM stops the demo like Ctrl-C: every process it started is stopped.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)
+            signal.signal(signal.SIGINT, _interrupt)
         o = self.opts
         spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
         with self._data_dir() as data:
             logs = data / "logs"
             with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync) as etcd:
-                self.say(f"etcd {etcd.version} at {etcd.endpoint}; logs in {logs}")
+                self.say(f"etcd {etcd.version} at {etcd.endpoint} (pid {etcd.pid}); logs in "
+                         f"{logs}")
                 try:
                     self._run(etcd.endpoint, spec_path, spec.machine_count, logs)
                 except KeyboardInterrupt:
@@ -202,6 +210,10 @@ class Demo:
                 f"| {per}")
 
     def _stop_all(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            # Nothing may cut the clean-up short, or etcd would be left running.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Clients first (the workload, schedulers and agents withdraw and send their last
         # reports through the servers), the servers last.
         servers = [c for c in self.children if c.name.startswith("cellstate-")]
@@ -211,7 +223,7 @@ class Demo:
                 child.terminate()
             for child in group:
                 code = child.stop(timeout=15.0)
-                if code not in (0, -15) and child.name not in self.stats.crashed:
+                if code not in (0, -signal.SIGTERM) and child.name not in self.stats.crashed:
                     self.stats.crashed.append(child.name)
                     self.say(f"{child.name} ended with {code}:\n{child.log_tail()}")
         self.children.clear()
@@ -228,6 +240,10 @@ class Demo:
         self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
                  f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned; "
                  f"invariants {verdict}; every process stopped")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def run_demo(opts: DemoOptions, out: TextIO) -> DemoStats:

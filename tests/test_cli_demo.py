@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,9 +48,42 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert "invariants hold" in last, proc.stdout
     assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
     assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
-    assert not [n for n, pid in names.items() if _alive(int(pid))], "a process outlived the demo"
-    etcd_pid = (tmp_path / "etcd").exists()
-    assert etcd_pid  # its data went where we asked; the launcher stops it (tested there)
+    etcd = re.search(r"^etcd .* \(pid (\d+)\)", proc.stdout, re.MULTILINE)
+    assert etcd, proc.stdout
+    pids = {**names, "etcd": etcd.group(1)}
+    assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
+    assert (tmp_path / "logs" / "agent-0.log").exists()
+
+
+@pytest.mark.etcd
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cellstate.cli", "demo", "--duration", "120", "--no-fsync",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[rev"):  # running: a status line came in
+                break
+        started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
+        names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
+        etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
+        assert etcd and len(names) == 7, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "interrupted: stopping every process" in out, out
+    assert "every process stopped" in out and "ended with" not in out, out
+    pids = {**names, "etcd": etcd.group(1)}
+    assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
 
 
 @pytest.mark.parametrize(

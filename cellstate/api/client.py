@@ -137,9 +137,11 @@ class CellClient:
                 self._current = (failed + 1) % len(self._stubs)
 
     def call(self, method: str, request: Any, *, what: str = "",
-             invalid: type[Exception] = ClientError, timeout: float | None = None) -> Any:
-        """Call ``method`` with retries across endpoints while they are unavailable."""
-        deadline = time.monotonic() + self.retry_for
+             invalid: type[Exception] = ClientError, timeout: float | None = None,
+             retry_for: float | None = None) -> Any:
+        """Call ``method`` with retries across endpoints while they are unavailable
+        (for ``retry_for`` seconds; default the client's budget)."""
+        deadline = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
         delay = 0.05
         while True:
             index = self._current
@@ -399,9 +401,10 @@ class RemoteStore:
         return int(reply.lease)
 
     def deregister_instance(self, scheduler: str, instance: str, lease: int) -> None:
+        # Shutting down: if no server answers soon, the lease lapses on its own.
         self.client.call("DeregisterInstance", pb.DeregisterInstanceRequest(
             scheduler=scheduler, instance=instance, lease=lease),
-            what=f"deregistering {scheduler}/{instance}")
+            what=f"deregistering {scheduler}/{instance}", retry_for=3.0)
 
     def keep_alive(self, lease: int) -> None:
         if self.client.keep_alive(lease) <= 0:
