@@ -38,7 +38,7 @@ import attrs
 
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.keys import KeyKind
-from cellstate.kv.base import KVError
+from cellstate.kv.base import KVError, LeaseNotFoundError
 from cellstate.model import (
     PLACEABLE,
     Claim,
@@ -89,7 +89,9 @@ class Committer(Protocol):
 
     def deregister_instance(self, scheduler: str, instance: str, lease: int) -> None: ...
 
-    def keep_alive(self, lease: int) -> None: ...
+    def keep_alive(self, lease: int) -> None:
+        """Renew a lease: LeaseNotFoundError when it is gone, another KVError when the
+        store cannot be reached (the lease may still be alive)."""
 
     def resize_job(self, job_id: str, task_count: int) -> int: ...
 
@@ -161,6 +163,7 @@ class SchedulerInstance:
         self._jobs: dict[str, _JobState] = {}
         self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
         self._lease: int | None = None
+        self._started = False  # between start() and stop(): keep a registration
         self._last_keepalive = 0.0
         self._next_propose = clock()
         self._members: tuple[str, ...] = ()
@@ -180,7 +183,9 @@ class SchedulerInstance:
     # -- membership ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Announce this instance (a leased key), so it gets a share of the queue."""
+        """Announce this instance (a leased key), so it gets a share of the queue. If
+        the store cannot be reached, the instance keeps trying from its steps."""
+        self._started = True
         record = InstanceRecord(self.scheduler, self.instance, self.policy.name, self.clock())
         self._lease = self.store.register_instance(record, self.config.lease_ttl)
         self._last_keepalive = self.clock()
@@ -192,21 +197,39 @@ class SchedulerInstance:
 
     def stop(self) -> None:
         """Withdraw at once; the other instances take over this one's jobs."""
+        self._started = False
         if self._lease is not None:
-            self.store.deregister_instance(self.scheduler, self.instance, self._lease)
-            self._lease = None
+            lease, self._lease = self._lease, None
+            self.store.deregister_instance(self.scheduler, self.instance, lease)
 
     def _keep_alive(self, now: float) -> None:
-        if self._lease is None or now - self._last_keepalive < self.config.lease_ttl / 3:
+        if not self._started:
+            return
+        if self._lease is None:
+            self._register_again()
+            return
+        if now - self._last_keepalive < self.config.lease_ttl / 3:
             return
         try:
             self.store.keep_alive(self._lease)
             self._last_keepalive = now
-        except KVError as e:
+        except LeaseNotFoundError as e:
             log.warning("%s/%s: lease lost (%s); registering again",
                         self.scheduler, self.instance, e)
             self._lease = None
+            self._register_again()
+        except KVError as e:
+            # Cannot tell (the store is unreachable): the lease may well be alive;
+            # renew it at the next step rather than take a second registration.
+            log.warning("%s/%s: cannot renew the lease (%s); trying again",
+                        self.scheduler, self.instance, e)
+
+    def _register_again(self) -> None:
+        try:
             self.start()
+        except (KVError, StoreError) as e:
+            log.warning("%s/%s: cannot register (%s); trying again",
+                        self.scheduler, self.instance, e)
 
     # -- the queue ---------------------------------------------------------------------
 

@@ -164,3 +164,51 @@ def test_a_policy_proposing_an_invalid_transaction_does_not_stop_the_instance() 
     status = h.admin.read_snapshot().statuses["j"]
     assert "3 attempts in a row placed nothing" in status.reason
     assert inst.metrics.transactions == 0
+
+
+def test_instance_keeps_its_registration_through_an_unreachable_store() -> None:
+    """Unreachable store: the lease is kept (not re-registered) until renewal works
+    again; a lease that is really gone is replaced by a new registration."""
+    from cellstate.kv.base import UnavailableError
+    from cellstate.replica import Replica
+    from cellstate.store import CellStore
+    from schedulers.runtime import SchedulerInstance
+
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+
+    class Flaky(CellStore):
+        down = False
+        registrations = 0
+
+        def register_instance(self, record, ttl):  # type: ignore[no-untyped-def]
+            if self.down:
+                raise UnavailableError("etcd is down")
+            self.registrations += 1
+            return super().register_instance(record, ttl)
+
+        def keep_alive(self, lease: int) -> None:
+            if self.down:
+                raise UnavailableError("etcd is down")
+            super().keep_alive(lease)
+
+    store = Flaky(h.kv)
+    replica = Replica(h.kv, clock=h.clock)
+    replica.load()
+    inst = SchedulerInstance(BatchPolicy(), store, replica, clock=h.clock,
+                             config=RuntimeConfig(lease_ttl=10))
+    h.attach(inst, replica)
+    first = inst.lease
+    store.down = True
+    h.clock.now += 4  # past a third of the ttl: a renewal is due, and fails
+    inst.step()
+    assert inst.lease == first and store.registrations == 1
+    store.down = False
+    inst.step()  # renewed: still the same registration
+    assert inst.lease == first and store.registrations == 1
+    h.clock.now += 11  # nobody renews for longer than the ttl: the lease lapses
+    inst.step()
+    assert inst.lease != first and store.registrations == 2
+    h.submit([job("j", tasks=2, cpu=1)])
+    h.run(settled)
+    assert placed_tasks_of(h.admin.read_snapshot(), "j") == 2

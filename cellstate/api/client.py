@@ -39,6 +39,7 @@ from cellstate.kv.base import (
     EventType,
     KeyValue,
     KVError,
+    LeaseNotFoundError,
     RangeResult,
     WatchDroppedError,
     WatchEvent,
@@ -212,7 +213,9 @@ class CellClient:
 
     def keep_alive(self, lease: int) -> int:
         """Renew a lease; returns its ttl, 0 if it is gone."""
-        return int(self.call("KeepAlive", pb.KeepAliveRequest(lease=lease)).ttl)
+        # Briefly: a lease lives a few seconds, and the caller tries again soon anyway.
+        return int(self.call("KeepAlive", pb.KeepAliveRequest(lease=lease), what="keep-alive",
+                             retry_for=min(self.retry_for, 2.0)).ttl)
 
 
 def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
@@ -407,8 +410,10 @@ class RemoteStore:
             what=f"deregistering {scheduler}/{instance}", retry_for=3.0)
 
     def keep_alive(self, lease: int) -> None:
+        """Raises LeaseNotFoundError when the lease is gone, ServiceUnavailable when no
+        server could say."""
         if self.client.keep_alive(lease) <= 0:
-            raise KVError(f"lease {lease} is gone")
+            raise LeaseNotFoundError(f"lease {lease} is gone")
 
     def resize_job(self, job_id: str, task_count: int) -> int:
         reply = self.client.call("ResizeJob", pb.ResizeJobRequest(job=job_id,
