@@ -455,9 +455,11 @@ class RemoteAgentBackend:
         unavailable); a report the cell has moved past (the task was preempted, lost
         or moved meanwhile) is dropped with a log line."""
         try:
+            # Briefly: the agent keeps the report and tries again with its own backoff.
             self.client.call("ReportTask", pb.ReportTaskRequest(
                 task=task, outcome=outcome.value, agent=agent, machine=machine),
-                what=f"reporting task {task} {outcome.value}")
+                what=f"reporting task {task} {outcome.value}",
+                retry_for=min(self.client.retry_for, 5.0))
         except (NotFoundError, ContentionError) as e:
             log.info("%s", e)
         except StoreError as e:  # FAILED_PRECONDITION: not running (here) any more
