@@ -96,7 +96,7 @@ class SimConfig:
     schedulers: tuple[SchedulerSpec, ...]
     classes: tuple[JobClass, ...] = (BATCH, SERVICE)
     cell: CellSpec = CellSpec()
-    prefill: Prefill | None = Prefill()
+    prefill: Prefill | None = attrs.field(factory=Prefill)
     horizon: float = 86_400.0
     seed: int = 0
     trace: str | None = None  # a trace file replaces the generators

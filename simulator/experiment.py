@@ -233,9 +233,9 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
             if c not in {k.name for k in classes}:
                 raise where.error(("scheduler", i, "serves"), f"{c!r} is not a workload class")
     served = {c: s.name for s in schedulers for c in s.serves}
-    for i, c in enumerate(classes):
-        if c.name not in served:
-            raise where.error(("workload", i, "name"), f"no [[scheduler]] serves {c.name!r}")
+    for i, k in enumerate(classes):
+        if k.name not in served:
+            raise where.error(("workload", i, "name"), f"no [[scheduler]] serves {k.name!r}")
     seed = _num(where, ("seed",), doc.get("seed", 0))
     trace = doc.get("trace")
     return SimConfig(

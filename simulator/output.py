@@ -17,9 +17,9 @@ import attrs
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from simulator.experiment import Experiment, PlotSpec  # noqa: E402
+from simulator.experiment import Experiment, PlotSpec
 
 
 @attrs.frozen
@@ -66,7 +66,7 @@ def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Pa
         groups.setdefault(r.point.get(spec.series) if spec.series else None, []).append(r)
     for group, runs in groups.items():
         runs = sorted(runs, key=lambda r: _sortable(r.point.get(spec.x)))
-        xs = [r.point.get(spec.x) for r in runs]
+        xs: list[Any] = [r.point.get(spec.x) for r in runs]
         for y in spec.y:
             label = " ".join(str(p) for p in (group, y if len(spec.y) > 1 or not group else "")
                              if p not in (None, ""))

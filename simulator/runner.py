@@ -43,14 +43,14 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
     try:
         if jobs <= 1:
             for i, run in enumerate(exp.runs):
-                done = bar.n
+                base = int(bar.n)
 
-                def tick(now: float, base: int = done) -> None:
-                    bar.update(max(0, round(now) + base - bar.n))
+                def tick(now: float, base: int = base) -> None:
+                    bar.update(max(0, round(now) + base - int(bar.n)))
 
                 bar.set_postfix_str(_label(run.point))
                 results[i] = run_one(run.point, i, exp, tick)
-                bar.update(max(0, done + round(run.config.horizon) - bar.n))
+                bar.update(max(0, base + round(run.config.horizon) - int(bar.n)))
         else:
             with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures = [pool.submit(_worker, exp, i) for i in range(len(exp.runs))]
@@ -60,10 +60,10 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
                     bar.update(round(exp.runs[i].config.horizon))
     finally:
         bar.close()
-    done = [r for r in results if r is not None]
-    write_data(exp, done, out)
-    write_plots(exp, done, out)
-    return done
+    finished = [r for r in results if r is not None]
+    write_data(exp, finished, out)
+    write_plots(exp, finished, out)
+    return finished
 
 
 def _label(point: dict[str, object]) -> str:

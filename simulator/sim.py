@@ -176,7 +176,7 @@ class Simulation:
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
             if job.duration is not None:
                 tids = [c.task for c in res.committed]
-                self.loop.at(now + job.duration, END, lambda j=job_id, t=tids: self._end(j, t))
+                self.loop.at(now + job.duration, END, _bind(self._end, job_id, tids))
 
     def _end(self, job_id: str, tids: list[str]) -> None:
         released = self.cell.release_tasks(tids, TaskState.FINISHED)
@@ -194,7 +194,7 @@ class Simulation:
                     if job.scheduler != "prefill":
                         self.recorder.abandoned_job(job)
                     # Not from inside the store's publish: at once, as its own event.
-                    self.loop.at(self.loop.now, END, lambda j=ident: self._maybe_forget(j))
+                    self.loop.at(self.loop.now, END, _bind(self._maybe_forget, ident))
 
     def _maybe_forget(self, job_id: str) -> None:
         job = self._jobs.get(job_id)
@@ -247,7 +247,12 @@ class Simulation:
 
 def _state(snap: Any, tid: str) -> TaskState:
     rec = snap.tasks.get(tid)
-    return TaskState.PENDING if rec is None else rec.state  # type: ignore[no-any-return]
+    return TaskState.PENDING if rec is None else rec.state
+
+
+def _bind(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
+    """An event action calling ``fn(*args)`` (a lambda in a loop would bind late)."""
+    return lambda: fn(*args)
 
 
 def _merge(gens: list[Iterator[JobSpec]]) -> Iterator[JobSpec]:

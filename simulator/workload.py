@@ -8,6 +8,7 @@ A trace file lists jobs instead (see docs/simulator.md for the format).
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
@@ -49,7 +50,7 @@ class Distribution:
         if self.kind in ("fixed", "exponential"):
             return self.value
         q = self.quantiles
-        return sum((a + b) / 2 for a, b in zip(q, q[1:], strict=False)) / (len(q) - 1)
+        return sum((a + b) / 2 for a, b in itertools.pairwise(q)) / (len(q) - 1)
 
     @classmethod
     def fixed(cls, value: float) -> Distribution:
@@ -73,8 +74,8 @@ class JobClass:
     interarrival: Distribution
     tasks: Distribution
     duration: Distribution
-    cpu: Distribution = Distribution.fixed(1.0)
-    mem: Distribution = Distribution.fixed(2.0)
+    cpu: Distribution = attrs.field(factory=lambda: Distribution.fixed(1.0))
+    mem: Distribution = attrs.field(factory=lambda: Distribution.fixed(2.0))
     rate_scale: float = 1.0
 
     def mean_tasks(self) -> float:

@@ -32,7 +32,7 @@ def _cells() -> tuple[CellStore, SimCell]:
     return store, sim
 
 
-def _outcome(snap: CellSnapshot) -> tuple[object, ...]:
+def _outcome(snap: CellSnapshot) -> tuple[dict[str, list[str]], dict[str, TaskState]]:
     allocs = {mid: sorted(m.allocations) for mid, m in snap.machines.items()}
     states = {f"{j.id}/{i}": task_view(snap, f"{j.id}/{i}").state for j in JOBS
               for i in range(j.task_count)}

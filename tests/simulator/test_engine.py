@@ -25,7 +25,10 @@ def test_ties_run_by_priority_then_scheduling_order() -> None:
 def test_events_past_the_horizon_wait() -> None:
     loop = EventLoop()
     ran: list[float] = []
-    loop.at(1.0, 0, lambda: loop.after(3.0, 0, lambda: ran.append(loop.now)))
+    def later() -> None:
+        loop.after(3.0, 0, lambda: ran.append(loop.now))
+
+    loop.at(1.0, 0, later)
     loop.run(until=3.0)
     assert ran == [] and loop.peek() == 4.0
 
