@@ -94,7 +94,7 @@ class Simulation:
             for name in names:
                 source: SimCell | OfferView = self.cell
                 if self.allocator is not None:
-                    source = OfferView(self.cell, self.allocator, spec.name)
+                    source = OfferView(self.cell)
                 inst = SchedulerInstance(
                     self.registry.create(spec.policy), self.cell, source, scheduler=spec.name,
                     instance=name, clock=self.loop.clock,
@@ -102,8 +102,8 @@ class Simulation:
                     config=self._runtime_config(spec), decision_cost=decision_cost(spec))
                 inst.start()
                 driver: Driver
-                if self.allocator is not None:
-                    driver = Framework(self.loop, self.recorder, inst, self.allocator,
+                if isinstance(source, OfferView) and self.allocator is not None:
+                    driver = Framework(self.loop, self.recorder, inst, source, self.allocator,
                                        self._committed)
                 else:
                     driver = InstanceDriver(self.loop, self.recorder, inst, self._committed)

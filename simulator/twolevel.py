@@ -1,13 +1,16 @@
 """Two-level scheduling (Mesos, Omega §3.3 and §4.2): an allocator offers resources
 to one framework at a time; an offer locks what it offers until the framework answers.
 
-Frameworks are real scheduler instances. A framework sees the cell with whatever
-other frameworks' outstanding offers lock shown as held (a phantom allocation per
-locked machine), so it can only place into its own offer and into resources freed
-since. The allocator works in rounds every ``offer_interval`` seconds; each round it
-offers all free, unlocked resources to the waiting framework with the smallest
-dominant share of the resources it occupies (DRF), after ``offer_cost`` seconds.
-There are no conflicts: the cost of this design is locked resources and offer delay.
+Frameworks are real scheduler instances. The allocator keeps, per machine, what is
+free and not locked by an outstanding offer. Every ``offer_interval`` seconds, while
+some framework waits and something is available, it offers *all* of it to the
+waiting framework with the smallest dominant share of the resources it occupies
+(DRF), after ``offer_cost`` seconds. The framework decides on its offer only: its
+view of the cell holds just the offered machines, each showing as free exactly what
+the offer gives (Omega's simulator: "a scheduler only looks at the set of resources
+available to it when it begins a scheduling attempt"). When it commits, what it did
+not use goes back to the allocator. There are no conflicts: the price of this design
+is locked resources and offer delay.
 """
 
 from __future__ import annotations
@@ -17,80 +20,72 @@ from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 from cellstate.cell import CellSnapshot, machine_used
-from cellstate.model import Allocation, Machine, Resources
+from cellstate.keys import KeyKind
+from cellstate.model import Allocation, CommitResult, Machine, Resources
 from schedulers.runtime import Attempt, SchedulerInstance
-from simulator.cell import Listener, SimCell
+from simulator.cell import Changes, Listener, SimCell
 from simulator.config import TwoLevelSpec
 from simulator.drivers import Committed
 from simulator.engine import COMMIT, WAKE, Event, EventLoop
 from simulator.recorder import Recorder
 
-# Above any job's precedence, so no policy tries to preempt a lock.
-_LOCK_PRECEDENCE = 2**31
+# Above any job's precedence, so no policy tries to preempt the hidden part.
+_HIDDEN_PRECEDENCE = 2**31
+
+
+def _positive(r: Resources) -> Resources:
+    return Resources(tuple((d, a) for d, a in r.amounts if a > 1e-9))
 
 
 class Offer:
-    """All free resources of every machine not locked by an earlier outstanding offer,
-    as of the snapshot the offer was made on. Each machine's share is worked out when
-    first asked for (a framework looks at a few hundred machines, not all of them)."""
+    """What one framework was offered and has not used yet, per machine."""
 
-    def __init__(self, ident: int, framework: str, snap: CellSnapshot,
-                 prior: tuple[Offer, ...]) -> None:
+    def __init__(self, ident: int, framework: str, locks: dict[str, Resources]) -> None:
         self.id = ident
         self.framework = framework
-        self.snap = snap
-        self.prior = prior
-        self._locks: dict[str, Resources] = {}
+        self.locks = locks
 
-    def lock(self, mid: str) -> Resources:
-        hit = self._locks.get(mid)
-        if hit is None:
-            m = self.snap.machines.get(mid)
-            hit = Resources()
-            if m is not None:
-                used = machine_used(m, self.snap.gangs)
-                for p in self.prior:
-                    used = used + p.lock(mid)
-                hit = Resources(tuple((d, c - used.get(d)) for d, c in m.capacity.amounts
-                                      if c - used.get(d) > 1e-9))
-            self._locks[mid] = hit
-        return hit
+    def consume(self, mid: str, used: Resources) -> None:
+        left = _positive(self.locks.get(mid, Resources()) - used)
+        if left:
+            self.locks[mid] = left
+        else:
+            self.locks.pop(mid, None)
 
 
-class LockedMachines(Mapping[str, Machine]):
-    """The machines of a snapshot with other frameworks' offers shown as held."""
+class OfferedMachines(Mapping[str, Machine]):
+    """The machines of an offer, each showing as free just what the offer gives (the
+    rest of its free resources is hidden behind a placeholder allocation)."""
 
-    def __init__(self, base: Mapping[str, Machine], offers: tuple[Offer, ...]) -> None:
+    def __init__(self, base: Mapping[str, Machine], offer: Offer) -> None:
         self._base = base
-        self._offers = offers
+        self._offered = dict(offer.locks)
         self._memo: dict[str, Machine] = {}
 
     def __getitem__(self, mid: str) -> Machine:
         hit = self._memo.get(mid)
         if hit is not None:
             return hit
+        offered = self._offered[mid]
         m = self._base[mid]
-        allocs = dict(m.allocations)
-        held = m.settled_used
-        for o in self._offers:
-            lock = o.lock(mid)
-            if lock:
-                allocs[f"offer-{o.id}/0"] = Allocation(f"offer-{o.id}/0", f"offer-{o.id}",
-                                                       "allocator", _LOCK_PRECEDENCE, lock)
-                held = held + lock
-        if len(allocs) != len(m.allocations):
-            m = m.with_allocations(allocs, held).with_seq(m.seq)
+        used = machine_used(m, {})
+        hidden = _positive(m.capacity - used - offered)
+        if hidden:
+            allocs = dict(m.allocations)
+            allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
+                                            _HIDDEN_PRECEDENCE, hidden)
+            m = m.with_allocations(allocs, m.settled_used + hidden).with_seq(m.seq)
         self._memo[mid] = m
         return m
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._base)
+        return iter(self._offered)
 
     def __len__(self) -> int:
-        return len(self._base)
+        return len(self._offered)
 
     def __contains__(self, mid: object) -> bool:
-        return mid in self._base
+        return mid in self._offered
 
 
 class Allocator:
@@ -100,10 +95,39 @@ class Allocator:
         self.cell = cell
         self.spec = spec
         self.capacity = capacity
+        self.available: dict[str, Resources] = {}  # free and not offered, per machine
         self.outstanding: dict[int, Offer] = {}
         self.waiting: dict[str, Framework] = {}
         self.offers_made = 0
         self._tick: Event | None = None
+        self._changed(cell.snapshot(), None)
+        cell.on_changes(self._changed)
+
+    def _changed(self, snap: CellSnapshot, changes: Changes | None) -> None:
+        if changes is None:
+            for mid in snap.machines:
+                self._recount(snap, mid)
+            return
+        for kind, mid in changes:
+            if kind is KeyKind.MACHINE:
+                self._recount(snap, mid)
+
+    def _recount(self, snap: CellSnapshot, mid: str) -> None:
+        m = snap.machines.get(mid)
+        free = Resources() if m is None else m.capacity - machine_used(m, snap.gangs)
+        for o in self.outstanding.values():
+            lock = o.locks.get(mid)
+            if lock is not None:
+                free = free - lock
+        free = _positive(free)
+        if free:
+            self.available[mid] = free
+        else:
+            self.available.pop(mid, None)
+
+    def dominant_share(self, framework: str) -> float:
+        held = self.cell.usage.get(framework, Resources())
+        return max((held.get(d) / c for d, c in self.capacity.amounts if c), default=0.0)
 
     def request(self, fw: Framework) -> None:
         self.waiting[fw.name] = fw
@@ -111,62 +135,95 @@ class Allocator:
             at = math.ceil(self.loop.now / self.spec.offer_interval) * self.spec.offer_interval
             self._tick = self.loop.at(max(at, self.loop.now), WAKE, self._round)
 
-    def dominant_share(self, framework: str) -> float:
-        held = self.cell.usage.get(framework, Resources())
-        return max((held.get(d) / c for d, c in self.capacity.amounts if c), default=0.0)
-
     def _round(self) -> None:
         self._tick = None
         if not self.waiting:
             return
-        fw = min(self.waiting.values(), key=lambda f: (self.dominant_share(f.name), f.name))
-        del self.waiting[fw.name]
-        self.offers_made += 1
-        offer = Offer(self.offers_made, fw.name, self.cell.snapshot(),
-                      tuple(self.outstanding.values()))
-        self.outstanding[offer.id] = offer
-        self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
+        if self.available:
+            fw = min(self.waiting.values(), key=lambda f: (self.dominant_share(f.name), f.name))
+            del self.waiting[fw.name]
+            self.offers_made += 1
+            offer = Offer(self.offers_made, fw.name, self.available)
+            self.available = {}
+            self.outstanding[offer.id] = offer
+            self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
         if self.waiting:
             self._tick = self.loop.after(self.spec.offer_interval, WAKE, self._round)
 
-    def release(self, offer: Offer) -> None:
-        self.outstanding.pop(offer.id, None)
+    def used(self, offer: Offer, results: dict[str, CommitResult],
+             jobs: Mapping[str, Resources]) -> set[str]:
+        """Take what a framework's commit placed out of its offer; returns the machines
+        it placed on."""
+        touched = set()
+        for job_id, res in results.items():
+            for c in res.committed:
+                offer.consume(c.machine, jobs[job_id])
+                touched.add(c.machine)
+        return touched
 
-    def locks_against(self, framework: str) -> tuple[Offer, ...]:
-        return tuple(o for o in self.outstanding.values() if o.framework != framework)
+    def release(self, offer: Offer, touched: set[str] | frozenset[str] = frozenset()) -> None:
+        """The framework answered: what it did not use is available again. Machines it
+        placed on are counted again (while its commit was published, its offer still
+        held what it placed); on the others, what was available grows by the lock."""
+        if self.outstanding.pop(offer.id, None) is None:
+            return
+        snap = self.cell.snapshot()
+        for mid, lock in offer.locks.items():
+            if mid not in touched:
+                have = self.available.get(mid)
+                self.available[mid] = lock if have is None else have + lock
+        for mid in touched:
+            self._recount(snap, mid)
 
 
 class OfferView:
-    """A framework's snapshot source: the cell minus other frameworks' offers."""
+    """A framework's snapshot source: the cell as its current offer shows it."""
 
-    def __init__(self, cell: SimCell, allocator: Allocator, framework: str) -> None:
+    def __init__(self, cell: SimCell) -> None:
         self.cell = cell
-        self.allocator = allocator
-        self.framework = framework
+        self.offer: Offer | None = None
+        self._listeners: list[Listener] = []
+        self._visible: frozenset[str] | None = None  # None: every machine
 
     def snapshot(self) -> CellSnapshot:
         snap = self.cell.snapshot()
-        others = self.allocator.locks_against(self.framework)
-        if not others:
+        if self.offer is None:
             return snap
         # CellSnapshot annotates immutables.Map; readers only use the Mapping interface.
-        machines = cast(Any, LockedMachines(snap.machines, others))
+        machines = cast(Any, OfferedMachines(snap.machines, self.offer))
         return CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
                             snap.gangs, snap.usage, snap.statuses, snap.instances,
                             snap.schedulers)
 
     def on_changes(self, listener: Listener) -> None:
+        self._listeners.append(listener)
         self.cell.on_changes(listener)
+
+    def show(self, offer: Offer) -> None:
+        """Switch to a new offer. Machines that come into view or leave it are reported
+        as changed, so the runtime's list of machine ids follows (it stays as it was
+        between offers: a framework only decides while it holds one)."""
+        self.offer = offer
+        visible = frozenset(offer.locks)
+        before = self._visible
+        self._visible = visible
+        if before is None:
+            before = frozenset(self.cell.snapshot().machines.keys())
+        changed: Changes = [(KeyKind.MACHINE, mid) for mid in sorted(before ^ visible)]
+        snap = self.snapshot()
+        for listener in self._listeners:
+            listener(snap, changed)
 
 
 class Framework:
     """A scheduler instance that decides only while it holds an offer."""
 
     def __init__(self, loop: EventLoop, recorder: Recorder, inst: SchedulerInstance,
-                 allocator: Allocator, committed: Committed) -> None:
+                 view: OfferView, allocator: Allocator, committed: Committed) -> None:
         self.loop = loop
         self.recorder = recorder
         self.inst = inst
+        self.view = view
         self.allocator = allocator
         self.committed = committed
         self.engaged = False  # waiting for or holding an offer
@@ -186,21 +243,26 @@ class Framework:
         self.allocator.request(self)
 
     def offered(self, offer: Offer) -> None:
+        self.view.show(offer)
         result = self.inst.decide()
         if isinstance(result, Attempt):
             self.recorder.started(result.jobs, result.started_at)
             self.loop.after(result.cost, COMMIT, lambda: self._commit(result, offer))
             return
         # Nothing due: decline at once and sleep until a retry is due or work arrives.
-        self.allocator.release(offer)
-        self.engaged = False
+        self._answer(offer)
         if math.isfinite(result):
             self._wake_event = self.loop.after(result, WAKE, self.poke)
 
     def _commit(self, attempt: Attempt, offer: Offer) -> None:
         results = self.inst.finish(attempt)
-        self.allocator.release(offer)
+        touched = self.allocator.used(offer, results,
+                                      {j.id: j.task_resources for j in attempt.jobs})
+        self._answer(offer, touched)
         self.recorder.attempt(self.name, attempt.started_at, attempt.cost, results)
         self.committed(attempt, results)
-        self.engaged = False
         self.poke()
+
+    def _answer(self, offer: Offer, touched: set[str] | frozenset[str] = frozenset()) -> None:
+        self.allocator.release(offer, touched)
+        self.engaged = False

@@ -111,26 +111,43 @@ def test_gang_rolled_back(tmp_path: Path) -> None:
 
 
 def test_two_level_offer_locks_resources(tmp_path: Path) -> None:
-    """Two-level, one machine, offers every 1 s at no cost. Service asks at 0, gets
-    every free CPU of the cell at 0 and decides for 10 s. The batch job arriving at
-    0.5 gets offers at 1, 3, 5, 7 and 9 with nothing in them (all locked): five
-    attempts of 1 s that place nothing (in between, offers come before its retry is
-    due and are declined). At 10 service commits and returns its offer; batch's
-    retry at 11 gets an offer and commits at 12. Batch waited 0.5 s, made 6 attempts
-    (busy 6 s of 20)."""
+    """Two-level, one machine of 4 CPUs, offer rounds every 1 s at no cost. Service
+    asks at 0 and is offered all 4 free CPUs at 0; it decides for 10 s. The batch job
+    arriving at 0.5 waits: the rounds at 1..9 have nothing to offer (everything is
+    locked). At 10 service commits one task and returns the other 3 CPUs; in the
+    round at 10 both frameworks wait and batch has the smaller dominant share (0
+    against service's 1/4 CPU), so batch is offered the 3 CPUs, decides 10..11 and
+    commits. Batch waited 9.5 s; one attempt each."""
     from simulator.config import TwoLevelSpec
 
     sim, r = simulate(tmp_path, Architecture.TWO_LEVEL,
                       (sched("batch", 1.0), sched("service", 10.0)),
                       [job(0.0, "service"), job(0.5, "batch")], horizon=20.0,
                       two_level=TwoLevelSpec(offer_interval=1.0, offer_cost=0.0))
-    assert sim.recorder.waits == {"service": [0.0], "batch": [0.5]}
-    assert r["batch_attempts"] == 6
+    assert sim.recorder.waits == {"service": [0.0], "batch": [9.5]}
+    assert (r["batch_attempts"], r["service_attempts"]) == (1, 1)
     assert r["batch_tasks_placed"] == 1
-    assert r["batch_busyness"] == 0.3
+    assert r["batch_busyness"] == 0.05 and r["service_busyness"] == 0.5
     assert r["batch_conflicted"] == 0 and r["service_conflicted"] == 0
     util = dict((t, cpu) for t, cpu, _ in sim.recorder.utilization)
-    assert util[11.0] == 0.25 and util[12.0] == 0.5
+    assert util[9.0] == 0.0 and util[10.0] == 0.25 and util[11.0] == 0.5
+
+
+def test_two_level_framework_sees_only_its_offer(tmp_path: Path) -> None:
+    """Two machines of 2 CPUs. A service task of 1 CPU runs from 0 (t_job 0; offered
+    at 0, committed at 0). The batch job at 0.5 asks; at 1 it is offered the 3 free
+    CPUs (1 + 2) and places its 3 tasks there, in one attempt; a 4th task has no room
+    in the offer and waits for the service task to end at 100."""
+    from simulator.config import TwoLevelSpec
+
+    _, r = simulate(tmp_path, Architecture.TWO_LEVEL,
+                    (sched("batch", 1.0), sched("service", 0.0)),
+                    [job(0.0, "service", duration=99.0), job(0.5, "batch", tasks=4)],
+                    machines=2, cpu=2.0, horizon=60.0,
+                    two_level=TwoLevelSpec(offer_interval=1.0, offer_cost=0.0))
+    assert r["batch_tasks_placed"] == 3
+    assert r["batch_unscheduled"] == 1
+    assert r["batch_wait_mean_s"] == 0.5
 
 
 def test_abandoned_after_fruitless_attempts(tmp_path: Path) -> None:
