@@ -35,11 +35,19 @@ _NAMED_ARRAYS = ("workload", "scheduler")
 
 @attrs.frozen
 class Axis:
-    """One sweep dimension: each value is set at every path in ``set``."""
+    """One sweep dimension: each value is set at every path in ``set``; a value that is
+    a list as long as ``set`` gives its i-th element to the i-th path. ``labels`` name
+    the values in results and plots (default: the values themselves)."""
 
     name: str
     paths: tuple[str, ...]
     values: tuple[Any, ...]
+    labels: tuple[Any, ...]
+
+    def assignments(self, value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, list) and len(self.paths) > 1 and len(value) == len(self.paths):
+            return list(zip(self.paths, value, strict=True))
+        return [(p, value) for p in self.paths]
 
 
 @attrs.frozen
@@ -150,9 +158,9 @@ def load(path: Path) -> Experiment:
         run_doc = copy.deepcopy(doc)
         point: dict[str, Any] = {}
         for axis, value in zip(axes, combo, strict=True):
-            point[axis.name] = value
-            for p in axis.paths:
-                _set(where, run_doc, axis, p, value)
+            point[axis.name] = axis.labels[axis.values.index(value)]
+            for p, v in axis.assignments(value):
+                _set(where, run_doc, axis, p, v)
         try:
             runs.append(Run(point, _config(where, run_doc)))
         except InputError as e:
@@ -168,13 +176,16 @@ def load(path: Path) -> Experiment:
 def _axis(where: _Where, i: int, raw: object) -> Axis:
     at: Path_ = ("sweep", i)
     t = _table(where, at, raw)
-    _only(where, at, t, {"name", "set", "values"})
+    _only(where, at, t, {"name", "set", "values", "labels"})
     paths = tuple(_str(where, (*at, "set"), p) for p in _list(where, (*at, "set"),
                                                                 t.get("set")))
     values = tuple(_list(where, (*at, "values"), t.get("values")))
     if not paths or not values:
         raise where.error((*at, "set" if not paths else "values"), "must not be empty")
-    return Axis(_str(where, (*at, "name"), t.get("name")), paths, values)
+    labels = tuple(_list(where, (*at, "labels"), t.get("labels", list(values))))
+    if len(labels) != len(values):
+        raise where.error((*at, "labels"), f"has {len(labels)} entries for {len(values)} values")
+    return Axis(_str(where, (*at, "name"), t.get("name")), paths, values, labels)
 
 
 def _set(where: _Where, doc: Doc, axis: Axis, dotted: str, value: Any) -> None:

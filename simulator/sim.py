@@ -20,7 +20,6 @@ from cellstate.model import (
     PLACEABLE,
     CommitResult,
     Job,
-    JobKind,
     JobState,
     Machine,
     Resources,
@@ -218,8 +217,13 @@ class Simulation:
 
     # -- running ---------------------------------------------------------------------------
 
-    def run(self, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+    def run(self, progress: Callable[[float], None] | None = None,
+            after_prefill: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Prefill, then run to the horizon. ``after_prefill`` is for process entry
+        points (e.g. to tune the garbage collector once the cell is loaded)."""
         self._prefill()
+        if after_prefill is not None:
+            after_prefill()
         self._add_schedulers()
         self._schedule_arrival(self._arrivals())
         self.loop.at(0.0, SAMPLE, self._sample)
@@ -268,6 +272,3 @@ def _merge(gens: list[Iterator[JobSpec]]) -> Iterator[JobSpec]:
         heads[i] = next(gens[i], None)
         yield spec
 
-
-def kind_of(name: str) -> JobKind:
-    return JobKind(name)
