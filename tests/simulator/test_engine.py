@@ -51,3 +51,23 @@ def test_empirical_samples_interpolate_between_quantiles() -> None:
     assert abs(sum(x < 20.0 for x in xs) / len(xs) - 0.5) < 0.02
     assert abs(sum(xs) / len(xs) - 22.5) < 0.3
     assert d.mean() == 22.5
+
+
+def test_decision_cost_model_and_measured() -> None:
+    """t_job + t_task x (tasks placed + tasks reported unplaced), per job kind; or the
+    measured time, scaled."""
+    from cellstate.model import Claim, JobKind
+    from schedulers.api import Plan, Unplaced
+    from simulator.config import DecisionTime, SchedulerSpec
+    from simulator.drivers import decision_cost
+    from tests.builders import job
+
+    spec = SchedulerSpec("s", ("service",), decision={
+        JobKind.SERVICE: DecisionTime(2.0, 0.5)}, default=DecisionTime(0.25, 0.125))
+    svc = job("svc", tasks=5, kind=JobKind.SERVICE)
+    bat = job("bat", tasks=5)
+    plan = Plan((Claim("svc", 0, "m1"), Claim("svc", 1, "m1")), (Unplaced("svc", "full", 3),))
+    assert decision_cost(spec)([svc], plan, 99.0) == 2.0 + 0.5 * 5
+    assert decision_cost(spec)([bat], Plan(), 99.0) == 0.25
+    measured = SchedulerSpec("s", ("batch",), measured=True, measured_scale=4.0)
+    assert decision_cost(measured)([bat], plan, 0.5) == 2.0
