@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from simulator.experiment import load
-from simulator.runner import run_experiment
+from simulator.runner import replot, run_experiment
 from simulator.workload import InputError
 
 
@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="only read and check the files, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--replot", action="store_true",
+                   help="only draw the plots again from OUT/<name>/results.json")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -44,6 +46,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{exp.path}: ok, {len(exp.runs)} run(s)")
             continue
         out = args.out / exp.name
+        if args.replot:
+            replot(exp, out)
+            print(f"{exp.name}: plots -> {out}")
+            continue
         run_experiment(exp, out, jobs=args.jobs, show=not args.no_progress, seed=args.seed)
         print(f"{exp.name}: {len(exp.runs)} run(s) -> {out}")
     return 0

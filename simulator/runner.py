@@ -4,6 +4,7 @@ processes, with a progress bar; then its data files and plots."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -67,6 +68,16 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
     write_data(exp, finished, out)
     write_plots(exp, finished, out)
     return finished
+
+
+def replot(exp: Experiment, out: Path) -> list[RunResult]:
+    """Draw an experiment's plots again from its results.json (after editing only the
+    [[plot]] tables, no need to run it again)."""
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    results = [RunResult(r["point"], r["metrics"], tuple(tuple(u) for u in r["utilization"]))
+               for r in doc["runs"]]
+    write_plots(exp, results, out)
+    return results
 
 
 def _label(point: dict[str, object]) -> str:

@@ -65,6 +65,9 @@ def test_same_file_and_seed_give_identical_data(tmp_path: Path) -> None:
         a = (tmp_path / "a" / "tiny" / name).read_bytes()
         assert a == (tmp_path / "b" / "tiny" / name).read_bytes()
     assert (tmp_path / "a" / "tiny" / "plot1.png").stat().st_size > 1000
+    (tmp_path / "a" / "tiny" / "plot1.png").unlink()
+    assert main([str(exp), "--out", str(tmp_path / "a"), "--replot"]) == 0
+    assert (tmp_path / "a" / "tiny" / "plot1.png").stat().st_size > 1000
     assert main([str(exp), "--out", str(tmp_path / "c"), "--no-progress", "--seed", "4"]) == 0
     assert ((tmp_path / "c" / "tiny" / "results.json").read_bytes()
             != (tmp_path / "a" / "tiny" / "results.json").read_bytes())
