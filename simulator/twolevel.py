@@ -167,11 +167,16 @@ class Allocator:
         held what it placed); on the others, what was available grows by the lock."""
         if self.outstanding.pop(offer.id, None) is None:
             return
+        # Built from a copy of the offer (thousands of machines, copied in C) with the
+        # few machines freed meanwhile merged in, not one machine at a time.
+        merged = dict(offer.locks)
+        for mid, have in self.available.items():
+            lock = merged.get(mid)
+            merged[mid] = have if lock is None else have + lock
+        for mid in touched:
+            merged.pop(mid, None)
+        self.available = merged
         snap = self.cell.snapshot()
-        for mid, lock in offer.locks.items():
-            if mid not in touched:
-                have = self.available.get(mid)
-                self.available[mid] = lock if have is None else have + lock
         for mid in touched:
             self._recount(snap, mid)
 
@@ -209,7 +214,8 @@ class OfferView:
         self._visible = visible
         if before is None:
             before = frozenset(self.cell.snapshot().machines.keys())
-        changed: Changes = [(KeyKind.MACHINE, mid) for mid in sorted(before ^ visible)]
+        # In no particular order: the runtime only collects them in a set.
+        changed: Changes = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
         snap = self.snapshot()
         for listener in self._listeners:
             listener(snap, changed)
