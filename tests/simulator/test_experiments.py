@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,8 @@ import pytest
 from simulator.cli import main
 from simulator.experiment import load
 from simulator.workload import InputError, load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = """\
 name = "tiny"
@@ -59,8 +64,11 @@ y = ["batch_wait_mean_s", "service_wait_mean_s"]
 def test_same_file_and_seed_give_identical_data(tmp_path: Path) -> None:
     exp = tmp_path / "tiny.toml"
     exp.write_text(SMALL)
-    for out in ("a", "b"):
-        assert main([str(exp), "--out", str(tmp_path / out), "--no-progress"]) == 0
+    assert main([str(exp), "--out", str(tmp_path / "a"), "--no-progress"]) == 0
+    # Another process with another string-hash seed: set orders must not matter.
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "simulator", str(exp), "--out", str(tmp_path / "b"),
+                    "--no-progress"], check=True, cwd=ROOT, env=env, capture_output=True)
     for name in ("results.json", "results.csv"):
         a = (tmp_path / "a" / "tiny" / name).read_bytes()
         assert a == (tmp_path / "b" / "tiny" / name).read_bytes()
