@@ -164,10 +164,11 @@ class SimCell:
             raise SimCellError(f"job {job.id!r} exists already")
         return self._put_job(job)
 
-    def release_tasks(self, tids: Sequence[str], outcome: TaskState = TaskState.FINISHED
-                      ) -> list[str]:
+    def release_tasks(self, tids: Sequence[str], outcome: TaskState = TaskState.FINISHED,
+                      placed_at: int | None = None) -> list[str]:
         """End running tasks (one write for all of them) and free their holds. Tasks
-        that no longer run (preempted meanwhile) are skipped; returns those released."""
+        that no longer run (preempted meanwhile) are skipped, and with ``placed_at``
+        also tasks placed again since that revision; returns those released."""
         snap = self._snap
         by_machine: dict[str, list[str]] = {}
         records: list[TaskRecord] = []
@@ -175,6 +176,8 @@ class SimCell:
             rec = snap.tasks.get(tid)
             if rec is None or rec.state is not TaskState.RUNNING:
                 continue
+            if placed_at is not None and rec.revision != placed_at:
+                continue  # a later placement of the task: its own end event frees it
             by_machine.setdefault(rec.machine, []).append(tid)
             records.append(rec)
         if not records:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from cellstate.cell import CellSnapshot
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
@@ -175,15 +176,16 @@ class Simulation:
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
             if job.duration is not None:
                 tids = [c.task for c in res.committed]
-                self.loop.at(now + job.duration, END, _bind(self._end, job_id, tids))
+                self.loop.at(now + job.duration, END,
+                             _bind(self._end, job_id, tids, res.revision))
 
-    def _end(self, job_id: str, tids: list[str]) -> None:
-        released = self.cell.release_tasks(tids, TaskState.FINISHED)
+    def _end(self, job_id: str, tids: list[str], placed_at: int) -> None:
+        released = self.cell.release_tasks(tids, TaskState.FINISHED, placed_at)
         self._running[job_id] -= len(released)
         self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
         self._maybe_forget(job_id)
 
-    def _watch(self, snap: Any, changes: Changes | None) -> None:
+    def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
         for kind, ident in changes or ():
             if kind is KeyKind.STATUS and ident not in self._abandoned:
                 status = snap.statuses.get(ident)
@@ -249,7 +251,7 @@ class Simulation:
         return out
 
 
-def _state(snap: Any, tid: str) -> TaskState:
+def _state(snap: CellSnapshot, tid: str) -> TaskState:
     rec = snap.tasks.get(tid)
     return TaskState.PENDING if rec is None else rec.state
 

@@ -73,3 +73,13 @@ def test_same_commit_results(mode: TxnMode, detection: Detection, seed: int) -> 
                 (r.claim.task, r.reason) for r in b.rejected]
         seen.append((store.read_snapshot(), sim.snapshot()))
         assert _outcome(seen[-1][0]) == _outcome(seen[-1][1])
+
+
+def test_an_end_event_of_an_earlier_placement_releases_nothing() -> None:
+    """A task preempted and placed again must not be ended by its first placement's
+    end event (the simulator passes the revision the task was placed at)."""
+    _, sim = _cells()
+    first = sim.commit(Transaction("a", (Claim("j1", 0, "m0"),), job="j1"))
+    assert sim.release_tasks(["j1/0"], placed_at=first.revision - 1) == []
+    assert sim.release_tasks(["j1/0"], placed_at=first.revision) == ["j1/0"]
+    assert sim.release_tasks(["j1/0"]) == []  # finished already
