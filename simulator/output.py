@@ -70,8 +70,13 @@ def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Pa
         for y in spec.y:
             label = " ".join(str(p) for p in (group, y if len(spec.y) > 1 or not group else "")
                              if p not in (None, ""))
-            ax.plot(xs, [r.metrics.get(y, float("nan")) for r in runs], marker="o",
-                    label=label or y)
+            ys = [r.metrics.get(y, float("nan")) for r in runs]
+            if all(f"{y}_mad" in r.metrics for r in runs):
+                # Busyness comes with its median absolute deviation: the paper's error bars.
+                ax.errorbar(xs, ys, yerr=[r.metrics[f"{y}_mad"] for r in runs], marker="o",
+                            capsize=3, label=label or y)
+            else:
+                ax.plot(xs, ys, marker="o", label=label or y)
     ax.set_xlabel(spec.x)
     ax.set_ylabel(spec.ylabel or ", ".join(spec.y))
     if spec.logx:

@@ -57,7 +57,7 @@ values = [1, 10]
 
 [[plot]]
 x = "t_job_service"
-y = ["batch_wait_mean_s", "service_wait_mean_s"]
+y = ["batch_wait_mean_s", "service_wait_mean_s", "batch_busyness"]
 """
 
 
