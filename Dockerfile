@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY cellstate ./cellstate
 COPY schedulers ./schedulers
+COPY simulator ./simulator
 RUN pip install . && useradd --create-home omega
 USER omega
 # A service's command names the process, e.g. ["omega", "server", ...].

@@ -198,10 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_simulator(sub: Any) -> None:
-    try:
-        from simulator.cli import register  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return
+    from simulator.cli import register
+
     register(sub)
 
 
@@ -272,7 +270,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd in ("check", "recover"):
         return _admin(args)
     if cmd == "simulate":
-        runner: Callable[[argparse.Namespace], int] = args.run
+        runner: Callable[[argparse.Namespace], int] = args.func
         return runner(args)
     from cellstate.api.client import CellClient
 

@@ -113,6 +113,18 @@ class RuntimeConfig:
     options: dict[str, Any] = attrs.field(factory=dict)  # handed to the policy's Context
 
 
+@attrs.frozen
+class Attempt:
+    """A decision made but not yet committed (see :meth:`SchedulerInstance.decide`)."""
+
+    jobs: tuple[Job, ...]
+    plan: Plan
+    cost: float  # decision time to charge, from the ``decision_cost`` hook
+    started_at: float
+    snap: CellSnapshot
+    now: float  # the time the policy was told (Context.now)
+
+
 @attrs.define
 class _JobState:
     first_attempt_at: float | None = None
@@ -308,6 +320,17 @@ class SchedulerInstance:
 
     def step(self) -> float:
         """Do one unit of work; returns the seconds until there may be more."""
+        attempt = self.decide()
+        if isinstance(attempt, Attempt):
+            self.finish(attempt)
+            return 0.0
+        return attempt
+
+    def decide(self) -> Attempt | float:
+        """The first half of :meth:`step`: take the due jobs, snapshot, ask the policy.
+        Returns the attempt to hand to :meth:`finish`, or the seconds until there may
+        be work. Split so that a simulator can let the decision take (virtual) time
+        between snapshot and commit, as Omega's schedulers do."""
         now = self.clock()
         self._keep_alive(now)
         dirty, touched = self._take_changes()
@@ -317,15 +340,13 @@ class SchedulerInstance:
         self._reap_orphans(snap, now)
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
-            self._attempt(snap, [], now, propose=True)
-            return 0.0
+            return self._decide(snap, [], now, propose=True)
         due = [j for j in self.queued() if self._state(j).next_try_at <= now]
         if not due:
             waits = [self._state(j).next_try_at - now for j in self._queue]
             return max(min(waits), 0.0) if waits else self.config.idle_wait
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
-        self._attempt(snap, jobs, now)
-        return 0.0
+        return self._decide(snap, jobs, now)
 
     def _state(self, jid: str) -> _JobState:
         st = self._jobs.get(jid)
@@ -333,8 +354,8 @@ class SchedulerInstance:
             st = self._jobs[jid] = _JobState()
         return st
 
-    def _attempt(self, snap: CellSnapshot, jobs: list[Job], now: float,
-                 propose: bool = False) -> None:
+    def _decide(self, snap: CellSnapshot, jobs: list[Job], now: float,
+                propose: bool = False) -> Attempt:
         view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
                         self._machine_ids)
         ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options)
@@ -351,15 +372,26 @@ class SchedulerInstance:
         else:
             plan = self.policy.schedule_job(ctx, jobs[0])
         cost = self.decision_cost(jobs, plan, time.perf_counter() - started)
+        return Attempt(tuple(jobs), plan, cost, now, snap, ctx.now)
+
+    def finish(self, attempt: Attempt) -> dict[str, CommitResult]:
+        """The second half of :meth:`step`: commit the attempt's plan, record it, and
+        queue, retry or abandon its jobs. Returns the commit result per job."""
+        plan = attempt.plan
         for job_id, count in plan.resize.items():
             try:
                 self.store.resize_job(job_id, count)
             except StoreError as e:
                 log.warning("%s: resize of %s refused: %s", self.scheduler, job_id, e)
-        results = self._commit(snap, plan, ctx.now)
-        self.metrics.record_decision([j.id for j in jobs], cost, list(results.values()))
-        for job in jobs:
+        results = self._commit(attempt.snap, plan, attempt.now)
+        self.metrics.record_decision([j.id for j in attempt.jobs], attempt.cost,
+                                     list(results.values()))
+        # Retries count from the end of the attempt (equal to its start when deciding
+        # takes no virtual time).
+        now = self.clock()
+        for job in attempt.jobs:
             self._after_attempt(job, plan, results.get(job.id), now)
+        return results
 
     def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:
         by_job: dict[str, list[Claim]] = {}

@@ -1,0 +1,68 @@
+"""Simulator speed: simulated seconds per wall-clock second, per architecture.
+
+The cell is Omega's example cell (10,000 machines x 4 CPUs x 16 GB) prefilled to 60%
+of its CPUs; the workload is the default batch and service workload (simulator/
+config.py: batch jobs every 10 s of 100 tasks running 100 s, service jobs every 20 s
+of 10 tasks running 500 s, all exponential, 1 CPU and 2 GB per task) with the
+paper's decision times (t_job 0.1 s, t_task 5 ms). Each architecture runs HOURS
+simulated hours after the prefill; the rate excludes the prefill, which is printed
+on its own. The goal (issue 5) is 7 simulated days in at most 5 minutes, i.e. at
+least 2,016 simulated seconds per second.
+
+    python benchmarks/simulator_speed.py [--hours 2] [--arch shared,...] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from cellstate.gc_tuning import tune_for_large_heap
+from simulator.config import Architecture, SimConfig, monolithic, shared_state
+from simulator.sim import Simulation
+
+GOAL = 7 * 86_400 / 300  # simulated seconds per wall second
+
+ARCHITECTURES = {
+    "monolithic-single-path": (Architecture.MONOLITHIC, monolithic(0.1, multi_path=False)),
+    "monolithic-multi-path": (Architecture.MONOLITHIC, monolithic(0.1, multi_path=True)),
+    "two-level": (Architecture.TWO_LEVEL, shared_state()),
+    "shared-state": (Architecture.SHARED, shared_state()),
+}
+
+
+def measure(name: str, hours: float, seed: int) -> tuple[float, float, float, int]:
+    arch, schedulers = ARCHITECTURES[name]
+    horizon = hours * 3600
+    sim = Simulation(SimConfig(arch, schedulers, horizon=horizon, day=horizon, seed=seed))
+    marks: list[float] = [time.perf_counter()]
+
+    def loaded() -> None:
+        tune_for_large_heap()
+        marks.append(time.perf_counter())
+
+    sim.run(after_prefill=loaded)
+    end = time.perf_counter()
+    placed = sum(s.tasks_placed for s in sim.recorder.schedulers.values())
+    return marks[1] - marks[0], end - marks[1], horizon, placed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hours", type=float, default=2.0, help="simulated hours per run")
+    p.add_argument("--arch", default=",".join(ARCHITECTURES),
+                   help="comma-separated: " + ", ".join(ARCHITECTURES))
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    print(f"{'architecture':24} {'prefill s':>9} {'run s':>8} {'sim-s/s':>9} "
+          f"{'tasks/s':>8} {'7 days':>9}  goal >= {GOAL:,.0f} sim-s/s")
+    for name in args.arch.split(","):
+        prefill, wall, horizon, placed = measure(name.strip(), args.hours, args.seed)
+        rate = horizon / wall
+        week = 7 * 86_400 / rate
+        print(f"{name:24} {prefill:9.1f} {wall:8.1f} {rate:9.0f} {placed / wall:8.0f} "
+              f"{week / 60:7.1f} m  {'met' if rate >= GOAL else 'missed'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

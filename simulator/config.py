@@ -1,0 +1,132 @@
+"""What one simulation run is: cell, workload, schedulers, architecture, horizon, seed.
+
+These values are built from an experiment file (simulator/experiment.py) or in code
+(tests, benchmarks). The defaults are the Omega simulator's example setup (see
+docs/simulator.md): 10,000 machines of 4 CPUs and 16 GB, batch jobs every 10 s of
+100 tasks running 100 s, service jobs every 20 s of 10 tasks running 500 s, all
+exponential, tasks of 1 CPU and 2 GB, and the cell prefilled to 60% of its CPUs.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from cellstate.model import Detection, JobKind, TxnMode
+from simulator.workload import Distribution, JobClass, Prefill
+
+
+class Architecture(enum.Enum):
+    SHARED = "shared"  # Omega: every scheduler commits to the shared cell state
+    MONOLITHIC = "monolithic"  # one scheduler for every job (single- or multi-path)
+    TWO_LEVEL = "two-level"  # Mesos: an allocator offers resources to frameworks
+
+
+@attrs.frozen
+class DecisionTime:
+    """t_decision = t_job + t_task x tasks (Omega §4), per job kind."""
+
+    t_job: float = 0.1
+    t_task: float = 0.005
+
+    def of(self, tasks: int) -> float:
+        return self.t_job + self.t_task * tasks
+
+
+@attrs.frozen
+class SchedulerSpec:
+    """A scheduler: a policy under a name, run as ``instances`` instances that share
+    its jobs by hashing job ids. ``serves`` names the workload classes whose jobs it
+    gets. ``decision`` maps a job kind to its decision time; a kind not named takes
+    ``default``. With ``measured`` set, the policy's real decision time is charged
+    (times ``measured_scale``) instead of the model."""
+
+    name: str
+    serves: tuple[str, ...]
+    policy: str = "batch"
+    instances: int = 1
+    decision: dict[JobKind, DecisionTime] = attrs.field(factory=dict)
+    default: DecisionTime = DecisionTime()
+    measured: bool = False
+    measured_scale: float = 1.0
+    mode: TxnMode = TxnMode.INCREMENTAL
+    detection: Detection = Detection.FINE
+
+    def decision_for(self, kind: JobKind) -> DecisionTime:
+        return self.decision.get(kind, self.default)
+
+
+@attrs.frozen
+class CellSpec:
+    machines: int = 10_000
+    cpu: float = 4.0
+    mem: float = 16.0
+
+
+@attrs.frozen
+class TwoLevelSpec:
+    """The Mesos-like allocator (Omega §4.2): offers go out every ``offer_interval``
+    seconds, each costing ``offer_cost`` seconds of the allocator's time."""
+
+    offer_interval: float = 1.0
+    offer_cost: float = 0.001
+
+
+@attrs.frozen
+class RetrySpec:
+    """Omega's simulator: retry after 1 s; give up after 1,000 attempts or 100 in a
+    row that placed nothing."""
+
+    delay: float = 1.0
+    max_delay: float = 1.0
+    max_attempts: int = 1000
+    max_fruitless: int = 100
+
+
+BATCH = JobClass("batch", JobKind.BATCH, Distribution.exponential(10.0),
+                 Distribution.exponential(100.0), Distribution.exponential(100.0))
+SERVICE = JobClass("service", JobKind.SERVICE, Distribution.exponential(20.0),
+                   Distribution.exponential(10.0), Distribution.exponential(500.0))
+
+
+@attrs.frozen
+class SimConfig:
+    architecture: Architecture
+    schedulers: tuple[SchedulerSpec, ...]
+    classes: tuple[JobClass, ...] = (BATCH, SERVICE)
+    cell: CellSpec = CellSpec()
+    prefill: Prefill | None = attrs.field(factory=Prefill)
+    horizon: float = 86_400.0
+    seed: int = 0
+    trace: str | None = None  # a trace file replaces the generators
+    retry: RetrySpec = RetrySpec()
+    two_level: TwoLevelSpec = TwoLevelSpec()
+    sample_interval: float = 60.0  # utilization samples
+    day: float = 86_400.0  # the period of busyness values (shorter for short runs)
+
+    def scheduler_of(self, cls: str) -> SchedulerSpec:
+        for s in self.schedulers:
+            if cls in s.serves:
+                return s
+        raise ValueError(f"no scheduler serves workload class {cls!r}")
+
+
+def shared_state(batch_schedulers: int = 1, t_job_service: float = 0.1,
+                 mode: TxnMode = TxnMode.INCREMENTAL,
+                 detection: Detection = Detection.FINE) -> tuple[SchedulerSpec, ...]:
+    """Omega's setup: batch scheduler(s) and one service scheduler."""
+    return (
+        SchedulerSpec("batch", ("batch",), instances=batch_schedulers, mode=mode,
+                      detection=detection),
+        SchedulerSpec("service", ("service",), mode=mode, detection=detection,
+                      default=DecisionTime(t_job_service, 0.005)),
+    )
+
+
+def monolithic(t_job_service: float = 0.1, multi_path: bool = False
+               ) -> tuple[SchedulerSpec, ...]:
+    """One scheduler for all jobs; multi-path gives batch jobs the fast decision."""
+    slow = DecisionTime(t_job_service, 0.005)
+    decision = {JobKind.SERVICE: slow, JobKind.BATCH: DecisionTime() if multi_path else slow}
+    return (SchedulerSpec("monolithic", ("batch", "service"), decision=decision),)

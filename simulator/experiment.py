@@ -1,0 +1,432 @@
+"""Experiment files: one TOML file per experiment (cell, workload, schedulers, sweep,
+plots). See docs/simulator.md for the format. Every error names the file, the line
+(as well as it can be found) and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+
+from cellstate.model import Detection, JobKind, TxnMode
+from simulator.config import (
+    Architecture,
+    CellSpec,
+    DecisionTime,
+    RetrySpec,
+    SchedulerSpec,
+    SimConfig,
+    TwoLevelSpec,
+)
+from simulator.workload import Distribution, InputError, JobClass, Prefill
+
+Doc = dict[str, Any]
+Path_ = tuple[str | int, ...]
+# Arrays of tables whose entries a path picks by their ``name``.
+_NAMED_ARRAYS = ("workload", "scheduler")
+
+
+@attrs.frozen
+class Axis:
+    """One sweep dimension: each value is set at every path in ``set``; a value that is
+    a list as long as ``set`` gives its i-th element to the i-th path. ``labels`` name
+    the values in results and plots (default: the values themselves)."""
+
+    name: str
+    paths: tuple[str, ...]
+    values: tuple[Any, ...]
+    labels: tuple[Any, ...]
+
+    def assignments(self, value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, list) and len(self.paths) > 1 and len(value) == len(self.paths):
+            return list(zip(self.paths, value, strict=True))
+        return [(p, value) for p in self.paths]
+
+
+@attrs.frozen
+class PlotSpec:
+    x: str
+    y: tuple[str, ...]
+    series: str = ""  # a sweep axis: one line per value
+    title: str = ""
+    ylabel: str = ""
+    logx: bool = False
+    logy: bool = False
+    file: str = ""
+
+
+@attrs.frozen
+class Run:
+    """One point of the sweep: the axis values and the config they give."""
+
+    point: dict[str, Any]
+    config: SimConfig
+
+
+@attrs.frozen
+class Experiment:
+    name: str
+    description: str
+    path: Path
+    axes: tuple[Axis, ...]
+    runs: tuple[Run, ...]
+    plots: tuple[PlotSpec, ...]
+
+
+class _Where:
+    """Turns a field path into "file, line N, field a.b.c"."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def error(self, field: Path_, message: str) -> InputError:
+        line = self.line_of(field)
+        at = f", line {line}" if line else ""
+        name = ".".join(str(p) for p in field)
+        return InputError(f"{self.path}{at}, field {name!r}: {message}")
+
+    def line_of(self, field: Path_) -> int | None:
+        if not field:
+            return None
+        start, stop = 0, len(self.lines)
+        rest: list[str | int] = list(field)
+        head = str(rest.pop(0))
+        if rest and isinstance(rest[0], int):
+            index = rest.pop(0)
+            assert isinstance(index, int)
+            hits = [i for i, t in enumerate(self.lines)
+                    if re.match(rf"\s*\[\[\s*{re.escape(head)}\s*\]\]", t)]
+            if index >= len(hits):
+                return None
+            start = hits[index]
+            stop = self._next_header(start)
+            if not rest:
+                return start + 1
+        elif rest:
+            hits = [i for i, t in enumerate(self.lines)
+                    if re.match(rf"\s*\[\s*{re.escape(head)}\s*\]", t)]
+            if hits:
+                start, stop = hits[0], self._next_header(hits[0])
+            else:
+                rest.insert(0, head)
+        else:
+            rest = [head]
+            stop = self._next_header(-1)
+        key = str(rest[0])
+        for i in range(start, stop):
+            if re.match(rf"\s*\"?{re.escape(key)}\"?\s*=", self.lines[i]):
+                return i + 1
+        return start + 1 if start or field[0] != key else None
+
+    def _next_header(self, after: int) -> int:
+        for i in range(after + 1, len(self.lines)):
+            if re.match(r"\s*\[", self.lines[i]):
+                return i
+        return len(self.lines)
+
+
+def load(path: Path) -> Experiment:
+    """Read and check an experiment file; every run of its sweep is built (and so
+    checked) before anything runs."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from e
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path}: not valid TOML: {e}") from e
+    where = _Where(path, text)
+    _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
+                           "sample_interval", "trace", "cell", "prefill", "workload",
+                           "scheduler", "retry", "two_level", "sweep", "plot"})
+    name = _str(where, ("name",), doc.get("name", path.stem))
+    axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
+                                                                  doc.get("sweep", []))))
+    plots = tuple(_plot(where, i, p, axes) for i, p in enumerate(_list(where, ("plot",),
+                                                                       doc.get("plot", []))))
+    runs = []
+    for combo in itertools.product(*(a.values for a in axes)) if axes else [()]:
+        run_doc = copy.deepcopy(doc)
+        point: dict[str, Any] = {}
+        for axis, value in zip(axes, combo, strict=True):
+            point[axis.name] = axis.labels[axis.values.index(value)]
+            for p, v in axis.assignments(value):
+                _set(where, run_doc, axis, p, v)
+        try:
+            runs.append(Run(point, _config(where, run_doc)))
+        except InputError as e:
+            if point:
+                raise InputError(f"{e} (in the sweep run {point})") from e
+            raise
+    return Experiment(name, str(doc.get("description", "")), path, axes, tuple(runs), plots)
+
+
+# -- the sweep -----------------------------------------------------------------------
+
+
+def _axis(where: _Where, i: int, raw: object) -> Axis:
+    at: Path_ = ("sweep", i)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"name", "set", "values", "labels"})
+    paths = tuple(_str(where, (*at, "set"), p) for p in _list(where, (*at, "set"),
+                                                                t.get("set")))
+    values = tuple(_list(where, (*at, "values"), t.get("values")))
+    if not paths or not values:
+        raise where.error((*at, "set" if not paths else "values"), "must not be empty")
+    labels = tuple(_list(where, (*at, "labels"), t.get("labels", list(values))))
+    if len(labels) != len(values):
+        raise where.error((*at, "labels"), f"has {len(labels)} entries for {len(values)} values")
+    return Axis(_str(where, (*at, "name"), t.get("name")), paths, values, labels)
+
+
+def _set(where: _Where, doc: Doc, axis: Axis, dotted: str, value: Any) -> None:
+    """Set ``value`` at a dotted path; arrays of named tables are entered by name."""
+    parts = dotted.split(".")
+    node: Any = doc
+    for j, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            found = [x for x in node if isinstance(x, dict) and x.get("name") == part]
+            if not found:
+                raise where.error(("sweep",), f"axis {axis.name!r}: path {dotted!r}: no "
+                                  f"entry named {part!r} in {'.'.join(parts[:j])!r}")
+            node = found[0]
+            continue
+        if not isinstance(node, dict):
+            raise where.error(("sweep",), f"axis {axis.name!r}: path {dotted!r} does not lead"
+                              " to a table")
+        node = node.setdefault(part, {})
+    if not isinstance(node, dict):
+        raise where.error(("sweep",), f"axis {axis.name!r}: path {dotted!r} does not lead to"
+                          " a table")
+    node[parts[-1]] = value
+
+
+def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpec:
+    at: Path_ = ("plot", i)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"x", "y", "series", "title", "ylabel", "logx", "logy", "file"})
+    names = {a.name for a in axes}
+    x = _str(where, (*at, "x"), t.get("x"))
+    series = _str(where, (*at, "series"), t["series"]) if "series" in t else ""
+    for field, value in (("x", x), ("series", series)):
+        if value and value not in names:
+            raise where.error((*at, field), f"{value!r} is not a sweep axis (axes: "
+                              f"{', '.join(sorted(names)) or 'none'})")
+    ys = tuple(_str(where, (*at, "y"), y) for y in _list(where, (*at, "y"), t.get("y")))
+    return PlotSpec(x, ys, series, str(t.get("title", "")), str(t.get("ylabel", "")),
+                    bool(t.get("logx", False)), bool(t.get("logy", False)),
+                    str(t.get("file", "")) or f"plot{i + 1}.png")
+
+
+# -- one run's configuration ---------------------------------------------------------------
+
+
+def _config(where: _Where, doc: Doc) -> SimConfig:
+    arch = _enum(where, ("architecture",), doc.get("architecture", "shared"), Architecture)
+    horizon = _num(where, ("horizon",), doc.get("horizon", 86_400.0), positive=True)
+    classes = tuple(_job_class(where, i, w) for i, w in enumerate(
+        _list(where, ("workload",), doc.get("workload", []))))
+    if not classes:
+        raise where.error(("workload",), "an experiment needs at least one [[workload]]")
+    schedulers = tuple(_scheduler(where, i, s) for i, s in enumerate(
+        _list(where, ("scheduler",), doc.get("scheduler", []))))
+    for i, s in enumerate(schedulers):
+        for c in s.serves:
+            if c not in {k.name for k in classes}:
+                raise where.error(("scheduler", i, "serves"), f"{c!r} is not a workload class")
+    served = {c: s.name for s in schedulers for c in s.serves}
+    for i, k in enumerate(classes):
+        if k.name not in served:
+            raise where.error(("workload", i, "name"), f"no [[scheduler]] serves {k.name!r}")
+    seed = _num(where, ("seed",), doc.get("seed", 0))
+    trace = doc.get("trace")
+    return SimConfig(
+        arch, schedulers, classes, _cell(where, doc.get("cell", {})),
+        _prefill(where, doc.get("prefill", {"utilization": 0.0})), horizon,
+        int(seed), _str(where, ("trace",), trace) if trace is not None else None,
+        _retry(where, doc.get("retry", {})), _two_level(where, doc.get("two_level", {})),
+        _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
+        _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True))
+
+
+def _cell(where: _Where, raw: object) -> CellSpec:
+    t = _table(where, ("cell",), raw)
+    _only(where, ("cell",), t, {"machines", "cpu", "mem"})
+    machines = _num(where, ("cell", "machines"), t.get("machines", 10_000), positive=True)
+    if machines != int(machines):
+        raise where.error(("cell", "machines"), "must be a whole number")
+    return CellSpec(int(machines), _num(where, ("cell", "cpu"), t.get("cpu", 4.0), True),
+                    _num(where, ("cell", "mem"), t.get("mem", 16.0), True))
+
+
+def _prefill(where: _Where, raw: object) -> Prefill | None:
+    at: Path_ = ("prefill",)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"utilization", "tasks", "cpu", "mem", "duration"})
+    util = _num(where, (*at, "utilization"), t.get("utilization", 0.6))
+    if util > 1:
+        raise where.error((*at, "utilization"), f"{util:g} is above 1 (a fraction of the CPUs)")
+    if util == 0:
+        return None
+    duration = t.get("duration")
+    return Prefill(util, int(_num(where, (*at, "tasks"), t.get("tasks", 100), True)),
+                   _num(where, (*at, "cpu"), t.get("cpu", 1.0), True),
+                   _num(where, (*at, "mem"), t.get("mem", 2.0)),
+                   None if duration is None else _num(where, (*at, "duration"), duration))
+
+
+def _job_class(where: _Where, i: int, raw: object) -> JobClass:
+    at: Path_ = ("workload", i)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
+                         "rate_scale"})
+    name = _str(where, (*at, "name"), t.get("name"))
+    kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
+    for field in ("interarrival", "tasks", "duration"):
+        if field not in t:
+            raise where.error((*at, field), "missing (a distribution)")
+
+    def dist(field: str, default: float) -> Distribution:
+        return _dist(where, (*at, field), t.get(field, default))
+
+    return JobClass(name, kind, dist("interarrival", 0), dist("tasks", 0), dist("duration", 0),
+                    dist("cpu", 1.0), dist("mem", 2.0),
+                    _num(where, (*at, "rate_scale"), t.get("rate_scale", 1.0), positive=True))
+
+
+def _dist(where: _Where, at: Path_, raw: object) -> Distribution:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return Distribution.fixed(_num(where, at, raw))
+    t = _table(where, at, raw)
+    kind = t.get("dist")
+    if kind == "fixed":
+        _only(where, at, t, {"dist", "value"})
+        return Distribution.fixed(_num(where, (*at, "value"), t.get("value")))
+    if kind == "exponential":
+        _only(where, at, t, {"dist", "mean"})
+        return Distribution.exponential(_num(where, (*at, "mean"), t.get("mean"), True))
+    if kind == "empirical":
+        _only(where, at, t, {"dist", "quantiles"})
+        q = [_num(where, (*at, "quantiles"), v) for v in _list(where, (*at, "quantiles"),
+                                                               t.get("quantiles"))]
+        if len(q) < 2 or any(b < a for a, b in itertools.pairwise(q)):
+            raise where.error((*at, "quantiles"), "needs at least 2 values, in rising order")
+        return Distribution.empirical(q)
+    raise where.error((*at, "dist"), f"{kind!r} is not one of fixed, exponential, empirical")
+
+
+def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
+    at: Path_ = ("scheduler", i)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"name", "serves", "policy", "instances", "decision", "measured",
+                         "measured_scale", "mode", "detection"})
+    name = _str(where, (*at, "name"), t.get("name"))
+    serves = tuple(_str(where, (*at, "serves"), s) for s in _list(where, (*at, "serves"),
+                                                                    t.get("serves", [name])))
+    instances = _num(where, (*at, "instances"), t.get("instances", 1), positive=True)
+    if instances != int(instances):
+        raise where.error((*at, "instances"), "must be a whole number")
+    dec = _table(where, (*at, "decision"), t.get("decision", {}))
+    default = DecisionTime()
+    per_kind: dict[JobKind, DecisionTime] = {}
+    for key, value in dec.items():
+        d = _decision(where, (*at, "decision", key), value)
+        if key == "default":
+            default = d
+        else:
+            per_kind[_enum(where, (*at, "decision", key), key, JobKind)] = d
+    return SchedulerSpec(
+        name, serves, _str(where, (*at, "policy"), t.get("policy", "batch")), int(instances),
+        per_kind, default, bool(t.get("measured", False)),
+        _num(where, (*at, "measured_scale"), t.get("measured_scale", 1.0), True),
+        _enum(where, (*at, "mode"), t.get("mode", "incremental"), TxnMode),
+        _enum(where, (*at, "detection"), t.get("detection", "fine"), Detection))
+
+
+def _decision(where: _Where, at: Path_, raw: object) -> DecisionTime:
+    t = _table(where, at, raw)
+    _only(where, at, t, {"t_job", "t_task"})
+    return DecisionTime(_num(where, (*at, "t_job"), t.get("t_job", 0.1)),
+                        _num(where, (*at, "t_task"), t.get("t_task", 0.005)))
+
+
+def _retry(where: _Where, raw: object) -> RetrySpec:
+    t = _table(where, ("retry",), raw)
+    _only(where, ("retry",), t, {"delay", "max_delay", "max_attempts", "max_fruitless"})
+    d = RetrySpec()
+    return RetrySpec(_num(where, ("retry", "delay"), t.get("delay", d.delay), True),
+                     _num(where, ("retry", "max_delay"), t.get("max_delay", d.max_delay), True),
+                     int(_num(where, ("retry", "max_attempts"),
+                              t.get("max_attempts", d.max_attempts), True)),
+                     int(_num(where, ("retry", "max_fruitless"),
+                              t.get("max_fruitless", d.max_fruitless), True)))
+
+
+def _two_level(where: _Where, raw: object) -> TwoLevelSpec:
+    t = _table(where, ("two_level",), raw)
+    _only(where, ("two_level",), t, {"offer_interval", "offer_cost"})
+    d = TwoLevelSpec()
+    return TwoLevelSpec(
+        _num(where, ("two_level", "offer_interval"), t.get("offer_interval", d.offer_interval),
+             True),
+        _num(where, ("two_level", "offer_cost"), t.get("offer_cost", d.offer_cost)))
+
+
+# -- field checks ------------------------------------------------------------------------
+
+
+def _only(where: _Where, at: Path_, t: Doc, allowed: set[str]) -> None:
+    for key in t:
+        if key not in allowed:
+            raise where.error((*at, key), f"unknown field (expected one of "
+                              f"{', '.join(sorted(allowed))})")
+
+
+def _table(where: _Where, at: Path_, raw: object) -> Doc:
+    if not isinstance(raw, dict):
+        raise where.error(at, f"must be a table, got {_show(raw)}")
+    return raw
+
+
+def _list(where: _Where, at: Path_, raw: object) -> list[Any]:
+    if not isinstance(raw, list):
+        raise where.error(at, f"must be a list, got {_show(raw)}")
+    return raw
+
+
+def _str(where: _Where, at: Path_, raw: object) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise where.error(at, f"must be a non-empty string, got {_show(raw)}")
+    return raw
+
+
+def _num(where: _Where, at: Path_, raw: object, positive: bool = False) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise where.error(at, f"must be a number, got {_show(raw)}")
+    if raw < 0 or (positive and raw == 0):
+        raise where.error(at, f"must be {'positive' if positive else 'non-negative'}, "
+                          f"got {raw!r}")
+    return float(raw)
+
+
+E = TypeVar("E", Architecture, JobKind, TxnMode, Detection)
+
+
+def _enum(where: _Where, at: Path_, raw: object, cls: type[E]) -> E:
+    values = [str(m.value) for m in cls]
+    if not isinstance(raw, str) or raw not in values:
+        raise where.error(at, f"{_show(raw)} is not one of {', '.join(values)}")
+    return cls(raw)
+
+
+def _show(raw: object) -> str:
+    return "nothing" if raw is None else f"{type(raw).__name__} {raw!r}"

@@ -1,0 +1,276 @@
+"""One simulation run: builds the cell, workload and schedulers of a :class:`SimConfig`,
+runs the event loop to the horizon, and returns the metrics.
+
+Jobs arrive from their class's generator (or a trace), are submitted to the cell and
+poke the scheduler instance that owns them (rendezvous hashing, as the runtime does).
+When an attempt commits, each job's committed tasks run for the job's duration and
+then end (one event per job and commit: the tasks of one commit end together).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from cellstate.cell import CellSnapshot
+from cellstate.keys import KeyKind
+from cellstate.model import (
+    PLACEABLE,
+    CommitResult,
+    Job,
+    JobState,
+    Machine,
+    Resources,
+    TaskState,
+    task_id,
+)
+from schedulers.batch import BatchPolicy
+from schedulers.registry import Registry
+from schedulers.runtime import Attempt, RuntimeConfig, SchedulerInstance, owner_of
+from simulator.cell import Changes, SimCell, capacity_of
+from simulator.config import Architecture, SchedulerSpec, SimConfig
+from simulator.drivers import InstanceDriver, decision_cost
+from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
+from simulator.recorder import Recorder
+from simulator.twolevel import Allocator, Framework, OfferView
+from simulator.workload import JobSpec, generate, load_trace
+
+# Leases never lapse in virtual time; an instance with no work sleeps until poked.
+_NEVER = 10**9
+
+
+class Driver(Protocol):
+    @property
+    def name(self) -> str: ...
+    def poke(self) -> None: ...
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, registry: Registry | None = None,
+                 base_dir: Path | None = None) -> None:
+        self.config = config
+        self.loop = EventLoop()
+        self.cell = SimCell()
+        self.recorder = Recorder(config.horizon, config.day)
+        self.registry = registry or Registry.from_entry_points()
+        self.base_dir = base_dir or Path.cwd()
+        self._running: dict[str, int] = {}  # job -> tasks running
+        self._ended: dict[str, int] = {}  # job -> tasks finished
+        self._jobs: dict[str, Job] = {}
+        self._instances: dict[str, list[str]] = {}
+        self._drivers: dict[tuple[str, str], Driver] = {}
+        self._abandoned: set[str] = set()
+        self.cell.add_machines(self._machines())
+        self.capacity = capacity_of(self.cell.snapshot())
+        self.allocator: Allocator | None = None
+        if config.architecture is Architecture.TWO_LEVEL:
+            self.allocator = Allocator(self.loop, self.cell, config.two_level, self.capacity)
+        self.cell.on_changes(self._watch)
+
+    # -- building ------------------------------------------------------------------------
+
+    def _machines(self) -> Iterator[Machine]:
+        c = self.config.cell
+        cap = Resources.of(cpu=c.cpu, mem=c.mem)
+        for i in range(c.machines):
+            yield Machine(f"m{i:05d}", cap, rack=f"r{i // 40:03d}",
+                          failure_domain=f"fd{i // 400:02d}")
+
+    def _runtime_config(self, spec: SchedulerSpec) -> RuntimeConfig:
+        r = self.config.retry
+        return RuntimeConfig(mode=spec.mode, detection=spec.detection,
+                             max_attempts=r.max_attempts, max_fruitless_attempts=r.max_fruitless,
+                             retry_delay=r.delay, max_retry_delay=r.max_delay,
+                             lease_ttl=_NEVER, idle_wait=math.inf)
+
+    def _add_schedulers(self) -> None:
+        for spec in self.config.schedulers:
+            names = [str(i) for i in range(spec.instances)]
+            self._instances[spec.name] = names
+            self.recorder.scheduler(spec.name, spec.instances)
+            for name in names:
+                source: SimCell | OfferView = self.cell
+                if self.allocator is not None:
+                    source = OfferView(self.cell)
+                inst = SchedulerInstance(
+                    self.registry.create(spec.policy), self.cell, source, scheduler=spec.name,
+                    instance=name, clock=self.loop.clock,
+                    rng=stream(self.config.seed, f"scheduler/{spec.name}/{name}"),
+                    config=self._runtime_config(spec), decision_cost=decision_cost(spec))
+                inst.start()
+                driver: Driver
+                if isinstance(source, OfferView) and self.allocator is not None:
+                    driver = Framework(self.loop, self.recorder, inst, source, self.allocator,
+                                       self._committed)
+                else:
+                    driver = InstanceDriver(self.loop, self.recorder, inst, self._committed)
+                self._drivers[(spec.name, name)] = driver
+
+    def _prefill(self) -> None:
+        """Fill the cell at time 0, with no decision time, by randomized first fit."""
+        p = self.config.prefill
+        if p is None:
+            return
+        inst = SchedulerInstance(BatchPolicy(), self.cell, self.cell, scheduler="prefill",
+                                 clock=self.loop.clock,
+                                 rng=stream(self.config.seed, "prefill"),
+                                 config=RuntimeConfig(lease_ttl=_NEVER, idle_wait=math.inf,
+                                                      max_fruitless_attempts=1))
+        inst.start()
+        for spec in p.jobs(self.capacity.get("cpu")):
+            self._submit(spec.job("prefill"))
+        while True:
+            attempt = inst.decide()
+            if not isinstance(attempt, Attempt):
+                break
+            self._committed(attempt, inst.finish(attempt))
+        inst.stop()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _arrivals(self) -> Iterator[JobSpec]:
+        if self.config.trace is not None:
+            kinds = {c.name: c.kind for c in self.config.classes}
+            path = Path(self.config.trace)
+            if not path.is_absolute():
+                path = self.base_dir / path
+            return iter(load_trace(path, kinds))
+        gens = [generate(c, stream(self.config.seed, f"workload/{c.name}"))
+                for c in self.config.classes]
+        return _merge(gens)
+
+    def _schedule_arrival(self, source: Iterator[JobSpec]) -> None:
+        spec = next(source, None)
+        if spec is None or spec.submit > self.config.horizon:
+            return
+
+        def arrive() -> None:
+            sched = self.config.scheduler_of(spec.cls)
+            job = spec.job(sched.name)
+            self._submit(job)
+            owner = owner_of(job.id, self._instances[sched.name])
+            if owner is not None:
+                self._drivers[(sched.name, owner)].poke()
+            self._schedule_arrival(source)
+
+        self.loop.at(spec.submit, ARRIVAL, arrive)
+
+    def _submit(self, job: Job) -> None:
+        self._jobs[job.id] = job
+        self.cell.submit_job(job)
+        if job.scheduler != "prefill":
+            self.recorder.submitted_job(job)
+
+    def _committed(self, attempt: Attempt, results: dict[str, CommitResult]) -> None:
+        now = self.loop.now
+        for job_id, res in results.items():
+            for victim in res.evicted:
+                vjob = victim.rpartition("/")[0]
+                self._running[vjob] -= 1
+            if not res.committed:
+                continue
+            job = self._jobs[job_id]
+            self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
+            if job.duration is not None:
+                tids = [c.task for c in res.committed]
+                self.loop.at(now + job.duration, END,
+                             _bind(self._end, job_id, tids, res.revision))
+
+    def _end(self, job_id: str, tids: list[str], placed_at: int) -> None:
+        released = self.cell.release_tasks(tids, TaskState.FINISHED, placed_at)
+        self._running[job_id] -= len(released)
+        self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
+        self._maybe_forget(job_id)
+
+    def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
+        for kind, ident in changes or ():
+            if kind is KeyKind.STATUS and ident not in self._abandoned:
+                status = snap.statuses.get(ident)
+                if status is not None and status.state is JobState.ABANDONED:
+                    self._abandoned.add(ident)
+                    job = self._jobs[ident]
+                    if job.scheduler != "prefill":
+                        self.recorder.abandoned_job(job)
+                    # Not from inside the store's publish: at once, as its own event.
+                    self.loop.at(self.loop.now, END, _bind(self._maybe_forget, ident))
+
+    def _maybe_forget(self, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or self._running.get(job_id, 0) > 0:
+            return
+        if self._ended.get(job_id, 0) >= job.task_count or job_id in self._abandoned:
+            self.cell.forget_job(job_id)
+            self.recorder.forget(job_id)
+            del self._jobs[job_id]
+            self._running.pop(job_id, None)
+            self._ended.pop(job_id, None)
+            self._abandoned.discard(job_id)
+
+    def _sample(self) -> None:
+        cpu = self.cell.used("cpu") / max(self.capacity.get("cpu"), 1e-9)
+        mem = self.cell.used("mem") / max(self.capacity.get("mem"), 1e-9)
+        self.recorder.sample(self.loop.now, cpu, mem)
+        nxt = self.loop.now + self.config.sample_interval
+        if nxt <= self.config.horizon:
+            self.loop.at(nxt, SAMPLE, self._sample)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None,
+            after_prefill: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Prefill, then run to the horizon. ``after_prefill`` is for process entry
+        points (e.g. to tune the garbage collector once the cell is loaded)."""
+        self._prefill()
+        if after_prefill is not None:
+            after_prefill()
+        self._add_schedulers()
+        self._schedule_arrival(self._arrivals())
+        self.loop.at(0.0, SAMPLE, self._sample)
+        self.loop.run(self.config.horizon, progress)
+        return self.summary()
+
+    def unscheduled(self) -> dict[str, int]:
+        """Live jobs (not abandoned) with tasks still waiting, per job kind."""
+        snap = self.cell.snapshot()
+        out: dict[str, int] = {}
+        for job in snap.jobs.values():
+            if job.scheduler == "prefill" or job.id in snap.statuses:
+                continue
+            if any(_state(snap, task_id(job.id, i)) in PLACEABLE for i in range(job.task_count)):
+                out[job.kind.value] = out.get(job.kind.value, 0) + 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        out = self.recorder.summary(self.unscheduled())
+        out["events"] = self.loop.processed
+        if self.allocator is not None:
+            out["offers"] = self.allocator.offers_made
+        return out
+
+
+def _state(snap: CellSnapshot, tid: str) -> TaskState:
+    rec = snap.tasks.get(tid)
+    return TaskState.PENDING if rec is None else rec.state
+
+
+def _bind(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
+    """An event action calling ``fn(*args)`` (a lambda in a loop would bind late)."""
+    return lambda: fn(*args)
+
+
+def _merge(gens: list[Iterator[JobSpec]]) -> Iterator[JobSpec]:
+    """The jobs of several generators in order of submission (ties by class order)."""
+    heads: list[JobSpec | None] = [next(g, None) for g in gens]
+    for _ in itertools.count():
+        live = [(h.submit, i) for i, h in enumerate(heads) if h is not None]
+        if not live:
+            return
+        _, i = min(live)
+        spec = heads[i]
+        assert spec is not None
+        heads[i] = next(gens[i], None)
+        yield spec
+

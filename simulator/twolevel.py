@@ -1,0 +1,274 @@
+"""Two-level scheduling (Mesos, Omega §3.3 and §4.2): an allocator offers resources
+to one framework at a time; an offer locks what it offers until the framework answers.
+
+Frameworks are real scheduler instances. The allocator keeps, per machine, what is
+free and not locked by an outstanding offer. Every ``offer_interval`` seconds, while
+some framework waits and something is available, it offers *all* of it to the
+waiting framework with the smallest dominant share of the resources it occupies
+(DRF), after ``offer_cost`` seconds. The framework decides on its offer only: its
+view of the cell holds just the offered machines, each showing as free exactly what
+the offer gives (Omega's simulator: "a scheduler only looks at the set of resources
+available to it when it begins a scheduling attempt"). When it commits, what it did
+not use goes back to the allocator. There are no conflicts: the price of this design
+is locked resources and offer delay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+from cellstate.cell import CellSnapshot, machine_used
+from cellstate.keys import KeyKind
+from cellstate.model import Allocation, CommitResult, Machine, Resources
+from schedulers.runtime import Attempt, SchedulerInstance
+from simulator.cell import Changes, Listener, SimCell
+from simulator.config import TwoLevelSpec
+from simulator.drivers import Committed
+from simulator.engine import COMMIT, WAKE, Event, EventLoop
+from simulator.recorder import Recorder
+
+# Above any job's precedence, so no policy tries to preempt the hidden part.
+_HIDDEN_PRECEDENCE = 2**31
+
+
+def _positive(r: Resources) -> Resources:
+    return Resources(tuple((d, a) for d, a in r.amounts if a > 1e-9))
+
+
+class Offer:
+    """What one framework was offered and has not used yet, per machine."""
+
+    def __init__(self, ident: int, framework: str, locks: dict[str, Resources]) -> None:
+        self.id = ident
+        self.framework = framework
+        self.locks = locks
+
+    def consume(self, mid: str, used: Resources) -> None:
+        left = _positive(self.locks.get(mid, Resources()) - used)
+        if left:
+            self.locks[mid] = left
+        else:
+            self.locks.pop(mid, None)
+
+
+class OfferedMachines(Mapping[str, Machine]):
+    """The machines of an offer, each showing as free just what the offer gives (the
+    rest of its free resources is hidden behind a placeholder allocation)."""
+
+    def __init__(self, base: Mapping[str, Machine], offer: Offer) -> None:
+        self._base = base
+        self._offered = dict(offer.locks)
+        self._memo: dict[str, Machine] = {}
+
+    def __getitem__(self, mid: str) -> Machine:
+        hit = self._memo.get(mid)
+        if hit is not None:
+            return hit
+        offered = self._offered[mid]
+        m = self._base[mid]
+        used = machine_used(m, {})
+        hidden = _positive(m.capacity - used - offered)
+        if hidden:
+            allocs = dict(m.allocations)
+            allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
+                                            _HIDDEN_PRECEDENCE, hidden)
+            m = m.with_allocations(allocs, m.settled_used + hidden).with_seq(m.seq)
+        self._memo[mid] = m
+        return m
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._offered)
+
+    def __len__(self) -> int:
+        return len(self._offered)
+
+    def __contains__(self, mid: object) -> bool:
+        return mid in self._offered
+
+
+class Allocator:
+    def __init__(self, loop: EventLoop, cell: SimCell, spec: TwoLevelSpec,
+                 capacity: Resources) -> None:
+        self.loop = loop
+        self.cell = cell
+        self.spec = spec
+        self.capacity = capacity
+        self.available: dict[str, Resources] = {}  # free and not offered, per machine
+        self.outstanding: dict[int, Offer] = {}
+        self.waiting: dict[str, Framework] = {}
+        self.offers_made = 0
+        self._tick: Event | None = None
+        self._changed(cell.snapshot(), None)
+        cell.on_changes(self._changed)
+
+    def _changed(self, snap: CellSnapshot, changes: Changes | None) -> None:
+        if changes is None:
+            for mid in snap.machines:
+                self._recount(snap, mid)
+            return
+        for kind, mid in changes:
+            if kind is KeyKind.MACHINE:
+                self._recount(snap, mid)
+
+    def _recount(self, snap: CellSnapshot, mid: str) -> None:
+        m = snap.machines.get(mid)
+        free = Resources() if m is None else m.capacity - machine_used(m, snap.gangs)
+        for o in self.outstanding.values():
+            lock = o.locks.get(mid)
+            if lock is not None:
+                free = free - lock
+        free = _positive(free)
+        if free:
+            self.available[mid] = free
+        else:
+            self.available.pop(mid, None)
+
+    def dominant_share(self, framework: str) -> float:
+        held = self.cell.usage.get(framework, Resources())
+        return max((held.get(d) / c for d, c in self.capacity.amounts if c), default=0.0)
+
+    def request(self, fw: Framework) -> None:
+        self.waiting[fw.name] = fw
+        if self._tick is None:
+            at = math.ceil(self.loop.now / self.spec.offer_interval) * self.spec.offer_interval
+            self._tick = self.loop.at(max(at, self.loop.now), WAKE, self._round)
+
+    def _round(self) -> None:
+        self._tick = None
+        if not self.waiting:
+            return
+        if self.available:
+            fw = min(self.waiting.values(), key=lambda f: (self.dominant_share(f.name), f.name))
+            del self.waiting[fw.name]
+            self.offers_made += 1
+            offer = Offer(self.offers_made, fw.name, self.available)
+            self.available = {}
+            self.outstanding[offer.id] = offer
+            self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
+        if self.waiting:
+            self._tick = self.loop.after(self.spec.offer_interval, WAKE, self._round)
+
+    def used(self, offer: Offer, results: dict[str, CommitResult],
+             jobs: Mapping[str, Resources]) -> set[str]:
+        """Take what a framework's commit placed out of its offer; returns the machines
+        it placed on."""
+        touched = set()
+        for job_id, res in results.items():
+            for c in res.committed:
+                offer.consume(c.machine, jobs[job_id])
+                touched.add(c.machine)
+        return touched
+
+    def release(self, offer: Offer, touched: set[str] | frozenset[str] = frozenset()) -> None:
+        """The framework answered: what it did not use is available again. Machines it
+        placed on are counted again (while its commit was published, its offer still
+        held what it placed); on the others, what was available grows by the lock."""
+        if self.outstanding.pop(offer.id, None) is None:
+            return
+        # Built from a copy of the offer (thousands of machines, copied in C) with the
+        # few machines freed meanwhile merged in, not one machine at a time.
+        merged = dict(offer.locks)
+        for mid, have in self.available.items():
+            lock = merged.get(mid)
+            merged[mid] = have if lock is None else have + lock
+        for mid in touched:
+            merged.pop(mid, None)
+        self.available = merged
+        snap = self.cell.snapshot()
+        for mid in touched:
+            self._recount(snap, mid)
+
+
+class OfferView:
+    """A framework's snapshot source: the cell as its current offer shows it."""
+
+    def __init__(self, cell: SimCell) -> None:
+        self.cell = cell
+        self.offer: Offer | None = None
+        self._listeners: list[Listener] = []
+        self._visible: frozenset[str] | None = None  # None: every machine
+
+    def snapshot(self) -> CellSnapshot:
+        snap = self.cell.snapshot()
+        if self.offer is None:
+            return snap
+        # CellSnapshot annotates immutables.Map; readers only use the Mapping interface.
+        machines = cast(Any, OfferedMachines(snap.machines, self.offer))
+        return CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
+                            snap.gangs, snap.usage, snap.statuses, snap.instances,
+                            snap.schedulers, snap.agents)
+
+    def on_changes(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+        self.cell.on_changes(listener)
+
+    def show(self, offer: Offer) -> None:
+        """Switch to a new offer. Machines that come into view or leave it are reported
+        as changed, so the runtime's list of machine ids follows (it stays as it was
+        between offers: a framework only decides while it holds one)."""
+        self.offer = offer
+        visible = frozenset(offer.locks)
+        before = self._visible
+        self._visible = visible
+        if before is None:
+            before = frozenset(self.cell.snapshot().machines.keys())
+        # In no particular order: the runtime only collects them in a set.
+        changed: Changes = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
+        snap = self.snapshot()
+        for listener in self._listeners:
+            listener(snap, changed)
+
+
+class Framework:
+    """A scheduler instance that decides only while it holds an offer."""
+
+    def __init__(self, loop: EventLoop, recorder: Recorder, inst: SchedulerInstance,
+                 view: OfferView, allocator: Allocator, committed: Committed) -> None:
+        self.loop = loop
+        self.recorder = recorder
+        self.inst = inst
+        self.view = view
+        self.allocator = allocator
+        self.committed = committed
+        self.engaged = False  # waiting for or holding an offer
+        self._wake_event: Event | None = None
+
+    @property
+    def name(self) -> str:
+        return self.inst.scheduler
+
+    def poke(self) -> None:
+        if self.engaged:
+            return
+        if self._wake_event is not None:
+            self._wake_event.cancel()
+            self._wake_event = None
+        self.engaged = True
+        self.allocator.request(self)
+
+    def offered(self, offer: Offer) -> None:
+        self.view.show(offer)
+        result = self.inst.decide()
+        if isinstance(result, Attempt):
+            self.recorder.started(result.jobs, result.started_at)
+            self.loop.after(result.cost, COMMIT, lambda: self._commit(result, offer))
+            return
+        # Nothing due: decline at once and sleep until a retry is due or work arrives.
+        self._answer(offer)
+        if math.isfinite(result):
+            self._wake_event = self.loop.after(result, WAKE, self.poke)
+
+    def _commit(self, attempt: Attempt, offer: Offer) -> None:
+        results = self.inst.finish(attempt)
+        touched = self.allocator.used(offer, results,
+                                      {j.id: j.task_resources for j in attempt.jobs})
+        self._answer(offer, touched)
+        self.recorder.attempt(self.name, attempt.started_at, attempt.cost, results)
+        self.committed(attempt, results)
+        self.poke()
+
+    def _answer(self, offer: Offer, touched: set[str] | frozenset[str] = frozenset()) -> None:
+        self.allocator.release(offer, touched)
+        self.engaged = False

@@ -1,0 +1,237 @@
+"""Workloads: distributions, job classes, prefill, and traces.
+
+A workload class (batch, service, ...) draws each job's interarrival time, task count,
+task duration and task shape from its own distributions, on its own random stream.
+A trace file lists jobs instead (see docs/simulator.md for the format).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from cellstate.model import Job, JobKind, Resources
+
+
+class InputError(ValueError):
+    """A bad experiment or trace file; the message names the file, line and field."""
+
+
+@attrs.frozen
+class Distribution:
+    """``fixed`` (value), ``exponential`` (mean) or ``empirical`` (values at evenly
+    spaced quantiles 0..1, sampled by linear interpolation between neighbours)."""
+
+    kind: str
+    value: float = 0.0  # fixed value, or the exponential's mean
+    quantiles: tuple[float, ...] = ()
+
+    def sample(self, rng: random.Random) -> float:
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "exponential":
+            return rng.expovariate(1.0 / self.value) if self.value > 0 else 0.0
+        u = rng.random() * (len(self.quantiles) - 1)
+        i = int(u)
+        if i >= len(self.quantiles) - 1:
+            return self.quantiles[-1]
+        lo, hi = self.quantiles[i], self.quantiles[i + 1]
+        # lo + (hi - lo) * frac: the released simulator added lo instead of subtracting.
+        return lo + (hi - lo) * (u - i)
+
+    def mean(self) -> float:
+        if self.kind in ("fixed", "exponential"):
+            return self.value
+        q = self.quantiles
+        return sum((a + b) / 2 for a, b in itertools.pairwise(q)) / (len(q) - 1)
+
+    @classmethod
+    def fixed(cls, value: float) -> Distribution:
+        return cls("fixed", value)
+
+    @classmethod
+    def exponential(cls, mean: float) -> Distribution:
+        return cls("exponential", mean)
+
+    @classmethod
+    def empirical(cls, quantiles: Sequence[float]) -> Distribution:
+        return cls("empirical", 0.0, tuple(quantiles))
+
+
+@attrs.frozen
+class JobClass:
+    """One stream of jobs. ``rate_scale`` multiplies its arrival rate."""
+
+    name: str
+    kind: JobKind
+    interarrival: Distribution
+    tasks: Distribution
+    duration: Distribution
+    cpu: Distribution = attrs.field(factory=lambda: Distribution.fixed(1.0))
+    mem: Distribution = attrs.field(factory=lambda: Distribution.fixed(2.0))
+    rate_scale: float = 1.0
+
+    def mean_tasks(self) -> float:
+        return self.tasks.mean()
+
+
+@attrs.frozen
+class JobSpec:
+    """A job to submit at ``submit`` (from a generator or a trace)."""
+
+    id: str
+    cls: str
+    kind: JobKind
+    submit: float
+    tasks: int
+    duration: float | None  # None: runs until the end of the run
+    cpu: float
+    mem: float
+
+    def job(self, scheduler: str) -> Job:
+        return Job(self.id, "sim", scheduler, self.tasks,
+                   Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
+                   duration=self.duration, submitted_at=self.submit)
+
+
+def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[JobSpec]:
+    """Jobs of ``cls`` forever, one after another (the caller stops at the horizon)."""
+    t = start
+    n = 0
+    while True:
+        t += cls.interarrival.sample(rng) / cls.rate_scale
+        n += 1
+        yield JobSpec(f"{cls.name}-{n:07d}", cls.name, cls.kind, t,
+                      max(1, math.ceil(cls.tasks.sample(rng))), cls.duration.sample(rng),
+                      cls.cpu.sample(rng), cls.mem.sample(rng))
+
+
+@attrs.frozen
+class Prefill:
+    """Fill the cell before time 0 to ``utilization`` of its CPUs, with jobs of
+    ``tasks`` tasks of the given shape that run ``duration`` seconds (None: all run)."""
+
+    utilization: float = 0.6
+    tasks: int = 100
+    cpu: float = 1.0
+    mem: float = 2.0
+    duration: float | None = None
+
+    def jobs(self, total_cpu: float) -> list[JobSpec]:
+        target = self.utilization * total_cpu
+        per_job = self.tasks * self.cpu
+        out: list[JobSpec] = []
+        placed = 0.0
+        while placed + 1e-9 < target and per_job > 0:
+            tasks = min(self.tasks, math.ceil((target - placed) / self.cpu - 1e-9))
+            out.append(JobSpec(f"prefill-{len(out) + 1:06d}", "prefill", JobKind.SERVICE, 0.0,
+                               tasks, self.duration, self.cpu, self.mem))
+            placed += tasks * self.cpu
+        return out
+
+
+# -- traces --------------------------------------------------------------------------
+
+TRACE_FIELDS = ("submit", "class", "tasks", "duration", "cpu", "mem")
+
+
+def load_trace(path: Path, classes: dict[str, JobKind]) -> list[JobSpec]:
+    """Jobs from a JSON-lines or CSV trace (by suffix: .jsonl/.json or .csv), sorted
+    by submission time. ``classes`` maps the class names a trace may use to kinds."""
+    text = _read(path)
+    if path.suffix == ".csv":
+        rows = _csv_rows(path, text)
+    elif path.suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(path, text)
+    else:
+        raise InputError(f"{path}: unknown trace format {path.suffix!r} (use .jsonl or .csv)")
+    specs = [_spec(path, line, row, classes) for line, row in rows]
+    return sorted(specs, key=lambda s: (s.submit, s.id))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+
+
+def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict[str, object]]]:
+    rows = []
+    for line, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}, line {line}: not JSON: {e.msg} (column {e.colno})") from e
+        if not isinstance(row, dict):
+            raise InputError(f"{path}, line {line}: expected a JSON object, got "
+                             f"{type(row).__name__}")
+        rows.append((line, row))
+    return rows
+
+
+def _csv_rows(path: Path, text: str) -> list[tuple[int, dict[str, object]]]:
+    reader = csv.DictReader(text.splitlines())
+    missing = [f for f in TRACE_FIELDS if f not in (reader.fieldnames or ()) and f != "duration"]
+    if missing:
+        raise InputError(f"{path}, line 1: the header lacks field(s) {', '.join(missing)} "
+                         f"(expected {', '.join(TRACE_FIELDS)}[, id])")
+    rows: list[tuple[int, dict[str, object]]] = []
+    for row in reader:
+        line = reader.line_num
+        if None in row:
+            raise InputError(f"{path}, line {line}: more values than header fields")
+        rows.append((line, {k: v for k, v in row.items() if v != ""}))
+    return rows
+
+
+def _spec(path: Path, line: int, row: dict[str, object],
+          classes: dict[str, JobKind]) -> JobSpec:
+    where = f"{path}, line {line}"
+    unknown = sorted(set(row) - {*TRACE_FIELDS, "id"})
+    if unknown:
+        raise InputError(f"{where}, field {unknown[0]!r}: unknown field (expected "
+                         f"{', '.join(TRACE_FIELDS)}, id)")
+    cls = row.get("class")
+    if not isinstance(cls, str) or cls not in classes:
+        raise InputError(f"{where}, field 'class': {cls!r} is not a workload class "
+                         f"(known: {', '.join(sorted(classes))})")
+    submit = _number(where, row, "submit", minimum=0.0)
+    tasks = _number(where, row, "tasks", minimum=1.0)
+    if tasks != int(tasks):
+        raise InputError(f"{where}, field 'tasks': must be a whole number, got {row['tasks']!r}")
+    duration = _number(where, row, "duration", minimum=0.0) if "duration" in row else None
+    job_id = row.get("id", f"{cls}-l{line:07d}")
+    if not isinstance(job_id, str):
+        raise InputError(f"{where}, field 'id': must be a string")
+    return JobSpec(job_id, cls, classes[cls], submit, int(tasks), duration,
+                   _number(where, row, "cpu", minimum=0.0), _number(where, row, "mem", 0.0))
+
+
+def _number(where: str, row: dict[str, object], field: str, minimum: float) -> float:
+    if field not in row:
+        raise InputError(f"{where}, field {field!r}: missing")
+    raw = row[field]
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw) if isinstance(raw, int | float | str) else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(f"{where}, field {field!r}: {raw!r} is not a finite number")
+    if value < minimum:
+        raise InputError(f"{where}, field {field!r}: {raw!r} is below the minimum {minimum:g}")
+    return value
+
