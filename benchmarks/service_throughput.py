@@ -107,6 +107,7 @@ from cellstate.api.client import (  # noqa: E402
 from cellstate.cell import CellSnapshot  # noqa: E402
 from cellstate.demo import free_port  # noqa: E402
 from cellstate.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
+from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import (  # noqa: E402
     Claim,
@@ -272,6 +273,9 @@ def worker_main(conn: Connection, endpoint: str, wid: int = 0) -> None:
             cleanup: list[Callable[[], None]] = []
             try:
                 run = _prepare(msg[0], msg[1], kv, cleanup)
+                # As every long-running omega process does once its copy is loaded
+                # (scheduler, agent, server): keep the collector off the cell.
+                tune_for_large_heap()
                 conn.send(("ready",))
                 go = conn.recv()
                 if go[0] == "stop":

@@ -14,6 +14,7 @@ import attrs
 from cellstate.agent import Agent, SubprocessRunner
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
 from cellstate.cellspec import load_cell_spec, resolve_spec
+from cellstate.gc_tuning import tune_for_large_heap
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     replica = remote_replica(client, config.cell)
     try:
         replica.start()
+        tune_for_large_heap()  # the agent holds a copy of the whole cell
         agent = Agent(RemoteAgentBackend(client), replica, agent_id, machines, ttl=config.ttl,
                       runner=SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir))
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),

@@ -304,6 +304,7 @@ def _server(args: argparse.Namespace) -> int:
 
     from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
+    from cellstate.gc_tuning import tune_for_large_heap
     from cellstate.kv.etcd import EtcdKV
     from cellstate.signals import stop_event_on_signals
 
@@ -324,6 +325,7 @@ def _server(args: argparse.Namespace) -> int:
     try:
         server = CellStateServer(kv, config)
         port = server.start()
+        tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
               f"(etcd {','.join(config.etcd)})", flush=True)
         try:

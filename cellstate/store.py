@@ -194,12 +194,11 @@ class CellStore:
         with self._follow_lock:
             snap, self._follow_snap = self._follow_snap, None
             changed, self._follow_changed = self._follow_changed, set()
-        if snap is not None:
-            for kind, ident in changed:
-                self._adopt(snap, kind, ident)
-
-    def _adopt(self, snap: CellSnapshot, kind: KeyKind, ident: str) -> None:
+        if snap is None:
+            return
         k = self.keys
+        # Built once per catch-up, not per record: a server's handle adopts every
+        # record the cell changed since its last commit.
         tables: dict[KeyKind, tuple[Callable[[str], bytes], Mapping[str, object]]] = {
             KeyKind.MACHINE: (k.machine, snap.machines),
             KeyKind.TASK: (k.task_key, snap.tasks),
@@ -207,17 +206,19 @@ class CellStore:
             KeyKind.GANG: (k.gang, snap.gangs),
             KeyKind.USAGE: (k.usage, snap.usage),
         }
-        if kind is KeyKind.CONFIG:
-            self.view.put_record(k.config, snap.config, snap.revision)
-            return
-        if kind not in tables:
-            return  # statuses, instances, scheduler names: validation does not read them
-        key_of, table = tables[kind]
-        rec = table.get(ident)
-        if rec is None:
-            self.view.observe(key_of(ident), None, snap.revision)
-        else:
-            self.view.put_record(key_of(ident), rec, snap.revision)
+        for kind, ident in changed:
+            if kind is KeyKind.CONFIG:
+                self.view.put_record(k.config, snap.config, snap.revision)
+                continue
+            entry = tables.get(kind)
+            if entry is None:
+                continue  # statuses, instances, agents...: validation does not read them
+            key_of, table = entry
+            rec = table.get(ident)
+            if rec is None:
+                self.view.observe(key_of(ident), None, snap.revision)
+            else:
+                self.view.put_record(key_of(ident), rec, snap.revision)
 
     # -- reading ---------------------------------------------------------------------
 
