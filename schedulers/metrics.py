@@ -14,6 +14,7 @@ task already placed, gang aborted); *successful* when it committed every claim.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -41,6 +42,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+@attrs.frozen
+class TxnTally:
+    """How one attempt's transactions went, counted as Omega counts them."""
+
+    transactions: int = 0
+    placed: int = 0
+    conflicted: int = 0  # transactions with at least one claim lost to a conflict
+    successful: int = 0  # transactions that committed every claim
+
+
+def tally(results: Iterable[CommitResult]) -> TxnTally:
+    transactions = placed = conflicted = successful = 0
+    for res in results:
+        transactions += 1
+        placed += len(res.committed)
+        if any(r.reason in CONFLICT_REASONS for r in res.rejected):
+            conflicted += 1
+        elif not res.rejected:
+            successful += 1
+    return TxnTally(transactions, placed, conflicted, successful)
+
+
 @attrs.define
 class SchedulerMetrics:
     scheduler: str
@@ -66,16 +89,12 @@ class SchedulerMetrics:
         self.decision_times.append(seconds)
         for j in job_ids:
             self.attempts[j] = self.attempts.get(j, 0) + 1
-        conflicted = False
-        for res in results:
-            self.transactions += 1
-            self.tasks_placed += len(res.committed)
-            if any(r.reason in CONFLICT_REASONS for r in res.rejected):
-                self.conflicted += 1
-                conflicted = True
-            elif not res.rejected:
-                self.successful += 1
-        if conflicted:
+        t = tally(results)
+        self.transactions += t.transactions
+        self.tasks_placed += t.placed
+        self.conflicted += t.conflicted
+        self.successful += t.successful
+        if t.conflicted:
             self.busy_wasted += seconds
         else:
             self.busy_useful += seconds

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from cellstate.model import CommitResult, Job
-from schedulers.metrics import CONFLICT_REASONS, percentile
+from schedulers.metrics import percentile, tally
 
 
 @attrs.define
@@ -77,17 +77,13 @@ class Recorder:
         """An attempt that decided from ``start`` for ``cost`` seconds and committed."""
         s = self.schedulers[scheduler]
         s.attempts += 1
-        conflicted = False
-        for res in results.values():
-            s.transactions += 1
-            s.tasks_placed += len(res.committed)
-            if any(r.reason in CONFLICT_REASONS for r in res.rejected):
-                s.conflicted += 1
-                conflicted = True
-            elif not res.rejected:
-                s.successful += 1
+        t = tally(results.values())
+        s.transactions += t.transactions
+        s.tasks_placed += t.placed
+        s.conflicted += t.conflicted
+        s.successful += t.successful
         self._busy(s.busy, start, cost)
-        if conflicted:
+        if t.conflicted:
             self._busy(s.wasted, start, cost)
 
     def _busy(self, into: dict[int, float], start: float, cost: float) -> None:
