@@ -6,10 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from simulator.experiment import load
-from simulator.runner import replot, run_experiment
-from simulator.workload import InputError
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``simulate`` subcommand; its handler is ``args.func(args) -> int``."""
@@ -36,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    # Imported here: every `omega` command builds this parser, and the runner pulls in
+    # matplotlib (about a second) which only `omega simulate` needs.
+    from simulator.experiment import load
+    from simulator.runner import replot, run_experiment
+    from simulator.workload import InputError
+
     try:
         exps = [load(path) for path in args.experiments]
     except InputError as e:
