@@ -1072,22 +1072,29 @@ class CellStore:
                 )
                 if state is MachineState.DOWN:
                     return self._lose_tasks(changed)
-                self._fetch_gangs(m)
-                held = sum_resources(
-                    a.resources for a in m.allocations.values() if alloc_holds(a, self.view.gangs)
-                )
-                dim = held.exceeding(changed.capacity)
-                if dim is not None:
-                    raise StoreError(
-                        f"machine {machine_id}: new capacity {changed.capacity.get(dim):g} {dim} "
-                        f"is below the {held.get(dim):g} its tasks hold"
-                    )
-                guards = {self.keys.machine(machine_id): m.seq}
-                guards.update(self._gang_guards(m))
-                return _Write(guards, {self.keys.machine(machine_id): changed})
+                return self._replace_machine(m, changed)
 
             res = self._retry(f"updating machine {machine_id}", attempt)
             return res.revision
+
+    def _replace_machine(self, m: Machine, changed: Machine) -> _Write:
+        """The write that replaces machine ``m`` by ``changed`` (same allocations, other
+        capacity, labels, state...): refused if the new capacity is below what its tasks
+        hold; guarded on the machine and the gangs that staged holds on it."""
+        self._fetch_gangs(m)
+        held = sum_resources(
+            a.resources for a in m.allocations.values() if alloc_holds(a, self.view.gangs)
+        )
+        dim = held.exceeding(changed.capacity)
+        if dim is not None:
+            raise StoreError(
+                f"machine {m.id}: new capacity {changed.capacity.get(dim):g} {dim} "
+                f"is below the {held.get(dim):g} its tasks hold"
+            )
+        key = self.keys.machine(m.id)
+        guards = {key: m.seq}
+        guards.update(self._gang_guards(m))
+        return _Write(guards, {key: changed})
 
     def _fetch_gangs(self, m: Machine) -> None:
         self._fetch(
@@ -1304,20 +1311,7 @@ class CellStore:
                     changed, capacity=m.capacity, rack=m.rack, failure_domain=m.failure_domain,
                     labels=m.labels, agent=m.agent, state=state,
                 )
-                self._fetch_gangs(old)
-                held = sum_resources(
-                    a.resources for a in old.allocations.values()
-                    if alloc_holds(a, self.view.gangs)
-                )
-                dim = held.exceeding(changed.capacity)
-                if dim is not None:
-                    raise StoreError(
-                        f"machine {m.id}: capacity {changed.capacity.get(dim):g} {dim} is "
-                        f"below the {held.get(dim):g} its tasks hold"
-                    )
-                guards = {key: old.seq}
-                guards.update(self._gang_guards(old))
-                return _Write(guards, {key: changed})
+                return self._replace_machine(old, changed)
 
             return self._retry(f"registering machine {m.id}", attempt).revision
 
