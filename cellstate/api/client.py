@@ -338,23 +338,22 @@ class SyncFeed:
         deadline = time.monotonic() + self.client.retry_for
         while True:
             endpoint, stream = self.client.stream(pb.SyncRequest(start_revision=0))
+            kvs: list[KeyValue] = []
             try:
-                kvs: list[KeyValue] = []
                 for msg in stream:
                     kvs.extend(_kv(prefix, r) for r in msg.records)
                     if msg.snapshot_done:
-                        result = RangeResult(tuple(kvs), msg.revision)
-                        self._open = (msg.revision + 1, SyncWatcher(self, endpoint, stream,
-                                                                    prefix))
-                        return result
-                raise grpc.RpcError()
+                        watcher = SyncWatcher(self, endpoint, stream, prefix)
+                        self._open = (msg.revision + 1, watcher)
+                        return RangeResult(tuple(kvs), msg.revision)
+                detail = "the server ended the stream before its snapshot was complete"
             except grpc.RpcError as e:
-                stream.cancel()
-                self.client.stream_failed(endpoint)
-                if time.monotonic() >= deadline:
-                    detail = e.details() if hasattr(e, "details") else "stream ended"
-                    raise ServiceUnavailable(f"sync: no endpoint answered ({detail})") from None
-                time.sleep(0.1)
+                detail = str(e.details())
+            stream.cancel()
+            self.client.stream_failed(endpoint)
+            if time.monotonic() >= deadline:
+                raise ServiceUnavailable(f"sync: no endpoint answered ({detail})")
+            time.sleep(0.1)
 
     def watch(self, prefix: bytes, end: bytes, start_revision: int) -> SyncWatcher:
         if self._open is not None:
