@@ -105,8 +105,11 @@ from cellstate.api.client import (  # noqa: E402
     wait_until_serving,
 )
 from cellstate.cell import CellSnapshot  # noqa: E402
-from cellstate.demo import free_port  # noqa: E402
-from cellstate.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
+from cellstate.etcd_launcher import (  # noqa: E402
+    UNSAFE_VERSIONS,
+    LocalEtcd,
+    free_ports,
+)
 from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import (  # noqa: E402
@@ -321,7 +324,7 @@ class Server:
     """``omega server`` for one cell, as a child process that dies with us."""
 
     def __init__(self, etcd: str, cell: str, log_dir: Path) -> None:
-        port = free_port()
+        port = free_ports(1)[0]
         self.address = f"127.0.0.1:{port}"
         self.child = Child(f"server-{cell}", omega(
             "server", "--etcd", etcd, "--listen", self.address, "--cell", cell),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -26,7 +25,7 @@ import attrs
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
 from cellstate.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from cellstate.cli import status_text
-from cellstate.etcd_launcher import LocalEtcd
+from cellstate.etcd_launcher import LocalEtcd, free_ports
 from cellstate.invariants import violations
 from cellstate.kv.etcd import EtcdKV
 from cellstate.proc import Child, omega
@@ -61,12 +60,6 @@ class DemoStats:
     @property
     def ok(self) -> bool:
         return self.placed > 0 and not self.crashed and not self.violations
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @attrs.frozen
@@ -148,7 +141,7 @@ class Demo:
 
     def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path) -> None:
         o = self.opts
-        ports = [free_port() for _ in range(o.servers)]
+        ports = free_ports(o.servers)
         topo = topology(o, etcd, ports, spec_path)
         for (name, args), port in zip(topo.servers, ports, strict=True):
             child = self._start(name, args, logs)

@@ -189,9 +189,10 @@ def server_flags(
     return flags
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on 127.0.0.1 right now (held open together so they
-    differ; another process may still take one before etcd binds it, so callers retry)."""
+    differ; another process may still take one before it is bound, so callers that can
+    retry should)."""
     socks = []
     try:
         for _ in range(count):
@@ -354,7 +355,7 @@ class LocalEtcd:
             _live.add(self)
         for attempt in range(5 if fresh_ports else 1):
             if fresh_ports:
-                self._client_port, self._peer_port = _free_ports(2)
+                self._client_port, self._peer_port = free_ports(2)
             try:
                 self._spawn_and_wait()
                 return self

@@ -106,9 +106,9 @@ def test_bad_flags_say_what_is_wrong(argv: list[str], message: str,
 
 
 def test_no_server_says_how_to_fix_it(capsys: pytest.CaptureFixture[str]) -> None:
-    from cellstate.demo import free_port
+    from cellstate.etcd_launcher import free_ports
 
-    assert main(["jobs", "--cellstate", f"127.0.0.1:{free_port()}"]) == 3
+    assert main(["jobs", "--cellstate", f"127.0.0.1:{free_ports(1)[0]}"]) == 3
     err = capsys.readouterr().err
     assert "no cellstate server answered" in err and "--cellstate HOST:PORT" in err
 

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cellstate.api.client import CellClient, ServiceUnavailable
 from cellstate.api.config import read_toml, server_config
-from cellstate.demo import free_port
+from cellstate.etcd_launcher import free_ports
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Detection, Resources, TxnMode
 from cellstate.store import CellStore
@@ -24,14 +24,14 @@ def test_client_moves_to_the_next_endpoint_when_one_is_down() -> None:
     kv = MemoryKV()
     CellStore(kv).add_machine(machine("m1"))
     with running_server(kv) as server:
-        dead = f"127.0.0.1:{free_port()}"
+        dead = f"127.0.0.1:{free_ports(1)[0]}"
         with CellClient([dead, f"127.0.0.1:{server.port}"], retry_for=5) as client:
             assert client.status()["machines_up"] == 1
             assert client.endpoint.endswith(f":{server.port}")
 
 
 def test_client_gives_up_after_its_retry_budget() -> None:
-    with CellClient([f"127.0.0.1:{free_port()}"], retry_for=0.3) as client, \
+    with CellClient([f"127.0.0.1:{free_ports(1)[0]}"], retry_for=0.3) as client, \
             pytest.raises(ServiceUnavailable, match="cell status"):
         client.status()
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cellstate.api.client import CellClient, wait_until_serving
-from cellstate.demo import free_port
+from cellstate.etcd_launcher import free_ports
 from cellstate.proc import Child, omega
 
 
@@ -30,7 +30,7 @@ class Cluster:
         return child
 
     def server(self, name: str) -> int:
-        port = free_port()
+        port = free_ports(1)[0]
         child = self.start(name, "server", "--etcd", self.etcd, "--listen", f"127.0.0.1:{port}",
                            "--name", name)
         wait_until_serving(f"127.0.0.1:{port}", 60.0, child.running)
