@@ -9,6 +9,7 @@ COPY protos ./protos
 COPY cellstate ./cellstate
 COPY schedulers ./schedulers
 COPY simulator ./simulator
+COPY omega ./omega
 RUN pip install . && useradd --create-home omega
 USER omega
 # A service's command names the process, e.g. ["omega", "server", ...].

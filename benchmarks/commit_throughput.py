@@ -65,7 +65,6 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from cellstate import codec  # noqa: E402
-from cellstate.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
 from cellstate.kv.base import (  # noqa: E402
     KV,
     Compare,
@@ -92,6 +91,7 @@ from cellstate.model import (  # noqa: E402
 )
 from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
+from omega.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
 
 COMMITTER_COUNTS = (1, 4, 8)
 MODES = (TxnMode.INCREMENTAL, TxnMode.GANG)

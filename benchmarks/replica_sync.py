@@ -15,13 +15,13 @@ import statistics
 import threading
 import time
 
-from cellstate.etcd_launcher import LocalEtcd
 from cellstate.kv.base import KV
 from cellstate.kv.etcd import EtcdKV
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim, Job, Machine, Resources, Transaction
 from cellstate.replica import Replica
 from cellstate.store import CellStore
+from omega.etcd_launcher import LocalEtcd
 
 
 def build(kv: KV, machines: int) -> CellStore:

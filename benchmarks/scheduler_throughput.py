@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 from cellstate.cell import task_view
-from cellstate.etcd_launcher import LocalEtcd
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.invariants import violations
 from cellstate.kv.base import KV
@@ -31,6 +30,7 @@ from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim, Job, Machine, Resources, TaskState, Transaction
 from cellstate.replica import Replica
 from cellstate.store import CellStore
+from omega.etcd_launcher import LocalEtcd
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 

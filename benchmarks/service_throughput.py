@@ -105,11 +105,6 @@ from cellstate.api.client import (  # noqa: E402
     wait_until_serving,
 )
 from cellstate.cell import CellSnapshot  # noqa: E402
-from cellstate.etcd_launcher import (  # noqa: E402
-    UNSAFE_VERSIONS,
-    LocalEtcd,
-    free_ports,
-)
 from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import (  # noqa: E402
@@ -119,9 +114,14 @@ from cellstate.model import (  # noqa: E402
     Transaction,
     TxnMode,
 )
-from cellstate.proc import Child, omega  # noqa: E402
 from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
+from omega.etcd_launcher import (  # noqa: E402
+    UNSAFE_VERSIONS,
+    LocalEtcd,
+    free_ports,
+)
+from omega.proc import Child, omega  # noqa: E402
 
 PROCESS_COUNTS = (1, 2, 4)
 GOAL_RATIO = 0.5

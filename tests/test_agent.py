@@ -14,16 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cellstate.agent import (
-    Agent,
-    ChildProcess,
-    DirectBackend,
-    SubprocessRunner,
-    TaskLaunch,
-    TaskProcess,
-)
 from cellstate.cell import task_view
-from cellstate.cellspec import parse_cell_spec
 from cellstate.kv.base import KV, UnavailableError
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
@@ -38,6 +29,15 @@ from cellstate.model import (
 )
 from cellstate.replica import Replica
 from cellstate.store import CellStore
+from omega.agent import (
+    Agent,
+    ChildProcess,
+    DirectBackend,
+    SubprocessRunner,
+    TaskLaunch,
+    TaskProcess,
+)
+from omega.cellspec import parse_cell_spec
 from tests.builders import job, txn
 from tests.sched_harness import Clock
 

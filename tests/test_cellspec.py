@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cellstate.cellspec import CellSpecError, load_cell_spec, parse_cell_spec
 from cellstate.model import Resources
+from omega.cellspec import CellSpecError, load_cell_spec, parse_cell_spec
 
-CELLS = Path(__file__).resolve().parent.parent / "cellstate" / "cells"
+CELLS = Path(__file__).resolve().parent.parent / "omega" / "cells"
 
 SMALL = """
 [layout]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from cellstate.api.server import CellStateServer
-from cellstate.cli import main
 from cellstate.kv.base import KV
 from cellstate.model import Claim, InstanceRecord
 from cellstate.store import CellStore
+from omega.cli import main
 from tests.api.service_fixture import running_server
 from tests.builders import job, machine, txn
 
@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.etcd
 def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "cellstate.cli", "demo", "--duration", "6", "--no-fsync",
+        [sys.executable, "-m", "omega.cli", "demo", "--duration", "6", "--no-fsync",
          "--jobs-per-second", "8", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -58,7 +58,7 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
 @pytest.mark.etcd
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cellstate.cli", "demo", "--duration", "120", "--no-fsync",
+        [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
          "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -106,7 +106,7 @@ def test_bad_flags_say_what_is_wrong(argv: list[str], message: str,
 
 
 def test_no_server_says_how_to_fix_it(capsys: pytest.CaptureFixture[str]) -> None:
-    from cellstate.etcd_launcher import free_ports
+    from omega.etcd_launcher import free_ports
 
     assert main(["jobs", "--cellstate", f"127.0.0.1:{free_ports(1)[0]}"]) == 3
     err = capsys.readouterr().err

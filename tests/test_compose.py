@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from cellstate.api.config import addresses
-from cellstate.cellspec import resolve_spec
-from cellstate.cli import build_parser
-from cellstate.demo import DemoOptions, topology
-from cellstate.etcd_launcher import server_flags
+from omega.cellspec import resolve_spec
+from omega.cli import build_parser
+from omega.demo import DemoOptions, topology
+from omega.etcd_launcher import server_flags
 from tests.etcd_fixture import ETCD_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]

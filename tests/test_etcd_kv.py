@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from cellstate.etcd_launcher import LocalEtcd
 from cellstate.kv.base import (
     CompactedError,
     Compare,
@@ -33,6 +32,7 @@ from cellstate.kv.etcd import EtcdAuthError, EtcdKV, EtcdWatcher
 from cellstate.kv.etcdpb.authpb import auth_pb2
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
+from omega.etcd_launcher import LocalEtcd
 from tests.etcd_fixture import EtcdServer, make_local_etcd
 
 pytestmark = pytest.mark.etcd

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from cellstate import etcd_launcher
-from cellstate.etcd_launcher import (
+from cellstate.kv.base import Put, UnavailableError
+from cellstate.kv.etcd import EtcdKV
+from omega import etcd_launcher
+from omega.etcd_launcher import (
     EtcdNotFoundError,
     EtcdStartError,
     LocalEtcd,
     find_etcd_binary,
     server_flags,
 )
-from cellstate.kv.base import Put, UnavailableError
-from cellstate.kv.etcd import EtcdKV
 from tests.etcd_fixture import make_local_etcd
 
 pytestmark = pytest.mark.etcd
@@ -147,7 +147,7 @@ def test_version_warning(
     fake = tmp_path / "etcd"
     fake.write_text(f"#!/bin/sh\necho 'etcd Version: {version}'\n")
     fake.chmod(0o755)
-    with caplog.at_level(logging.INFO, logger="cellstate.etcd_launcher"):
+    with caplog.at_level(logging.INFO, logger="omega.etcd_launcher"):
         server = LocalEtcd(binary=str(fake), quiet_version_warning=quiet)
     assert (server.binary, server.version) == (str(fake), version)
     assert any(str(fake) in r.getMessage() for r in caplog.records)  # says which one
@@ -170,7 +170,7 @@ def _run_python(code: str) -> subprocess.Popen[str]:
 def test_forgotten_server_is_stopped_at_exit() -> None:
     proc = _run_python(
         """
-        from cellstate.etcd_launcher import LocalEtcd
+        from omega.etcd_launcher import LocalEtcd
         s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
         print(s.pid, s.data_dir, flush=True)
         """
@@ -185,7 +185,7 @@ def test_forgotten_server_is_stopped_at_exit() -> None:
 def test_cli_runs_until_interrupted() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cellstate.etcd_launcher", "--unsafe-no-fsync"],
+        [sys.executable, "-m", "omega.etcd_launcher", "--unsafe-no-fsync"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = """
 import os, signal, sys, threading
-from cellstate.signals import stop_event_on_signals
+from omega.signals import stop_event_on_signals
 stop = stop_event_on_signals()
 lock = threading.Lock()
 for sig in {signals}:

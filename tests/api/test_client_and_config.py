@@ -11,10 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cellstate.api.client import CellClient, ServiceUnavailable
 from cellstate.api.config import read_toml, server_config
-from cellstate.etcd_launcher import free_ports
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Detection, Resources, TxnMode
 from cellstate.store import CellStore
+from omega.etcd_launcher import free_ports
 from schedulers.process import scheduler_config
 from tests.api.service_fixture import running_server
 from tests.builders import machine

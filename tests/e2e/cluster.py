@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cellstate.api.client import CellClient, wait_until_serving
-from cellstate.etcd_launcher import free_ports
-from cellstate.proc import Child, omega
+from omega.etcd_launcher import free_ports
+from omega.proc import Child, omega
 
 
 class Cluster:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cellstate.etcd_launcher import LocalEtcd
+from omega.etcd_launcher import LocalEtcd
 from tests.e2e.cluster import Cluster, cluster, wait_for
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import attrs
 
-from cellstate.agent import Agent, SubprocessRunner
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
-from cellstate.cellspec import load_cell_spec, resolve_spec
 from cellstate.gc_tuning import tune_for_large_heap
+from omega.agent import Agent, SubprocessRunner
+from omega.cellspec import load_cell_spec, resolve_spec
 
 log = logging.getLogger(__name__)
 

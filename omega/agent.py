@@ -1,7 +1,7 @@
 """The node agent: registers machines, runs the tasks placed on them, reports how they end.
 
 One agent process stands for any number of machines (a block of a cell spec, see
-:mod:`cellstate.cellspec`). It talks to the cell through two narrow doors:
+:mod:`omega.cellspec`). It talks to the cell through two narrow doors:
 
 * an :class:`AgentBackend` for its writes: register its machines under a lease, keep
   the lease alive, report a task's outcome (:class:`DirectBackend` goes straight to a

@@ -204,7 +204,7 @@ def _add_simulator(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from cellstate.proc import die_with_parent
+    from omega.proc import die_with_parent
 
     die_with_parent()
     parser = build_parser()
@@ -213,8 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
-    from cellstate.cellspec import CellSpecError
     from cellstate.store import StoreError
+    from omega.cellspec import CellSpecError
 
     try:
         return _dispatch(args)
@@ -239,7 +239,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 def _dispatch(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "demo":
-        from cellstate.demo import DemoOptions, run_demo
+        from omega.demo import DemoOptions, run_demo
 
         stats = run_demo(DemoOptions(
             duration=args.duration, spec=args.spec, agents=args.agents, servers=args.servers,
@@ -247,15 +247,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
-        from cellstate.etcd_launcher import main as etcd_main
+        from omega.etcd_launcher import main as etcd_main
 
         return etcd_main([*(["--data-dir", args.data_dir] if args.data_dir else []),
                           *(["--unsafe-no-fsync"] if args.no_fsync else [])])
     if cmd == "server":
         return _server(args)
     if cmd == "agent":
-        from cellstate.agent_process import AgentProcessConfig, run_agent
-        from cellstate.signals import stop_event_on_signals
+        from omega.agent_process import AgentProcessConfig, run_agent
+        from omega.signals import stop_event_on_signals
 
         config = AgentProcessConfig(
             _endpoints(args.cellstate), Path(args.spec), args.index, args.count, args.id,
@@ -294,6 +294,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             machines = client.list_machines(args.state, args.limit)
             _emit(args, machines, _machines_table(machines))
         elif cmd == "status":
+            from omega.statusfmt import status_text
+
             status = client.status()
             _emit(args, status, status_text(status))
     return 0
@@ -306,7 +308,7 @@ def _server(args: argparse.Namespace) -> int:
     from cellstate.api.server import CellStateServer
     from cellstate.gc_tuning import tune_for_large_heap
     from cellstate.kv.etcd import EtcdKV
-    from cellstate.signals import stop_event_on_signals
+    from omega.signals import stop_event_on_signals
 
     doc = read_toml(args.config) if args.config else {}
     config = server_config(doc, args.config or "")
@@ -339,7 +341,7 @@ def _server(args: argparse.Namespace) -> int:
 
 def _scheduler(args: argparse.Namespace) -> int:
     from cellstate.api.config import read_toml
-    from cellstate.signals import stop_event_on_signals
+    from omega.signals import stop_event_on_signals
     from schedulers.process import run_scheduler, scheduler_config
     from schedulers.registry import Registry
 
@@ -361,8 +363,8 @@ def _scheduler(args: argparse.Namespace) -> int:
 
 def _workload(args: argparse.Namespace) -> int:
     from cellstate.api.client import CellClient
-    from cellstate.signals import stop_event_on_signals
-    from cellstate.workload import WorkloadOptions, generate
+    from omega.signals import stop_event_on_signals
+    from omega.workload import WorkloadOptions, generate
 
     stop = stop_event_on_signals()
     if args.duration:
@@ -470,25 +472,6 @@ def _machines_table(machines: list[dict[str, Any]]) -> str:
             f"{m['id']:<10} {m['state']:<8} {m.get('rack', ''):<6} "
             f"{m.get('failure_domain', ''):<6} {used.get('cpu', 0):>5g}/{cap.get('cpu', 0):<5g} "
             f"{used.get('mem', 0):>6g}/{cap.get('mem', 0):<6g} {m['tasks']}")
-    return "\n".join(lines)
-
-
-def status_text(s: dict[str, Any]) -> str:
-    cap, used = s["capacity"], s["used"]
-    util = "  ".join(f"{r} {100 * used.get(r, 0) / c:.1f}%" for r, c in sorted(cap.items()) if c)
-    lines = [
-        f"cell at revision {s['revision']} (answered by {s['server']})",
-        f"machines: {s['machines_up']} up, {s['machines_down']} down; agents: {s['agents']}",
-        f"utilization: {util or 'no capacity'}",
-        "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(s["jobs"].items())) or "none"),
-        "tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(s["tasks"].items())) or "none"),
-    ]
-    for x in s["schedulers"]:
-        lines.append(
-            f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
-            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
-            f"busyness {100 * x.get('busyness', 0):.1f}%, "
-            f"wait mean {x.get('wait_mean_s', 0):.2f} s")
     return "\n".join(lines)
 
 

@@ -23,13 +23,13 @@ from typing import Any, TextIO
 import attrs
 
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
-from cellstate.cellspec import SHIPPED, load_cell_spec, resolve_spec
-from cellstate.cli import status_text
-from cellstate.etcd_launcher import LocalEtcd, free_ports
 from cellstate.invariants import violations
 from cellstate.kv.etcd import EtcdKV
-from cellstate.proc import Child, omega
 from cellstate.store import CellStore
+from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
+from omega.etcd_launcher import LocalEtcd, free_ports
+from omega.proc import Child, omega
+from omega.statusfmt import status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
 

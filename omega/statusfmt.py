@@ -1,0 +1,24 @@
+"""The human-readable form of a cell's status (``omega status`` and the demo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def status_text(s: dict[str, Any]) -> str:
+    cap, used = s["capacity"], s["used"]
+    util = "  ".join(f"{r} {100 * used.get(r, 0) / c:.1f}%" for r, c in sorted(cap.items()) if c)
+    lines = [
+        f"cell at revision {s['revision']} (answered by {s['server']})",
+        f"machines: {s['machines_up']} up, {s['machines_down']} down; agents: {s['agents']}",
+        f"utilization: {util or 'no capacity'}",
+        "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(s["jobs"].items())) or "none"),
+        "tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(s["tasks"].items())) or "none"),
+    ]
+    for x in s["schedulers"]:
+        lines.append(
+            f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
+            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
+            f"busyness {100 * x.get('busyness', 0):.1f}%, "
+            f"wait mean {x.get('wait_mean_s', 0):.2f} s")
+    return "\n".join(lines)
