@@ -1,6 +1,6 @@
 """Reading the cell state: snapshots and the one place that interprets staged records.
 
-A :class:`CellReader` is anything with the six mappings below; an immutable
+A :class:`CellReader` is anything with the mappings below; an immutable
 :class:`CellSnapshot` from a replica is one, and so is the store's working view. The
 functions here are the only code that knows how gang-staged allocations read (see
 docs/architecture.md, "Gangs larger than one etcd txn"), so every reader agrees.
@@ -48,6 +48,8 @@ class CellReader(Protocol):
     def gangs(self) -> Mapping[str, GangRecord]: ...
     @property
     def usage(self) -> Mapping[str, object]: ...
+    @property
+    def statuses(self) -> Mapping[str, JobStatus]: ...
 
 
 # The record tables of a snapshot, in the order of CellSnapshot's fields.

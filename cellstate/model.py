@@ -544,6 +544,7 @@ class Reason(enum.Enum):
     PRECEDENCE_TOO_LOW = "precedence_too_low"
     LIMIT_EXCEEDED = "limit_exceeded"
     GANG_ABORTED = "gang_aborted"
+    JOB_ENDED = "job_ended"  # the job was killed or abandoned: nothing more is placed
     INVALID = "invalid"
 
 

@@ -40,6 +40,8 @@ from cellstate.kv.base import (
     KV,
     CompactedError,
     Compare,
+    CompareResult,
+    CompareTarget,
     Delete,
     Get,
     LeaseNotFoundError,
@@ -60,6 +62,7 @@ from cellstate.model import (
     GangState,
     InstanceRecord,
     Job,
+    JobState,
     JobStatus,
     Machine,
     MachineState,
@@ -102,6 +105,14 @@ class AlreadyExistsError(StoreError):
     pass
 
 
+class _Done(Exception):
+    """A write found its effect in place already (a retried request): here is the
+    revision that made it."""
+
+    def __init__(self, revision: int) -> None:
+        self.revision = revision
+
+
 class ContentionError(StoreError):
     """The records an operation needs kept changing under it, past the retry budget."""
 
@@ -127,6 +138,8 @@ class _Write:
     guards: Mapping[bytes, int]
     records: Mapping[bytes, object]  # key -> record to encode, or None to delete
     leases: Mapping[bytes, int] = attrs.field(factory=dict)
+    # Compares beyond the per-key revision guards (e.g. "no key under a prefix changed").
+    compares: tuple[Compare, ...] = ()
 
 
 @attrs.frozen
@@ -205,6 +218,7 @@ class CellStore:
             KeyKind.JOB: (k.job, snap.jobs),
             KeyKind.GANG: (k.gang, snap.gangs),
             KeyKind.USAGE: (k.usage, snap.usage),
+            KeyKind.STATUS: (k.status, snap.statuses),
         }
         for kind, ident in changed:
             if kind is KeyKind.CONFIG:
@@ -278,7 +292,7 @@ class CellStore:
         self._fetch(
             k
             for c in claims
-            for k in (keys.machine(c.machine), keys.job(c.job))
+            for k in (keys.machine(c.machine), keys.job(c.job), keys.status(c.job))
             if not self.view.knows(k)
         )
         # Jobs of the tasks already on those machines (affinity rules read their labels)
@@ -375,6 +389,7 @@ class CellStore:
         p = w if isinstance(w, _Prepared) else self._prepare(w)
         w = p.write
         compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
+        compares.extend(w.compares)
         failure = [Get(k) for k in w.guards]
         res = self.kv.txn(compares, p.ops, failure)
         if res.succeeded:
@@ -492,6 +507,8 @@ class CellStore:
             guards[k.job(jid)] = v.job_rev(jid)
         for gid in reads.gangs:
             guards[k.gang(gid)] = v.guard_revision(k.gang(gid))
+        for jid in reads.statuses:
+            guards[k.status(jid)] = v.guard_revision(k.status(jid))
         records: dict[bytes, object] = {}
         for mid, m in decision.machines.items():
             records[k.machine(mid)] = m
@@ -614,6 +631,7 @@ class CellStore:
                 records[k.machine(mid)] = decision.machines[mid]
             for c in cs:
                 shared[k.job(c.job)] = v.job_rev(c.job)
+                shared[k.status(c.job)] = v.guard_revision(k.status(c.job))
                 for tid in (c.task, *c.evict):
                     tkey = k.task_key(tid)
                     guards[tkey] = v.task_rev(tid)
@@ -734,7 +752,7 @@ class CellStore:
                     if gid not in self.view.gangs:
                         return self._gang_lost(txn, attempts)
                     decision = validate(self.view, sub, staging_gang=gid, seq_rewrites=rewrites,
-                                        shape_checked=True)
+                                        shape_checked=True, gang_coverage=False)
                     if decision.rejected:
                         self._abort_gang(gid, staged_machines, staged_tasks)
                         return self._gang_failed(txn, decision.rejected, attempts)
@@ -796,12 +814,22 @@ class CellStore:
         """The commit point. Returns the revision, a rejection (limit), or None when
         the gang's record is gone (its lease lapsed)."""
         gkey = self.keys.gang(gid)
+        jobs = sorted({c.job for c in txn.claims})
         for _ in range(self.options.max_attempts):
-            self._fetch([self.keys.config])
+            self._fetch([self.keys.config, *map(self.keys.status, jobs)])
             self._ensure_usage([*added, *removed])
             if gid not in self.view.gangs:
                 return None
             guards: dict[bytes, int] = {gkey: gang_rev, self.keys.config: self.view.config.revision}
+            # A kill that lands while the gang stages must win: the commit point reads
+            # the jobs' statuses too (staged holds of an aborted gang are void).
+            for jid in jobs:
+                status = self.view.statuses.get(jid)
+                if status is not None:
+                    first = next(c for c in txn.claims if c.job == jid)
+                    return Rejection(first, Reason.JOB_ENDED,
+                                     f"job {jid!r} was {status.state.value}: {status.reason}")
+                guards[self.keys.status(jid)] = 0
             usage = self._usage_records(added, removed)
             for key, u in usage.items():
                 guards[key] = self.view.guard_revision(key)
@@ -1186,6 +1214,11 @@ class CellStore:
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
                 view = task_view(self.view, tid)
+                if (rec is not None and view.state is outcome and rec.state is outcome
+                        and (machine is None or rec.machine == machine)):
+                    # Reported already (a retry of a release whose answer was lost, e.g.
+                    # over an etcd leader change): the same answer again.
+                    raise _Done(rec.revision)
                 if view.state is not TaskState.RUNNING:
                     raise StoreError(f"task {tid} is {view.state.value}, not running")
                 assert rec is not None
@@ -1209,7 +1242,10 @@ class CellStore:
                     records[key] = u
                 return _Write(guards, records)
 
-            return self._retry(f"releasing task {tid}", attempt).revision
+            try:
+                return self._retry(f"releasing task {tid}", attempt).revision
+            except _Done as done:
+                return done.revision
 
     def set_job_status(self, status: JobStatus) -> int:
         """Record a verdict on a job (abandoned with a reason, or killed). Refused for a
@@ -1220,12 +1256,44 @@ class CellStore:
             jkey, skey = self.keys.job(status.job), self.keys.status(status.job)
 
             def attempt() -> _Write:
-                self._fetch([jkey])
+                self._fetch([jkey, skey])
                 if status.job not in self.view.jobs:
                     raise NotFoundError(f"unknown job {status.job!r}")
-                return _Write({jkey: self.view.job_rev(status.job)}, {skey: status})
+                old = self.view.statuses.get(status.job)
+                if old is not None and old.state is JobState.KILLED:
+                    raise _Done(old.revision)  # a kill is final: nothing replaces it
+                return _Write({jkey: self.view.job_rev(status.job),
+                               skey: self.view.guard_revision(skey)}, {skey: status})
 
-            return self._retry(f"setting the status of job {status.job}", attempt).revision
+            try:
+                return self._retry(f"setting the status of job {status.job}", attempt).revision
+            except _Done as done:
+                return done.revision
+
+    def kill_job(self, status: JobStatus) -> int:
+        """Kill a job: record the status, then end every task of it that runs.
+
+        Every claim reads the job's status (guarded), so once the status is written no
+        claim for the job can commit; a read of the job's tasks after that write sees
+        every placement that beat it, and each is released (lost). Idempotent: killing
+        a killed job ends whatever still runs. Returns the revision of the last write."""
+        if status.state is not JobState.KILLED:
+            raise StoreError(f"job {status.job}: kill_job records a kill, not {status.state}")
+        revision = self.set_job_status(status)
+        prefix = self.keys.task_key(status.job + "/")
+        with self._lock:
+            res = self.kv.range(prefix, prefix_end(prefix))
+            self.view.observe_range(res.kvs, res.revision)
+            tids = [kv.key[len(self.keys.task_key("")):].decode() for kv in res.kvs]
+            running = [tid for tid in tids
+                       if (t := self.view.tasks.get(tid)) is not None
+                       and t.state is TaskState.RUNNING]
+        for tid in running:
+            try:
+                revision = max(revision, self.release_task(tid, TaskState.LOST))
+            except StoreError as e:  # it ended meanwhile (finished, lost): nothing to do
+                log.debug("kill %s: %s", status.job, e)
+        return revision
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         """Announce a live scheduler instance under a new lease of ``ttl`` seconds (the
@@ -1358,14 +1426,21 @@ class CellStore:
                 job = self.view.jobs.get(job_id)
                 if job is None:
                     raise NotFoundError(f"unknown job {job_id!r}")
-                if task_count < job.task_count:
-                    prefix = self.keys.task_key(job_id + "/")
-                    res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
-                    used = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
-                    if used and max(used) >= task_count:
-                        raise StoreError(f"job {job_id}: task {max(used)} has run; cannot "
-                                         f"shrink to {task_count} tasks")
-                return _Write({key: job.revision}, {key: attrs.evolve(job, task_count=task_count)})
+                new = {key: attrs.evolve(job, task_count=task_count)}
+                if task_count >= job.task_count:
+                    return _Write({key: job.revision}, new)
+                prefix = self.keys.task_key(job_id + "/")
+                res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
+                used = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
+                if used and max(used) >= task_count:
+                    raise StoreError(f"job {job_id}: task {max(used)} has run; cannot "
+                                     f"shrink to {task_count} tasks")
+                # Claims do not rewrite the job's key, so its revision alone would not
+                # see a task placed since the range read: guard that no task key of the
+                # job changed (or appeared) since then.
+                unchanged = Compare(prefix, CompareTarget.MOD, CompareResult.LESS,
+                                    res.revision + 1, prefix_end(prefix))
+                return _Write({key: job.revision}, new, compares=(unchanged,))
 
             return self._retry(f"resizing job {job_id}", attempt).revision
 

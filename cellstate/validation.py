@@ -10,6 +10,9 @@ before them in the same transaction. The checks, in order (the first that fails 
 the reason):
 
 1. the job exists, belongs to the transaction's scheduler, has that task  -> invalid
+   the job has no status (killed or abandoned)                          -> job_ended
+   a gang job's tasks come in a gang transaction that claims every one
+   of them not already running or ended                                 -> invalid
 2. the task is not placed or reserved already                           -> task_already_placed
 3. the machine exists                                                   -> unknown_machine
 4. coarse detection only: the machine's sequence number is the one seen -> sequence_changed
@@ -22,6 +25,13 @@ the reason):
 
 A gang transaction commits only if every claim passes; otherwise the failing claims
 keep their reasons and all others are rejected as gang_aborted.
+
+The job's spec and status are reads of every claim's decision, guarded like the
+machine's sequence number: a kill or a resize and a racing claim cannot both succeed.
+A gang job is all or nothing whatever the runtime asks for: the store refuses its
+claims in an incremental transaction, or any that leave one of its placeable tasks
+unclaimed (a task that ended or still runs need not be claimed again, so a gang that
+lost one task re-places just that one).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import attrs
 
 from cellstate.cell import CellReader, alloc_placed, holding, machine_used, task_view
 from cellstate.model import (
+    PLACEABLE,
     Allocation,
     Claim,
     Detection,
@@ -54,6 +65,7 @@ from cellstate.model import (
     selector_matches_labels,
     split_task_id,
     sum_resources,
+    task_id,
 )
 
 MAX_CLAIMS_PER_TRANSACTION = 100_000
@@ -72,6 +84,7 @@ class Reads:
     jobs: frozenset[str]
     gangs: frozenset[str]
     usage: frozenset[str]
+    statuses: frozenset[str] = frozenset()  # jobs whose (absent) status was relied on
 
 
 @attrs.frozen
@@ -208,6 +221,7 @@ class _Work:
         self.read_jobs: set[str] = set()
         self.read_gangs: set[str] = set()
         self.read_usage: set[str] = set()
+        self.read_statuses: set[str] = set()
         self.rules_cache: dict[tuple[str, int, int], bool] = {}
 
     def machine(self, mid: str) -> Machine | None:
@@ -232,6 +246,7 @@ def validate(
     staging_gang: str = "",
     seq_rewrites: Mapping[str, tuple[int, int]] | None = None,
     shape_checked: bool = False,
+    gang_coverage: bool = True,
 ) -> Decision:
     """Decide ``txn`` against ``cell``. Raises TransactionError for a malformed one.
 
@@ -241,14 +256,19 @@ def validate(
 
     ``seq_rewrites`` maps a machine to (sequence before, sequence after) the store's own
     writes of earlier parts of the same transaction, so that under coarse detection a
-    transaction split over several etcd transactions does not conflict with itself."""
+    transaction split over several etcd transactions does not conflict with itself.
+
+    ``gang_coverage=False`` skips the check that a gang job's claims cover all its
+    placeable tasks: the store sets it when it validates one part of a gang it split,
+    having checked the whole transaction first."""
     if not shape_checked:
         check_shape(txn)
     w = _Work(cell, txn, staging_gang, seq_rewrites or {})
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
+    refused = _gang_job_rules(cell, txn, gang_coverage)
     for claim in txn.claims:
-        rejection = _check_claim(w, claim)
+        rejection = refused.get(claim.task) or _check_claim(w, claim)
         if rejection is None:
             _apply(w, claim)
             accepted.append(claim)
@@ -260,6 +280,7 @@ def validate(
         frozenset(w.read_jobs),
         frozenset(w.read_gangs),
         frozenset(w.read_usage),
+        frozenset(w.read_statuses),
     )
     if txn.mode is TxnMode.GANG and rejected:
         failed = {r.claim.task for r in rejected}
@@ -289,6 +310,51 @@ def _reject(claim: Claim, reason: Reason, detail: str, dimension: str = "") -> R
     return Rejection(claim, reason, detail, dimension)
 
 
+def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool) -> dict[str, Rejection]:
+    """Rejections of claims for gang jobs that break all-or-nothing, by task id.
+
+    Not guarded: coverage relies on the states of the job's unclaimed tasks, but a
+    task of the job that ends or is lost after this decision leaves the same cell as if
+    it ended just after the commit, which is allowed (the claimed tasks themselves are
+    guarded by the claim checks)."""
+    jobs = {txn.job} if txn.job else {c.job for c in txn.claims}
+    gang_jobs = {j for j in jobs if (job := cell.jobs.get(j)) is not None and job.gang}
+    if not gang_jobs:
+        return {}  # the common case, checked cheaply
+    by_job: dict[str, list[Claim]] = {}
+    for c in txn.claims:
+        if c.job in gang_jobs:
+            by_job.setdefault(c.job, []).append(c)
+    out: dict[str, Rejection] = {}
+    for jid, claims in by_job.items():
+        job = cell.jobs[jid]
+        if txn.mode is not TxnMode.GANG:
+            detail = (f"job {jid!r} is a gang: its tasks are claimed all together in a gang "
+                      "transaction, not an incremental one")
+        elif coverage and (missing := _unclaimed(cell, job, {c.index for c in claims})):
+            detail = (f"job {jid!r} is a gang: the transaction leaves {len(missing)} of its "
+                      f"placeable tasks unclaimed (first: task {missing[0]})")
+        else:
+            continue
+        for c in claims:
+            out[c.task] = _reject(c, Reason.INVALID, detail)
+    return out
+
+
+def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
+    """Indices of ``job``'s tasks that could be claimed but are not in ``claimed``."""
+    out = []
+    for i in range(job.task_count):
+        if i in claimed:
+            continue
+        tid = task_id(job.id, i)
+        if cell.tasks.get(tid) is None or task_view(cell, tid).state in PLACEABLE:
+            out.append(i)
+            if len(out) > 1000:
+                break  # enough to say what is wrong
+    return out
+
+
 def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
     txn = w.txn
     w.read_jobs.add(claim.job)
@@ -300,6 +366,12 @@ def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
             claim,
             Reason.INVALID,
             f"job {job.id!r} belongs to scheduler {job.scheduler!r}, not {txn.scheduler!r}",
+        )
+    w.read_statuses.add(claim.job)
+    status = w.cell.statuses.get(claim.job)
+    if status is not None:
+        return _reject(
+            claim, Reason.JOB_ENDED, f"job {job.id!r} was {status.state.value}: {status.reason}"
         )
     if claim.index >= job.task_count:
         return _reject(

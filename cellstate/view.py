@@ -41,6 +41,9 @@ class WorkingView:
         self.tasks: dict[str, TaskRecord] = {}
         self.gangs: dict[str, GangRecord] = {}
         self.usage: dict[str, UsageRecord] = {}
+        # A job's status (killed, abandoned) is read by every claim for the job: a
+        # claim must not land after a kill (guarded like the job's spec).
+        self.statuses: dict[str, JobStatus] = {}
         # key -> the revision our knowledge of it is as of (a read's revision, a write's
         # revision, an event's revision). Keys never seen are unknown.
         self._as_of: dict[bytes, int] = {}
@@ -76,7 +79,7 @@ class WorkingView:
             return m.seq if m is not None else None
         if kind is KeyKind.CONFIG:
             return self.config.revision if self.config_known else None
-        rec: Job | TaskRecord | GangRecord | UsageRecord | None
+        rec: Job | TaskRecord | GangRecord | UsageRecord | JobStatus | None
         if kind is KeyKind.TASK:
             rec = self.tasks.get(ident)
         elif kind is KeyKind.JOB:
@@ -85,6 +88,8 @@ class WorkingView:
             rec = self.gangs.get(ident)
         elif kind is KeyKind.USAGE:
             rec = self.usage.get(ident)
+        elif kind is KeyKind.STATUS:
+            rec = self.statuses.get(ident)
         else:
             return None
         return rec.revision if rec is not None else None
@@ -110,6 +115,8 @@ class WorkingView:
             _put(self.gangs, ident, kv, codec.decode_gang)
         elif kind is KeyKind.USAGE:
             _put(self.usage, ident, kv, codec.decode_usage)
+        elif kind is KeyKind.STATUS:
+            _put(self.statuses, ident, kv, codec.decode_status)
 
     def machine_rev(self, mid: str) -> int:
         m = self.machines.get(mid)
@@ -144,7 +151,7 @@ class WorkingView:
         elif isinstance(record, CellConfig):
             self.config, self.config_known = record, True
         elif isinstance(record, JobStatus):
-            pass  # statuses are not read by validation
+            self.statuses[record.job] = record
         elif record is None and (kind := self.keys.classify(key)) is not None:
             self._set(kind[0], kind[1], None)
 

@@ -20,6 +20,8 @@ class MModel:
     precedence: dict[str, int] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)  # job -> scheduler
     tasks: dict[str, int] = field(default_factory=dict)  # job -> task count
+    gang_jobs: set[str] = field(default_factory=set)  # jobs placed all or nothing
+    killed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         for m in self.capacity:
@@ -41,9 +43,11 @@ class MModel:
         on, state, version = dict(self.on), dict(self.state), dict(self.version)
         touched: set[str] = set()
         ok: list[str] = []
-        bad: dict[str, str] = {}
+        bad: dict[str, str] = self._gang_job_refusals(claims, gang)
         for job, index, m, seen, victims in claims:
             tid = f"{job}/{index}"
+            if tid in bad:
+                continue
             reason = self._check(scheduler, job, index, m, seen, victims, coarse, on, state)
             if reason:
                 bad[tid] = reason
@@ -63,11 +67,31 @@ class MModel:
         self.version = version
         return ok, bad
 
+    def _gang_job_refusals(
+        self, claims: list[tuple[str, int, str, int, tuple[str, ...]]], gang: bool
+    ) -> dict[str, str]:
+        """A gang job's claims come in a gang transaction claiming every one of its
+        tasks that is pending, lost or preempted."""
+        out: dict[str, str] = {}
+        for job in {c[0] for c in claims} & self.gang_jobs:
+            mine = [c for c in claims if c[0] == job]
+            claimed = {c[1] for c in mine}
+            placeable = {i for i in range(self.tasks[job])
+                         if self.state.get(f"{job}/{i}", "pending")
+                         in ("pending", "lost", "preempted")}
+            if not gang or placeable - claimed:
+                out.update({f"{job}/{c[1]}": "invalid" for c in mine})
+        return out
+
     def _check(
         self, scheduler: str, job: str, index: int, m: str, seen: int,
         victims: tuple[str, ...], coarse: bool, on: dict[str, str], state: dict[str, str],
     ) -> str:
-        if job not in self.owner or self.owner[job] != scheduler or index >= self.tasks[job]:
+        if job not in self.owner or self.owner[job] != scheduler:
+            return "invalid"
+        if job in self.killed:
+            return "job_ended"
+        if index >= self.tasks[job]:
             return "invalid"
         tid = f"{job}/{index}"
         if state.get(tid, "pending") not in ("pending", "lost", "preempted"):
@@ -90,6 +114,8 @@ class MModel:
         return ""
 
     def release(self, tid: str, outcome: str) -> bool:
+        if self.state.get(tid) == outcome:
+            return True  # reported again: the same answer, nothing changes
         if self.state.get(tid) != "running":
             return False
         m = self.on.pop(tid)
@@ -108,3 +134,21 @@ class MModel:
                 if mm == m:
                     del self.on[t]
                     self.state[t] = "lost"
+
+    def kill(self, job: str) -> None:
+        """The job takes no more placements; what runs of it is lost."""
+        self.killed.add(job)
+        for t, m in sorted(self.on.items()):
+            if t.startswith(f"{job}/"):
+                del self.on[t]
+                self.state[t] = "lost"
+                self.version[m] += 1
+
+    def resize(self, job: str, count: int) -> bool:
+        """Shrinking below a task that was ever placed is refused."""
+        if count < self.tasks[job] and any(
+            int(t.split("/")[1]) >= count for t in self.state if t.startswith(f"{job}/")
+        ):
+            return False
+        self.tasks[job] = count
+        return True

@@ -20,6 +20,8 @@ from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Claim,
     Detection,
+    JobState,
+    JobStatus,
     MachineState,
     TaskState,
     Transaction,
@@ -51,7 +53,10 @@ op_st = st.one_of(
     st.tuples(st.just("release"), st.sampled_from(SCHEDULERS), st.integers(0, TASKS - 1),
               st.sampled_from(["finished", "failed", "lost"])),
     st.tuples(st.just("machine"), st.sampled_from(MACHINES), st.booleans()),
+    st.tuples(st.just("kill"), st.sampled_from(SCHEDULERS)),
+    st.tuples(st.just("resize"), st.sampled_from(SCHEDULERS), st.integers(1, TASKS + 1)),
 )
+GANG_SCHEDULER, GANG_TASKS = "s2", 3  # s2's job is a gang job of 3 tasks
 
 
 def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
@@ -63,9 +68,14 @@ def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
     model = MModel({m: 4.0 for m in MACHINES})
     for i, s in enumerate(SCHEDULERS):
         cpu = 1.0 + (i % 2)
-        admin.submit_job(job(f"j{s}", tasks=TASKS, cpu=cpu, mem=1, scheduler=s, precedence=i + 1))
+        gang = s == GANG_SCHEDULER
+        n = GANG_TASKS if gang else TASKS
+        admin.submit_job(job(f"j{s}", tasks=n, cpu=cpu, mem=1, scheduler=s, precedence=i + 1,
+                             gang=gang))
         model.need[f"j{s}"], model.precedence[f"j{s}"] = cpu, i + 1
-        model.owner[f"j{s}"], model.tasks[f"j{s}"] = s, TASKS
+        model.owner[f"j{s}"], model.tasks[f"j{s}"] = s, n
+        if gang:
+            model.gang_jobs.add(f"j{s}")
     options = StoreOptions(per_machine_writes=per_machine)
     stores = {s: CellStore(kv, cell, options=options) for s in SCHEDULERS}
     seen: dict[str, dict[str, tuple[int, int]]] = {s: {} for s in SCHEDULERS}
@@ -107,14 +117,29 @@ def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
                 assert expected, f"store released {tid}, model says it was not running"
             except StoreError:
                 assert not expected, f"store refused to release running {tid}"
+        elif op[0] == "kill":
+            jid = f"j{op[1]}"
+            admin.kill_job(JobStatus(jid, JobState.KILLED, "test"))
+            model.kill(jid)
+        elif op[0] == "resize":
+            _, s, count = op
+            try:
+                admin.resize_job(f"j{s}", count)
+                assert model.resize(f"j{s}", count), f"store shrank j{s} below a placed task"
+            except StoreError:
+                assert not model.resize(f"j{s}", count), f"store refused to resize j{s}"
         else:
             _, m, up = op
             admin.update_machine(m, state=MachineState.UP if up else MachineState.DOWN)
             model.set_up(m, up)
         snap = admin.read_snapshot()
         assert violations(snap) == []
+        for jid in snap.statuses:
+            running = [t for t, r in snap.tasks.items()
+                       if r.job == jid and task_view(snap, t).state is TaskState.RUNNING]
+            assert not running, f"killed job {jid} still runs {running}"
     final = admin.read_snapshot()
-    placed = {t: v.machine for s in SCHEDULERS for i in range(TASKS)
+    placed = {t: v.machine for s in SCHEDULERS for i in range(TASKS + 1)
               if (v := task_view(final, t := f"j{s}/{i}")).state is TaskState.RUNNING}
     assert placed == model.on
     for m in MACHINES:

@@ -241,14 +241,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
                            request.by or "user", self.clock())
         with self.stores.get() as store:
-            revision = store.set_job_status(status)
-            snap = self.snap
-            job = snap.jobs.get(request.job)
-            for i in range(job.task_count if job else 0):
-                tid = f"{request.job}/{i}"
-                if task_view(snap, tid).state is TaskState.RUNNING:
-                    with contextlib.suppress(StoreError):
-                        revision = store.release_task(tid, TaskState.LOST)
+            revision = store.kill_job(status)
         return pb.KillJobResponse(revision=revision)
 
     @rpc
