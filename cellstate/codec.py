@@ -64,6 +64,7 @@ def _unres(d: Mapping[str, float]) -> Resources:
 
 
 def encode_machine(m: Machine) -> bytes:
+    """The machine's own record, without its allocations (keys of their own)."""
     doc: dict[str, Any] = {"capacity": _res(m.capacity), "state": m.state.value}
     if m.rack:
         doc["rack"] = m.rack
@@ -73,21 +74,20 @@ def encode_machine(m: Machine) -> bytes:
         doc["labels"] = dict(m.labels)
     if m.agent:
         doc["agent"] = m.agent
-    if m.allocations:
-        doc["allocs"] = {
-            a.task: [a.job, a.scheduler, a.precedence, _res(a.resources), a.gang, a.evicted_by]
-            for a in m.allocations.values()
-        }
     return orjson.dumps(doc)
 
 
-def decode_machine(machine_id: str, value: bytes, revision: int) -> Machine:
+def decode_machine(
+    machine_id: str, value: bytes, revision: int,
+    allocations: Mapping[str, Allocation] | None = None,
+) -> Machine:
     try:
         doc = orjson.loads(value)
-        allocs = {
-            tid: Allocation(tid, a[0], a[1], a[2], _unres(a[3]), a[4], a[5])
-            for tid, a in doc.get("allocs", {}).items()
-        }
+        if "allocs" in doc:
+            raise ModelError(
+                f"machine {machine_id!r} is stored in the layout before allocation keys "
+                "(allocations inside the machine's record); this version cannot read it"
+            )
         return Machine(
             machine_id,
             _unres(doc["capacity"]),
@@ -96,11 +96,29 @@ def decode_machine(machine_id: str, value: bytes, revision: int) -> Machine:
             tuple(sorted(doc.get("labels", {}).items())),
             MachineState(doc["state"]),
             doc.get("agent", ""),
-            allocs,
+            dict(allocations) if allocations else {},
             revision,
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as e:
+        if isinstance(e, ModelError):
+            raise
         raise ModelError(f"machine {machine_id!r}: stored record is corrupt ({e})") from e
+
+
+def encode_alloc(a: Allocation) -> bytes:
+    doc: list[Any] = [a.job, a.scheduler, a.precedence, _res(a.resources)]
+    if a.gang or a.evicted_by:
+        doc += [a.gang, a.evicted_by]
+    return orjson.dumps(doc)
+
+
+def decode_alloc(task: str, value: bytes) -> Allocation:
+    try:
+        d = orjson.loads(value)
+        gang, evicted_by = (d[4], d[5]) if len(d) > 4 else ("", "")
+        return Allocation(task, d[0], d[1], d[2], _unres(d[3]), gang, evicted_by)
+    except (orjson.JSONDecodeError, IndexError, TypeError, ValueError) as e:
+        raise ModelError(f"allocation of task {task!r}: stored record is corrupt ({e})") from e
 
 
 # -- jobs ----------------------------------------------------------------------------

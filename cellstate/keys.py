@@ -3,7 +3,8 @@
 ::
 
     /omega/<cell>/config                  CellConfig (per-scheduler limits)
-    /omega/<cell>/machines/<machine>      Machine, with its allocations
+    /omega/<cell>/machines/<machine>      Machine (capacity, labels, state: no tasks)
+    /omega/<cell>/allocs/<machine>/<task> Allocation: a task's hold on the machine
     /omega/<cell>/jobs/<job>              Job spec (immutable once submitted)
     /omega/<cell>/tasks/<job>/<index>     TaskRecord (absent = pending)
     /omega/<cell>/gangs/<gang>            GangRecord (large gang in flight)
@@ -15,6 +16,12 @@
 
 One prefix per cell, so one watch follows a whole cell and several cells can share an
 etcd cluster.
+
+A machine's allocations are keys of their own, so a placement writes a bounded number
+of bytes whatever the machine holds (one allocation, the task's record, and the
+machine's small record again). Every write that changes a machine's allocations
+rewrites its machine key in the same etcd transaction, so the machine key's
+mod_revision is still the machine's sequence number: the one thing a claim checks.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from cellstate.model import check_name
 class KeyKind(enum.Enum):
     CONFIG = "config"
     MACHINE = "machines"
+    ALLOC = "allocs"  # id: "<machine>/<task id>"
     JOB = "jobs"
     TASK = "tasks"
     GANG = "gangs"
@@ -59,6 +67,13 @@ class Keyspace:
 
     def machine(self, machine: str) -> bytes:
         return self.root + b"machines/" + machine.encode()
+
+    def alloc(self, machine: str, task: str) -> bytes:
+        return self.root + b"allocs/" + machine.encode() + b"/" + task.encode()
+
+    def allocs(self, machine: str) -> bytes:
+        """The prefix of ``machine``'s allocation keys."""
+        return self.root + b"allocs/" + machine.encode() + b"/"
 
     def job(self, job: str) -> bytes:
         return self.root + b"jobs/" + job.encode()

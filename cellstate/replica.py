@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import attrs
 
@@ -34,12 +34,11 @@ from cellstate.kv.base import (
     WatchResponse,
     range_all,
 )
-from cellstate.model import CellConfig
+from cellstate.model import CellConfig, Machine
 
 log = logging.getLogger(__name__)
 
 _DECODERS = {
-    KeyKind.MACHINE: ("machines", codec.decode_machine),
     KeyKind.JOB: ("jobs", codec.decode_job),
     KeyKind.TASK: ("tasks", codec.decode_task),
     KeyKind.GANG: ("gangs", codec.decode_gang),
@@ -56,15 +55,28 @@ def _apply(
     revision: int, changed: list[tuple[KeyKind, str]] | None = None,
 ) -> CellSnapshot:
     """``snap`` with the changes of one or more whole revisions applied; the (kind, id)
-    of each changed record is appended to ``changed`` if given."""
+    of each changed record is appended to ``changed`` if given (a change to one of a
+    machine's allocations is a change to the machine)."""
     mutators = {name: getattr(snap, name).mutate() for name in TABLES}
     config = snap.config
+    # A machine's record and its allocation keys change in the same etcd transaction
+    # but arrive as separate events (allocations first, in key order): gather both,
+    # then build each touched machine once.
+    machine_records: dict[str, KeyValue | None] = {}
+    alloc_changes: dict[str, dict[str, KeyValue | None]] = {}
     for key, kv in changes:
         kind = keys.classify(key)
         if kind is None:
             continue
+        if kind[0] is KeyKind.ALLOC:
+            mid, _, tid = kind[1].partition("/")
+            alloc_changes.setdefault(mid, {})[tid] = kv
+            continue
         if changed is not None:
             changed.append(kind)
+        if kind[0] is KeyKind.MACHINE:
+            machine_records[kind[1]] = kv
+            continue
         if kind[0] is KeyKind.CONFIG:
             config = codec.decode_config(kv.value, kv.mod_revision) if kv else CellConfig()
             continue
@@ -74,11 +86,43 @@ def _apply(
             table.pop(kind[1], None)
         else:
             table[kind[1]] = decode(kind[1], kv.value, kv.mod_revision)
+    if machine_records or alloc_changes:
+        _apply_machines(mutators["machines"], machine_records, alloc_changes, changed)
     return CellSnapshot(
         revision,
         config,
         *(mutators[n].finish() for n in TABLES),
     )
+
+
+def _apply_machines(
+    machines: Any,
+    records: dict[str, KeyValue | None],
+    alloc_changes: dict[str, dict[str, KeyValue | None]],
+    changed: list[tuple[KeyKind, str]] | None,
+) -> None:
+    for mid in records.keys() | alloc_changes.keys():
+        old: Machine | None = machines.get(mid)
+        if mid in records and records[mid] is None:
+            machines.pop(mid, None)
+            continue
+        allocs = dict(old.allocations) if old is not None else {}
+        for tid, kv in alloc_changes.get(mid, {}).items():
+            if kv is None:
+                allocs.pop(tid, None)
+            else:
+                allocs[tid] = codec.decode_alloc(tid, kv.value)
+        rec = records.get(mid)
+        if rec is not None:
+            machines[mid] = codec.decode_machine(mid, rec.value, rec.mod_revision, allocs)
+        elif old is not None:
+            # Allocations change only with their machine's record; this is the tail of
+            # a batch split by the watch (or a hand-made edit): keep the sequence.
+            machines[mid] = old.with_allocations(allocs)
+            if changed is not None:
+                changed.append((KeyKind.MACHINE, mid))
+        else:
+            log.warning("replica: allocations for unknown machine %s ignored", mid)
 
 
 def snapshot_from_kvs(keys: Keyspace, kvs: Iterable[KeyValue], revision: int) -> CellSnapshot:

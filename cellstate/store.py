@@ -44,6 +44,7 @@ from cellstate.kv.base import (
     CompareTarget,
     Delete,
     Get,
+    KeyValue,
     LeaseNotFoundError,
     Op,
     Put,
@@ -90,7 +91,9 @@ log = logging.getLogger(__name__)
 # Ops kept free in every etcd transaction for the config guard, usage counters and the
 # gang records the machines in it may reference.
 _RESERVED_OPS = 12
-_ALLOC_BYTES = 160  # an allocation's share of an encoded machine record, roughly
+_ALLOC_BYTES = 160  # an encoded allocation or task record with its key, roughly
+_OP_BYTES = 8  # protobuf framing per op in an etcd request, roughly
+_MACHINE_BYTES = 300  # an encoded machine record (without allocations) and its key
 
 
 class StoreError(Exception):
@@ -171,6 +174,7 @@ class CellStore:
         self.options = options or StoreOptions()
         self.view = WorkingView(self.keys)
         self._snapshots = snapshots
+        self._machine_prefix = self.keys.prefix(KeyKind.MACHINE)
         self._lock = threading.RLock()
         self._conflicts = 0.0  # moving average of guard failures of commit writes
         # Records a followed replica changed, applied to the view by the committing
@@ -252,16 +256,41 @@ class CellStore:
 
     def _fetch(self, keys: Iterable[bytes]) -> None:
         wanted = list(dict.fromkeys(keys))
-        step = self.kv.max_txn_ops
+        step = max(self.kv.max_txn_ops // 2, 1)  # a machine's key takes two reads
         for i in range(0, len(wanted), step):
             chunk = wanted[i : i + step]
-            res = self.kv.txn([], [Get(k) for k in chunk])
+            res = self.kv.txn([], self._gets(chunk))
             self._observe_reads(chunk, res)
 
+    def _machine_of(self, key: bytes) -> str | None:
+        """The machine id if ``key`` is a machine's key."""
+        if key.startswith(self._machine_prefix):
+            return key[len(self._machine_prefix):].decode()
+        return None
+
+    def _gets(self, keys: Iterable[bytes]) -> list[Get]:
+        """Reads of ``keys``; a machine's key is read with its allocation keys (the two
+        make one record: see keys.py)."""
+        out = []
+        for key in keys:
+            out.append(Get(key))
+            mid = self._machine_of(key)
+            if mid is not None:
+                prefix = self.keys.allocs(mid)
+                out.append(Get(prefix, prefix_end(prefix)))
+        return out
+
     def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
-        for key, found in zip(keys, res.responses, strict=True):
-            kvs = found if isinstance(found, tuple) else ()
-            self.view.observe(key, kvs[0] if kvs else None, res.revision)
+        """Learn what :meth:`_gets` of ``keys`` returned."""
+        found = iter(res.responses)
+        for key in keys:
+            got = next(found)
+            kvs = got if isinstance(got, tuple) else ()
+            allocs: tuple[KeyValue, ...] = ()
+            if self._machine_of(key) is not None:
+                more = next(found)
+                allocs = more if isinstance(more, tuple) else ()
+            self.view.observe(key, kvs[0] if kvs else None, res.revision, allocs)
 
     def _ensure_config(self) -> None:
         if not self.view.config_known:
@@ -369,18 +398,61 @@ class CellStore:
         ops: list[Op] = []
         size = 0
         for key, record in w.records.items():
-            if record is None:
+            mid = self._machine_of(key)
+            if mid is not None:
+                size += self._machine_ops(mid, key, record, ops)
+            elif record is None:
                 ops.append(Delete(key))
+                size += len(key) + _OP_BYTES
             else:
                 value = _encode(record)
-                size += len(key) + len(value)
+                size += len(key) + len(value) + _OP_BYTES
                 ops.append(Put(key, value, w.leases.get(key, 0)))
-        return _Prepared(w, ops, size + sum(len(k) + 16 for k in w.guards))
+        # Each guard is a compare and a read in the failure branch; a machine's read
+        # is two (its record and its allocations' range).
+        for k in w.guards:
+            size += 2 * (len(k) + _OP_BYTES)
+            if self._machine_of(k) is not None:
+                size += 2 * len(k) + 2 * _OP_BYTES
+        return _Prepared(w, ops, size + sum(len(c.key) + 2 * _OP_BYTES for c in w.compares))
+
+    def _machine_ops(self, mid: str, key: bytes, record: object, ops: list[Op]) -> int:
+        """The ops that replace machine ``mid``'s record as the view knows it by
+        ``record`` (None deletes it): its small record, and a put or delete per
+        allocation that changed, so the bytes written do not grow with what the machine
+        holds. The caller guards the machine's key at the view's sequence, so the
+        view's allocations are exactly those in etcd. Returns the bytes written."""
+        old = self.view.machines.get(mid)
+        before = old.allocations if old is not None else {}
+        if record is None:
+            prefix = self.keys.allocs(mid)
+            ops.append(Delete(key))
+            ops.append(Delete(prefix, prefix_end(prefix)))
+            return len(key) + 3 * len(prefix) + 2 * _OP_BYTES
+        assert isinstance(record, Machine)
+        value = codec.encode_machine(record)
+        ops.append(Put(key, value))
+        size = len(key) + len(value) + _OP_BYTES
+        after = record.allocations
+        for tid, a in after.items():
+            if before.get(tid) != a:
+                akey = self.keys.alloc(mid, tid)
+                avalue = codec.encode_alloc(a)
+                ops.append(Put(akey, avalue))
+                size += len(akey) + len(avalue) + _OP_BYTES
+        for tid in before.keys() - after.keys():
+            akey = self.keys.alloc(mid, tid)
+            ops.append(Delete(akey))
+            size += len(akey) + _OP_BYTES
+        return size
 
     def _fits(self, p: _Prepared) -> bool:
         limit = self.kv.max_txn_ops
+        reads = len(p.write.guards) + sum(self._machine_of(k) is not None
+                                          for k in p.write.guards)
         return (
-            len(p.write.guards) <= limit
+            len(p.write.guards) + len(p.write.compares) <= limit
+            and reads <= limit
             and len(p.ops) <= limit
             and p.size <= min(self.options.max_txn_bytes, self.kv.max_request_bytes)
         )
@@ -390,8 +462,7 @@ class CellStore:
         w = p.write
         compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
         compares.extend(w.compares)
-        failure = [Get(k) for k in w.guards]
-        res = self.kv.txn(compares, p.ops, failure)
+        res = self.kv.txn(compares, p.ops, self._gets(w.guards))
         if res.succeeded:
             for key, record in w.records.items():
                 self.view.put_record(key, _with_revision(record, res.revision), res.revision)
@@ -448,14 +519,15 @@ class CellStore:
         compares = puts = size = 0
         for c in claims:
             new_machine = c.machine not in machines
-            dc = 1 + len(c.evict) + new_machine + (c.job not in jobs)
-            dp = 1 + len(c.evict) + new_machine
-            db = 2 * _ALLOC_BYTES
-            if new_machine:
-                m = self.view.machines.get(c.machine)
-                db += 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
+            # Compares: the machine, the task and its victims, the job and its status.
+            dc = 1 + len(c.evict) + new_machine + 2 * (c.job not in jobs)
+            # Puts: the task and its allocation, each victim's task and allocation, and
+            # the machine's record; the failure branch also reads each machine's
+            # allocations, so machines count twice there.
+            dp = 2 + 2 * len(c.evict) + new_machine
+            db = 2 * _ALLOC_BYTES + (_MACHINE_BYTES if new_machine else 0)
             if cur and (
-                compares + dc > budget
+                compares + dc + len(machines) + new_machine > budget
                 or puts + dp > budget
                 or size + db > self.options.max_txn_bytes
             ):
@@ -463,7 +535,8 @@ class CellStore:
                 cur, machines, jobs = [], set(), set()
                 compares = puts = size = 0
                 new_machine = True
-                dc, dp = 3 + len(c.evict), 2 + len(c.evict)
+                dc, dp = 4 + len(c.evict), 3 + 2 * len(c.evict)
+                db = 2 * _ALLOC_BYTES + _MACHINE_BYTES
             cur.append(c)
             machines.add(c.machine)
             jobs.add(c.job)
@@ -479,10 +552,7 @@ class CellStore:
         machines: set[str] = set()
         size = 0
         for c in claims:
-            db = 2 * _ALLOC_BYTES
-            if c.machine not in machines:
-                m = self.view.machines.get(c.machine)
-                db += 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
+            db = 2 * _ALLOC_BYTES + (_MACHINE_BYTES if c.machine not in machines else 0)
             if cur and ((c.machine not in machines and len(machines) >= budget)
                         or size + db > self.options.max_txn_bytes):
                 groups.append(cur)
@@ -664,12 +734,12 @@ class CellStore:
         ops: list[Op] = [
             TxnOp(tuple(Compare.mod_revision_is(key, rev) for key, rev in p.write.guards.items()),
                   tuple(p.ops),  # type: ignore[arg-type]
-                  tuple(Get(key) for key in p.write.guards))
+                  tuple(self._gets(p.write.guards)))
             for p in prepared
         ]
         before = {mid: self.view.machines[mid].seq for mid in decision.machines}
         res = self.kv.txn([Compare.mod_revision_is(key, rev) for key, rev in shared.items()],
-                          ops, [Get(key) for key in shared])
+                          ops, self._gets(shared))
         if not res.succeeded:  # the config or a job changed: learn it, decide again
             self._observe_reads(list(shared), res)
             return [], [c for cs, _ in parts for c in cs], res.revision
@@ -1052,7 +1122,7 @@ class CellStore:
         dupes = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
         if dupes:
             raise StoreError(f"machines listed twice: {', '.join(dupes)}")
-        step = self.kv.max_txn_ops
+        step = max(self.kv.max_txn_ops // 2, 1)  # a machine's guard reads two ranges
         revision = 0
         with self._lock:
             for i in range(0, len(machines), step):
@@ -1147,9 +1217,10 @@ class CellStore:
         records: dict[bytes, object] = {}
         removed: dict[str, Resources] = {}
         allocs = dict(m.allocations)
-        budget = self.kv.max_txn_ops - _RESERVED_OPS
-        for tid, a in m.allocations.items():
-            if len(records) >= budget:
+        # Each task lost deletes its allocation and rewrites its record: two ops.
+        budget = (self.kv.max_txn_ops - _RESERVED_OPS) // 2
+        for n, (tid, a) in enumerate(m.allocations.items()):
+            if n >= budget:
                 break  # the rest go in the next write (the machine is already down)
             del allocs[tid]
             g = self.view.gangs.get(a.gang) if a.gang else None

@@ -16,6 +16,7 @@ from cellstate import codec
 from cellstate.keys import KeyKind, Keyspace
 from cellstate.kv.base import KeyValue
 from cellstate.model import (
+    Allocation,
     CellConfig,
     GangRecord,
     Job,
@@ -58,14 +59,27 @@ class WorkingView:
         held = self._held_revision(*kind) if kind is not None else None
         return held or 0
 
-    def observe(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
-        """Learn that at revision ``as_of`` the key held ``kv`` (None: absent)."""
+    def observe(self, key: bytes, kv: KeyValue | None, as_of: int,
+                allocs: Iterable[KeyValue] = ()) -> None:
+        """Learn that at revision ``as_of`` the key held ``kv`` (None: absent). For a
+        machine's key, ``allocs`` are its allocation keys read at the same revision."""
         if self._as_of.get(key, -1) > as_of:
             return
         kind = self.keys.classify(key)
-        if kind is None:
+        if kind is None or kind[0] is KeyKind.ALLOC:
             return
         self._as_of[key] = as_of
+        if kind[0] is KeyKind.MACHINE:
+            if as_of > self.revision:
+                self.revision = as_of
+            held = self.machines.get(kind[1])
+            if kv is None:
+                self.machines.pop(kind[1], None)
+            elif held is None or held.seq != kv.mod_revision:
+                # The same sequence means the same allocations: no need to decode.
+                self.machines[kind[1]] = codec.decode_machine(
+                    kind[1], kv.value, kv.mod_revision, _allocations(self.keys, allocs))
+            return
         if as_of > self.revision:
             self.revision = as_of
         if kv is not None and self._held_revision(*kind) == kv.mod_revision:
@@ -95,8 +109,19 @@ class WorkingView:
         return rec.revision if rec is not None else None
 
     def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
+        """Learn every record of a range read (a whole cell, or part of one)."""
+        allocs: dict[str, list[KeyValue]] = {}
+        rest = []
         for kv in kvs:
-            self.observe(kv.key, kv, as_of)
+            kind = self.keys.classify(kv.key)
+            if kind is not None and kind[0] is KeyKind.ALLOC:
+                allocs.setdefault(kind[1].partition("/")[0], []).append(kv)
+            else:
+                rest.append(kv)
+        for kv in rest:
+            kind = self.keys.classify(kv.key)
+            mine = allocs.get(kind[1], ()) if kind and kind[0] is KeyKind.MACHINE else ()
+            self.observe(kv.key, kv, as_of, mine)
 
     def _set(self, kind: KeyKind, ident: str, kv: KeyValue | None) -> None:
         if kind is KeyKind.CONFIG:
@@ -106,7 +131,8 @@ class WorkingView:
             )
             return
         if kind is KeyKind.MACHINE:
-            _put(self.machines, ident, kv, codec.decode_machine)
+            assert kv is None, "machines are observed with their allocations (observe)"
+            self.machines.pop(ident, None)
         elif kind is KeyKind.JOB:
             _put(self.jobs, ident, kv, codec.decode_job)
         elif kind is KeyKind.TASK:
@@ -163,3 +189,13 @@ def _put(
         table.pop(ident, None)
     else:
         table[ident] = decode(ident, kv.value, kv.mod_revision)
+
+
+def _allocations(keys: Keyspace, kvs: Iterable[KeyValue]) -> dict[str, Allocation]:
+    out = {}
+    for kv in kvs:
+        kind = keys.classify(kv.key)
+        if kind is not None:
+            tid = kind[1].partition("/")[2]
+            out[tid] = codec.decode_alloc(tid, kv.value)
+    return out

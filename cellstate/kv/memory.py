@@ -249,6 +249,8 @@ class MemoryKV:
             size += len(op.key) + _OP_OVERHEAD_BYTES
             if isinstance(op, Put):
                 size += len(op.value)
+            elif op.range_end:
+                size += len(op.range_end)
         return size
 
     def _check_branch(self, branch: Sequence[Op], written: set[bytes]) -> None:
