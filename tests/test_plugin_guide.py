@@ -116,6 +116,8 @@ def test_the_guides_other_code_runs_against_the_installed_package(
     exec(compile("\n".join(blocks), str(DOC), "exec"), namespace)
     registry = namespace["registry"]
     assert isinstance(registry, Registry) and "least-loaded" in registry.names()
+    by_memory = namespace["by_memory"]
+    assert isinstance(by_memory, Policy) and by_memory.options == {"dimension": "mem"}
     assert callable(namespace["run_least_loaded"])
 
 
