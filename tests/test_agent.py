@@ -38,8 +38,7 @@ from omega.agent import (
     TaskProcess,
 )
 from omega.cellspec import parse_cell_spec
-from tests.builders import job, txn
-from tests.sched_harness import Clock
+from schedulers.testing import Clock, job, txn
 
 SPEC = parse_cell_spec("""
 [layout]

@@ -18,8 +18,8 @@ from cellstate.kv.base import KV
 from cellstate.model import Claim, InstanceRecord
 from cellstate.store import CellStore
 from omega.cli import main
+from schedulers.testing import job, machine, txn
 from tests.api.service_fixture import running_server
-from tests.builders import job, machine, txn
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ from cellstate.codec import (
 )
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim, ModelError, Reason
-from tests.builders import job, machine, make_cell, txn
+from schedulers.testing import job, machine, make_cell, txn
 
 GOOD_JOB: dict[str, Any] = {
     "id": "j1", "scheduler": "batch", "task_count": 3,

@@ -1,23 +1,145 @@
-"""docs/plugins.md is executable: its Python blocks run here, in order, as one module,
-and its entry-point declaration is installed as a real (temporary) distribution."""
+"""docs/plugins.md's worked example is a real package, examples/omega-plugin-leastloaded.
+
+The guide shows the package's files as they are; this suite installs the package with
+pip (as a plugin author's user would), finds its policy by name through the registry,
+runs the guide's other code against it, and runs the package's own tests, which use
+only the testing kit omega-cell ships (``schedulers.testing``)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import os
 import re
+import shutil
+import subprocess
 import sys
 import textwrap
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from schedulers.api import Policy
 from schedulers.registry import DuplicateSchedulerError, Registry
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "plugins.md"
+EXAMPLE = ROOT / "examples" / "omega-plugin-leastloaded"
+EXAMPLE_FILES = {"pyproject.toml", "src/least_loaded.py", "tests/test_least_loaded.py"}
 
 
-def blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), re.S)
+def file_blocks() -> dict[str, str]:
+    """The code blocks the guide marks ``<!-- file: path -->``, by path."""
+    found = re.findall(r"<!-- file: (\S+) -->\n```\w+\n(.*?)```", DOC.read_text(), re.S)
+    return {path: code for path, code in found}
+
+
+def other_python_blocks() -> list[str]:
+    """The guide's Python blocks that are not files of the example."""
+    text = re.sub(r"<!-- file: \S+ -->\n```\w+\n.*?```", "", DOC.read_text(), flags=re.S)
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_the_guide_shows_the_example_files_as_they_are() -> None:
+    shown = file_blocks()
+    assert set(shown) == {f"examples/omega-plugin-leastloaded/{f}" for f in EXAMPLE_FILES}
+    for path, code in shown.items():
+        assert code == (ROOT / path).read_text(), f"docs/plugins.md shows {path} otherwise"
+
+
+def test_the_example_needs_only_what_omega_cell_ships() -> None:
+    """Its code imports the policy itself and the installed packages, never this
+    repository's tests (which a plugin written elsewhere does not have)."""
+    allowed = {"__future__", "least_loaded", "cellstate", "schedulers", "pytest"}
+    sources = sorted(EXAMPLE.rglob("*.py"))
+    assert len(sources) == 2, sources  # the policy and its tests
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path} imports {name}"
+
+
+def test_the_kit_ships_with_the_distribution() -> None:
+    """pyproject.toml's package list (what a wheel of omega-cell holds) has the kit."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    setuptools = importlib.import_module("setuptools")  # (no type stubs installed)
+    assert "schedulers.testing" in setuptools.find_packages(str(ROOT), include=include)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """The example installed by pip into a target directory that is put on sys.path;
+    yields (the target, the copy it was built from). No index, no dependencies, no
+    build isolation: nothing is downloaded. Built from a copy because building writes
+    build/ and *.egg-info into the source tree."""
+    tmp = tmp_path_factory.mktemp("plugin")
+    src, site = tmp / "src", tmp / "site"
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--disable-pip-version-check", "--target", str(site),
+         str(src)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"pip install failed:\n{done.stdout}\n{done.stderr}"
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    try:
+        yield site, src
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("least_loaded", None)
+
+
+def test_the_installed_package_registers_the_policy_by_name(
+        installed: tuple[Path, Path]) -> None:
+    site, _ = installed
+    registry = Registry.from_entry_points()
+    assert "least-loaded" in registry.names()
+    policy = registry.create("least-loaded", dimension="mem")
+    assert isinstance(policy, Policy) and policy.name == "least-loaded"
+    assert policy.options == {"dimension": "mem"}
+    module = sys.modules[type(policy).__module__]
+    assert Path(str(module.__file__)).parent == site  # the installed copy, not the source
+
+
+def test_the_guides_other_code_runs_against_the_installed_package(
+        installed: tuple[Path, Path]) -> None:
+    blocks = other_python_blocks()
+    assert blocks, "docs/plugins.md has no Python blocks besides the example's files"
+    namespace: dict[str, object] = {}
+    exec(compile("\n".join(blocks), str(DOC), "exec"), namespace)
+    registry = namespace["registry"]
+    assert isinstance(registry, Registry) and "least-loaded" in registry.names()
+    by_memory = namespace["by_memory"]
+    assert isinstance(by_memory, Policy) and by_memory.options == {"dimension": "mem"}
+    assert callable(namespace["run_least_loaded"])
+
+
+def test_the_example_packages_own_tests_pass_with_the_kit(
+        installed: tuple[Path, Path]) -> None:
+    site, src = installed
+    tests = src / "tests" / "test_least_loaded.py"
+    count = len(re.findall(r"^def test_", tests.read_text(), re.M))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(src / "tests")],
+        cwd=src, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{count} passed" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Path]:
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("rival", None)
 
 
 def install_fake_distribution(tmp: Path, name: str, module: str, code: str,
@@ -28,31 +150,6 @@ def install_fake_distribution(tmp: Path, name: str, module: str, code: str,
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(entry_points)
-
-
-@pytest.fixture
-def site(tmp_path: Path):  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(tmp_path))
-    yield tmp_path
-    sys.path.remove(str(tmp_path))
-    for mod in [m for m in sys.modules if m in ("least_loaded", "rival")]:
-        del sys.modules[mod]
-
-
-def test_the_guide_runs_end_to_end(site: Path) -> None:
-    py = blocks("python")
-    module = py[0]
-    assert module.startswith("# least_loaded.py")
-    declared = tomllib.loads(blocks("toml")[0])["project"]["entry-points"]["omega.schedulers"]
-    assert declared == {"least-loaded": "least_loaded:LeastLoaded"}
-    lines = "".join(f"{k} = {v}\n" for k, v in declared.items())
-    install_fake_distribution(site, "least-loaded-plugin", "least_loaded", module,
-                              "[omega.schedulers]\n" + lines)
-    namespace: dict[str, object] = {}
-    exec(compile("from least_loaded import LeastLoaded\n" + "\n".join(py[1:]),
-                 str(DOC), "exec"), namespace)
-    registry = namespace["registry"]
-    assert isinstance(registry, Registry) and "least-loaded" in registry.names()
 
 
 def test_a_second_plugin_under_a_taken_name_is_refused(site: Path) -> None:

@@ -7,9 +7,8 @@ from cellstate.invariants import placed_tasks_of, violations
 from cellstate.model import Claim, Transaction
 from schedulers.api import Policy
 from schedulers.batch import BatchPolicy
-from tests.builders import job, machine
+from schedulers.testing import Harness, job, machine, settled
 from tests.policies import ElasticGrower, PrecedenceFirst
-from tests.sched_harness import Harness, settled
 
 
 def test_style_one_job_at_a_time() -> None:

@@ -10,8 +10,7 @@ from cellstate.model import Constraints, JobState, Requirement, SelectorOp, Task
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig, owner_of
 from schedulers.service import ServicePolicy
-from tests.builders import job, machine
-from tests.sched_harness import Harness, settled
+from schedulers.testing import Harness, job, machine, settled
 
 
 def test_batch_scheduler_places_a_job_and_records_metrics() -> None:

@@ -18,8 +18,7 @@ from schedulers.api import Context, Plan
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 from schedulers.service import ServicePolicy
-from tests.builders import job, machine
-from tests.sched_harness import Harness, settled
+from schedulers.testing import Harness, job, machine, settled
 
 
 class SlowService(ServicePolicy):

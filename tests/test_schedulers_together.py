@@ -19,8 +19,7 @@ from cellstate.store import CellStore
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 from schedulers.service import ServicePolicy
-from tests.builders import job, machine
-from tests.sched_harness import Harness, settled
+from schedulers.testing import Harness, job, machine, settled
 
 FAST = RuntimeConfig(retry_delay=0.05, max_retry_delay=0.2, max_fruitless_attempts=12)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cellstate.invariants import placed_tasks_of, violations
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim
-from tests.builders import job, machine, make_cell, txn
+from schedulers.testing import job, machine, make_cell, txn
 
 
 def _crowded_cell(kv: MemoryKV):  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ from cellstate.model import (
     TxnMode,
 )
 from cellstate.store import CellStore, StoreError, StoreOptions
-from tests.builders import job, machine
+from schedulers.testing import job, machine
 from tests.reference_model import MModel
 
 MACHINES = ["m0", "m1", "m2", "m3"]

@@ -32,7 +32,7 @@ from cellstate.model import (
     UsageRecord,
 )
 from cellstate.validation import validate
-from tests.builders import job, machine
+from schedulers.testing import job, machine
 
 
 def cell(

@@ -16,8 +16,8 @@ from cellstate.model import Detection, Resources, TxnMode
 from cellstate.store import CellStore
 from omega.etcd_launcher import free_ports
 from schedulers.process import scheduler_config
+from schedulers.testing import machine
 from tests.api.service_fixture import running_server
-from tests.builders import machine
 
 
 def test_client_moves_to_the_next_endpoint_when_one_is_down() -> None:

@@ -19,8 +19,8 @@ from cellstate.kv.base import KV
 from cellstate.model import Claim, InstanceRecord, Reason, Transaction, TxnMode
 from cellstate.store import CellStore, NotFoundError, StoreError
 from cellstate.validation import TransactionError
+from schedulers.testing import job, machine
 from tests.api.service_fixture import client_for, running_server
-from tests.builders import job, machine
 
 
 @pytest.fixture

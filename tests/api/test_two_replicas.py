@@ -13,8 +13,8 @@ from cellstate.invariants import violations
 from cellstate.kv.etcd import EtcdKV
 from cellstate.model import Claim, InstanceRecord, Transaction
 from cellstate.store import CellStore
+from schedulers.testing import job, machine
 from tests.api.service_fixture import client_for, running_server
-from tests.builders import job, machine
 
 pytestmark = pytest.mark.etcd
 

@@ -10,7 +10,7 @@ from cellstate.kv.etcd import EtcdKV
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim
 from cellstate.replica import Replica
-from tests.builders import job, machine, make_cell, txn
+from schedulers.testing import job, machine, make_cell, txn
 
 
 def pump_until(replica: Replica, revision: int) -> None:

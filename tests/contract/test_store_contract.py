@@ -25,7 +25,7 @@ from cellstate.model import (
 )
 from cellstate.store import AlreadyExistsError, CellStore, NotFoundError, StoreError
 from cellstate.validation import TransactionError
-from tests.builders import claims, job, machine, make_cell, txn
+from schedulers.testing import claims, job, machine, make_cell, txn
 
 
 def test_incremental_commit_places_tasks_and_bumps_sequence_numbers(kv: KV) -> None:

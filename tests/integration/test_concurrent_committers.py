@@ -16,7 +16,7 @@ from cellstate.cell import task_view
 from cellstate.invariants import violations
 from cellstate.kv.base import KV
 from cellstate.model import TaskState
-from tests.builders import job, machine, make_cell
+from schedulers.testing import job, machine, make_cell
 from tests.etcd_fixture import EtcdServer
 
 pytestmark = pytest.mark.etcd

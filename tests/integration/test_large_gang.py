@@ -17,7 +17,7 @@ from cellstate.kv.etcd import EtcdKV
 from cellstate.model import Transaction, TxnMode
 from cellstate.replica import Replica
 from cellstate.store import CellStore
-from tests.builders import job, machine
+from schedulers.testing import job, machine
 from tests.etcd_fixture import EtcdServer
 from tests.integration.gang_proc import gang_claims
 

@@ -15,8 +15,8 @@ from cellstate.cell import CellSnapshot, task_view
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim, Detection, TaskState, Transaction, TxnMode
 from cellstate.store import CellStore
+from schedulers.testing import job, machine, make_cell
 from simulator.cell import SimCell
-from tests.builders import job, machine, make_cell
 
 MACHINES = [machine(f"m{i}", cpu=2, mem=8) for i in range(4)]
 JOBS = [job(f"j{i}", tasks=4, cpu=1, mem=1, scheduler="a" if i % 2 else "b")

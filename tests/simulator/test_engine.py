@@ -58,9 +58,9 @@ def test_decision_cost_model_and_measured() -> None:
     measured time, scaled."""
     from cellstate.model import Claim, JobKind
     from schedulers.api import Plan, Unplaced
+    from schedulers.testing import job
     from simulator.config import DecisionTime, SchedulerSpec
     from simulator.drivers import decision_cost
-    from tests.builders import job
 
     spec = SchedulerSpec("s", ("service",), decision={
         JobKind.SERVICE: DecisionTime(2.0, 0.5)}, default=DecisionTime(0.25, 0.125))

@@ -1,5 +1,11 @@
-"""A single-threaded harness that steps scheduler instances over the memory store on a
-virtual clock: deterministic, fast, and the same runtime code as in production."""
+"""Step scheduler instances over an in-memory cell on a virtual clock.
+
+Single-threaded and deterministic: the real runtime (``SchedulerInstance``), the real
+store and the real replica, over :class:`~cellstate.kv.memory.MemoryKV` (a full KV
+backend with etcd's revision and watch semantics, not a mock). Each instance commits
+through its own :class:`RecordingCommitter`, so a test can read what was sent and make
+commits fail on demand.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +16,17 @@ import attrs
 
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.kv.memory import MemoryKV
-from cellstate.model import Job, JobState, TaskState
+from cellstate.model import Job, JobState, TaskState, task_id
 from cellstate.replica import Replica
 from cellstate.store import CellStore
 from schedulers.api import Policy
-from schedulers.runtime import RuntimeConfig, SchedulerInstance
+from schedulers.runtime import Committer, RuntimeConfig, SchedulerInstance
+from schedulers.testing.committer import RecordingCommitter
 
 
 class Clock:
+    """A clock that moves only when told (``clock.now += 5``)."""
+
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
 
@@ -26,6 +35,12 @@ class Clock:
 
 
 class Harness:
+    """A cell in memory, the instances stepping over it, and one clock for all.
+
+    ``admin`` is a store handle for the test's own writes (machines, jobs, claims of
+    other schedulers); they reach the instances through their replicas, as in a real
+    cell."""
+
     def __init__(self, kv: MemoryKV | None = None, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
         self.kv = kv or MemoryKV(clock=self.clock)
@@ -35,27 +50,37 @@ class Harness:
 
     def add(self, policy: Policy, instance: str = "0", scheduler: str | None = None,
             config: RuntimeConfig | None = None, seed: int = 0) -> SchedulerInstance:
+        """Start an instance of ``policy`` (named ``scheduler``, by default the policy's
+        name) committing through a new :class:`RecordingCommitter`."""
         replica = Replica(self.kv, clock=self.clock)
         replica.load()
-        inst = SchedulerInstance(policy, CellStore(self.kv), replica, scheduler=scheduler,
-                                 instance=instance, clock=self.clock,
+        inst = SchedulerInstance(policy, RecordingCommitter(CellStore(self.kv)), replica,
+                                 scheduler=scheduler, instance=instance, clock=self.clock,
                                  rng=random.Random(seed), config=config)
-        inst.start()
-        self.instances.append(inst)
-        self._replicas.append(replica)
+        self.attach(inst, replica)
         return inst
 
     def attach(self, inst: SchedulerInstance, replica: Replica) -> None:
-        """Step an instance built elsewhere (e.g. over a recording store)."""
+        """Step an instance built elsewhere (e.g. over a store of the test's own)."""
         inst.start()
         self.instances.append(inst)
         self._replicas.append(replica)
 
     def remove(self, inst: SchedulerInstance) -> None:
+        """Stop an instance (its registration goes at once; the others take its jobs)."""
         i = self.instances.index(inst)
         inst.stop()
         self.instances.pop(i)
         self._replicas.pop(i).stop()
+
+    @staticmethod
+    def committer(inst: SchedulerInstance) -> RecordingCommitter:
+        """The committer an instance made by :meth:`add` commits through."""
+        store: Committer = inst.store
+        if not isinstance(store, RecordingCommitter):
+            raise TypeError(f"instance {inst.scheduler}/{inst.instance} commits through "
+                            f"{type(store).__name__}, not the harness's RecordingCommitter")
+        return store
 
     def submit(self, jobs: Iterable[Job]) -> None:
         """Submit now (jobs without a submission time get the virtual clock's)."""
@@ -64,18 +89,31 @@ class Harness:
             self.admin.submit_job(stamped)
 
     def pump(self) -> None:
+        """Deliver every pending change to every replica."""
         for r in self._replicas:
             while r.pump(timeout=0):
                 pass
 
+    def snapshot(self) -> CellSnapshot:
+        """The cell as the store has it now (read straight from the backend)."""
+        return self.admin.read_snapshot()
+
+    def machines_of(self, job_id: str) -> list[str]:
+        """The machine of each of the job's tasks, in task order ("" where none)."""
+        snap = self.snapshot()
+        job = snap.jobs[job_id]
+        return [task_view(snap, task_id(job_id, i)).machine for i in range(job.task_count)]
+
     def run(self, until: Callable[[CellSnapshot], bool], max_steps: int = 10_000,
             max_time: float = 100_000.0, each_step: Callable[[int], None] | None = None) -> int:
-        """Step every instance in turn; advance the clock when all wait. Returns steps."""
+        """Step every instance in turn until ``until(snapshot)`` holds, moving the clock
+        on to the earliest wake-up whenever every instance waits. Returns the steps
+        taken; raises AssertionError when ``max_steps`` or ``max_time`` (virtual
+        seconds) run out first."""
         start = self.clock.now
         for n in range(max_steps):
             self.pump()
-            snap = self.admin.read_snapshot()
-            if until(snap):
+            if until(self.snapshot()):
                 return n
             if each_step:
                 each_step(n)
@@ -94,7 +132,7 @@ def settled(snap: CellSnapshot) -> bool:
         if status is not None and status.state is JobState.ABANDONED:
             continue
         for i in range(job.task_count):
-            if task_view(snap, f"{job.id}/{i}").state not in (
+            if task_view(snap, task_id(job.id, i)).state not in (
                     TaskState.RUNNING, TaskState.FINISHED, TaskState.FAILED):
                 return False
     return True
