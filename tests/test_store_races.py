@@ -25,7 +25,7 @@ from cellstate.model import (
     TxnMode,
 )
 from cellstate.store import CellStore, StoreError, StoreOptions
-from tests.builders import job, machine
+from schedulers.testing import job, machine
 
 
 class Interleaving(KV):
