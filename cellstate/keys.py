@@ -102,8 +102,14 @@ class Keyspace:
     def agent(self, agent: str) -> bytes:
         return self.root + b"agents/" + agent.encode()
 
+    def key(self, kind: KeyKind, ident: str) -> bytes:
+        """The key of the record of ``kind`` with id ``ident`` (any kind)."""
+        if kind is KeyKind.CONFIG:
+            return self.config
+        return self.prefix(kind) + ident.encode()
+
     def prefix(self, kind: KeyKind) -> bytes:
-        return self.root + kind.value.encode() + b"/"
+        return self.root + str(kind.value).encode() + b"/"
 
     def classify(self, key: bytes) -> tuple[KeyKind, str] | None:
         """The kind of record at ``key`` and its id (task ids are ``job/index``), or

@@ -35,19 +35,10 @@ from cellstate.kv.base import (
     range_all,
 )
 from cellstate.model import CellConfig, Machine
+from cellstate.records import RECORDS
 
 log = logging.getLogger(__name__)
 
-_DECODERS = {
-    KeyKind.JOB: ("jobs", codec.decode_job),
-    KeyKind.TASK: ("tasks", codec.decode_task),
-    KeyKind.GANG: ("gangs", codec.decode_gang),
-    KeyKind.USAGE: ("usage", codec.decode_usage),
-    KeyKind.STATUS: ("statuses", codec.decode_status),
-    KeyKind.INSTANCE: ("instances", codec.decode_instance),
-    KeyKind.SCHEDULER: ("schedulers", codec.decode_scheduler),
-    KeyKind.AGENT: ("agents", codec.decode_agent),
-}
 
 
 def _apply(
@@ -80,12 +71,12 @@ def _apply(
         if kind[0] is KeyKind.CONFIG:
             config = codec.decode_config(kv.value, kv.mod_revision) if kv else CellConfig()
             continue
-        name, decode = _DECODERS[kind[0]]
-        table = mutators[name]
+        rk = RECORDS[kind[0]]
+        table = mutators[rk.table]
         if kv is None:
             table.pop(kind[1], None)
         else:
-            table[kind[1]] = decode(kind[1], kv.value, kv.mod_revision)
+            table[kind[1]] = rk.decode(kind[1], kv.value, kv.mod_revision)
     if machine_records or alloc_changes:
         _apply_machines(mutators["machines"], machine_records, alloc_changes, changed)
     return CellSnapshot(

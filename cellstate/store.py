@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from cellstate import codec
+from cellstate import codec, records
 from cellstate.cell import (
     CellSnapshot,
     alloc_holds,
@@ -82,8 +82,10 @@ from cellstate.model import (
     sum_resources,
 )
 from cellstate.model import labels_from as model_labels
+from cellstate.records import RECORDS
 from cellstate.replica import Replica, snapshot_from_kvs
 from cellstate.validation import Decision, check_shape, validate
+from cellstate.view import VIEWED as _VIEWED
 from cellstate.view import WorkingView
 
 log = logging.getLogger(__name__)
@@ -214,29 +216,17 @@ class CellStore:
         if snap is None:
             return
         k = self.keys
-        # Built once per catch-up, not per record: a server's handle adopts every
-        # record the cell changed since its last commit.
-        tables: dict[KeyKind, tuple[Callable[[str], bytes], Mapping[str, object]]] = {
-            KeyKind.MACHINE: (k.machine, snap.machines),
-            KeyKind.TASK: (k.task_key, snap.tasks),
-            KeyKind.JOB: (k.job, snap.jobs),
-            KeyKind.GANG: (k.gang, snap.gangs),
-            KeyKind.USAGE: (k.usage, snap.usage),
-            KeyKind.STATUS: (k.status, snap.statuses),
-        }
         for kind, ident in changed:
             if kind is KeyKind.CONFIG:
                 self.view.put_record(k.config, snap.config, snap.revision)
                 continue
-            entry = tables.get(kind)
-            if entry is None:
-                continue  # statuses, instances, agents...: validation does not read them
-            key_of, table = entry
-            rec = table.get(ident)
+            if kind not in _VIEWED:
+                continue  # instances, agents...: no decision reads them
+            rec = getattr(snap, RECORDS[kind].table).get(ident)
             if rec is None:
-                self.view.observe(key_of(ident), None, snap.revision)
+                self.view.observe(k.key(kind, ident), None, snap.revision)
             else:
-                self.view.put_record(key_of(ident), rec, snap.revision)
+                self.view.put_record(k.key(kind, ident), rec, snap.revision)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -405,7 +395,7 @@ class CellStore:
                 ops.append(Delete(key))
                 size += len(key) + _OP_BYTES
             else:
-                value = _encode(record)
+                value = records.encode(record)
                 size += len(key) + len(value) + _OP_BYTES
                 ops.append(Put(key, value, w.leases.get(key, 0)))
         # Each guard is a compare and a read in the failure branch; a machine's read
@@ -1553,33 +1543,5 @@ def _keep_alive(kv: KV, lease: int, ttl: int, stop: threading.Event) -> None:
             return
 
 
-def _encode(record: object) -> bytes:
-    if isinstance(record, Machine):
-        return codec.encode_machine(record)
-    if isinstance(record, TaskRecord):
-        return codec.encode_task(record)
-    if isinstance(record, GangRecord):
-        return codec.encode_gang(record)
-    if isinstance(record, UsageRecord):
-        return codec.encode_usage(record)
-    if isinstance(record, Job):
-        return codec.encode_job(record)
-    if isinstance(record, CellConfig):
-        return codec.encode_config(record)
-    if isinstance(record, JobStatus):
-        return codec.encode_status(record)
-    if isinstance(record, AgentRecord):
-        return codec.encode_agent(record)
-    raise TypeError(f"cannot encode {type(record).__name__}")
-
-
 def _with_revision(record: object, revision: int) -> object:
-    if record is None:
-        return None
-    if isinstance(record, Machine):
-        return record.with_seq(revision)
-    if isinstance(record, TaskRecord):
-        return TaskRecord(record.job, record.index, record.state, record.machine,
-                          record.scheduler, record.gang, revision)
-    return attrs.evolve(record, revision=revision)  # type: ignore[misc]
-
+    return None if record is None else records.with_revision(record, revision)

@@ -9,8 +9,7 @@ and (in a server) from a watch. Newer knowledge of a key always wins.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
 from cellstate import codec
 from cellstate.keys import KeyKind, Keyspace
@@ -25,8 +24,11 @@ from cellstate.model import (
     TaskRecord,
     UsageRecord,
 )
+from cellstate.records import RECORDS, kind_of, revision_of
 
-R = TypeVar("R")
+# The kinds of record a decision reads, which the view therefore keeps.
+VIEWED = frozenset({KeyKind.MACHINE, KeyKind.JOB, KeyKind.TASK, KeyKind.GANG, KeyKind.USAGE,
+                    KeyKind.STATUS})
 
 
 class WorkingView:
@@ -88,25 +90,12 @@ class WorkingView:
 
     def _held_revision(self, kind: KeyKind, ident: str) -> int | None:
         """The revision of the record held for a key, or None if none is held."""
-        if kind is KeyKind.MACHINE:
-            m = self.machines.get(ident)
-            return m.seq if m is not None else None
         if kind is KeyKind.CONFIG:
             return self.config.revision if self.config_known else None
-        rec: Job | TaskRecord | GangRecord | UsageRecord | JobStatus | None
-        if kind is KeyKind.TASK:
-            rec = self.tasks.get(ident)
-        elif kind is KeyKind.JOB:
-            rec = self.jobs.get(ident)
-        elif kind is KeyKind.GANG:
-            rec = self.gangs.get(ident)
-        elif kind is KeyKind.USAGE:
-            rec = self.usage.get(ident)
-        elif kind is KeyKind.STATUS:
-            rec = self.statuses.get(ident)
-        else:
+        if kind not in VIEWED:
             return None
-        return rec.revision if rec is not None else None
+        rec = getattr(self, RECORDS[kind].table).get(ident)
+        return revision_of(rec) if rec is not None else None
 
     def observe_range(self, kvs: Iterable[KeyValue], as_of: int) -> None:
         """Learn every record of a range read (a whole cell, or part of one)."""
@@ -130,19 +119,14 @@ class WorkingView:
                 codec.decode_config(kv.value, kv.mod_revision) if kv is not None else CellConfig()
             )
             return
-        if kind is KeyKind.MACHINE:
-            assert kv is None, "machines are observed with their allocations (observe)"
-            self.machines.pop(ident, None)
-        elif kind is KeyKind.JOB:
-            _put(self.jobs, ident, kv, codec.decode_job)
-        elif kind is KeyKind.TASK:
-            _put(self.tasks, ident, kv, codec.decode_task)
-        elif kind is KeyKind.GANG:
-            _put(self.gangs, ident, kv, codec.decode_gang)
-        elif kind is KeyKind.USAGE:
-            _put(self.usage, ident, kv, codec.decode_usage)
-        elif kind is KeyKind.STATUS:
-            _put(self.statuses, ident, kv, codec.decode_status)
+        if kind not in VIEWED:
+            return
+        table = getattr(self, RECORDS[kind].table)
+        if kv is None:
+            table.pop(ident, None)
+        else:
+            assert kind is not KeyKind.MACHINE, "machines are observed with their allocations"
+            table[ident] = RECORDS[kind].decode(ident, kv.value, kv.mod_revision)
 
     def machine_rev(self, mid: str) -> int:
         m = self.machines.get(mid)
@@ -164,31 +148,14 @@ class WorkingView:
         self._as_of[key] = revision
         if revision > self.revision:
             self.revision = revision
-        if isinstance(record, Machine):
-            self.machines[record.id] = record
-        elif isinstance(record, TaskRecord):
-            self.tasks[record.id] = record
-        elif isinstance(record, GangRecord):
-            self.gangs[record.id] = record
-        elif isinstance(record, UsageRecord):
-            self.usage[record.scheduler] = record
-        elif isinstance(record, Job):
-            self.jobs[record.id] = record
-        elif isinstance(record, CellConfig):
+        if isinstance(record, CellConfig):
             self.config, self.config_known = record, True
-        elif isinstance(record, JobStatus):
-            self.statuses[record.job] = record
-        elif record is None and (kind := self.keys.classify(key)) is not None:
+        elif record is not None:
+            rk = kind_of(record)
+            if rk.kind in VIEWED:
+                getattr(self, rk.table)[rk.ident(record)] = record
+        elif (kind := self.keys.classify(key)) is not None:
             self._set(kind[0], kind[1], None)
-
-
-def _put(
-    table: dict[str, R], ident: str, kv: KeyValue | None, decode: Callable[[str, bytes, int], R]
-) -> None:
-    if kv is None:
-        table.pop(ident, None)
-    else:
-        table[ident] = decode(ident, kv.value, kv.mod_revision)
 
 
 def _allocations(keys: Keyspace, kvs: Iterable[KeyValue]) -> dict[str, Allocation]:
