@@ -89,6 +89,7 @@ from commit_throughput import (  # noqa: E402
     TASK_MEM,
     CountingKV,
     CpuMeter,
+    Workers as CommitWorkers,
     commit_loop,
     delete_prefix,
     job_id,
@@ -96,7 +97,6 @@ from commit_throughput import (  # noqa: E402
     scheduler_name,
     setup_cell,
 )
-from commit_throughput import Workers as CommitWorkers  # noqa: E402
 
 from cellstate.api.client import (  # noqa: E402
     CellClient,

@@ -15,6 +15,10 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from cellstate.errors import (
+    ModelError as ModelError,
+)
+
 # Names of resource dimensions, labels, machines, jobs and schedulers. Kept to a safe
 # alphabet because they become parts of etcd keys and of file names in the simulator.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -26,10 +30,6 @@ MAX_AMOUNT = 1e12
 # Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
 # less than this fraction of it still fits.
 _FIT_SLACK = 1e-9
-
-
-class ModelError(ValueError):
-    """A value that cannot be part of the cell state; the message says which and why."""
 
 
 def check_name(value: str, what: str) -> str:

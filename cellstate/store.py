@@ -35,6 +35,12 @@ from cellstate.cell import (
     scheduler_usage,
     task_view,
 )
+from cellstate.errors import (
+    AlreadyExistsError as AlreadyExistsError,
+    ContentionError as ContentionError,
+    NotFoundError as NotFoundError,
+    StoreError as StoreError,
+)
 from cellstate.keys import KeyKind, Keyspace
 from cellstate.kv.base import (
     KV,
@@ -78,15 +84,14 @@ from cellstate.model import (
     TxnMode,
     UsageRecord,
     check_name,
+    labels_from as model_labels,
     split_task_id,
     sum_resources,
 )
-from cellstate.model import labels_from as model_labels
 from cellstate.records import RECORDS
 from cellstate.replica import Replica, snapshot_from_kvs
 from cellstate.validation import Decision, check_shape, validate
-from cellstate.view import VIEWED as _VIEWED
-from cellstate.view import WorkingView
+from cellstate.view import VIEWED as _VIEWED, WorkingView
 
 log = logging.getLogger(__name__)
 
@@ -98,28 +103,12 @@ _OP_BYTES = 8  # protobuf framing per op in an etcd request, roughly
 _MACHINE_BYTES = 300  # an encoded machine record (without allocations) and its key
 
 
-class StoreError(Exception):
-    """A store operation that cannot be done; the message says why. Nothing changed."""
-
-
-class NotFoundError(StoreError):
-    pass
-
-
-class AlreadyExistsError(StoreError):
-    pass
-
-
 class _Done(Exception):
     """A write found its effect in place already (a retried request): here is the
     revision that made it."""
 
     def __init__(self, revision: int) -> None:
         self.revision = revision
-
-
-class ContentionError(StoreError):
-    """The records an operation needs kept changing under it, past the retry budget."""
 
 
 @attrs.frozen

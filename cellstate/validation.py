@@ -42,6 +42,9 @@ from collections.abc import Mapping
 import attrs
 
 from cellstate.cell import CellReader, alloc_placed, holding, machine_used, task_view
+from cellstate.errors import (
+    TransactionError as TransactionError,
+)
 from cellstate.model import (
     PLACEABLE,
     Allocation,
@@ -69,10 +72,6 @@ from cellstate.model import (
 )
 
 MAX_CLAIMS_PER_TRANSACTION = 100_000
-
-
-class TransactionError(ValueError):
-    """A transaction that is malformed as a whole; nothing of it was applied."""
 
 
 @attrs.frozen

@@ -34,8 +34,7 @@ from typing import IO, Any, Final
 import grpc
 
 from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
+from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 
 __all__ = [
     "DEFAULT_AUTO_COMPACTION_RETENTION",

@@ -35,10 +35,9 @@ import attrs
 
 from cellstate.api.client import CellClient, RemoteStore, remote_replica
 from cellstate.api.config import ConfigError, _Section, addresses
+from cellstate.errors import KVError, StoreError
 from cellstate.gc_tuning import tune_for_large_heap
-from cellstate.kv.base import KVError
 from cellstate.model import Detection, ModelError, TxnMode, check_name
-from cellstate.store import StoreError
 from schedulers.registry import Registry
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 

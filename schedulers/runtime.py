@@ -37,8 +37,8 @@ from typing import Any, Protocol
 import attrs
 
 from cellstate.cell import CellSnapshot, task_view
+from cellstate.errors import KVError, LeaseNotFoundError, StoreError, TransactionError
 from cellstate.keys import KeyKind
-from cellstate.kv.base import KVError, LeaseNotFoundError
 from cellstate.model import (
     PLACEABLE,
     Claim,
@@ -53,8 +53,6 @@ from cellstate.model import (
     task_id,
 )
 from cellstate.replica import Replica
-from cellstate.store import StoreError
-from cellstate.validation import TransactionError
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
 

@@ -30,8 +30,7 @@ from cellstate.kv.base import (
 )
 from cellstate.kv.etcd import EtcdAuthError, EtcdKV, EtcdWatcher
 from cellstate.kv.etcdpb.authpb import auth_pb2
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
+from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from omega.etcd_launcher import LocalEtcd
 from tests.etcd_fixture import EtcdServer, make_local_etcd
 

@@ -33,15 +33,23 @@ import orjson
 
 from cellstate import codec
 from cellstate.api import convert
-from cellstate.api.pb.v1 import cellstate_pb2 as pb
-from cellstate.api.pb.v1 import cellstate_pb2_grpc as pb_grpc
+from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
+from cellstate.errors import (
+    AlreadyExistsError,
+    ClientError as ClientError,
+    ContentionError,
+    KVError,
+    LeaseNotFoundError,
+    NotFoundError,
+    ServiceUnavailable as ServiceUnavailable,
+    StoreError,
+    TransactionError,
+    WatchDroppedError,
+)
 from cellstate.kv.base import (
     EventType,
     KeyValue,
-    KVError,
-    LeaseNotFoundError,
     RangeResult,
-    WatchDroppedError,
     WatchEvent,
     WatchResponse,
 )
@@ -55,20 +63,10 @@ from cellstate.model import (
     Transaction,
 )
 from cellstate.replica import Replica
-from cellstate.store import AlreadyExistsError, ContentionError, NotFoundError, StoreError
-from cellstate.validation import TransactionError
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 64 * 1024 * 1024  # a snapshot of a large cell arrives in several messages
-
-
-class ServiceUnavailable(KVError):
-    """No cellstate endpoint answered within the retry budget."""
-
-
-class ClientError(ValueError):
-    """The server refused a request as malformed (INVALID_ARGUMENT)."""
 
 
 def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientError) -> None:

@@ -15,11 +15,10 @@ from typing import Any
 import attrs
 
 from cellstate import codec
+from cellstate.errors import (
+    ConfigError as ConfigError,
+)
 from cellstate.model import CellConfig, ModelError, check_name
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says where and why."""
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 import orjson
 
 from cellstate.api.pb.v1 import cellstate_pb2 as pb
+from cellstate.errors import (
+    WireError as WireError,
+)
 from cellstate.model import (
     Claim,
     CommitResult,
@@ -31,10 +34,6 @@ _DETECTIONS = {pb.DETECTION_UNSPECIFIED: Detection.FINE, pb.FINE: Detection.FINE
                pb.COARSE: Detection.COARSE}
 _MODE_PB = {TxnMode.INCREMENTAL: pb.INCREMENTAL, TxnMode.GANG: pb.GANG}
 _DETECTION_PB = {Detection.FINE: pb.FINE, Detection.COARSE: pb.COARSE}
-
-
-class WireError(ValueError):
-    """A message that cannot be turned into a model object; says which field."""
 
 
 def resources_from(amounts: Mapping[str, float], where: str) -> Resources:

@@ -28,8 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cellstate import codec
 from cellstate.api import convert
 from cellstate.api.config import ServerConfig
-from cellstate.api.pb.v1 import cellstate_pb2 as pb
-from cellstate.api.pb.v1 import cellstate_pb2_grpc as pb_grpc
+from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.jobinfo import cell_totals, job_summary

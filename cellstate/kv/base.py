@@ -36,6 +36,18 @@ from typing import Protocol
 
 import attrs
 
+from cellstate.errors import (
+    AuthError as AuthError,
+    CompactedError as CompactedError,
+    DuplicateKeyError as DuplicateKeyError,
+    FutureRevisionError as FutureRevisionError,
+    KVError as KVError,
+    LeaseNotFoundError as LeaseNotFoundError,
+    TxnTooLargeError as TxnTooLargeError,
+    UnavailableError as UnavailableError,
+    WatchDroppedError as WatchDroppedError,
+)
+
 DEFAULT_MAX_TXN_OPS = 128
 DEFAULT_MAX_REQUEST_BYTES = 1536 * 1024  # etcd's --max-request-bytes default (1.5 MiB)
 
@@ -181,40 +193,12 @@ class WatchResponse:
         return not self.events and not self.canceled
 
 
-class KVError(Exception):
-    """Base of every error a KV backend raises."""
 
 
-class CompactedError(KVError):
-    def __init__(self, compact_revision: int, message: str = "") -> None:
-        super().__init__(
-            message or f"required revision has been compacted (compacted at {compact_revision})"
-        )
-        self.compact_revision = compact_revision
 
 
-class FutureRevisionError(KVError):
-    """A read named a revision the store has not reached."""
 
 
-class TxnTooLargeError(KVError):
-    """Too many operations or too many bytes in one transaction (etcd INVALID_ARGUMENT)."""
-
-
-class DuplicateKeyError(KVError):
-    """The same key is written twice in one transaction branch."""
-
-
-class UnavailableError(KVError):
-    """No endpoint answered (after the backend's own retries)."""
-
-
-class LeaseNotFoundError(KVError):
-    pass
-
-
-class WatchDroppedError(KVError):
-    """The watch stream broke; re-watch from the last seen revision + 1."""
 
 
 class Watcher(Protocol):
@@ -282,7 +266,3 @@ def range_all(kv: KV, prefix: bytes, *, revision: int = 0, page: int = 2000) -> 
         kvs.extend(nxt.kvs)
         more = nxt.more
     return RangeResult(tuple(kvs), at, False, len(kvs))
-
-
-class AuthError(KVError):
-    """The server refused the credentials or the operation for lack of permission."""

@@ -25,10 +25,10 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
+from cellstate.errors import EtcdAuthError as EtcdAuthError
 from cellstate.kv.base import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TXN_OPS,
-    AuthError,
     CompactedError,
     Compare,
     CompareResult,
@@ -52,8 +52,7 @@ from cellstate.kv.base import (
     WatchEvent,
     WatchResponse,
 )
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb
-from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2_grpc as pb_grpc
+from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.kv.etcdpb.mvccpb import kv_pb2 as mvccpb
 
 __all__ = ["EtcdAuthError", "EtcdKV", "EtcdWatcher"]
@@ -125,10 +124,6 @@ _MSG_PERMISSION_DENIED: Final = "permission denied"
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 0.5
 
-
-class EtcdAuthError(AuthError):
-    """etcd refused the credentials, requires credentials that were not given, or denied
-    permission for the key range."""
 
 
 class _Endpoint:

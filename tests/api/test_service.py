@@ -12,8 +12,7 @@ import orjson
 import pytest
 
 from cellstate.api.client import ClientError, RemoteStore, remote_replica
-from cellstate.api.pb.v1 import cellstate_pb2 as pb
-from cellstate.api.pb.v1 import cellstate_pb2_grpc as pb_grpc
+from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer
 from cellstate.kv.base import KV
 from cellstate.model import Claim, InstanceRecord, Reason, Transaction, TxnMode
