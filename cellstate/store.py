@@ -27,14 +27,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from cellstate import codec, records
+from cellstate import codec, decisions, records
 from cellstate.cell import (
     CellSnapshot,
-    alloc_holds,
-    alloc_placed,
     scheduler_usage,
-    task_view,
 )
+from cellstate.decisions import Change
 from cellstate.errors import (
     AlreadyExistsError as AlreadyExistsError,
     ContentionError as ContentionError,
@@ -60,7 +58,6 @@ from cellstate.kv.base import (
     range_all,
 )
 from cellstate.model import (
-    RELEASE_OUTCOMES,
     AgentRecord,
     CellConfig,
     Claim,
@@ -78,7 +75,6 @@ from cellstate.model import (
     Rejection,
     Resources,
     SchedulerRecord,
-    TaskRecord,
     TaskState,
     Transaction,
     TxnMode,
@@ -86,7 +82,6 @@ from cellstate.model import (
     check_name,
     labels_from as model_labels,
     split_task_id,
-    sum_resources,
 )
 from cellstate.records import RECORDS
 from cellstate.replica import Replica, snapshot_from_kvs
@@ -448,6 +443,40 @@ class CellStore:
         else:
             self._observe_reads(list(w.guards), res)
         return res
+
+    def _write_for(self, change: Change) -> _Write:
+        """The guarded write that applies a decided change: every record it relied on
+        or overwrites is guarded at the revision the view holds (0: absent)."""
+        k, v = self.keys, self.view
+        guards = {}
+        for kind, ident in change.guarded:
+            key = k.key(kind, ident)
+            guards[key] = v.guard_revision(key)
+        records = {k.key(kind, ident): rec for (kind, ident), rec in change.writes.items()}
+        if change.added or change.removed:
+            self._ensure_usage([*change.added, *change.removed])
+            guards[k.config] = v.guard_revision(k.config)
+            for key, u in self._usage_records(change.added, change.removed).items():
+                guards[key] = v.guard_revision(key)
+                records[key] = u
+        return _Write(guards, records)
+
+    def _decide_and_write(
+        self, what: str, decide: Callable[[], Change],
+        compares: Callable[[], tuple[Compare, ...]] = tuple,
+    ) -> int:
+        """Decide (reading the view) and write, again and again until the write's
+        guards hold; returns the revision. ``decide`` does its own fetching."""
+        def attempt() -> _Write:
+            change = decide()
+            if not change.writes:
+                raise _Done(change.done_at)
+            return attrs.evolve(self._write_for(change), compares=compares())
+
+        try:
+            return self._retry(what, attempt).revision
+        except _Done as done:
+            return done.revision
 
     def _write_once(self, w: _Write) -> TxnResult:
         res = self._try_write(w)
@@ -1003,45 +1032,10 @@ class CellStore:
                                       "attempts; the records it needs keep changing")
 
     def _settle_machines(self, gid: str, mids: Sequence[str], committed: bool) -> _Write:
-        k = self.keys
-        guards: dict[bytes, int] = {k.gang(gid): self.view.guard_revision(k.gang(gid))}
-        records: dict[bytes, object] = {}
-        for mid in mids:
-            m = self.view.machines.get(mid)
-            if m is None:
-                continue
-            allocs = dict(m.allocations)
-            for tid, a in m.allocations.items():
-                if a.gang == gid:
-                    if committed:
-                        allocs[tid] = attrs.evolve(a, gang="")
-                    else:
-                        del allocs[tid]
-                elif a.evicted_by == gid:
-                    if committed:
-                        del allocs[tid]
-                        tkey = k.task_key(tid)
-                        guards[tkey] = self.view.guard_revision(tkey)
-                        records[tkey] = TaskRecord(
-                            *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler
-                        )
-                    else:
-                        allocs[tid] = attrs.evolve(a, evicted_by="")
-            guards[k.machine(mid)] = m.seq
-            records[k.machine(mid)] = attrs.evolve(m, allocations=allocs)
-        return _Write(guards, records)
+        return self._write_for(decisions.settle_gang_machines(self.view, gid, mids, committed))
 
     def _settle_tasks(self, gid: str, tids: Sequence[str], committed: bool) -> _Write:
-        k = self.keys
-        guards: dict[bytes, int] = {k.gang(gid): self.view.guard_revision(k.gang(gid))}
-        records: dict[bytes, object] = {}
-        for tid in tids:
-            t = self.view.tasks.get(tid)
-            if t is None or t.gang != gid:
-                continue
-            guards[k.task_key(tid)] = t.revision
-            records[k.task_key(tid)] = attrs.evolve(t, gang="") if committed else None
-        return _Write(guards, records)
+        return self._write_for(decisions.settle_gang_tasks(self.view, gid, tids, committed))
 
     def recover(self) -> list[str]:
         """Finish what crashed committers left: settle committed gangs, clear the holds
@@ -1072,22 +1066,11 @@ class CellStore:
         """Store a new job (its tasks start pending). Returns the revision."""
         codec.parse_job(codec.job_to_doc(job))  # the same checks as for user input
         with self._lock:
-            key = self.keys.job(job.id)
-            res = self._try_write(_Write({key: 0}, {key: job}))
-            if not res.succeeded:
-                raise AlreadyExistsError(f"job {job.id!r} already exists")
-            return res.revision
+            return self._decide_and_write(f"submitting job {job.id}",
+                                          lambda: decisions.submit_job(self.view, job))
 
     def add_machine(self, machine: Machine) -> int:
-        codec.parse_machine(codec.machine_to_doc(machine))
-        if machine.allocations:
-            raise StoreError(f"machine {machine.id!r}: a new machine cannot carry allocations")
-        with self._lock:
-            key = self.keys.machine(machine.id)
-            res = self._try_write(_Write({key: 0}, {key: attrs.evolve(machine, seq=0)}))
-            if not res.succeeded:
-                raise AlreadyExistsError(f"machine {machine.id!r} already exists")
-            return res.revision
+        return self.add_machines([machine])
 
     def add_machines(self, machines: Sequence[Machine]) -> int:
         """Add many new machines, as few etcd transactions as the limits allow. All are
@@ -1095,26 +1078,14 @@ class CellStore:
         any of them exists already, none of them (and this raises)."""
         for m in machines:
             codec.parse_machine(codec.machine_to_doc(m))
-            if m.allocations:
-                raise StoreError(f"machine {m.id!r}: a new machine cannot carry allocations")
-        ids = [m.id for m in machines]
-        dupes = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
-        if dupes:
-            raise StoreError(f"machines listed twice: {', '.join(dupes)}")
+        decisions.add_machines(CellSnapshot.empty(), machines)  # the checks of the whole list
         step = max(self.kv.max_txn_ops // 2, 1)  # a machine's guard reads two ranges
         revision = 0
         with self._lock:
             for i in range(0, len(machines), step):
                 batch = machines[i : i + step]
-                keys = [self.keys.machine(m.id) for m in batch]
-                res = self._try_write(_Write(
-                    dict.fromkeys(keys, 0),
-                    {k: attrs.evolve(m, seq=0) for k, m in zip(keys, batch, strict=True)},
-                ))
-                if not res.succeeded:
-                    present = [m.id for m in batch if m.id in self.view.machines]
-                    raise AlreadyExistsError(f"machines already exist: {', '.join(present)}")
-                revision = res.revision
+                revision = self._decide_and_write(
+                    "adding machines", lambda b=batch: decisions.add_machines(self.view, b))  # type: ignore[misc]
         return revision
 
     def update_machine(
@@ -1136,42 +1107,25 @@ class CellStore:
         with self._lock:
             self._ensure_config()
 
-            def attempt() -> _Write:
+            def decide() -> Change:
                 self._fetch([self.keys.machine(machine_id)])
                 m = self.view.machines.get(machine_id)
-                if m is None:
-                    raise NotFoundError(f"unknown machine {machine_id!r}")
-                changed = attrs.evolve(
-                    m,
-                    capacity=capacity if capacity is not None else m.capacity,
-                    state=state if state is not None else m.state,
-                    labels=new_labels if new_labels is not None else m.labels,
-                )
-                if state is MachineState.DOWN:
-                    return self._lose_tasks(changed)
-                return self._replace_machine(m, changed)
+                if m is not None:
+                    self._fetch_gangs(m)
+                return decisions.update_machine(
+                    self.view, machine_id, capacity=capacity, state=state, labels=new_labels,
+                    budget=self._lose_budget())
 
-            res = self._retry(f"updating machine {machine_id}", attempt)
-            return res.revision
+            return self._decide_and_write(f"updating machine {machine_id}", decide)
+
+    def _lose_budget(self) -> int:
+        # Each task lost deletes its allocation and rewrites its record: two ops.
+        return (self.kv.max_txn_ops - _RESERVED_OPS) // 2
 
     def _replace_machine(self, m: Machine, changed: Machine) -> _Write:
-        """The write that replaces machine ``m`` by ``changed`` (same allocations, other
-        capacity, labels, state...): refused if the new capacity is below what its tasks
-        hold; guarded on the machine and the gangs that staged holds on it."""
+        """The write that replaces machine ``m`` by ``changed`` (decisions.replace_machine)."""
         self._fetch_gangs(m)
-        held = sum_resources(
-            a.resources for a in m.allocations.values() if alloc_holds(a, self.view.gangs)
-        )
-        dim = held.exceeding(changed.capacity)
-        if dim is not None:
-            raise StoreError(
-                f"machine {m.id}: new capacity {changed.capacity.get(dim):g} {dim} "
-                f"is below the {held.get(dim):g} its tasks hold"
-            )
-        key = self.keys.machine(m.id)
-        guards = {key: m.seq}
-        guards.update(self._gang_guards(m))
-        return _Write(guards, {key: changed})
+        return self._write_for(decisions.replace_machine(self.view, m, changed))
 
     def _fetch_gangs(self, m: Machine) -> None:
         self._fetch(
@@ -1186,38 +1140,11 @@ class CellStore:
             if g
         }
 
-    def _lose_tasks(self, m: Machine) -> _Write:
-        """The write that takes machine ``m`` down: every task holding it is lost, and
-        gangs still preparing holds on it are aborted (they could not run here)."""
-        self._fetch_gangs(m)
-        k = self.keys
-        guards: dict[bytes, int] = {k.machine(m.id): m.seq, k.config: self.view.config.revision}
-        guards.update(self._gang_guards(m))
-        records: dict[bytes, object] = {}
-        removed: dict[str, Resources] = {}
-        allocs = dict(m.allocations)
-        # Each task lost deletes its allocation and rewrites its record: two ops.
-        budget = (self.kv.max_txn_ops - _RESERVED_OPS) // 2
-        for n, (tid, a) in enumerate(m.allocations.items()):
-            if n >= budget:
-                break  # the rest go in the next write (the machine is already down)
-            del allocs[tid]
-            g = self.view.gangs.get(a.gang) if a.gang else None
-            if a.gang and g is not None and g.state is GangState.PREPARING:
-                records[k.gang(a.gang)] = None  # abort it; its task records are void
-                continue
-            if not alloc_placed(a, self.view.gangs):
-                continue
-            tkey = k.task_key(tid)
-            guards[tkey] = self.view.guard_revision(tkey)
-            records[tkey] = TaskRecord(*split_task_id(tid), TaskState.LOST, m.id, a.scheduler)
-            removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
-        self._ensure_usage(removed)
-        for key, u in self._usage_records({}, removed).items():
-            guards[key] = self.view.guard_revision(key)
-            records[key] = u
-        records[k.machine(m.id)] = attrs.evolve(m, allocations=allocs)
-        return _Write(guards, records)
+    def _lose_tasks(self, down: Machine) -> _Write:
+        """The write that takes the view's machine down as ``down`` (decisions.take_down)."""
+        old = self.view.machines[down.id]
+        self._fetch_gangs(old)
+        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget()))
 
     def remove_machine(self, machine_id: str) -> int:
         """Take the machine down (losing its tasks) and delete it."""
@@ -1230,28 +1157,23 @@ class CellStore:
                 if m.state is not MachineState.DOWN or m.allocations:
                     self.update_machine(machine_id, state=MachineState.DOWN)
                     continue
-                key = self.keys.machine(machine_id)
-                res = self._try_write(_Write({key: m.seq}, {key: None}))
+                w = self._write_for(decisions.remove_machine(self.view, machine_id))
+                res = self._try_write(w)
                 if res.succeeded:
                     return res.revision
 
     def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
-        """Record that a running task ended (finished, failed, lost) and free its hold.
-        With ``machine``, refused unless the task runs there (a late report from an
-        agent must not end the task's next run elsewhere)."""
-        if outcome not in RELEASE_OUTCOMES:
-            raise StoreError(
-                f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}"
-            )
+        """Record that a running task ended (finished, failed, lost) and free its hold
+        (decisions.release_task says when it is refused)."""
         try:
-            job, index = split_task_id(tid)
+            split_task_id(tid)
         except ModelError as e:
             raise StoreError(str(e)) from e
         with self._lock:
             self._ensure_config()
             k = self.keys
 
-            def attempt() -> _Write:
+            def decide() -> Change:
                 self._fetch([k.task_key(tid)])
                 rec = self.view.tasks.get(tid)
                 if rec is not None and rec.machine:
@@ -1263,62 +1185,21 @@ class CellStore:
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
-                view = task_view(self.view, tid)
-                if (rec is not None and view.state is outcome and rec.state is outcome
-                        and (machine is None or rec.machine == machine)):
-                    # Reported already (a retry of a release whose answer was lost, e.g.
-                    # over an etcd leader change): the same answer again.
-                    raise _Done(rec.revision)
-                if view.state is not TaskState.RUNNING:
-                    raise StoreError(f"task {tid} is {view.state.value}, not running")
-                assert rec is not None
-                if machine is not None and rec.machine != machine:
-                    raise StoreError(f"task {tid} runs on {rec.machine}, not {machine}")
-                m = self.view.machines[rec.machine]
-                a = m.allocations.get(tid)
-                if a is None:
-                    raise StoreError(f"task {tid} is not on machine {m.id} any more")
-                allocs = {t: x for t, x in m.allocations.items() if t != tid}
-                guards = {k.task_key(tid): rec.revision, k.machine(m.id): m.seq,
-                          k.config: self.view.config.revision}
-                guards.update(self._gang_guards(m))
-                records: dict[bytes, object] = {
-                    k.task_key(tid): TaskRecord(job, index, outcome, m.id, a.scheduler),
-                    k.machine(m.id): attrs.evolve(m, allocations=allocs),
-                }
-                self._ensure_usage([a.scheduler])
-                for key, u in self._usage_records({}, {a.scheduler: a.resources}).items():
-                    guards[key] = self.view.guard_revision(key)
-                    records[key] = u
-                return _Write(guards, records)
+                return decisions.release_task(self.view, tid, outcome, machine)
 
-            try:
-                return self._retry(f"releasing task {tid}", attempt).revision
-            except _Done as done:
-                return done.revision
+            return self._decide_and_write(f"releasing task {tid}", decide)
 
     def set_job_status(self, status: JobStatus) -> int:
         """Record a verdict on a job (abandoned with a reason, or killed). Refused for a
-        job that does not exist."""
-        if not status.reason:
-            raise StoreError(f"job {status.job}: a status needs a reason")
+        job that does not exist; a kill is final (an abandonment does not replace it)."""
         with self._lock:
-            jkey, skey = self.keys.job(status.job), self.keys.status(status.job)
+            keys = [self.keys.job(status.job), self.keys.status(status.job)]
 
-            def attempt() -> _Write:
-                self._fetch([jkey, skey])
-                if status.job not in self.view.jobs:
-                    raise NotFoundError(f"unknown job {status.job!r}")
-                old = self.view.statuses.get(status.job)
-                if old is not None and old.state is JobState.KILLED:
-                    raise _Done(old.revision)  # a kill is final: nothing replaces it
-                return _Write({jkey: self.view.job_rev(status.job),
-                               skey: self.view.guard_revision(skey)}, {skey: status})
+            def decide() -> Change:
+                self._fetch(keys)
+                return decisions.set_job_status(self.view, status)
 
-            try:
-                return self._retry(f"setting the status of job {status.job}", attempt).revision
-            except _Done as done:
-                return done.revision
+            return self._decide_and_write(f"setting the status of job {status.job}", decide)
 
     def kill_job(self, status: JobStatus) -> int:
         """Kill a job: record the status, then end every task of it that runs.
@@ -1463,36 +1344,32 @@ class CellStore:
     def resize_job(self, job_id: str, task_count: int) -> int:
         """Grow (or shrink to no fewer than its placed-or-ended tasks) a job's task count,
         as an elastic scheduler does to grow a running job into idle resources."""
-        if isinstance(task_count, bool) or not isinstance(task_count, int) or not (
-            1 <= task_count <= codec.MAX_TASKS_PER_JOB
-        ):
-            raise StoreError(f"job {job_id}: task count must be between 1 and "
-                             f"{codec.MAX_TASKS_PER_JOB}, got {task_count!r}")
-        with self._lock:
-            key = self.keys.job(job_id)
+        prefix = self.keys.task_key(job_id + "/")
+        read_at = 0
 
-            def attempt() -> _Write:
-                self._fetch([key])
-                job = self.view.jobs.get(job_id)
-                if job is None:
-                    raise NotFoundError(f"unknown job {job_id!r}")
-                new = {key: attrs.evolve(job, task_count=task_count)}
-                if task_count >= job.task_count:
-                    return _Write({key: job.revision}, new)
-                prefix = self.keys.task_key(job_id + "/")
+        def decide() -> Change:
+            nonlocal read_at
+            read_at = 0
+            self._fetch([self.keys.job(job_id)])
+            job = self.view.jobs.get(job_id)
+            placed: list[int] = []
+            if job is not None and task_count < job.task_count:
                 res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
-                used = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
-                if used and max(used) >= task_count:
-                    raise StoreError(f"job {job_id}: task {max(used)} has run; cannot "
-                                     f"shrink to {task_count} tasks")
-                # Claims do not rewrite the job's key, so its revision alone would not
-                # see a task placed since the range read: guard that no task key of the
-                # job changed (or appeared) since then.
-                unchanged = Compare(prefix, CompareTarget.MOD, CompareResult.LESS,
-                                    res.revision + 1, prefix_end(prefix))
-                return _Write({key: job.revision}, new, compares=(unchanged,))
+                placed = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
+                read_at = res.revision
+            return decisions.resize_job(self.view, job_id, task_count, placed)
 
-            return self._retry(f"resizing job {job_id}", attempt).revision
+        def unchanged() -> tuple[Compare, ...]:
+            # Claims do not rewrite the job's key, so its revision alone would not see a
+            # task placed since the range read: guard that no task key of the job
+            # changed (or appeared) since then.
+            if not read_at:
+                return ()
+            return (Compare(prefix, CompareTarget.MOD, CompareResult.LESS, read_at + 1,
+                            prefix_end(prefix)),)
+
+        with self._lock:
+            return self._decide_and_write(f"resizing job {job_id}", decide, unchanged)
 
     def set_config(self, config: CellConfig) -> int:
         """Replace the cell's configuration (per-scheduler limits)."""

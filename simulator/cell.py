@@ -1,12 +1,14 @@
 """The simulator's cell state: the store's semantics, kept in memory without a KV.
 
 :class:`SimCell` is both the store the scheduler runtime commits to and the snapshot
-source it reads. A commit runs the very ``validate()`` the real store runs, then
-applies the decision to immutable maps, so a snapshot stays O(1) and nothing is
-encoded. Each write advances the revision by one and every machine it rewrites takes
-that revision as its sequence number, exactly as etcd's ``mod_revision`` does for
-``CellStore`` over ``MemoryKV`` (tests/simulator/test_cell_equivalence.py checks that
-both give the same commit results on the same transactions).
+source it reads. It decides nothing itself: every write is decided by the same pure
+functions the real store uses (``validation.validate`` for claims, the judge in
+``cellstate.decisions`` for the rest), and :meth:`SimCell._apply` applies the change to
+immutable maps, so a snapshot stays O(1) and nothing is encoded. Each write advances the
+revision by one and every record it writes takes that revision, exactly as etcd's
+``mod_revision`` does for ``CellStore`` over ``MemoryKV`` (tests/simulator/
+test_cell_equivalence.py drives random sequences of every write kind through both and
+requires the same results and the same cell).
 
 Not modelled: per-scheduler resource limits (usage records) and gangs too large for
 one etcd transaction (here every transaction is one write).
@@ -14,27 +16,31 @@ one etcd transaction (here every transaction is one write).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
+from cellstate import decisions
 from cellstate.cell import CellSnapshot
+from cellstate.decisions import claims_change
 from cellstate.keys import KeyKind
 from cellstate.model import (
-    Allocation,
     CommitResult,
     InstanceRecord,
     Job,
     JobStatus,
     Machine,
+    MachineState,
     Resources,
     SchedulerRecord,
-    TaskRecord,
     TaskState,
     Transaction,
+    labels_from,
     sum_resources,
     task_id,
 )
+from cellstate.records import RECORDS, with_revision
 from cellstate.replica import Replica
 from cellstate.validation import check_shape, validate
 
@@ -87,23 +93,7 @@ class SimCell:
         d = validate(self._snap, txn, shape_checked=True)
         if not d.accepted:
             return CommitResult((), d.rejected, self._snap.revision)
-        rev = self._snap.revision + 1
-        machines = self._snap.machines.mutate()
-        for mid, m in d.machines.items():
-            machines[mid] = m.with_seq(rev)
-        tasks = self._snap.tasks.mutate()
-        for tid, rec in d.tasks.items():
-            # Not attrs.evolve: this runs once per placed task and evolve is 5x slower.
-            tasks[tid] = TaskRecord(rec.job, rec.index, rec.state, rec.machine, rec.scheduler,
-                                    rec.gang, rev)
-        for sched, res in d.added.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) + res
-        for sched, res in d.removed.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) - res
-        changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
-        changes.extend((KeyKind.TASK, tid) for tid in d.tasks)
-        self._publish(attrs.evolve(self._snap, revision=rev, machines=machines.finish(),
-                                   tasks=tasks.finish()), changes)
+        rev = self._apply(claims_change(d))
         return CommitResult(d.accepted, d.rejected, rev, d.evicted)
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
@@ -131,72 +121,58 @@ class SimCell:
 
     def resize_job(self, job_id: str, task_count: int) -> int:
         job = self._job(job_id)
-        return self._put_job(attrs.evolve(job, task_count=task_count))
+        placed = [i for i in range(job.task_count) if task_id(job_id, i) in self._snap.tasks]
+        return self._apply(decisions.resize_job(self._snap, job_id, task_count, placed))
 
     def set_job_status(self, status: JobStatus) -> int:
-        self._job(status.job)
-        rev = self._snap.revision + 1
-        self._publish(attrs.evolve(self._snap, revision=rev, statuses=self._snap.statuses.set(
-            status.job, attrs.evolve(status, revision=rev))), [(KeyKind.STATUS, status.job)])
-        return rev
+        change = decisions.set_job_status(self._snap, status)
+        return self._apply(change) if change.writes else change.done_at
+
+    def kill_job(self, status: JobStatus) -> int:
+        """As ``CellStore.kill_job``: the status, then every running task lost."""
+        revision = self.set_job_status(status)
+        running = [t for i in range(self._job(status.job).task_count)
+                   if (t := task_id(status.job, i)) in self._snap.tasks
+                   and self._snap.tasks[t].state is TaskState.RUNNING]
+        for tid in running:
+            revision = self.release_task(tid, TaskState.LOST)
+        return revision
 
     # -- what agents and users do ----------------------------------------------------------
 
     def add_machines(self, machines: Iterable[Machine]) -> int:
-        rev = self._snap.revision + 1
-        table = self._snap.machines.mutate()
-        changes: Changes = []
-        for m in machines:
-            if m.id in table:
-                raise SimCellError(f"machine {m.id!r} exists already")
-            table[m.id] = m.with_seq(rev)
-            changes.append((KeyKind.MACHINE, m.id))
-        self._publish(attrs.evolve(self._snap, revision=rev, machines=table.finish()), changes)
-        return rev
+        return self._apply(decisions.add_machines(self._snap, list(machines)))
+
+    def update_machine(self, machine_id: str, *, capacity: Resources | None = None,
+                       state: MachineState | None = None,
+                       labels: Mapping[str, str] | None = None) -> int:
+        return self._apply(decisions.update_machine(
+            self._snap, machine_id, capacity=capacity, state=state,
+            labels=labels_from(labels) if labels else None))
+
+    def remove_machine(self, machine_id: str) -> int:
+        m = self._snap.machines.get(machine_id)
+        if m is not None and (m.state is not MachineState.DOWN or m.allocations):
+            self.update_machine(machine_id, state=MachineState.DOWN)
+        return self._apply(decisions.remove_machine(self._snap, machine_id))
 
     def submit_job(self, job: Job) -> int:
-        if job.id in self._snap.jobs:
-            raise SimCellError(f"job {job.id!r} exists already")
-        return self._put_job(job)
+        return self._apply(decisions.submit_job(self._snap, job))
+
+    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
+        """One task ended (as ``CellStore.release_task``: refused unless it runs)."""
+        change = decisions.release_task(self._snap, tid, outcome, machine)
+        return self._apply(change) if change.writes else change.done_at
 
     def release_tasks(self, tids: Sequence[str], outcome: TaskState = TaskState.FINISHED,
                       placed_at: int | None = None) -> list[str]:
         """End running tasks (one write for all of them) and free their holds. Tasks
         that no longer run (preempted meanwhile) are skipped, and with ``placed_at``
         also tasks placed again since that revision; returns those released."""
-        snap = self._snap
-        by_machine: dict[str, list[str]] = {}
-        records: list[TaskRecord] = []
-        for tid in tids:
-            rec = snap.tasks.get(tid)
-            if rec is None or rec.state is not TaskState.RUNNING:
-                continue
-            if placed_at is not None and rec.revision != placed_at:
-                continue  # a later placement of the task: its own end event frees it
-            by_machine.setdefault(rec.machine, []).append(tid)
-            records.append(rec)
-        if not records:
-            return []
-        rev = snap.revision + 1
-        machines = snap.machines.mutate()
-        for mid, gone in by_machine.items():
-            m = snap.machines[mid]
-            ending = [m.allocations[t] for t in gone]
-            for a in ending:
-                self.usage[a.scheduler] = self.usage.get(a.scheduler, Resources()) - a.resources
-            drop = set(gone)
-            allocs = {t: a for t, a in m.allocations.items() if t not in drop}
-            machines[mid] = _rewritten(m, allocs, rev,
-                                       m.settled_used - sum_resources(a.resources for a in ending))
-        tasks = snap.tasks.mutate()
-        for rec in records:
-            tasks[rec.id] = TaskRecord(rec.job, rec.index, outcome, rec.machine, rec.scheduler,
-                                       revision=rev)
-        changes: Changes = [(KeyKind.MACHINE, mid) for mid in by_machine]
-        changes.extend((KeyKind.TASK, rec.id) for rec in records)
-        self._publish(attrs.evolve(snap, revision=rev, machines=machines.finish(),
-                                   tasks=tasks.finish()), changes)
-        return [rec.id for rec in records]
+        change, released = decisions.end_tasks(self._snap, tids, outcome, placed_at)
+        if released:
+            self._apply(change)
+        return released
 
     def forget_job(self, job_id: str) -> None:
         """Drop a job that is over (its tasks ended, or it was abandoned with none
@@ -222,10 +198,29 @@ class SimCell:
             raise SimCellError(f"unknown job {job_id!r}")
         return job
 
-    def _put_job(self, job: Job) -> int:
-        rev = self._snap.revision + 1
-        self._publish(attrs.evolve(self._snap, revision=rev, jobs=self._snap.jobs.set(
-            job.id, attrs.evolve(job, revision=rev))), [(KeyKind.JOB, job.id)])
+    def _apply(self, change: decisions.Change) -> int:
+        """Write a decided change at the next revision (the guards of the real store
+        always hold here: the change was decided on the current state)."""
+        snap = self._snap
+        rev = snap.revision + 1
+        tables: dict[str, Any] = {}
+        changes: Changes = []
+        for ref, rec in change.writes.items():
+            name = RECORDS[ref[0]].table
+            table = tables.get(name)
+            if table is None:
+                table = tables[name] = getattr(snap, name).mutate()
+            if rec is None:
+                table.pop(ref[1], None)
+            else:
+                table[ref[1]] = with_revision(rec, rev)
+            changes.append(ref)
+        for sched, res in change.added.items():
+            self.usage[sched] = self.usage.get(sched, Resources()) + res
+        for sched, res in change.removed.items():
+            self.usage[sched] = self.usage.get(sched, Resources()) - res
+        self._publish(attrs.evolve(snap, revision=rev,
+                                   **{n: t.finish() for n, t in tables.items()}), changes)
         return rev
 
     def _publish(self, snap: CellSnapshot, changes: Changes) -> None:
@@ -237,16 +232,6 @@ class SimCell:
     def used(self, dimension: str) -> float:
         """What all schedulers hold of one resource dimension."""
         return sum(r.get(dimension) for r in self.usage.values())
-
-
-def _rewritten(m: Machine, allocations: dict[str, Allocation], seq: int,
-               settled_used: Resources) -> Machine:
-    """``m`` with other allocations at a new sequence number, built once (not via
-    with_allocations then with_seq: machines are rebuilt for every task that ends)."""
-    out = Machine(m.id, m.capacity, m.rack, m.failure_domain, m.labels, m.state, m.agent,
-                  allocations, seq)
-    object.__setattr__(out, "settled_used", settled_used)  # the cached sum, known already
-    return out
 
 
 def capacity_of(snap: CellSnapshot) -> Resources:

@@ -1,4 +1,4 @@
-"""SimCell gives the same commit results as CellStore over MemoryKV.
+"""SimCell gives the same results as CellStore over MemoryKV, for every write kind.
 
 The same random sequence of transactions (incremental and gang, fine and coarse,
 claims seen on fresh or stale snapshots, tasks placed twice, machines that are full)
@@ -10,10 +10,22 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cellstate.cell import CellSnapshot, task_view
+from cellstate.errors import StoreError
 from cellstate.kv.memory import MemoryKV
-from cellstate.model import Claim, Detection, TaskState, Transaction, TxnMode
+from cellstate.model import (
+    Claim,
+    Detection,
+    JobState,
+    JobStatus,
+    MachineState,
+    Resources,
+    TaskState,
+    Transaction,
+    TxnMode,
+)
 from cellstate.store import CellStore
 from schedulers.testing import job, machine, make_cell
 from simulator.cell import SimCell
@@ -83,3 +95,101 @@ def test_an_end_event_of_an_earlier_placement_releases_nothing() -> None:
     assert sim.release_tasks(["j1/0"], placed_at=first.revision - 1) == []
     assert sim.release_tasks(["j1/0"], placed_at=first.revision) == ["j1/0"]
     assert sim.release_tasks(["j1/0"]) == []  # finished already
+
+
+# -- every write kind, random sequences (hypothesis) -----------------------------------
+
+N_MACHINES, N_JOBS, N_TASKS = 4, 4, 3
+write_st = st.one_of(
+    st.tuples(st.just("commit"), st.integers(0, N_JOBS - 1),
+              st.lists(st.tuples(st.integers(0, N_TASKS), st.integers(0, N_MACHINES)),
+                       min_size=1, max_size=4, unique_by=lambda c: c[0]),
+              st.booleans(), st.booleans()),
+    st.tuples(st.just("release"), st.integers(0, N_JOBS - 1), st.integers(0, N_TASKS - 1),
+              st.sampled_from(["finished", "failed", "lost"]), st.booleans()),
+    st.tuples(st.just("kill"), st.integers(0, N_JOBS - 1)),
+    st.tuples(st.just("abandon"), st.integers(0, N_JOBS)),
+    st.tuples(st.just("resize"), st.integers(0, N_JOBS - 1), st.integers(0, N_TASKS + 2)),
+    st.tuples(st.just("machine"), st.integers(0, N_MACHINES),
+              st.sampled_from(["up", "down", "draining", "shrink", "grow", "label"])),
+    st.tuples(st.just("remove"), st.integers(0, N_MACHINES)),
+    st.tuples(st.just("add"), st.integers(0, N_MACHINES + 1)),
+    st.tuples(st.just("submit"), st.integers(0, N_JOBS + 1)),
+)
+
+
+def _apply_to(target: CellStore | SimCell, op: tuple) -> str:  # type: ignore[type-arg]
+    """Apply one write; returns "ok" or the error's class and message."""
+    kind = op[0]
+    try:
+        if kind == "commit":
+            _, j, raw, gang, coarse = op
+            jid = f"j{j}"
+            snap = target.snapshot() if isinstance(target, SimCell) else target.read_snapshot()
+            claims = tuple(Claim(jid, i, f"m{m}", snap.machines[f"m{m}"].seq
+                                 if f"m{m}" in snap.machines else 0) for i, m in raw)
+            res = target.commit(Transaction("s", claims, TxnMode.GANG if gang else
+                                            TxnMode.INCREMENTAL,
+                                            Detection.COARSE if coarse else Detection.FINE))
+            return repr(([c.task for c in res.committed],
+                         [(r.claim.task, r.reason.value) for r in res.rejected]))
+        if kind == "release":
+            _, j, i, outcome, here = op
+            target.release_task(f"j{j}/{i}", TaskState(outcome), "m0" if here else None)
+        elif kind == "kill":
+            target.kill_job(JobStatus(f"j{op[1]}", JobState.KILLED, "test"))
+        elif kind == "abandon":
+            target.set_job_status(JobStatus(f"j{op[1]}", JobState.ABANDONED, "gave up"))
+        elif kind == "resize":
+            target.resize_job(f"j{op[1]}", op[2])
+        elif kind == "machine":
+            mid, what = f"m{op[1]}", op[2]
+            if what in ("up", "down", "draining"):
+                target.update_machine(mid, state=MachineState(what))
+            elif what == "label":
+                target.update_machine(mid, labels={"zone": "a"})
+            else:
+                target.update_machine(mid, capacity=Resources.of(
+                    cpu=1 if what == "shrink" else 4, mem=8))
+        elif kind == "remove":
+            target.remove_machine(f"m{op[1]}")
+        elif kind == "add":
+            target.add_machines([machine(f"m{op[1]}", cpu=2, mem=8)])
+        elif kind == "submit":
+            target.submit_job(job(f"j{op[1]}", tasks=N_TASKS, cpu=1, mem=1, scheduler="s",
+                                  gang=op[1] == 1))
+    except StoreError as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def _cell_of(snap: CellSnapshot) -> object:
+    """Everything a cell holds but the revisions (etcd's count reads the store makes
+    in between; the simulator's does not)."""
+    machines = {m.id: (m.capacity, m.state, m.labels, sorted(m.allocations.items()))
+                for m in snap.machines.values()}
+    tasks = {t: (r.state, r.machine, r.scheduler) for t, r in snap.tasks.items()}
+    jobs = {j.id: j.task_count for j in snap.jobs.values()}
+    statuses = {s.job: (s.state, s.reason) for s in snap.statuses.values()}
+    return machines, tasks, jobs, statuses
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(write_st, min_size=1, max_size=30))
+def test_every_write_kind_gives_the_same_results_and_cell(program: list[tuple]) -> None:  # type: ignore[type-arg]
+    """Claims, releases, kills, abandonments, resizes, machine changes, removals and
+    additions, job submissions: the store over MemoryKV and the simulator's cell answer
+    each the same (the same commit results, the same refusals) and end in the same
+    cell, because both apply the same decisions (cellstate.decisions)."""
+    machines = [machine(f"m{i}", cpu=2, mem=8) for i in range(N_MACHINES)]
+    jobs = [job(f"j{i}", tasks=N_TASKS, cpu=1, mem=1, scheduler="s", gang=i == 1)
+            for i in range(N_JOBS)]
+    store = make_cell(MemoryKV(), machines, jobs)
+    sim = SimCell()
+    sim.add_machines(machines)
+    for j in jobs:
+        sim.submit_job(j)
+    for op in program:
+        a, b = _apply_to(store, op), _apply_to(sim, op)
+        assert a == b, op
+        assert _cell_of(store.read_snapshot()) == _cell_of(sim.snapshot()), op

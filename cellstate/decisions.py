@@ -1,0 +1,355 @@
+"""The judge: every write the cell accepts, decided by a pure function over a snapshot.
+
+Each function here reads a :class:`~cellstate.cell.CellReader` (a replica's snapshot,
+the store's working view, the simulator's cell) and returns a :class:`Change`: the
+records the decision relied on and the records to write. It does no I/O. Backends only
+apply changes:
+
+* ``CellStore`` (etcd, memory) writes a change in one etcd transaction guarded by the
+  revision of every record it read or writes, so a change decided on state that moved
+  meanwhile is thrown away and decided again;
+* ``SimCell`` applies it to its in-memory maps at the next revision.
+
+Claims are decided by ``validation.validate`` (the heart of the contract); its
+``Decision`` becomes a change with :func:`claims_change`. A refusal (a task that is not
+running, a capacity below what a machine holds...) raises a ``StoreError`` that says
+why; nothing is written then. A write that finds its effect in place already (a
+retried request whose answer was lost) returns a change with nothing to write and the
+revision that made it (:attr:`Change.done_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from cellstate.cell import CellReader, alloc_holds, alloc_placed, task_view
+from cellstate.codec import MAX_TASKS_PER_JOB
+from cellstate.errors import AlreadyExistsError, NotFoundError, StoreError
+from cellstate.keys import KeyKind
+from cellstate.model import (
+    RELEASE_OUTCOMES,
+    Allocation,
+    GangState,
+    Job,
+    JobState,
+    JobStatus,
+    Machine,
+    MachineState,
+    Resources,
+    TaskRecord,
+    TaskState,
+    split_task_id,
+    sum_resources,
+)
+from cellstate.validation import Decision
+
+Ref = tuple[KeyKind, str]  # a record: its kind and id
+
+
+@attrs.frozen
+class Change:
+    """One write: what it relied on, what it writes, and how it moves the resources
+    each scheduler holds (for per-scheduler limits)."""
+
+    reads: frozenset[Ref]
+    writes: Mapping[Ref, object]  # the new record, or None to delete it
+    added: Mapping[str, Resources] = attrs.field(factory=dict)
+    removed: Mapping[str, Resources] = attrs.field(factory=dict)
+    done_at: int = 0  # set when the effect was in place already: nothing to write
+
+    @property
+    def guarded(self) -> frozenset[Ref]:
+        """Every record the write must find as the decision saw it: what it read and
+        what it overwrites."""
+        return self.reads | frozenset(self.writes)
+
+
+def _machine_reads(m: Machine) -> set[Ref]:
+    """A machine and the gangs whose staged records on it decide how they read."""
+    refs: set[Ref] = {(KeyKind.MACHINE, m.id)}
+    if m.has_tags:
+        refs |= {(KeyKind.GANG, g) for g in m.gang_tags}
+    return refs
+
+
+# -- claims --------------------------------------------------------------------------
+
+
+def claims_change(decision: Decision) -> Change:
+    """The change a claims decision (``validation.validate``) makes."""
+    r = decision.reads
+    reads: set[Ref] = {(KeyKind.CONFIG, "")}
+    reads.update((KeyKind.MACHINE, i) for i in r.machines)
+    reads.update((KeyKind.TASK, i) for i in r.tasks)
+    reads.update((KeyKind.JOB, i) for i in r.jobs)
+    reads.update((KeyKind.GANG, i) for i in r.gangs)
+    reads.update((KeyKind.USAGE, i) for i in r.usage)
+    reads.update((KeyKind.STATUS, i) for i in r.statuses)
+    writes: dict[Ref, object] = {(KeyKind.MACHINE, i): m for i, m in decision.machines.items()}
+    writes.update(((KeyKind.TASK, i), t) for i, t in decision.tasks.items())
+    return Change(frozenset(reads), writes, decision.added, decision.removed)
+
+
+# -- tasks that end --------------------------------------------------------------------
+
+
+def release_task(
+    cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None
+) -> Change:
+    """A running task ended (finished, failed, lost): record it and free its hold. With
+    ``machine``, refused unless the task runs there (a late report from an agent must
+    not end the task's next run elsewhere). The caller must have read the task, its
+    machine and the gangs staged on it."""
+    if outcome not in RELEASE_OUTCOMES:
+        raise StoreError(f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}")
+    split_task_id(tid)
+    rec = cell.tasks.get(tid)
+    view = task_view(cell, tid)
+    if (rec is not None and view.state is outcome and rec.state is outcome
+            and (machine is None or rec.machine == machine)):
+        # Reported already (a retry of a release whose answer was lost, e.g. over an
+        # etcd leader change): the same answer again.
+        return Change(frozenset(), {}, done_at=rec.revision)
+    if view.state is not TaskState.RUNNING:
+        raise StoreError(f"task {tid} is {view.state.value}, not running")
+    assert rec is not None
+    if machine is not None and rec.machine != machine:
+        raise StoreError(f"task {tid} runs on {rec.machine}, not {machine}")
+    m = cell.machines.get(rec.machine)
+    a = m.allocations.get(tid) if m is not None else None
+    if m is None or a is None:
+        raise StoreError(f"task {tid} is not on machine {rec.machine} any more")
+    reads = _machine_reads(m) | {(KeyKind.CONFIG, ""), (KeyKind.TASK, tid)}
+    if rec.gang:
+        reads.add((KeyKind.GANG, rec.gang))
+    return Change(
+        frozenset(reads),
+        {(KeyKind.TASK, tid): TaskRecord(rec.job, rec.index, outcome, m.id, a.scheduler),
+         (KeyKind.MACHINE, m.id): _without(m, [tid])},
+        removed={a.scheduler: a.resources},
+    )
+
+
+def end_tasks(
+    cell: CellReader, tids: Iterable[str], outcome: TaskState, placed_at: int | None = None
+) -> tuple[Change, list[str]]:
+    """Many tasks ended at once (the simulator's task ends of one instant): those still
+    running are released in one change, the rest skipped (preempted or lost meanwhile;
+    with ``placed_at``, also those placed again since that revision, whose own end
+    event frees them). Returns the change and the tasks it releases."""
+    by_machine: dict[str, list[str]] = {}
+    records: dict[Ref, object] = {}
+    removed: dict[str, Resources] = {}
+    for tid in tids:
+        rec = cell.tasks.get(tid)
+        if rec is None or rec.state is not TaskState.RUNNING:
+            continue
+        if placed_at is not None and rec.revision != placed_at:
+            continue
+        m = cell.machines[rec.machine]
+        a = m.allocations[tid]
+        by_machine.setdefault(rec.machine, []).append(tid)
+        records[(KeyKind.TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, rec.machine,
+                                                  rec.scheduler)
+        removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
+    reads: set[Ref] = set()
+    for mid, gone in by_machine.items():
+        m = cell.machines[mid]
+        reads |= _machine_reads(m)
+        records[(KeyKind.MACHINE, mid)] = _without(m, gone)
+    released = [i for (kind, i) in records if kind is KeyKind.TASK]
+    return Change(frozenset(reads), records, removed=removed), released
+
+
+def _without(m: Machine, gone: Sequence[str]) -> Machine:
+    """``m`` without the allocations of ``gone``, built once with its settled usage
+    (machines are rebuilt for every task that ends: the simulator's hot path)."""
+    drop = set(gone)
+    allocs = {t: a for t, a in m.allocations.items() if t not in drop}
+    if m.has_tags:
+        return m.with_allocations(allocs)
+    freed = sum_resources(m.allocations[t].resources for t in gone)
+    return m.with_allocations(allocs, m.settled_used - freed)
+
+
+# -- machines ------------------------------------------------------------------------
+
+
+def add_machines(cell: CellReader, machines: Sequence[Machine]) -> Change:
+    """New machines (none may exist already, nor carry allocations)."""
+    for m in machines:
+        if m.allocations:
+            raise StoreError(f"machine {m.id!r}: a new machine cannot carry allocations")
+    ids = [m.id for m in machines]
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise StoreError(f"machines listed twice: {', '.join(dupes)}")
+    present = [i for i in ids if i in cell.machines]
+    if present:
+        raise AlreadyExistsError(f"machines already exist: {', '.join(present)}")
+    return Change(frozenset(), {(KeyKind.MACHINE, m.id): attrs.evolve(m, seq=0)
+                                for m in machines})
+
+
+def replace_machine(cell: CellReader, old: Machine, changed: Machine) -> Change:
+    """Machine ``old`` becomes ``changed`` (same allocations, other capacity, labels,
+    state...): refused if the new capacity is below what its tasks hold."""
+    held = sum_resources(
+        a.resources for a in old.allocations.values() if alloc_holds(a, cell.gangs)
+    )
+    dim = held.exceeding(changed.capacity)
+    if dim is not None:
+        raise StoreError(
+            f"machine {old.id}: new capacity {changed.capacity.get(dim):g} {dim} "
+            f"is below the {held.get(dim):g} its tasks hold"
+        )
+    return Change(frozenset(_machine_reads(old)), {(KeyKind.MACHINE, old.id): changed})
+
+
+def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None = None
+              ) -> Change:
+    """Machine ``old`` goes down as ``down`` (its state changed): every task holding it
+    is lost, and gangs still preparing holds on it are aborted (they could not run
+    here). ``budget`` caps the allocations dropped in one change; a machine holding
+    more stays down with the rest, which the next change drops."""
+    writes: dict[Ref, object] = {}
+    removed: dict[str, Resources] = {}
+    allocs = dict(old.allocations)
+    for n, (tid, a) in enumerate(old.allocations.items()):
+        if budget is not None and n >= budget:
+            break
+        del allocs[tid]
+        g = cell.gangs.get(a.gang) if a.gang else None
+        if a.gang and g is not None and g.state is GangState.PREPARING:
+            writes[(KeyKind.GANG, a.gang)] = None  # abort it; its task records are void
+            continue
+        if not alloc_placed(a, cell.gangs):
+            continue
+        job, index = split_task_id(tid)
+        writes[(KeyKind.TASK, tid)] = TaskRecord(job, index, TaskState.LOST, old.id, a.scheduler)
+        removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
+    writes[(KeyKind.MACHINE, old.id)] = down.with_allocations(allocs)
+    return Change(frozenset(_machine_reads(old) | {(KeyKind.CONFIG, "")}), writes,
+                  removed=removed)
+
+
+def update_machine(
+    cell: CellReader, machine_id: str, *, capacity: Resources | None = None,
+    state: MachineState | None = None, labels: tuple[tuple[str, str], ...] | None = None,
+    budget: int | None = None,
+) -> Change:
+    """Change a machine's capacity, state or labels; taking it down loses its tasks."""
+    m = cell.machines.get(machine_id)
+    if m is None:
+        raise NotFoundError(f"unknown machine {machine_id!r}")
+    changed = attrs.evolve(
+        m,
+        capacity=capacity if capacity is not None else m.capacity,
+        state=state if state is not None else m.state,
+        labels=labels if labels is not None else m.labels,
+    )
+    if state is MachineState.DOWN:
+        return take_down(cell, m, changed, budget)
+    return replace_machine(cell, m, changed)
+
+
+def remove_machine(cell: CellReader, machine_id: str) -> Change:
+    """Delete a machine that is down and holds nothing (take it down first)."""
+    m = cell.machines.get(machine_id)
+    if m is None:
+        raise NotFoundError(f"unknown machine {machine_id!r}")
+    if m.state is not MachineState.DOWN or m.allocations:
+        raise StoreError(f"machine {machine_id} is {m.state.value} with {len(m.allocations)} "
+                         "task(s): take it down first")
+    return Change(frozenset(), {(KeyKind.MACHINE, machine_id): None})
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+
+def submit_job(cell: CellReader, job: Job) -> Change:
+    """A new job (its tasks start pending)."""
+    if job.id in cell.jobs:
+        raise AlreadyExistsError(f"job {job.id!r} already exists")
+    return Change(frozenset(), {(KeyKind.JOB, job.id): job})
+
+
+def set_job_status(cell: CellReader, status: JobStatus) -> Change:
+    """A verdict on a job (abandoned with a reason, or killed). A kill is final."""
+    if not status.reason:
+        raise StoreError(f"job {status.job}: a status needs a reason")
+    if status.job not in cell.jobs:
+        raise NotFoundError(f"unknown job {status.job!r}")
+    old = cell.statuses.get(status.job)
+    if old is not None and old.state is JobState.KILLED:
+        return Change(frozenset(), {}, done_at=old.revision)
+    return Change(frozenset({(KeyKind.JOB, status.job)}), {(KeyKind.STATUS, status.job): status})
+
+
+def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[int]) -> Change:
+    """Grow a job, or shrink it to no fewer tasks than any that was ever placed
+    (``placed``: the indices of the job's task records). The caller must also make
+    sure no task of the job was placed since it read ``placed`` (the store guards the
+    job's whole task range)."""
+    if isinstance(task_count, bool) or not isinstance(task_count, int) or not (
+        1 <= task_count <= MAX_TASKS_PER_JOB
+    ):
+        raise StoreError(f"job {job_id}: task count must be between 1 and "
+                         f"{MAX_TASKS_PER_JOB}, got {task_count!r}")
+    job = cell.jobs.get(job_id)
+    if job is None:
+        raise NotFoundError(f"unknown job {job_id!r}")
+    if task_count < job.task_count:
+        used = max(placed, default=-1)
+        if used >= task_count:
+            raise StoreError(f"job {job_id}: task {used} has run; cannot shrink to "
+                             f"{task_count} tasks")
+    return Change(frozenset(), {(KeyKind.JOB, job_id): attrs.evolve(job, task_count=task_count)})
+
+
+# -- large gangs ---------------------------------------------------------------------
+
+
+def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
+                         committed: bool) -> Change:
+    """Rewrite the machines where gang ``gid`` staged records: its holds become plain
+    allocations and its marked victims are preempted if it committed; both are dropped
+    if it aborted."""
+    writes: dict[Ref, object] = {}
+    reads: set[Ref] = {(KeyKind.GANG, gid)}
+    for mid in machine_ids:
+        m = cell.machines.get(mid)
+        if m is None:
+            continue
+        allocs: dict[str, Allocation] = dict(m.allocations)
+        for tid, a in m.allocations.items():
+            if a.gang == gid:
+                if committed:
+                    allocs[tid] = attrs.evolve(a, gang="")
+                else:
+                    del allocs[tid]
+            elif a.evicted_by == gid:
+                if committed:
+                    del allocs[tid]
+                    writes[(KeyKind.TASK, tid)] = TaskRecord(
+                        *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler)
+                else:
+                    allocs[tid] = attrs.evolve(a, evicted_by="")
+        reads.add((KeyKind.MACHINE, mid))
+        writes[(KeyKind.MACHINE, mid)] = m.with_allocations(allocs)
+    return Change(frozenset(reads), writes)
+
+
+def settle_gang_tasks(cell: CellReader, gid: str, task_ids: Iterable[str],
+                      committed: bool) -> Change:
+    """Clear gang ``gid``'s tag from the task records it staged (keep them if it
+    committed, delete them if it aborted)."""
+    writes: dict[Ref, object] = {}
+    for tid in task_ids:
+        t = cell.tasks.get(tid)
+        if t is None or t.gang != gid:
+            continue
+        writes[(KeyKind.TASK, tid)] = attrs.evolve(t, gang="") if committed else None
+    return Change(frozenset({(KeyKind.GANG, gid)}), writes)
