@@ -222,16 +222,17 @@ def scheduler_name(committer: int) -> str:
 
 
 def setup_cell(kv: KV, cell: str, machines: int, committers: int) -> None:
-    """Machines (written in bulk, 100 per etcd Txn) and one job per committer. An empty
-    machine is its record alone (no allocation keys), as the store writes it."""
+    """Machines (written in bulk, up to 100 per etcd Txn) and one job per committer. An
+    empty machine is its record alone (no allocation keys), as the store writes it."""
     store = CellStore(kv, cell)
     keys = store.keys
     cap = Resources.of(cpu=MACHINE_CPU, mem=MACHINE_MEM)
+    per_txn = min(100, kv.max_txn_ops)
     batch: list[tuple[bytes, bytes]] = []
     for i in range(machines):
         m = Machine(f"m{i:05d}", cap)
         batch.append((keys.machine(m.id), codec.encode_machine(m)))
-        if len(batch) == 100 or i == machines - 1:
+        if len(batch) == per_txn or i == machines - 1:
             res = kv.txn([Compare.absent(k) for k, _ in batch], [Put(k, v) for k, v in batch])
             if not res.succeeded:
                 raise RuntimeError(f"cell {cell} is not empty")
@@ -886,8 +887,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="start etcd with --max-txn-ops=N and give every store's KV the same "
                          f"limit (default {DEFAULT_MAX_TXN_OPS}, etcd's own)")
     args = ap.parse_args(argv)
-    if args.max_txn_ops < 4:
-        ap.error(f"--max-txn-ops must be at least 4 (got {args.max_txn_ops})")
+    if args.max_txn_ops < 8:
+        ap.error(f"--max-txn-ops must be at least 8, got {args.max_txn_ops} (one claim alone "
+                 "puts 5 compares in the store's etcd Txn)")
     if args.seconds is None:
         args.seconds = 1.5 if args.quick else 4.0
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
