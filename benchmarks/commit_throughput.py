@@ -82,7 +82,6 @@ if str(_ROOT) not in sys.path:
 
 from cellstate import codec  # noqa: E402
 from cellstate.kv.base import (  # noqa: E402
-    DEFAULT_MAX_TXN_OPS,
     KV,
     Compare,
     Delete,
@@ -109,7 +108,7 @@ from cellstate.model import (  # noqa: E402
 )
 from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
-from omega.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
+from omega.etcd_launcher import DEFAULT_MAX_TXN_OPS, UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
 
 COMMITTER_COUNTS = (1, 4, 8)
 MODES = (TxnMode.INCREMENTAL, TxnMode.GANG)
@@ -885,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "run into DIR/committer-<i>.prof (slows them down)")
     ap.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS, metavar="N",
                     help="start etcd with --max-txn-ops=N and give every store's KV the same "
-                         f"limit (default {DEFAULT_MAX_TXN_OPS}, etcd's own)")
+                         f"limit (default {DEFAULT_MAX_TXN_OPS}, what omega's etcd launcher sets)")
     args = ap.parse_args(argv)
     if args.max_txn_ops < 8:
         ap.error(f"--max-txn-ops must be at least 8, got {args.max_txn_ops} (one claim alone "

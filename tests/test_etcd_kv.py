@@ -75,10 +75,10 @@ def test_range_limit_keys_only_and_count(etcd_kv: EtcdKV) -> None:
     assert (res.more, res.count, res.revision) == (True, 5, rev)
 
 
-def test_129_ops_exceed_the_default_max_txn_ops(etcd_kv: EtcdKV) -> None:
-    etcd_kv.txn([], _puts(128))  # at the limit: fine
+def test_ops_beyond_the_launchers_max_txn_ops_are_refused(etcd_kv: EtcdKV) -> None:
+    etcd_kv.txn([], _puts(256))  # at the limit omega's launcher sets: fine
     with pytest.raises(TxnTooLargeError, match="too many operations"):
-        etcd_kv.txn([], _puts(129))
+        etcd_kv.txn([], _puts(257))
 
 
 def test_oversized_requests_raise_txn_too_large(etcd_kv: EtcdKV) -> None:
@@ -353,3 +353,13 @@ def test_raised_max_txn_ops_is_applied() -> None:
         assert kv.txn([], _puts(200, b"/m/")).succeeded
         with pytest.raises(TxnTooLargeError):
             kv.txn([], _puts(201, b"/o/"))
+
+
+def test_a_client_learns_the_servers_max_txn_ops() -> None:
+    """Without a limit given, EtcdKV asks the server (the largest of its candidates the
+    server accepts), so a store sized by it never sends a transaction etcd refuses."""
+    with make_local_etcd(max_txn_ops=200) as server, EtcdKV([server.endpoint]) as kv:
+        assert kv.max_txn_ops == 128
+        assert kv.txn([], _puts(kv.max_txn_ops)).succeeded
+    with make_local_etcd() as server, EtcdKV([server.endpoint]) as kv:
+        assert kv.max_txn_ops == 256  # what omega's launcher sets

@@ -279,7 +279,8 @@ class EtcdKV:
 
     ``max_txn_ops`` and ``max_request_bytes`` advertise the server's limits to callers
     (who split work accordingly); they must match the server's ``--max-txn-ops`` and
-    ``--max-request-bytes``. The server enforces them, not this client.
+    ``--max-request-bytes``. The server enforces them, not this client. Left out,
+    ``max_txn_ops`` is learned from the server at first use (:meth:`_probe_txn_ops`).
     """
 
     def __init__(
@@ -292,7 +293,7 @@ class EtcdKV:
         ca_cert: bytes | None = None,
         cert_chain: bytes | None = None,
         private_key: bytes | None = None,
-        max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+        max_txn_ops: int | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         if isinstance(endpoints, str):  # a lone "host:port" is a Sequence[str] too
@@ -314,7 +315,7 @@ class EtcdKV:
             if tls
             else None
         )
-        self.max_txn_ops = max_txn_ops
+        self._max_txn_ops = max_txn_ops
         self.max_request_bytes = max_request_bytes
         self.timeout = timeout
         self._endpoints = [_Endpoint(address, credentials) for address, _ in parsed]
@@ -328,6 +329,33 @@ class EtcdKV:
         self._login_needed = username is not None
         self._watchers: set[EtcdWatcher] = set()
         self._closed = False
+
+    # Limits tried, largest first, when the server's --max-txn-ops is not given.
+    _TXN_OPS_CANDIDATES = (1024, 512, 256, 128, 64, 32, 16, 8)
+
+    @property
+    def max_txn_ops(self) -> int:
+        """The server's --max-txn-ops (ops per branch of one transaction)."""
+        if self._max_txn_ops is None:
+            self._max_txn_ops = self._probe_txn_ops()
+        return self._max_txn_ops
+
+    @max_txn_ops.setter
+    def max_txn_ops(self, value: int) -> None:
+        self._max_txn_ops = value
+
+    def _probe_txn_ops(self) -> int:
+        """The largest candidate limit the server accepts: a transaction of that many
+        reads of one key is refused as too large exactly when the limit is lower
+        (reads write nothing, so the probe changes nothing). A few round trips, once."""
+        probe = b"\x00omega-max-txn-ops-probe"
+        for n in self._TXN_OPS_CANDIDATES:
+            try:
+                self.txn([], [Get(probe)] * n)
+            except TxnTooLargeError:
+                continue
+            return n
+        return DEFAULT_MAX_TXN_OPS
 
     # ------------------------------------------------------------------ plumbing
 
