@@ -33,11 +33,9 @@ process, never in the parent.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import sys
 import time
@@ -146,24 +144,46 @@ class Supervisor:
                     break
                 signal.sigtimedwait({signal.SIGCHLD}, min(left, 0.1))
         if self.cleanup:
+            import shutil  # only now: every task start pays for what is imported up top
+
             shutil.rmtree(self.cleanup, ignore_errors=True)
         if self.leader:  # whatever the command started and left behind, then ourselves
             os.killpg(self.me, signal.SIGKILL)
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="omega-supervisor", description=__doc__.split("\n\n")[0])
-    p.add_argument("--parent", type=int, required=True, help="the pid of the parent to die with")
-    p.add_argument("--grace", type=float, default=5.0,
-                   help="seconds between SIGTERM and SIGKILL once the parent is gone")
-    p.add_argument("--cleanup", help="a directory to remove once the parent is gone")
-    p.add_argument("command", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+USAGE = "usage: supervisor.py --parent PID [--grace SECONDS] [--cleanup DIR] -- COMMAND [ARG...]"
+
+
+def parse(argv: list[str]) -> tuple[int, float, str | None, list[str]]:
+    """(parent, grace, cleanup, command); raises ValueError saying what is wrong. (No
+    argparse: importing it would double the start-up time of every task.)"""
+    options: dict[str, str] = {}
+    rest = list(argv)
+    while rest and rest[0] != "--":
+        flag = rest.pop(0)
+        if flag not in ("--parent", "--grace", "--cleanup") or not rest:
+            raise ValueError(f"unknown option or missing value: {flag!r}")
+        options[flag] = rest.pop(0)
+    command = rest[1:]
+    if "--parent" not in options:
+        raise ValueError("--parent PID is required")
     if not command:
-        p.error("no command given (after --)")
-    return Supervisor(args.parent, args.grace, args.cleanup).run(command)
+        raise ValueError("no command given (after --)")
+    try:
+        parent, grace = int(options["--parent"]), float(options.get("--grace", "5"))
+    except ValueError:
+        raise ValueError(f"--parent must be a pid and --grace seconds: {options}") from None
+    return parent, grace, options.get("--cleanup"), command
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parent, grace, cleanup, command = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"omega supervisor: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+    return Supervisor(parent, grace, cleanup).run(command)
 
 
 if __name__ == "__main__":

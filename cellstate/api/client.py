@@ -194,8 +194,10 @@ class CellClient:
                 code = e.code()
                 if code not in _RETRYABLE or time.monotonic() >= deadline:
                     _raise_for(e, what or method, invalid, resent=failed > 0)
-                log.info("%s at %s failed (%s: %s); trying the next endpoint", method,
-                         self.endpoints[index], code.name, e.details())
+                # A missed deadline is news (a server hangs); a refusal is routine.
+                log.log(logging.INFO if code is grpc.StatusCode.DEADLINE_EXCEEDED
+                        else logging.DEBUG, "%s at %s failed (%s: %s); trying the next "
+                        "endpoint", method, self.endpoints[index], code.name, e.details())
                 self._next_endpoint(index)
                 failed += 1
                 # A server that did not answer in time cost us its deadline already: go
