@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 STATE_ENV = "OMEGA_AGENT_STATE"
 
 
-class StateDirInUse(RuntimeError):
-    """Another agent holds the state directory."""
+class StateDirInUse(ValueError):
+    """Another agent holds the state directory (a configuration error: exit code 2)."""
 
 
 class AgentState:
