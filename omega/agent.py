@@ -11,10 +11,17 @@ One agent process stands for any number of machines (a block of a cell spec, see
 
 What it does, each :meth:`Agent.step`::
 
-    lease      register (again, if the lease was lost); keep the lease alive (ttl / 3)
+    leftovers  (first step only) kill every task process a previous run of the agent
+               left behind (:mod:`omega.agent_state`), before the cell hears from it
+    lease      register (again, if the lease was lost); keep the lease alive (ttl / 3;
+               :meth:`Agent.run` does this from a thread of its own instead, so that
+               nothing the loop waits for can let the lease lapse)
     follow     for each of its machines that changed: start every task whose effective
                state is RUNNING there and that it does not run yet; stop every run whose
-               task is not RUNNING there any more (preempted, lost, moved) - not reported
+               task is not RUNNING there any more (preempted, lost, moved) - not reported.
+               Tasks are started only from a copy of the cell at least as new as the
+               agent's registration: an older copy may show tasks that were lost and
+               placed elsewhere while the agent was away
     watch      a timer task ends at start + the job's duration; a command task ends when
                its process exits (0: FINISHED, else FAILED); a task with neither runs
                until it is stopped (a service)
@@ -28,16 +35,19 @@ if one releases it first, the report is moot and dropped).
 
 The clock is injected and :meth:`Agent.step` never sleeps, so tests and the simulator
 drive an agent on virtual time; :meth:`Agent.run` is the loop for a real process.
-Subprocesses run in their own session (process group), so stopping a task also stops
-whatever it spawned; :meth:`Agent.stop` always ends every process it started.
+Commands run under :mod:`omega.supervisor` in their own session (process group), so
+stopping a task also stops whatever it spawned, and they die with the agent even when
+it is killed with SIGKILL; :meth:`Agent.stop` always ends every process it started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -54,6 +64,8 @@ from cellstate.kv.base import LeaseNotFoundError
 from cellstate.model import JobState, Machine, TaskState, check_name, split_task_id
 from cellstate.replica import ChangeListener
 from cellstate.store import CellStore, ContentionError, StoreError
+from omega.agent_state import AgentState
+from omega.proc import supervised
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +84,13 @@ class AgentBackend(Protocol):
     """Where an agent's writes go. Implementations: :class:`DirectBackend` (a store in
     this process) and the gRPC client (``cellstate.api.client``)."""
 
-    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int) -> int:
+    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int,
+                       ) -> tuple[int, int]:
         """Announce ``agent`` under a new lease of ``ttl`` seconds and register its
         machines: new ones are added, known ones are brought back up and adopted (see
-        :meth:`CellStore.register_agent`). Returns the lease id. Raises on failure
-        (nothing, or only the agent's key, was written); the agent retries later."""
+        :meth:`CellStore.register_agent`). Returns (lease id, the revision of the
+        registration). Raises on failure (nothing, or only the agent's key, was
+        written); the agent retries later."""
 
     def keep_alive(self, lease: int) -> bool:
         """Refresh the lease once. True: it is alive for another ttl. False: it is gone
@@ -149,34 +163,52 @@ class Runner(Protocol):
 
 @attrs.frozen
 class SubprocessRunner:
-    """Runs commands as subprocesses: no shell, stdin closed, each in its own session
-    (process group) so that stopping it stops its children too.
+    """Runs commands as subprocesses: no shell, stdin closed, each under
+    :mod:`omega.supervisor` in its own session (process group), so that stopping it
+    stops its children too and the agent's death (even by SIGKILL) ends it.
 
     ``workdir``: the working directory of every command (None: the agent's).
     ``log_dir``: stdout and stderr of task ``JOB/INDEX`` are appended to
     ``log_dir/JOB/INDEX.log``; None sends them to /dev/null.
     ``env``: variables added to the agent's environment. Every command also gets
-    ``OMEGA_TASK``, ``OMEGA_MACHINE`` and ``OMEGA_AGENT``."""
+    ``OMEGA_TASK``, ``OMEGA_MACHINE`` and ``OMEGA_AGENT``.
+    ``state``: the agent's state directory, which records every process started (and
+    marks it, see :mod:`omega.agent_state`), so the next run of the agent can kill
+    what this one leaves. ``grace``: seconds a task gets between SIGTERM and SIGKILL
+    when the agent dies."""
 
     workdir: Path | None = None
     log_dir: Path | None = None
     env: Mapping[str, str] = attrs.field(factory=dict)
+    state: AgentState | None = None
+    grace: float = 5.0
 
     def start(self, launch: TaskLaunch) -> TaskProcess:
-        out = self._open_log(launch.task)
         env = {**os.environ, **self.env, "OMEGA_TASK": launch.task,
                "OMEGA_MACHINE": launch.machine, "OMEGA_AGENT": launch.agent}
+        if self.state is not None:
+            name, value = self.state.marker
+            env[name] = value
+        # The supervisor starts either way; a command it cannot run should fail here,
+        # at once, as it did when it was started directly.
+        _check_executable(launch.command[0], env.get("PATH", os.defpath), self.workdir)
+        out = self._open_log(launch.task)
         try:
             popen = subprocess.Popen(
-                list(launch.command), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=out if out is not None else subprocess.DEVNULL,
+                supervised(launch.command, grace=self.grace), cwd=self.workdir, env=env,
+                stdin=subprocess.DEVNULL, stdout=out if out is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         except BaseException:
             if out is not None:
                 out.close()
             raise
-        return ChildProcess(popen, out)
+        state = self.state
+        if state is None:
+            return ChildProcess(popen, out, supervised=True)
+        state.record(launch.task, popen.pid)
+        return ChildProcess(popen, out, supervised=True,
+                            on_exit=lambda: state.forget(popen.pid))
 
     def _open_log(self, task: str) -> IO[bytes] | None:
         if self.log_dir is None:
@@ -187,12 +219,32 @@ class SubprocessRunner:
         return path.open("ab")
 
 
-class ChildProcess:
-    """A subprocess in its own process group, with the log file it writes to."""
+def _check_executable(name: str, path: str, cwd: Path | None) -> None:
+    """Raise FileNotFoundError unless ``name`` is an executable file (found on ``path``
+    when it has no slash, else relative to ``cwd``)."""
+    if os.sep in name:
+        full = name if os.path.isabs(name) or cwd is None else os.path.join(cwd, name)
+        found = os.path.isfile(full) and os.access(full, os.X_OK)
+    else:
+        found = shutil.which(name, path=path) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "no such executable", name)
 
-    def __init__(self, popen: subprocess.Popen[bytes], log_file: IO[bytes] | None) -> None:
+
+class ChildProcess:
+    """A subprocess in its own process group, with the log file it writes to.
+
+    ``supervised``: the process is :mod:`omega.supervisor`, which forwards SIGTERM to
+    the group itself (signalling the group too would deliver it twice). ``on_exit`` is
+    called once the process has ended and been reaped."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_file: IO[bytes] | None, *,
+                 supervised: bool = False, on_exit: Callable[[], None] | None = None,
+                 ) -> None:
         self.popen = popen
         self._log = log_file
+        self._supervised = supervised
+        self._on_exit = on_exit
 
     @property
     def pid(self) -> int:
@@ -205,7 +257,7 @@ class ChildProcess:
         return code
 
     def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
+        self._signal(signal.SIGTERM, group=not self._supervised)
 
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
@@ -218,16 +270,22 @@ class ChildProcess:
         self._close_log()
         return code
 
-    def _signal(self, sig: signal.Signals) -> None:
+    def _signal(self, sig: signal.Signals, group: bool = True) -> None:
         if self.popen.returncode is not None:
             return  # reaped: its pid (and group id) may belong to someone else now
         with contextlib.suppress(ProcessLookupError):  # the whole group has exited
-            os.killpg(self.popen.pid, sig)
+            if group:
+                os.killpg(self.popen.pid, sig)
+            else:
+                os.kill(self.popen.pid, sig)
 
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._on_exit is not None:
+            on_exit, self._on_exit = self._on_exit, None
+            on_exit()
 
 
 # -- the direct backend ----------------------------------------------------------------
@@ -242,10 +300,11 @@ class DirectBackend:
         self._clock = clock
         self._machines: dict[str, tuple[str, ...]] = {}  # agent -> machine ids registered
 
-    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int) -> int:
-        lease, _ = self.store.register_agent(agent, machines, ttl, self._clock())
+    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int,
+                       ) -> tuple[int, int]:
+        lease, revision = self.store.register_agent(agent, machines, ttl, self._clock())
         self._machines[agent] = tuple(m.id for m in machines)
-        return lease
+        return lease, revision
 
     def keep_alive(self, lease: int) -> bool:
         try:
@@ -331,7 +390,9 @@ class Agent:
     tests). ``ttl`` is the lease's time to live in seconds. ``runner`` starts command
     tasks (default: :class:`SubprocessRunner` with logs to /dev/null). ``grace`` is the
     time a stopped task's process gets between SIGTERM and SIGKILL; ``poll_interval``
-    how often running processes are checked for exit.
+    how often running processes are checked for exit. ``state``: the agent's state
+    directory (:mod:`omega.agent_state`); the first step kills what a previous run
+    left behind, and :meth:`stop` lets go of it. Give the same one to the runner.
 
     Drive it with :meth:`step` from one thread (or :meth:`run`); the source's listener
     may be called from another thread. Call :meth:`stop` when done: it ends every
@@ -349,6 +410,7 @@ class Agent:
         runner: Runner | None = None,
         grace: float = 5.0,
         poll_interval: float = 0.1,
+        state: AgentState | None = None,
     ) -> None:
         check_name(agent_id, "agent id")
         if ttl < 1:
@@ -360,16 +422,22 @@ class Agent:
         self._source = source
         self._clock = clock
         self._ttl = ttl
-        self._runner: Runner = runner or SubprocessRunner()
+        self._runner: Runner = runner or SubprocessRunner(state=state, grace=grace)
+        self._state = state
+        self._leftovers_killed = state is None
         self._grace = grace
         self._poll = poll_interval
         self.stats = AgentStats()
         self._lock = threading.RLock()  # step() and stop() from different threads
         self._stopped = False
-        # Lease state.
+        # Lease state. The renewal thread of run() changes it too, under _lease_lock.
+        self._lease_lock = threading.Lock()
         self._lease: int | None = None
+        self._registered_at = 0  # the revision of the current registration
+        self._renewing = False  # a renewal thread keeps the lease alive
         self._next_lease_work = 0.0  # next keep-alive, or next registration attempt
         self._register_failures = 0
+        self._starts_held = False  # tasks were not started: the copy was older than us
         # Task state.
         self._runs: dict[str, _Run] = {}
         self._timers: list[tuple[float, int, _Run]] = []  # heap of (deadline, seq, run)
@@ -410,6 +478,8 @@ class Agent:
             if self._stopped:
                 return _MAX_IDLE
             now = self._clock()
+            if not self._leftovers_killed:
+                self._kill_leftovers()
             self._tend_lease(now)
             self._follow(now)
             self._watch(now)
@@ -418,7 +488,14 @@ class Agent:
             return max(0.0, self._next_due(now) - now)
 
     def run(self, stop: threading.Event, *, deregister: bool = False) -> None:
-        """Step until ``stop`` is set, then :meth:`stop` (for an agent process)."""
+        """Step until ``stop`` is set, then :meth:`stop` (for an agent process). The
+        lease is renewed from a thread of its own meanwhile: a step may wait (on a
+        report to a hung server, on starting processes) longer than a lease lives."""
+        done = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(done,), daemon=True,
+                                   name=f"agent-{self.agent_id}-lease")
+        self._renewing = True
+        renewer.start()
         try:
             while not stop.is_set():
                 self._wake.clear()
@@ -429,6 +506,9 @@ class Agent:
                     delay = 1.0
                 self._wake.wait(min(delay, _MAX_IDLE))
         finally:
+            done.set()
+            renewer.join(timeout=10)
+            self._renewing = False
             self.stop(deregister=deregister)
 
     def stop(self, *, deregister: bool = False) -> None:
@@ -447,36 +527,83 @@ class Agent:
             self._runs.clear()
             self._timers.clear()
             self._procs.clear()
+            if self._state is not None:
+                self._state.close()
+
+    def _kill_leftovers(self) -> None:
+        assert self._state is not None
+        killed = self._state.kill_leftovers()
+        if killed:
+            log.warning("agent %s: killed %d task process(es) a previous run left behind",
+                        self.agent_id, len(killed))
+        self._leftovers_killed = True
 
     # -- the lease ---------------------------------------------------------------------
 
     def _tend_lease(self, now: float) -> None:
         if now < self._next_lease_work:
             return
-        if self._lease is not None and self._keep_alive(now):
+        if self._lease is not None and (self._renewing or self._keep_alive(now)):
             return
         self._register(now)
 
     def _keep_alive(self, now: float) -> bool:
         """Refresh the lease; False if it is gone (register again)."""
-        assert self._lease is not None
-        try:
-            alive = self._backend.keep_alive(self._lease)
-        except Exception as e:
-            log.warning("agent %s: keep-alive failed (%s); retrying", self.agent_id, e)
+        lease = self._lease
+        assert lease is not None
+        alive = self._renew_once(lease)
+        if alive is None:
             self._next_lease_work = now + min(1.0, self._ttl / 6)
             return True
         if alive:
             self._next_lease_work = now + self._ttl / 3
             return True
-        log.warning("agent %s: lease %x is gone; registering again", self.agent_id, self._lease)
-        self.stats.lease_losses += 1
-        self._lease = None
         return False
+
+    def _renew_once(self, lease: int) -> bool | None:
+        """One keep-alive: True if renewed, False if the lease is gone (then it is
+        dropped, so the loop registers again), None if the backend could not tell."""
+        try:
+            alive = self._backend.keep_alive(lease)
+        except Exception as e:
+            log.warning("agent %s: keep-alive failed (%s); retrying", self.agent_id, e)
+            return None
+        if alive:
+            return True
+        with self._lease_lock:
+            if self._lease != lease:
+                return False  # replaced meanwhile
+            log.warning("agent %s: lease %x is gone; registering again", self.agent_id, lease)
+            self.stats.lease_losses += 1
+            self._lease = None
+            self._next_lease_work = 0.0
+        return False
+
+    def _renew(self, done: threading.Event) -> None:
+        """The renewal thread of :meth:`run`: every ttl / 3, sooner after a failure.
+        Each keep-alive is bounded by the backend's short deadlines (the gRPC client
+        tries every server in turn), so one hung server never stops renewal."""
+        delay = self._ttl / 3
+        while not done.wait(delay):
+            lease = self._lease
+            if lease is None:
+                delay = min(_MAX_IDLE, self._ttl / 6)
+                continue
+            alive = self._renew_once(lease)
+            if alive is None:
+                delay = min(1.0, self._ttl / 6)
+            elif alive:
+                delay = self._ttl / 3
+            else:
+                self._wake.set()  # the loop registers again
+                delay = min(_MAX_IDLE, self._ttl / 6)
 
     def _register(self, now: float) -> None:
         try:
-            self._lease = self._backend.register_agent(self.agent_id, self._machines, self._ttl)
+            lease, revision = self._backend.register_agent(self.agent_id, self._machines,
+                                                           self._ttl)
+            with self._lease_lock:
+                self._lease, self._registered_at = lease, revision
         except Exception as e:
             self._register_failures += 1
             delay = _backoff(self._register_failures)
@@ -487,8 +614,8 @@ class Agent:
         self._register_failures = 0
         self.stats.registrations += 1
         self._next_lease_work = now + self._ttl / 3
-        log.info("agent %s: registered %d machines (lease %x)", self.agent_id,
-                 len(self._machines), self._lease)
+        log.info("agent %s: registered %d machines (lease %x, revision %d)", self.agent_id,
+                 len(self._machines), lease, revision)
 
     def _deregister(self) -> None:
         if self._lease is None:
@@ -518,15 +645,23 @@ class Agent:
         with self._changes_lock:
             full, self._full = self._full, False
             changed, self._changed = self._changed, []
+        snap = self._source.snapshot()
+        may_start = self._lease is not None and snap.revision >= self._registered_at
+        if may_start and self._starts_held:
+            full, self._starts_held = True, False  # start what was held back
         if not full and not changed:
             return
-        snap = self._source.snapshot()
+        if not may_start:
+            # Stop what is not running here any more, but start nothing: this copy of the
+            # cell predates our registration (or we hold no lease), so a task it shows
+            # running here may have been lost and placed elsewhere meanwhile.
+            self._starts_held = True
         machines = self._ids if full else self._touched(snap, changed)
         by_machine: dict[str, list[_Run]] = {}
         for r in self._runs.values():
             by_machine.setdefault(r.machine, []).append(r)
         for mid in sorted(machines):
-            self._reconcile(snap, mid, by_machine.get(mid, []), now)
+            self._reconcile(snap, mid, by_machine.get(mid, []), now, may_start)
 
     def _touched(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]]) -> set[str]:
         """Our machines whose tasks may have changed state."""
@@ -547,7 +682,8 @@ class Agent:
                 out.update(r.machine for r in self._runs.values() if r.job == ident)
         return out & self._ids
 
-    def _reconcile(self, snap: CellSnapshot, mid: str, runs: list[_Run], now: float) -> None:
+    def _reconcile(self, snap: CellSnapshot, mid: str, runs: list[_Run], now: float,
+                   may_start: bool = True) -> None:
         running, killed = self._running_here(snap, mid)
         for r in runs:
             if self._runs.get(r.task) is not r:
@@ -556,6 +692,8 @@ class Agent:
                 self._kill_for_job(r, now)
             elif r.task not in running:
                 self._drop(r, now)
+        if not may_start:
+            return
         for tid in running:
             current = self._runs.get(tid)
             if current is not None and current.machine == mid:

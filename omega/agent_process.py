@@ -14,6 +14,7 @@ import attrs
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
 from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
+from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class AgentProcessConfig:
     ttl: int = 10
     workdir: Path | None = None
     log_dir: Path | None = None
+    state_dir: Path | None = None  # records task processes; a restart kills leftovers
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -40,13 +42,17 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     machines = spec.machines_for(config.index, config.count, agent_id)
     if not machines:
         raise ValueError(f"{config.spec}: share {config.index} of {config.count} has no machines")
+    # Taken before connecting: a second agent on the same folder fails at once, and the
+    # first step kills what a previous run left before anything is registered.
+    state = AgentState(config.state_dir) if config.state_dir is not None else None
     client = CellClient(config.cellstate)
     replica = remote_replica(client, config.cell)
     try:
         replica.start()
         tune_for_large_heap()  # the agent holds a copy of the whole cell
+        runner = SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir, state=state)
         agent = Agent(RemoteAgentBackend(client), replica, agent_id, machines, ttl=config.ttl,
-                      runner=SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir))
+                      runner=runner, state=state)
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec)
         agent.run(stop)
@@ -54,3 +60,5 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     finally:
         replica.stop()
         client.close()
+        if state is not None:
+            state.close()

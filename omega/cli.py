@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lease seconds: machines go down this long after the agent dies")
     a.add_argument("--workdir", help="working directory of task commands")
     a.add_argument("--log-dir", help="write each command task's output under this folder")
+    a.add_argument("--state-dir",
+                   help="the agent's own folder (one per agent): records its task processes, "
+                        "so that a restart kills what a crashed run left behind")
 
     c = sub.add_parser("scheduler", help="run one scheduler instance")
     c.add_argument("--cellstate", help="cellstate server address(es), comma-separated "
@@ -260,7 +263,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         config = AgentProcessConfig(
             _endpoints(args.cellstate), Path(args.spec), args.index, args.count, args.id,
             args.cell, args.ttl, Path(args.workdir) if args.workdir else None,
-            Path(args.log_dir) if args.log_dir else None)
+            Path(args.log_dir) if args.log_dir else None,
+            Path(args.state_dir) if args.state_dir else None)
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":

@@ -28,7 +28,7 @@ from cellstate.kv.etcd import EtcdKV
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from omega.etcd_launcher import LocalEtcd, free_ports
-from omega.proc import Child, omega
+from omega.proc import Child, omega, supervised
 from omega.statusfmt import status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
@@ -73,12 +73,15 @@ class Topology:
     workload: tuple[str, list[str]]
 
 
-def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path) -> Topology:
+def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
+             state: Path | None = None) -> Topology:
+    """``state``: a folder for the agents' state directories (``state/<agent>``)."""
     cellstate = ",".join(f"127.0.0.1:{p}" for p in ports)
     servers = [(f"cellstate-{i}", ["server", "--etcd", etcd, "--listen", f"127.0.0.1:{p}",
                                    "--name", f"cellstate-{i}"]) for i, p in enumerate(ports)]
     agents = [(f"agent-{i}", ["agent", "--cellstate", cellstate, "--spec", str(spec),
-                              "--index", str(i), "--of", str(opts.agents), "--id", f"agent-{i}"])
+                              "--index", str(i), "--of", str(opts.agents), "--id", f"agent-{i}",
+                              *(["--state-dir", str(state / f"agent-{i}")] if state else [])])
               for i in range(opts.agents)]
     scheds = [(f"batch-{i}", ["scheduler", "--cellstate", cellstate, "--name", "batch",
                               "--instance", f"b{i}", "--seed", str(opts.seed * 100 + i)])
@@ -112,11 +115,17 @@ class Demo:
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
         with self._data_dir() as data:
             logs = data / "logs"
-            with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync) as etcd:
+            # etcd is a Go binary and cannot ask to die with us: it runs under the
+            # supervisor, which stops it (and removes a temporary data folder) if this
+            # process dies, even by SIGKILL. Started from this long-lived thread, as the
+            # kernel's parent-death signal follows the thread that started the child.
+            prefix = supervised([], grace=10.0, cleanup=None if o.data_dir else data)
+            with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync,
+                           command_prefix=prefix) as etcd:
                 self.say(f"etcd {etcd.version} at {etcd.endpoint} (pid {etcd.pid}); logs in "
                          f"{logs}")
                 try:
-                    self._run(etcd.endpoint, spec_path, spec.machine_count, logs)
+                    self._run(etcd.endpoint, spec_path, spec.machine_count, logs, data)
                 except KeyboardInterrupt:
                     self.say("interrupted: stopping every process")
                 finally:
@@ -139,10 +148,11 @@ class Demo:
         self.children.append(child)
         return child
 
-    def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path) -> None:
+    def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path, data: Path,
+             ) -> None:
         o = self.opts
         ports = free_ports(o.servers)
-        topo = topology(o, etcd, ports, spec_path)
+        topo = topology(o, etcd, ports, spec_path, data / "agents")
         for (name, args), port in zip(topo.servers, ports, strict=True):
             child = self._start(name, args, logs)
             try:

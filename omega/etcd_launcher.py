@@ -234,6 +234,9 @@ class LocalEtcd:
 
     ``binary`` and ``version`` say which etcd runs (both logged). A version in
     :data:`UNSAFE_VERSIONS` logs a warning unless ``quiet_version_warning``.
+    ``command_prefix`` runs etcd under another program (the demo's supervisor, which
+    ends etcd when the demo dies, see ``omega.proc.supervised``); :attr:`pid` is then
+    that program's.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop`; a server not stopped
     is stopped at interpreter exit.
@@ -256,6 +259,7 @@ class LocalEtcd:
         quiet_version_warning: bool = False,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         extra_args: Sequence[str] = (),
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.binary = binary or find_etcd_binary()
         self.version = etcd_version(self.binary)
@@ -281,6 +285,7 @@ class LocalEtcd:
             unsafe_no_fsync=unsafe_no_fsync,
         )
         self.extra_args = list(extra_args)
+        self.command_prefix = list(command_prefix)
         self.start_timeout = start_timeout
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._data_dir: Path | None = self._given_data_dir
@@ -329,6 +334,7 @@ class LocalEtcd:
         client = f"http://{_LOCALHOST}:{self._client_port}"
         peer = f"http://{_LOCALHOST}:{self._peer_port}"
         return [
+            *self.command_prefix,
             self.binary,
             f"--name={self.name}",
             f"--data-dir={self._data_dir / 'data'}",

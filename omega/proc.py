@@ -8,7 +8,12 @@ that even a parent killed with SIGKILL leaves nothing running.
 
 The request is made by the child itself, not by a ``preexec_fn``: a ``preexec_fn``
 makes Python fork instead of vfork, and gRPC >= 1.80 aborts a forked child of a
-process with live channels before it can exec (grpc/grpc#43055).
+process with live channels before it can exec (grpc/grpc#43055). Programs that cannot
+ask themselves (etcd, task commands) run under :mod:`omega.supervisor`
+(:func:`supervised`).
+
+Also here: reading processes from ``/proc`` (Linux), which an agent uses to find and
+kill what a previous run of it left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 PARENT_ENV = "OMEGA_PARENT_PID"
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
 
 
 def die_with_parent() -> None:
@@ -100,3 +106,62 @@ class Child:
 def omega(*args: str) -> list[str]:
     """The command line that runs ``omega ARGS`` with this interpreter."""
     return [sys.executable, "-m", "omega.cli", *args]
+
+
+def supervised(command: Sequence[str], *, grace: float = 5.0,
+               cleanup: str | os.PathLike[str] | None = None) -> list[str]:
+    """The command line that runs ``command`` under :mod:`omega.supervisor`, bound to
+    this process: it ends when this process dies, even by SIGKILL (SIGTERM, then SIGKILL
+    after ``grace`` seconds), and ``cleanup`` is removed then. Start it in a session of
+    its own so that signals reach whatever the command starts."""
+    head = [sys.executable, "-I", "-S", str(SUPERVISOR), "--parent", str(os.getpid()),
+            "--grace", f"{grace:g}"]
+    if cleanup is not None:
+        head += ["--cleanup", os.fspath(cleanup)]
+    return [*head, "--", *command]
+
+
+# -- processes, as /proc shows them (Linux) ----------------------------------------------
+
+
+def process_ids() -> list[int]:
+    """Every process id this system shows (empty where there is no /proc)."""
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses.
+    return text[text.rfind(")") + 2:].split()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, an identity a
+    reused pid does not share. None if there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
+
+
+def process_group(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields is not None else None
+
+
+def environment(pid: int) -> list[bytes]:
+    """The process's environment entries (``NAME=value``); empty if unreadable."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []

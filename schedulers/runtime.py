@@ -20,6 +20,11 @@ name). Its loop, one :meth:`~SchedulerInstance.step` at a time:
   in a row that placed nothing (Omega's simulator: 1,000 and 100), or at once when
   the policy says no state of the cell would let the job fit. The reason is stored on
   the job (``JobStatus``).
+* **Lease.** The instance's registration lives under a lease of ``lease_ttl``
+  seconds. :meth:`~SchedulerInstance.run` renews it from a thread of its own, every
+  ttl / 3 whatever the scheduling loop is doing (a long backoff, a slow decision, a
+  commit waiting on a hung server); stepped instances renew it from their steps, and
+  a step never asks to sleep past the next renewal.
 * Clock, randomness and the store are injected, so the same instance runs threaded
   against etcd or stepped by the simulator on virtual time over the memory store.
 """
@@ -172,9 +177,13 @@ class SchedulerInstance:
         self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
         self._jobs: dict[str, _JobState] = {}
         self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
+        # Lease state; a renewal thread (run()) changes it too, so under _lease_lock,
+        # which is held across the store calls so stop() cannot race a re-registration.
+        self._lease_lock = threading.RLock()
         self._lease: int | None = None
         self._started = False  # between start() and stop(): keep a registration
-        self._last_keepalive = 0.0
+        self._renewing = False  # a renewal thread keeps the lease, not the steps
+        self._renew_at = 0.0  # when the lease is next due for renewal (or registration)
         self._next_propose = clock()
         self._members: tuple[str, ...] = ()
         self._all_members: tuple[str, ...] = ()
@@ -194,11 +203,13 @@ class SchedulerInstance:
 
     def start(self) -> None:
         """Announce this instance (a leased key), so it gets a share of the queue. If
-        the store cannot be reached, the instance keeps trying from its steps."""
-        self._started = True
-        record = InstanceRecord(self.scheduler, self.instance, self.policy.name, self.clock())
-        self._lease = self.store.register_instance(record, self.config.lease_ttl)
-        self._last_keepalive = self.clock()
+        the store cannot be reached, the instance keeps trying (renewal thread or steps)."""
+        with self._lease_lock:
+            self._started = True
+            record = InstanceRecord(self.scheduler, self.instance, self.policy.name,
+                                    self.clock())
+            self._lease = self.store.register_instance(record, self.config.lease_ttl)
+            self._renew_at = self.clock() + self.config.lease_ttl / 3
 
     @property
     def lease(self) -> int | None:
@@ -207,39 +218,70 @@ class SchedulerInstance:
 
     def stop(self) -> None:
         """Withdraw at once; the other instances take over this one's jobs."""
-        self._started = False
-        if self._lease is not None:
-            lease, self._lease = self._lease, None
-            self.store.deregister_instance(self.scheduler, self.instance, lease)
+        with self._lease_lock:
+            self._started = False
+            if self._lease is not None:
+                lease, self._lease = self._lease, None
+                self.store.deregister_instance(self.scheduler, self.instance, lease)
 
     def _keep_alive(self, now: float) -> None:
-        if not self._started:
-            return
-        if self._lease is None:
-            self._register_again()
-            return
-        if now - self._last_keepalive < self.config.lease_ttl / 3:
-            return
-        try:
-            self.store.keep_alive(self._lease)
-            self._last_keepalive = now
-        except LeaseNotFoundError as e:
-            log.warning("%s/%s: lease lost (%s); registering again",
-                        self.scheduler, self.instance, e)
-            self._lease = None
-            self._register_again()
-        except KVError as e:
-            # Cannot tell (the store is unreachable): the lease may well be alive;
-            # renew it at the next step rather than take a second registration.
-            log.warning("%s/%s: cannot renew the lease (%s); trying again",
-                        self.scheduler, self.instance, e)
+        """Renew the lease if a renewal is due, every ttl / 3 (register again if it is
+        gone); after a failure, try again after ttl / 6 (at most 1 s)."""
+        with self._lease_lock:
+            if not self._started or now < self._renew_at:
+                return
+            retry_at = now + min(self.config.lease_ttl / 6, 1.0)
+            if self._lease is None:
+                if not self._register_again():
+                    self._renew_at = retry_at
+                return
+            try:
+                self.store.keep_alive(self._lease)
+                self._renew_at = now + self.config.lease_ttl / 3
+            except LeaseNotFoundError as e:
+                log.warning("%s/%s: lease lost (%s); registering again",
+                            self.scheduler, self.instance, e)
+                self._lease = None
+                if not self._register_again():
+                    self._renew_at = retry_at
+            except KVError as e:
+                # Cannot tell (the store is unreachable): the lease may well be alive;
+                # renew it again soon rather than take a second registration.
+                log.warning("%s/%s: cannot renew the lease (%s); trying again",
+                            self.scheduler, self.instance, e)
+                self._renew_at = retry_at
 
-    def _register_again(self) -> None:
+    def _until_keep_alive(self, now: float) -> float:
+        """Seconds until the steps must renew the lease (infinite when a renewal
+        thread does it, or there is no registration to keep)."""
+        if self._renewing or not self._started:
+            return float("inf")
+        return max(self._renew_at - now, 0.0)
+
+    def _renew(self, done: threading.Event) -> None:
+        """The renewal thread of :meth:`run`, independent of scheduling. Each attempt is
+        bounded by the store's own deadlines (the gRPC client tries every server in
+        turn within half the ttl), so one hung server never lets the lease lapse."""
+        while True:
+            with self._lease_lock:
+                wait = self._renew_at - self.clock() if self._started else 1.0
+            if done.wait(max(wait, 0.05)):
+                return
+            try:
+                self._keep_alive(self.clock())
+            except Exception:  # the thread must survive anything the store raises
+                log.exception("%s/%s: lease renewal failed", self.scheduler, self.instance)
+                with self._lease_lock:
+                    self._renew_at = self.clock() + min(self.config.lease_ttl / 6, 1.0)
+
+    def _register_again(self) -> bool:
         try:
             self.start()
         except (KVError, StoreError) as e:
             log.warning("%s/%s: cannot register (%s); trying again",
                         self.scheduler, self.instance, e)
+            return False
+        return True
 
     # -- the queue ---------------------------------------------------------------------
 
@@ -330,7 +372,8 @@ class SchedulerInstance:
         be work. Split so that a simulator can let the decision take (virtual) time
         between snapshot and commit, as Omega's schedulers do."""
         now = self.clock()
-        self._keep_alive(now)
+        if not self._renewing:
+            self._keep_alive(now)
         dirty, touched = self._take_changes()
         snap = self.source.snapshot()
         self._inflight = [x for x in self._inflight if x[0] > snap.revision]
@@ -342,7 +385,10 @@ class SchedulerInstance:
         due = [j for j in self.queued() if self._state(j).next_try_at <= now]
         if not due:
             waits = [self._state(j).next_try_at - now for j in self._queue]
-            return max(min(waits), 0.0) if waits else self.config.idle_wait
+            if not waits:
+                return self.config.idle_wait
+            # A job's backoff (up to max_retry_delay) may be longer than the lease.
+            return min(max(min(waits), 0.0), self._until_keep_alive(now))
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now)
 
@@ -472,18 +518,29 @@ class SchedulerInstance:
     # -- threaded driver -----------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Step until ``stop`` is set (for processes and threaded tests)."""
-        while not stop.is_set():
-            try:
-                delay = self.step()
-            except (KVError, StoreError) as e:
-                log.warning("%s/%s: step failed: %s", self.scheduler, self.instance, e)
-                delay = self.config.retry_delay
-            except Exception:  # a plugin's bug: keep the instance (and its lease) alive
-                log.exception("%s/%s: step raised", self.scheduler, self.instance)
-                delay = self.config.retry_delay
-            if delay > 0:
-                stop.wait(delay)
+        """Step until ``stop`` is set (for processes and threaded tests), renewing the
+        lease from a thread of its own meanwhile."""
+        done = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(done,), daemon=True,
+                                   name=f"lease-{self.scheduler}-{self.instance}")
+        self._renewing = True
+        renewer.start()
+        try:
+            while not stop.is_set():
+                try:
+                    delay = self.step()
+                except (KVError, StoreError) as e:
+                    log.warning("%s/%s: step failed: %s", self.scheduler, self.instance, e)
+                    delay = self.config.retry_delay
+                except Exception:  # a plugin's bug: keep the instance (and its lease) alive
+                    log.exception("%s/%s: step raised", self.scheduler, self.instance)
+                    delay = self.config.retry_delay
+                if delay > 0:
+                    stop.wait(delay)
+        finally:
+            done.set()
+            renewer.join(timeout=10)
+            self._renewing = False
 
 
 def _why(unplaced: Iterable[Unplaced], job: Job, res: CommitResult | None) -> str:

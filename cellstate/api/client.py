@@ -1,21 +1,29 @@
 """Talking to the cellstate service: for schedulers, agents and the CLI.
 
-* :class:`CellClient`: every RPC, over several endpoints. A call that finds its
-  server unavailable moves to the next endpoint and retries with backoff until its
-  retry budget is spent, then raises :class:`ServiceUnavailable`. Other failures come
-  back as the store's exceptions (``NotFoundError``, ``AlreadyExistsError``,
-  ``TransactionError``...) with the server's message, so code written against a
-  direct :class:`~cellstate.store.CellStore` handles them unchanged.
+* :class:`CellClient`: every RPC, over several endpoints. Every attempt has a deadline
+  (``timeout``, 5 s by default, more for large commits and registrations; keep-alives
+  a fraction of their lease's ttl). A call that finds its server unavailable, or that
+  gets no answer before its deadline (a hung, paused or unreachable server answers
+  nothing at all), moves to the next endpoint and retries, with backoff once every
+  endpoint has failed, until its retry budget is spent; then it raises
+  :class:`ServiceUnavailable`. Other failures come back as the store's exceptions
+  (``NotFoundError``, ``AlreadyExistsError``, ``TransactionError``...) with the
+  server's message, so code written against a direct
+  :class:`~cellstate.store.CellStore` handles them unchanged.
 * :class:`SyncFeed`: a :class:`~cellstate.replica.Feed` over the sync stream, so a
   ``Replica(SyncFeed(client))`` is a synced local copy with the same interface as one
-  that reads etcd directly. A dropped stream resumes from the last revision + 1, on
-  whichever endpoint answers.
+  that reads etcd directly. A dropped stream, or one silent for longer than
+  ``stream_idle_timeout`` (a live server sends progress every second), resumes from
+  the last revision + 1 on the next endpoint.
 * :class:`RemoteStore`: what a scheduler instance commits through.
 * :class:`RemoteAgentBackend`: what a node agent reports through.
 
-A commit retried after its server went away may have been applied already; its
-claims then come back as ``task_already_placed``, and the scheduler's copy shows the
-placement: nothing is placed twice.
+A request retried after a deadline may have been applied by the server that did not
+answer (it may only be slow, or paused). The store's guards make every retry safe: a
+commit's claims then come back as ``task_already_placed`` (the scheduler resyncs and
+sees the placement: nothing is placed twice), a resent job submission that finds its
+own job is taken as done, a resent report is dropped as moot, and a resent
+registration gets a new lease while the old one lapses.
 """
 
 from __future__ import annotations
@@ -69,7 +77,13 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE = 64 * 1024 * 1024  # a snapshot of a large cell arrives in several messages
 
 
-def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientError) -> None:
+class ResentAlreadyExists(AlreadyExistsError):
+    """ALREADY_EXISTS for a request that was sent more than once: what exists may be
+    what an earlier attempt of the same request wrote."""
+
+
+def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientError,
+               resent: bool = False) -> None:
     code = e.code()
     msg = f"{what}: {e.details()}"
     if code is grpc.StatusCode.INVALID_ARGUMENT:
@@ -77,7 +91,7 @@ def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientErr
     if code is grpc.StatusCode.NOT_FOUND:
         raise NotFoundError(msg) from None
     if code is grpc.StatusCode.ALREADY_EXISTS:
-        raise AlreadyExistsError(msg) from None
+        raise (ResentAlreadyExists if resent else AlreadyExistsError)(msg) from None
     if code is grpc.StatusCode.ABORTED:
         raise ContentionError(msg) from None
     if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
@@ -86,16 +100,38 @@ def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientErr
     raise ServiceUnavailable(msg) from None
 
 
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# DEADLINE_EXCEEDED: the server did not answer in time. It may be hung, paused or cut
+# off by the network, and then only another endpoint will answer.
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Server time per claim or machine a large request may need on top of ``timeout``
+# (a claim costs well under a millisecond; docs/performance.md).
+PER_ITEM_TIMEOUT = 0.002
+MIN_ATTEMPT = 0.1  # no attempt gets a shorter deadline, however little budget is left
+
+
+def keep_alive_deadlines(ttl: float) -> tuple[float, float]:
+    """(deadline of one attempt, budget for all attempts) of a keep-alive for a lease
+    of ``ttl`` seconds: a hung server costs a sixth of the ttl before the next endpoint
+    is tried, and the whole renewal gives up after half the ttl, leaving time to try
+    again before the lease lapses."""
+    return min(max(ttl / 6, 0.2), 2.0), ttl / 2
 
 
 class CellClient:
+    """The service's API over ``endpoints`` (see the module docstring).
+
+    ``timeout``: the deadline of one attempt (large commits and registrations get
+    more); ``retry_for``: how long a call keeps trying other endpoints;
+    ``stream_idle_timeout``: a sync stream that sends nothing (not even progress) for
+    this long is taken for dead and resumed elsewhere."""
+
     def __init__(
         self,
         endpoints: Sequence[str],
         *,
-        timeout: float = 30.0,
+        timeout: float = 5.0,
         retry_for: float = 30.0,
+        stream_idle_timeout: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not endpoints:
@@ -103,6 +139,7 @@ class CellClient:
         self.endpoints = tuple(endpoints)
         self.timeout = timeout
         self.retry_for = retry_for
+        self.stream_idle_timeout = stream_idle_timeout
         self._sleep = sleep
         # Reconnect quickly: a restarted server (or the next replica) should be found
         # within a second, not after gRPC's default backoff of up to two minutes.
@@ -138,23 +175,35 @@ class CellClient:
     def call(self, method: str, request: Any, *, what: str = "",
              invalid: type[Exception] = ClientError, timeout: float | None = None,
              retry_for: float | None = None) -> Any:
-        """Call ``method`` with retries across endpoints while they are unavailable
-        (for ``retry_for`` seconds; default the client's budget)."""
+        """Call ``method``, each attempt with a deadline of ``timeout`` seconds (default
+        the client's), moving to the next endpoint while they are unavailable or do not
+        answer in time, for ``retry_for`` seconds (default the client's budget)."""
+        attempt = timeout or self.timeout
         deadline = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
         delay = 0.05
+        failed = 0  # attempts in a row that failed
         while True:
             index = self._current
+            left = deadline - time.monotonic()
             try:
                 return getattr(self._stubs[index], method)(
-                    request, timeout=timeout or self.timeout, wait_for_ready=False)
+                    request, timeout=max(min(attempt, left), MIN_ATTEMPT), wait_for_ready=False)
             except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE or time.monotonic() >= deadline:
-                    _raise_for(e, what or method, invalid)
-                log.debug("%s at %s unavailable (%s); trying the next endpoint", method,
-                          self.endpoints[index], e.details())
+                code = e.code()
+                if code not in _RETRYABLE or time.monotonic() >= deadline:
+                    _raise_for(e, what or method, invalid, resent=failed > 0)
+                # A missed deadline is news (a server hangs); a refusal is routine.
+                log.log(logging.INFO if code is grpc.StatusCode.DEADLINE_EXCEEDED
+                        else logging.DEBUG, "%s at %s failed (%s: %s); trying the next "
+                        "endpoint", method, self.endpoints[index], code.name, e.details())
                 self._next_endpoint(index)
-                self._sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 1.0)
+                failed += 1
+                # A server that did not answer in time cost us its deadline already: go
+                # to the next one at once. Back off once every endpoint has failed.
+                if code is grpc.StatusCode.UNAVAILABLE or failed % len(self._stubs) == 0:
+                    self._sleep(min(delay * random.uniform(0.5, 1.0),
+                                    max(deadline - time.monotonic(), 0.0)))
+                    delay = min(delay * 2, 1.0)
 
     def stream(self, request: pb.SyncRequest) -> tuple[str, Any]:
         """Open a sync stream on the current endpoint: (endpoint, response iterator)."""
@@ -169,14 +218,34 @@ class CellClient:
 
     def commit(self, txn: Transaction, instance: str = "") -> CommitResult:
         request = pb.CommitRequest(transaction=convert.transaction_to(txn, instance))
-        reply = self.call("Commit", request, what="commit", invalid=TransactionError)
+        reply = self.call("Commit", request, what="commit", invalid=TransactionError,
+                          timeout=self.timeout + PER_ITEM_TIMEOUT * len(txn.claims))
         return convert.result_from(txn, reply)
 
     def submit_job(self, job: Job | dict[str, Any]) -> int:
         doc = codec.job_to_doc(job) if isinstance(job, Job) else job
-        reply = self.call("SubmitJob", pb.SubmitJobRequest(spec_json=orjson.dumps(doc)),
-                          what="submitting a job")
+        try:
+            reply = self.call("SubmitJob", pb.SubmitJobRequest(spec_json=orjson.dumps(doc)),
+                              what="submitting a job")
+        except ResentAlreadyExists:
+            # An attempt that timed out may have been applied: if the job there is this
+            # one, the submission succeeded.
+            revision = self._own_job_revision(doc)
+            if revision is None:
+                raise
+            return revision
         return int(reply.revision)
+
+    def _own_job_revision(self, doc: dict[str, Any]) -> int | None:
+        try:
+            stored = self.get_job(str(doc.get("id", "")))
+            mine = codec.job_to_doc(codec.parse_job(doc, "job"))
+        except (StoreError, ValueError):
+            return None
+        theirs = dict(stored["spec"])
+        if "submitted_at" not in mine:
+            theirs.pop("submitted_at", None)  # the server stamps it
+        return int(stored["revision"]) if theirs == mine else None
 
     def get_job(self, job: str) -> dict[str, Any]:
         return job_info_doc(self.call("GetJob", pb.GetJobRequest(job=job), what=f"job {job}"))
@@ -209,11 +278,14 @@ class CellClient:
                             **orjson.loads(x.metrics_json)} for x in s.schedulers],
         }
 
-    def keep_alive(self, lease: int) -> int:
-        """Renew a lease; returns its ttl, 0 if it is gone."""
-        # Briefly: a lease lives a few seconds, and the caller tries again soon anyway.
+    def keep_alive(self, lease: int, ttl: float = 10.0) -> int:
+        """Renew a lease of ``ttl`` seconds; returns its ttl, 0 if it is gone. Each
+        attempt gets a fraction of the ttl and every endpoint is tried in turn
+        (:func:`keep_alive_deadlines`), so a hung server cannot let the lease lapse;
+        raises ServiceUnavailable after half the ttl (the caller tries again soon)."""
+        attempt, budget = keep_alive_deadlines(ttl)
         return int(self.call("KeepAlive", pb.KeepAliveRequest(lease=lease), what="keep-alive",
-                             retry_for=min(self.retry_for, 2.0)).ttl)
+                             timeout=attempt, retry_for=budget).ttl)
 
 
 def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
@@ -235,9 +307,38 @@ class _Reset(Exception):
         self.result = result
 
 
+class _Watchdog:
+    """Cancels a stream that stays silent for ``idle`` seconds (while a snapshot loads:
+    a hung server would otherwise keep the reader waiting for ever)."""
+
+    def __init__(self, stream: Any, idle: float) -> None:
+        self._stream = stream
+        self._idle = idle
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        self.fired = False
+        threading.Thread(target=self._run, name="sync-watchdog", daemon=True).start()
+
+    def touch(self) -> None:
+        self._last = time.monotonic()
+
+    def done(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        while not self._done.wait(min(self._idle / 4, 0.5)):
+            if time.monotonic() - self._last > self._idle:
+                self.fired = True
+                self._stream.cancel()
+                return
+
+
 class SyncWatcher:
     """The rest of a sync stream as a :class:`~cellstate.kv.base.Watcher`; a thread
-    reads the stream into a queue so that :meth:`next` can time out."""
+    reads the stream into a queue so that :meth:`next` can time out. A stream silent
+    for longer than the client's ``stream_idle_timeout`` counts as dropped: the server
+    sends progress every second when it is current, so silence means it is hung,
+    paused, cut off, or itself no longer follows etcd."""
 
     def __init__(self, feed: SyncFeed, endpoint: str, stream: Any, root: bytes) -> None:
         self._feed = feed
@@ -247,6 +348,7 @@ class SyncWatcher:
         self._queue: queue.SimpleQueue[WatchResponse | Exception | None] = queue.SimpleQueue()
         self._dropped: Exception | None = None
         self._cancelled = False
+        self._heard_at = time.monotonic()
         self._thread = threading.Thread(target=self._read, name="sync-stream", daemon=True)
         self._thread.start()
 
@@ -254,6 +356,7 @@ class SyncWatcher:
         try:
             snapshot: list[KeyValue] = []
             for msg in self._stream:
+                self._heard_at = time.monotonic()
                 if msg.snapshot:
                     # The server no longer had our history: a fresh copy follows.
                     snapshot.extend(_kv(self._root, r) for r in msg.records)
@@ -280,6 +383,10 @@ class SyncWatcher:
         try:
             item = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
         except queue.Empty:
+            idle = self._feed.client.stream_idle_timeout
+            if idle and time.monotonic() - self._heard_at > idle:
+                self._give_up(f"the sync stream from {self._endpoint} was silent for "
+                              f"{idle:g} s")
             return None
         if item is None:
             return None
@@ -294,6 +401,15 @@ class SyncWatcher:
             self._dropped = item
             raise item
         return item
+
+    def _give_up(self, why: str) -> None:
+        log.warning("%s; resuming on the next endpoint", why)
+        self._cancelled = True  # the reader thread ends quietly
+        self._stream.cancel()
+        self._feed.failures += 1
+        self._feed.client.stream_failed(self._endpoint)
+        self._dropped = WatchDroppedError(why)
+        raise self._dropped
 
     def request_progress(self) -> None:
         """Progress arrives on its own (the server forwards etcd's)."""
@@ -337,16 +453,22 @@ class SyncFeed:
         while True:
             endpoint, stream = self.client.stream(pb.SyncRequest(start_revision=0))
             kvs: list[KeyValue] = []
+            watchdog = _Watchdog(stream, self.client.stream_idle_timeout)
             try:
                 for msg in stream:
+                    watchdog.touch()
                     kvs.extend(_kv(prefix, r) for r in msg.records)
                     if msg.snapshot_done:
+                        watchdog.done()
                         watcher = SyncWatcher(self, endpoint, stream, prefix)
                         self._open = (msg.revision + 1, watcher)
                         return RangeResult(tuple(kvs), msg.revision)
                 detail = "the server ended the stream before its snapshot was complete"
             except grpc.RpcError as e:
                 detail = str(e.details())
+            watchdog.done()
+            if watchdog.fired:
+                detail = f"{endpoint} sent nothing for {self.client.stream_idle_timeout:g} s"
             stream.cancel()
             self.client.stream_failed(endpoint)
             if time.monotonic() >= deadline:
@@ -383,6 +505,7 @@ class RemoteStore:
     def __init__(self, client: CellClient) -> None:
         self.client = client
         self.instance = ""
+        self._ttl = 10  # of the instance's lease, for the keep-alive deadlines
 
     def follow(self, replica: Replica) -> None:
         """Nothing to follow: validation happens in the server."""
@@ -395,6 +518,7 @@ class RemoteStore:
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         self.instance = record.instance
+        self._ttl = ttl
         reply = self.client.call("RegisterInstance", pb.RegisterInstanceRequest(
             scheduler=record.scheduler, instance=record.instance, policy=record.policy,
             started_at=record.started_at, ttl=ttl), what=f"registering {record.id}")
@@ -409,7 +533,7 @@ class RemoteStore:
     def keep_alive(self, lease: int) -> None:
         """Raises LeaseNotFoundError when the lease is gone, ServiceUnavailable when no
         server could say."""
-        if self.client.keep_alive(lease) <= 0:
+        if self.client.keep_alive(lease, self._ttl) <= 0:
             raise LeaseNotFoundError(f"lease {lease} is gone")
 
     def resize_job(self, job_id: str, task_count: int) -> int:
@@ -436,16 +560,21 @@ class RemoteAgentBackend:
 
     def __init__(self, client: CellClient) -> None:
         self.client = client
+        self._ttl = 10  # of the agent's lease, for the keep-alive deadlines
 
-    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int) -> int:
+    def register_agent(self, agent: str, machines: Sequence[Machine], ttl: int,
+                       ) -> tuple[int, int]:
+        """Returns (lease, revision of the registration)."""
+        self._ttl = ttl
         reply = self.client.call("RegisterAgent", pb.RegisterAgentRequest(
             agent=agent, ttl=ttl,
             machines_json=[orjson.dumps(codec.machine_to_doc(m)) for m in machines]),
-            what=f"registering agent {agent}")
-        return int(reply.lease)
+            what=f"registering agent {agent}",
+            timeout=self.client.timeout + PER_ITEM_TIMEOUT * len(machines))
+        return int(reply.lease), int(reply.revision)
 
     def keep_alive(self, lease: int) -> bool:
-        return self.client.keep_alive(lease) > 0
+        return self.client.keep_alive(lease, self._ttl) > 0
 
     def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
         """Raises only when the report may not have been recorded (the service is
