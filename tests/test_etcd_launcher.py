@@ -72,7 +72,7 @@ def test_every_design_flag_is_explicit() -> None:
         "--auto-compaction-mode=revision",
         "--auto-compaction-retention=10000",
         f"--quota-backend-bytes={2 * 1024**3}",
-        "--max-txn-ops=128",
+        "--max-txn-ops=256",
         "--max-request-bytes=1572864",
         "--experimental-watch-progress-notify-interval=1000ms",
         "--heartbeat-interval=100",
