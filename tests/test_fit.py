@@ -218,8 +218,11 @@ small = st.dictionaries(st.sampled_from(DIMS), st.sampled_from([0.5, 1.0, 2.0, 3
                         min_size=1)
 
 
+Scene = tuple[Machine, Job, list[Job], list[str], list[GangRecord]]
+
+
 @st.composite
-def scenes(draw: st.DrawFn) -> tuple[Machine, Job, list[Job], list[str], list[GangRecord]]:
+def scenes(draw: st.DrawFn) -> Scene:
     constraints = Constraints(draw(MACHINE_SELECTORS), draw(SELECTORS), draw(AFFINITIES),
                               draw(st.sampled_from([0, 0, 1, 2])))
     the_job = Job("j", "t", "batch", 8, Resources.from_mapping(draw(small)), precedence=3,
@@ -255,7 +258,7 @@ def scenes(draw: st.DrawFn) -> tuple[Machine, Job, list[Job], list[str], list[Ga
 # whose affinity only its own task on the machine met, which the store accepts.
 SELF_AFFINE = Job("j", "t", "batch", 8, Resources.of(cpu=1), precedence=3, labels=(
     ("app", "db"),), constraints=Constraints(affinity=APP_DB))
-KNOWN_DRIFTS = [
+KNOWN_DRIFTS: list[Scene] = [
     (on(machine("m1"), Allocation("j/0", "j", "batch", 3, Resources.of(cpu=1))), SELF_AFFINE,
      [], [], []),
 ]
@@ -264,9 +267,7 @@ KNOWN_DRIFTS = [
 @settings(max_examples=600, deadline=None)
 @given(scene=scenes())
 @example(scene=KNOWN_DRIFTS[0])
-def test_validation_and_policies_agree(
-    scene: tuple[Machine, Job, list[Job], list[str], list[GangRecord]],
-) -> None:
+def test_validation_and_policies_agree(scene: Scene) -> None:
     """For every machine and job: the policies' can_host is True iff validation accepts
     the claim on an otherwise idle cell, and a refusal has the same reason and detail."""
     m, the_job, others, victims, gangs = scene
