@@ -28,6 +28,7 @@ from collections.abc import Callable
 import immutables
 
 from cellstate.cell import CellSnapshot
+from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import (
     Allocation,
     CellConfig,
@@ -98,6 +99,7 @@ def main() -> None:
     args = p.parse_args()
     snap = build(args.machines, 2, args.anti)  # 2 of 4 CPUs + 4 of 16 GB: room for 0.5 CPU
     full = build(args.machines, 4, args.anti)
+    tune_for_large_heap()  # as every process holding a cell does once it is loaded
     rng = random.Random(2)
     mids = list(snap.machines)
     txn = Transaction("batch", tuple(Claim("batch", i, rng.choice(mids)) for i in range(100)))

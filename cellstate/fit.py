@@ -29,6 +29,7 @@ selector mismatch" (kube-scheduler's "0/N nodes are available" message).
 from __future__ import annotations
 
 import enum
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -58,6 +59,7 @@ class Rule(enum.Enum):
 
 
 _NOTHING = Resources()
+_SHORT: dict[str, str] = {}  # dimension -> its label, made once (a tally hashes it)
 _REASONS = {Rule.MACHINE_STATE: Reason.MACHINE_DOWN, Rule.RESOURCES: Reason.INSUFFICIENT_RESOURCES}
 
 
@@ -151,7 +153,12 @@ def resources(need: Resources, m: Machine, used: Resources,
     if dim is None:
         return None
     free = max(m.capacity.get(dim) - left.get(dim), 0.0)
-    return Misfit(Rule.RESOURCES, f"insufficient {dim}",
+    label = _SHORT.get(dim)
+    if label is None:
+        label = f"insufficient {dim}"
+        if len(_SHORT) < 256:  # dimensions are few; never let odd input grow it
+            _SHORT[dim] = label
+    return Misfit(Rule.RESOURCES, label,
                   "machine {0!r} has {1:g} {2} free, task needs {3:g}",
                   (m.id, free, dim, need.get(dim)), dim)
 
@@ -262,14 +269,14 @@ class FitTally:
     def __init__(self) -> None:
         self.machines = 0
         self.fit = 0
-        self._counts: dict[str, int] = {}
+        self._counts: defaultdict[str, int] = defaultdict(int)
 
     def add(self, verdict: Misfit | None) -> None:
         self.machines += 1
         if verdict is None:
             self.fit += 1
         else:
-            self._counts[verdict.label] = self._counts.get(verdict.label, 0) + 1
+            self._counts[verdict.label] += 1
 
     def report(self) -> FitReport:
         ranked = sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0]))
