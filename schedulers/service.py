@@ -46,7 +46,7 @@ class ServicePolicy(Policy):
         preempt = bool(self.options.get("preempt", True))
         claims = []
         left = 0
-        report: FitReport | None = None
+        nowhere: FitReport | None = None  # the tally for the last task that fit nowhere
         for index in pending:
             m, report = self._best_machine(view, job, pack)
             if m is not None:
@@ -55,14 +55,15 @@ class ServicePolicy(Policy):
             victims = self._cheapest_preemption(view, job) if preempt else None
             if victims is None:
                 left += 1
+                nowhere = report
                 continue
             mid, evict = victims
             claims.append(view.claim(job, index, mid, evict))
         unplaced: tuple[Unplaced, ...] = ()
         if left:
             even = ", even by preempting lower-precedence tasks" if preempt else ""
-            unplaced = (Unplaced(job.id, f"{left} task(s) fit nowhere{even}: {report}", left,
-                                 fit=report),)
+            unplaced = (Unplaced(job.id, f"{left} task(s) fit nowhere{even}: {nowhere}", left,
+                                 fit=nowhere),)
         return Plan(tuple(claims), unplaced)
 
     def _best_machine(self, view: CellView, job: Job,
