@@ -122,6 +122,20 @@ class Resources:
                 return name
         return None
 
+    def exceeding_with(self, extra: Resources, capacity: Resources) -> str | None:
+        """``(self + extra).exceeding(capacity)`` without building the sum: the fit
+        rules ask it of every machine a policy looks at."""
+        total = dict(self.amounts)
+        known = len(total)
+        for name, amount in extra.amounts:
+            total[name] = total.get(name, 0.0) + amount
+        # In name order, as exceeding() reports; already so unless extra added a name.
+        for name in total if len(total) == known else sorted(total):
+            cap = capacity.get(name)
+            if total[name] > cap + _FIT_SLACK * (cap if cap > 1.0 else 1.0):
+                return name
+        return None
+
     def exceeding_limit(self, limit: Resources) -> str | None:
         """Like :meth:`exceeding`, but dimensions the limit does not name are unlimited."""
         for name, cap in limit.amounts:

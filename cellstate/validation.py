@@ -23,6 +23,9 @@ the reason):
 9. the task fits in what is free after the victims leave                -> insufficient_resources
 10. the scheduler stays within its resource limit                       -> limit_exceeded
 
+Checks 5, 8 and 9 are the fit rules of ``cellstate/fit.py``, the one copy the
+policies use too, so a policy proposes what this accepts.
+
 A gang transaction commits only if every claim passes; otherwise the failing claims
 keep their reasons and all others are rejected as gang_aborted.
 
@@ -41,10 +44,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from cellstate.cell import CellReader, alloc_placed, holding, machine_used, task_view
-from cellstate.errors import (
-    TransactionError as TransactionError,
-)
+from cellstate import fit
+from cellstate.cell import CellReader, alloc_placed, machine_used, task_view
+from cellstate.errors import TransactionError as TransactionError
 from cellstate.model import (
     PLACEABLE,
     Allocation,
@@ -53,7 +55,6 @@ from cellstate.model import (
     GangRecord,
     Job,
     Machine,
-    MachineState,
     ModelError,
     Reason,
     Rejection,
@@ -65,7 +66,6 @@ from cellstate.model import (
     UsageRecord,
     check_amount,
     check_name,
-    selector_matches_labels,
     split_task_id,
     sum_resources,
     task_id,
@@ -221,7 +221,6 @@ class _Work:
         self.read_gangs: set[str] = set()
         self.read_usage: set[str] = set()
         self.read_statuses: set[str] = set()
-        self.rules_cache: dict[tuple[str, int, int], bool] = {}
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -403,8 +402,9 @@ def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
             Reason.SEQUENCE_CHANGED,
             f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {claim.seen_seq}",
         )
-    if m.state is not MachineState.UP:
-        return _reject(claim, Reason.MACHINE_DOWN, f"machine {m.id!r} is {m.state.value}")
+    miss = fit.machine_up(m)
+    if miss is not None:
+        return _reject(claim, miss.reason, miss.detail)
     limits = w.cell.config.limits_for(txn.scheduler)
     if (
         limits is not None
@@ -477,92 +477,18 @@ def _check_victims(
 def _check_constraints(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    c = job.constraints
-    if c.machine_selector and not all(r.matches(m.label(r.key)) for r in c.machine_selector):
-        return _reject(
-            claim, Reason.CONSTRAINT_VIOLATED, f"machine {m.id!r} does not match the selector"
-        )
-    if not (c.max_per_machine or c.anti_affinity or c.affinity) and not _neighbour_rules(w, m):
-        return None  # nothing on this machine cares (the common case: skip the scan)
-    gone = {v.task for v in victims}
-    neighbours = [a for a in holding(m, w.gangs, w.gang) if a.task not in gone]
-    if c.max_per_machine:
-        mine = sum(1 for a in neighbours if a.job == job.id)
-        if mine >= c.max_per_machine:
-            return _reject(
-                claim,
-                Reason.CONSTRAINT_VIOLATED,
-                f"machine {m.id!r} already runs {mine} task(s) of job {job.id!r} "
-                f"(max_per_machine {c.max_per_machine})",
-            )
-    if not (c.anti_affinity or c.affinity) and not any(
-        _has_anti_affinity(w, a.job) for a in neighbours
-    ):
-        return None
-    neighbour_jobs = {a.job for a in neighbours}
-    for other_id in neighbour_jobs:
-        if other_id == job.id:
-            continue
-        other = w.cell.jobs.get(other_id)
-        if other is None:
-            continue
-        if c.anti_affinity and selector_matches_labels(c.anti_affinity, other.labels):
-            return _reject(
-                claim,
-                Reason.CONSTRAINT_VIOLATED,
-                f"anti-affinity: machine {m.id!r} runs job {other_id!r}",
-            )
-        ca = other.constraints.anti_affinity
-        if ca and selector_matches_labels(ca, job.labels):
-            return _reject(
-                claim,
-                Reason.CONSTRAINT_VIOLATED,
-                f"anti-affinity: job {other_id!r} on machine {m.id!r} keeps job {job.id!r} off",
-            )
-    if c.affinity and not any(
-        (j := w.cell.jobs.get(o)) is not None and selector_matches_labels(c.affinity, j.labels)
-        for o in neighbour_jobs
-    ):
-        return _reject(
-            claim,
-            Reason.CONSTRAINT_VIOLATED,
-            f"affinity: machine {m.id!r} runs no task of a matching job",
-        )
-    return None
-
-
-def _neighbour_rules(w: _Work, m: Machine) -> bool:
-    """Whether any job with a task on ``m`` has an anti-affinity rule (which could keep
-    a newcomer off). Cached per machine record for the transaction."""
-    key = (m.id, m.seq, len(m.allocations))
-    hit = w.rules_cache.get(key)
-    if hit is None:
-        hit = w.rules_cache[key] = any(_has_anti_affinity(w, j) for j in m.job_ids)
-    return hit
-
-
-def _has_anti_affinity(w: _Work, job_id: str) -> bool:
-    other = w.cell.jobs.get(job_id)
-    return other is not None and bool(other.constraints.anti_affinity)
+    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang)
+    return None if miss is None else _reject(claim, miss.reason, miss.detail)
 
 
 def _check_resources(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    used = machine_used(m, w.gangs, w.gang)
     freed = sum_resources(v.resources for v in victims)
-    need = job.task_resources
-    after = used - freed + need
-    dim = after.exceeding(m.capacity)
-    if dim is not None:
-        free = max(m.capacity.get(dim) - (used - freed).get(dim), 0.0)
-        return _reject(
-            claim,
-            Reason.INSUFFICIENT_RESOURCES,
-            f"machine {m.id!r} has {free:g} {dim} free, task needs {need.get(dim):g}",
-            dim,
-        )
-    return _check_usage_limit(w, claim, need)
+    miss = fit.resources(job.task_resources, m, machine_used(m, w.gangs, w.gang), freed)
+    if miss is not None:
+        return _reject(claim, miss.reason, miss.detail, miss.dimension)
+    return _check_usage_limit(w, claim, job.task_resources)
 
 
 def _check_usage_limit(w: _Work, claim: Claim, need: Resources) -> Rejection | None:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import attrs
 
 from cellstate.cell import CellSnapshot, alloc_placed, machine_used, task_view
+from cellstate.fit import FitReport, machine_up, resources
 from cellstate.model import (
     PLACEABLE,
     Allocation,
@@ -35,7 +36,6 @@ from cellstate.model import (
     GangRecord,
     Job,
     Machine,
-    MachineState,
     Resources,
     task_id,
 )
@@ -43,12 +43,17 @@ from cellstate.model import (
 
 @attrs.frozen
 class Unplaced:
-    """Tasks of a job the policy could not place, and why."""
+    """Tasks of a job the policy could not place, and why.
+
+    ``fit`` is how many machines each fit rule excluded when the policy last looked
+    (``cellstate.fit.FitTally``); put its text in ``reason`` too, which is what the
+    runtime records on a job it gives up on."""
 
     job: str
     reason: str
     tasks: int = 1
     permanent: bool = False  # no state of the cell would let them fit: abandon now
+    fit: FitReport | None = None
 
 
 @attrs.frozen
@@ -77,6 +82,7 @@ class CellView:
         self.scheduler = scheduler
         self._machine_ids = machine_ids
         self._extra: dict[str, dict[str, Allocation]] = {}
+        self._overlays: dict[str, Machine] = {}  # one record per machine and claim
         self._gone: dict[str, set[str]] = {}
         self._placed: set[str] = set()
         self._claims: list[Claim] = []
@@ -114,10 +120,16 @@ class CellView:
         return self._overlaid(m)
 
     def _overlaid(self, m: Machine) -> Machine:
+        # Kept until the next claim on the machine, so its settled usage is summed
+        # once, not at every look.
+        done = self._overlays.get(m.id)
+        if done is not None:
+            return done
         gone = self._gone.get(m.id, ())
         allocs = {t: a for t, a in m.allocations.items() if t not in gone}
         allocs.update(self._extra.get(m.id, {}))
-        return m.with_allocations(allocs)
+        done = self._overlays[m.id] = m.with_allocations(allocs)
+        return done
 
     def used(self, mid: str) -> Resources:
         m = self.machine(mid)
@@ -132,11 +144,14 @@ class CellView:
                                if a - used.get(n) > 1e-9))
 
     def fits(self, mid: str, need: Resources, freed: Resources | None = None) -> bool:
+        """Whether ``need`` fits on machine ``mid`` now (once ``freed`` is freed), and
+        it is up: the store's resource rule only (``schedulers.placement.can_host``
+        checks every rule)."""
         m = self.machine(mid)
-        if m is None or m.state is not MachineState.UP:
+        if m is None or machine_up(m) is not None:
             return False
         used = machine_used(m, self.snap.gangs)
-        return ((used - freed if freed else used) + need).fits_in(m.capacity)
+        return resources(need, m, used, freed or Resources()) is None
 
     def pending_tasks(self, job: Job) -> list[int]:
         """Indexes of the job's tasks that may be claimed now, as far as this view
@@ -175,6 +190,7 @@ class CellView:
         return tuple(self._claims)
 
     def _add(self, c: Claim, job: Job) -> None:
+        self._overlays.pop(c.machine, None)
         self._extra.setdefault(c.machine, {})[c.task] = Allocation(
             c.task, job.id, self.scheduler, job.precedence, job.task_resources)
         self._placed.add(c.task)

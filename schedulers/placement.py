@@ -1,53 +1,44 @@
 """Placement helpers shared by policies: whether a machine can take a task of a job.
 
-They mirror the store's fine-grained checks (cellstate/validation.py) on the policy's
-view, so a policy proposes claims the store will accept unless someone else got there
-first. The store stays the judge."""
+They apply the store's own fit rules (``cellstate/fit.py``, the code validation runs)
+to the policy's view, so a policy proposes claims the store will accept unless someone
+else got there first. The store stays the judge."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
-from cellstate.cell import alloc_holds
-from cellstate.model import Job, Machine, MachineState, Resources, selector_matches_labels
+from cellstate import fit
+from cellstate.fit import FitReport, FitTally, Misfit
+from cellstate.model import Allocation, Job, Machine, Resources
 from schedulers.api import CellView
 
 
-def matches_selector(job: Job, m: Machine) -> bool:
-    return all(r.matches(m.label(r.key)) for r in job.constraints.machine_selector)
+def why_not(view: CellView, job: Job, m: Machine,
+            victims: Sequence[Allocation] = ()) -> Misfit | None:
+    """The first fit rule that keeps one more task of ``job`` off ``m`` now, once
+    ``victims`` (allocations on ``m``) leave; None if it may go there."""
+    return fit.misfit(job, m, view.gangs, view.jobs, victims)
 
 
-def affinity_ok(view: CellView, job: Job, m: Machine, leaving: Iterable[str] = ()) -> bool:
-    """Per-machine rules that depend on the other tasks there."""
-    c = job.constraints
-    gone = set(leaving)
-    neighbours = [a for a in m.allocations.values()
-                  if a.task not in gone and alloc_holds(a, view.gangs)]
-    if c.max_per_machine and sum(1 for a in neighbours if a.job == job.id) >= c.max_per_machine:
-        return False
-    seen_affinity = not c.affinity
-    for other_id in {a.job for a in neighbours if a.job != job.id}:
-        other = view.jobs.get(other_id)
-        if other is None:
-            continue
-        if c.anti_affinity and selector_matches_labels(c.anti_affinity, other.labels):
-            return False
-        oa = other.constraints.anti_affinity
-        if oa and selector_matches_labels(oa, job.labels):
-            return False
-        if c.affinity and selector_matches_labels(c.affinity, other.labels):
-            seen_affinity = True
-    return seen_affinity
+def can_host(view: CellView, job: Job, m: Machine,
+             victims: Sequence[Allocation] = ()) -> bool:
+    """Whether one more task of ``job`` may go on ``m`` now (once ``victims`` leave):
+    machine up, selector, tasks per machine, affinity, anti-affinity, resources."""
+    return why_not(view, job, m, victims) is None
 
 
-def can_host(view: CellView, job: Job, m: Machine, freed: Resources | None = None,
-             leaving: Iterable[str] = ()) -> bool:
-    """Whether one more task of ``job`` may go on ``m`` now (after ``leaving`` go)."""
-    if m.state is not MachineState.UP or not matches_selector(job, m):
-        return False
-    if not view.fits(m.id, job.task_resources, freed):
-        return False
-    return affinity_ok(view, job, m, leaving)
+def hosts(view: CellView, job: Job) -> tuple[list[Machine], FitReport]:
+    """Every machine that may take one more task of ``job`` now, and the tally of why
+    the others may not (its text is what an Unplaced reason should say)."""
+    tally = FitTally()
+    out = []
+    for m in view.machines():
+        miss = why_not(view, job, m)
+        tally.add(miss)
+        if miss is None:
+            out.append(m)
+    return out, tally.report()
 
 
 def impossible(view: CellView, job: Job) -> str | None:
@@ -56,11 +47,10 @@ def impossible(view: CellView, job: Job) -> str | None:
     machines = list(view.snap.machines.values())
     if not machines:
         return "the cell has no machines"
-    matching = ([m for m in machines if matches_selector(job, m)]
-                if job.constraints.machine_selector else machines)
+    matching = [m for m in machines if fit.selector(job, m) is None]
     if not matching:
         return "no machine in the cell matches the job's machine selector"
-    if not any(job.task_resources.fits_in(m.capacity) for m in matching):
+    if not any(fit.resources(job.task_resources, m, Resources()) is None for m in matching):
         biggest: dict[str, float] = {}
         for m in matching:
             for name, amount in m.capacity.amounts:

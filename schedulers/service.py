@@ -20,10 +20,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from cellstate import fit
 from cellstate.cell import alloc_placed
-from cellstate.model import Allocation, Job, Machine, MachineState, sum_resources
+from cellstate.fit import FitReport, FitTally
+from cellstate.model import Allocation, Job, Machine, Resources
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
-from schedulers.placement import affinity_ok, can_host, impossible, matches_selector
+from schedulers.placement import can_host, impossible, why_not
 
 # Exact search for the fewest victims up to this many; beyond, greedy by precedence.
 _EXACT_VICTIMS = 3
@@ -44,24 +46,30 @@ class ServicePolicy(Policy):
         preempt = bool(self.options.get("preempt", True))
         claims = []
         left = 0
+        nowhere: FitReport | None = None  # the tally for the last task that fit nowhere
         for index in pending:
-            m = self._best_machine(view, job, pack)
+            m, report = self._best_machine(view, job, pack)
             if m is not None:
                 claims.append(view.claim(job, index, m.id))
                 continue
             victims = self._cheapest_preemption(view, job) if preempt else None
             if victims is None:
                 left += 1
+                nowhere = report
                 continue
             mid, evict = victims
             claims.append(view.claim(job, index, mid, evict))
         unplaced: tuple[Unplaced, ...] = ()
         if left:
-            unplaced = (Unplaced(job.id, f"{left} task(s) fit nowhere, even by preempting "
-                                         "lower-precedence tasks", left),)
+            even = ", even by preempting lower-precedence tasks" if preempt else ""
+            unplaced = (Unplaced(job.id, f"{left} task(s) fit nowhere{even}: {nowhere}", left,
+                                 fit=nowhere),)
         return Plan(tuple(claims), unplaced)
 
-    def _best_machine(self, view: CellView, job: Job, pack: bool) -> Machine | None:
+    def _best_machine(self, view: CellView, job: Job,
+                      pack: bool) -> tuple[Machine | None, FitReport]:
+        """The best machine for one more task, and the tally of why the others may not
+        take it."""
         per_domain: dict[str, int] = {}
         per_rack: dict[str, int] = {}
         machines = {m.id: m for m in view.machines()}
@@ -71,8 +79,11 @@ class ServicePolicy(Policy):
                 per_domain[m.failure_domain] = per_domain.get(m.failure_domain, 0) + 1
                 per_rack[m.rack] = per_rack.get(m.rack, 0) + 1
         best: tuple[tuple[float, ...], Machine] | None = None
+        tally = FitTally()
         for m in machines.values():
-            if not can_host(view, job, m):
+            miss = why_not(view, job, m)
+            tally.add(miss)
+            if miss is not None:
                 continue
             free = view.free(m.id)
             room = sum(free.get(d) / c for d, c in m.capacity.amounts if c)
@@ -80,14 +91,14 @@ class ServicePolicy(Policy):
                    room if pack else -room, 0.0)
             if best is None or key < best[0]:
                 best = (key, m)
-        return best[1] if best else None
+        return (best[1] if best else None), tally.report()
 
     def _cheapest_preemption(self, view: CellView, job: Job) -> tuple[str, list[str]] | None:
         best: tuple[tuple[int, int, int], str, list[str]] | None = None
         for m in view.machines():
-            if m.state is not MachineState.UP or not matches_selector(job, m):
-                continue
-            if not job.task_resources.fits_in(m.capacity):
+            # Rules no eviction can change: skip the machine before searching victims.
+            if (fit.machine_up(m) or fit.selector(job, m)
+                    or fit.resources(job.task_resources, m, Resources())):
                 continue
             eligible = [a for a in m.allocations.values()
                         if a.precedence < job.precedence and alloc_placed(a, view.gangs)
@@ -104,9 +115,7 @@ class ServicePolicy(Policy):
     def _fewest_victims(self, view: CellView, job: Job, m: Machine,
                         eligible: Sequence[Allocation]) -> list[Allocation] | None:
         def works(victims: Sequence[Allocation]) -> bool:
-            freed = sum_resources(a.resources for a in victims)
-            return (view.fits(m.id, job.task_resources, freed)
-                    and affinity_ok(view, job, m, [a.task for a in victims]))
+            return can_host(view, job, m, victims)
 
         ordered = sorted(eligible, key=lambda a: (a.precedence, a.task))
         for k in range(1, min(_EXACT_VICTIMS, len(ordered)) + 1):

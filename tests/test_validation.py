@@ -159,3 +159,20 @@ def test_coarse_detection_forgives_the_transactions_own_earlier_writes() -> None
     t = Transaction("batch", (Claim("j", 1, "m1", 10),), detection=Detection.COARSE)
     assert validate(snap, t).rejected[0].reason is Reason.SEQUENCE_CHANGED
     assert validate(snap, t, seq_rewrites={"m1": (10, 12)}).rejected == ()
+
+
+def test_a_neighbour_rule_brought_in_earlier_in_the_transaction_counts() -> None:
+    """Claim 2 swaps m1's two tasks for one of "guard", whose anti-affinity keeps "calm"
+    off, leaving m1 with as many allocations as after claim 1. Claim 3 must still see
+    guard's rule (a cache keyed by machine, sequence and number of allocations did not)."""
+    m = running(running(machine("m1", cpu=8), "a/0", "a", 1), "b/0", "b", 1)
+    keep_calm_off = Constraints(anti_affinity=(Requirement("app", SelectorOp.IN, ("calm",)),))
+    snap = cell([m], [job("a"), job("b"), job("x"), job("calm", labels=[("app", "calm")]),
+                      job("guard", precedence=5, constraints=keep_calm_off)])
+    d = validate(snap, Transaction("batch", (
+        Claim("x", 0, "m1"), Claim("guard", 0, "m1", evict=("a/0", "b/0")), Claim("calm", 0, "m1"),
+    )))
+    assert [c.task for c in d.accepted] == ["x/0", "guard/0"]
+    (r,) = d.rejected
+    assert (r.claim.task, r.reason) == ("calm/0", Reason.CONSTRAINT_VIOLATED)
+    assert r.detail == "anti-affinity: job 'guard' on machine 'm1' keeps job 'calm' off"

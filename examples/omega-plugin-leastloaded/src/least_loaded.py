@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cellstate.model import Claim, Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.placement import can_host, impossible
+from schedulers.placement import hosts, impossible
 
 
 class LeastLoaded(Policy):
@@ -22,11 +22,12 @@ class LeastLoaded(Policy):
             return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
         claims: list[Claim] = []
         for index in pending:
-            hosts = [m for m in view.machines() if can_host(view, job, m)]
-            if not hosts:  # full for now: the runtime retries later
+            fitting, report = hosts(view, job)
+            if not fitting:  # full for now: the runtime retries later
                 left = len(pending) - len(claims)
-                return Plan(tuple(claims), (Unplaced(job.id, "cell is full", left),))
+                why = f"{left} task(s) fit nowhere: {report}"
+                return Plan(tuple(claims), (Unplaced(job.id, why, left, fit=report),))
             # The view counts this decision's earlier claims, so each choice sees them.
-            best = max(hosts, key=lambda m: (view.free(m.id).get(dimension), m.id))
+            best = max(fitting, key=lambda m: (view.free(m.id).get(dimension), m.id))
             claims.append(view.claim(job, index, best.id))
         return Plan(tuple(claims))
