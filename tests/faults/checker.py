@@ -129,6 +129,9 @@ class History:
     # (revision, "instance batch/b0" or "agent agent-0") for every registration that
     # went away: a lease that lapsed or was revoked
     registrations_gone: list[tuple[int, str]] = attrs.field(factory=list)
+    # gang id -> (claims, tasks staged) for every staged gang whose record went away
+    # before its commit point (its committer died, say): nothing of it ever ran
+    aborted_gangs: dict[str, tuple[int, int]] = attrs.field(factory=dict)
     acks_checked: int = 0
 
     def problems(self) -> list[str]:
@@ -162,6 +165,7 @@ class _Walk:
         self.views: dict[str, tuple[TaskState, str]] = {}
         self.machine_states: dict[str, MachineState] = {}
         self.gang_states: dict[str, GangState | None] = {}
+        self.gang_claims: dict[str, int] = {}
 
     def seen(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         h = self.h
@@ -240,6 +244,11 @@ class _Walk:
             g = snap.gangs.get(gid)
             was = self.gang_states.get(gid)
             self.gang_states[gid] = g.state if g is not None else None
+            if g is None and was is GangState.PREPARING:
+                staged = sum(1 for rec in snap.tasks.values() if rec.gang == gid)
+                self.h.aborted_gangs[gid] = (self.gang_claims.get(gid, 0), staged)
+            if g is not None:
+                self.gang_claims[gid] = g.claims
             if g is None or g.state is not GangState.COMMITTED or was is GangState.COMMITTED:
                 continue
             placed = sum(1 for rec in snap.tasks.values() if rec.gang == gid

@@ -32,7 +32,7 @@ from cellstate.api.client import CellClient
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.jobinfo import job_summary
 from cellstate.kv.etcd import EtcdKV
-from cellstate.model import JobState, TaskState
+from cellstate.model import JobState, MachineState, TaskState
 from cellstate.store import CellStore
 from omega.etcd_launcher import LocalEtcdCluster
 from tests.e2e.cluster import Cluster
@@ -76,9 +76,12 @@ class FaultCell:
         ends = self.etcd.endpoints
         self.kv = EtcdKV(ends)
         self.procs = c = Cluster(",".join(ends), self.workdir)
-        # Everything starts at once: clients wait for a server to answer.
         c.server("cellstate-a", ",".join(ends), wait=False)
         c.server("cellstate-b", ",".join(ends[1:] + ends[:1]), wait=False)
+        # Clients stay with the first server that answers: both must serve before
+        # any starts, or a client meant for cellstate-a may settle on cellstate-b.
+        c.wait_serving("cellstate-a")
+        c.wait_serving("cellstate-b")
         spec = c.spec("cell", 2 * MACHINES_PER_AGENT, cpu=8)
         for i, order in enumerate((self.a_first, self.b_first)):
             c.start(f"agent-{i}", "agent", "--cellstate", order, "--spec", str(spec),
@@ -92,8 +95,6 @@ class FaultCell:
                                          ("service", "service", "s0", self.a_first)):
             c.start(name, "scheduler", "--config", str(config), "--cellstate", order,
                     "--name", sched, "--instance", inst, "--seed", str(len(c.children)))
-        c.wait_serving("cellstate-a")
-        c.wait_serving("cellstate-b")
         self.wait("every machine up and every scheduler instance live", self._ready)
         c.spawn("driver", [sys.executable, "-m", "tests.faults.driver", "--cellstate",
                            self.a_first, "--out", str(self.acks_path),
@@ -120,7 +121,7 @@ class FaultCell:
 
     def _ready(self) -> bool:
         snap = self.snapshot()
-        up = [m for m in snap.machines.values() if m.state.value == "up"]
+        up = [m for m in snap.machines.values() if m.state is MachineState.UP]
         return len(up) == 2 * MACHINES_PER_AGENT and len(snap.instances) == 3
 
     # -- looking -----------------------------------------------------------------------

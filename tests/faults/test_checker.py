@@ -10,7 +10,7 @@ import pytest
 
 from cellstate import codec
 from cellstate.keys import Keyspace
-from cellstate.kv.base import EventType, KeyValue, Put, WatchEvent, WatchResponse
+from cellstate.kv.base import Delete, EventType, KeyValue, Put, WatchEvent, WatchResponse
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Allocation,
@@ -140,6 +140,17 @@ def test_a_gang_committed_without_all_its_claims_is_reported(kv: MemoryKV,
     assert h.partial_gangs == [
         f"gang g1 committed at revision {flipped} with 2 of its 3 claims running"]
     assert {t: p[0][0] for t, p in h.placements.items()} == {"j/0": flipped, "j/1": flipped}
+
+
+def test_a_gang_whose_record_lapses_before_its_commit_point_is_recorded_aborted(
+        kv: MemoryKV, store: CellStore) -> None:
+    gang = GangRecord("g1", "batch", GangState.PREPARING, claims=3)
+    _put(kv, (K.gang("g1"), codec.encode_gang(gang)))
+    _put(kv, _machine_with(store, "m1", _alloc("j/0", "g1")), _running("j/0", "m1", "g1"))
+    kv.txn([], [Delete(K.gang("g1"))])  # its committer's lease lapsed
+    h = _walk(kv)
+    assert h.aborted_gangs == {"g1": (3, 1)}
+    assert h.placements == {} and h.problems() == []
 
 
 def test_machines_going_down_and_registrations_going_away_are_recorded(
