@@ -44,7 +44,9 @@ MACHINES_PER_AGENT = 6
 # tests, but not shorter: an agent renews its lease between sending task reports, and
 # a few hundred tasks ending together take seconds to report.
 AGENT_TTL = 5
-SCHEDULER_TTL = 3  # seconds: a scheduler instance's lease
+# Seconds: a scheduler instance's lease (the driver's too). As long as an agent's, so
+# that a client that fails over within a couple of seconds keeps its lease.
+SCHEDULER_TTL = 5
 FINAL_STATES = frozenset({"finished", "failed", "killed"})
 SETTLE_TIMEOUT = 60.0  # every job must end within this long once the load stops
 
@@ -98,7 +100,7 @@ class FaultCell:
         self.wait("every machine up and every scheduler instance live", self._ready)
         c.spawn("driver", [sys.executable, "-m", "tests.faults.driver", "--cellstate",
                            self.a_first, "--out", str(self.acks_path),
-                           "--quiet-file", str(self.quiet_file),
+                           "--quiet-file", str(self.quiet_file), "--ttl", str(SCHEDULER_TTL),
                            *(["--marker-file", str(self.marker_file)] if markers else []),
                            *driver_args])
         self.wait("the driver's first commit", lambda: bool(self.commit_acks()))
@@ -227,7 +229,7 @@ class FaultCell:
                             if r["op"] in ("submit", "commit", "kill") and r["t0"] >= since),
                            None)
         return {"write_gap_s": longest_gap(since, until),
-                "write_gap_before_s": longest_gap(max(since - 3.0, times[0]), since),
+                "write_gap_before_s": longest_gap(max([since - 3.0, *times[:1]]), since),
                 "first_write_after_s": round(first_write, 2) if first_write is not None
                 else None}
 
