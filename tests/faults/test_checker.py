@@ -47,14 +47,28 @@ def _walk(kv: MemoryKV, acks: list[Ack] | None = None) -> History:
     return walk(kv, "default", acks or [], kv.revision)
 
 
-def _put(kv: MemoryKV, *records: tuple[bytes, bytes]) -> int:
-    return kv.txn([], [Put(key, value) for key, value in records]).revision
+Record = tuple[bytes, bytes | None]  # a key and its new value (None deletes it)
 
 
-def _machine_with(store: CellStore, mid: str, *allocs: Allocation) -> tuple[bytes, bytes]:
+def _put(kv: MemoryKV, *records: Record | list[Record]) -> int:
+    ops: list[Put | Delete] = []
+    for r in records:
+        for key, value in r if isinstance(r, list) else [r]:
+            ops.append(Delete(key) if value is None else Put(key, value))
+    return kv.txn([], ops).revision
+
+
+def _machine_as(m: Machine, allocs: dict[str, Allocation]) -> list[Record]:
+    """Machine ``m`` written with exactly ``allocs`` (its record and allocation keys)."""
+    out: list[Record] = [(K.machine(m.id), codec.encode_machine(m))]
+    out += [(K.alloc(m.id, t), codec.encode_alloc(a)) for t, a in allocs.items()]
+    out += [(K.alloc(m.id, t), None) for t in m.allocations if t not in allocs]
+    return out
+
+
+def _machine_with(store: CellStore, mid: str, *allocs: Allocation) -> list[Record]:
     m: Machine = store.read_snapshot().machines[mid]
-    return K.machine(mid), codec.encode_machine(
-        m.with_allocations({**m.allocations, **{a.task: a for a in allocs}}))
+    return _machine_as(m, {**m.allocations, **{a.task: a for a in allocs}})
 
 
 def _running(tid: str, mid: str, gang: str = "") -> tuple[bytes, bytes]:
@@ -84,7 +98,8 @@ def test_an_invariant_broken_for_one_revision_is_found(kv: MemoryKV, store: Cell
     # Five one-cpu tasks on a four-cpu machine, then the machine as it was.
     bad = _put(kv, _machine_with(store, "m1", *(_alloc(f"j/{i}") for i in range(5))),
                *(_running(f"j/{i}", "m1") for i in range(5)))
-    _put(kv, (K.machine("m1"), codec.encode_machine(m1)),
+    now = store.read_snapshot().machines["m1"]
+    _put(kv, _machine_as(now, dict(m1.allocations)),
          *((K.task_key(f"j/{i}"), codec.encode_task(
              TaskRecord("j", i, TaskState.FINISHED, "m1", "batch"))) for i in range(5)))
     problems = _walk(kv).problems()
@@ -120,7 +135,7 @@ def test_an_end_recorded_for_another_machine_is_reported(kv: MemoryKV,
     store.commit(Transaction("batch", (Claim("j", 0, "m1"),)))
     m1 = store.read_snapshot().machines["m1"]
     # The task's run on m1 is ended by a report naming m2 (a late report of an old run).
-    rev = _put(kv, (K.machine("m1"), codec.encode_machine(m1.with_allocations({}))),
+    rev = _put(kv, _machine_as(m1, {}),
                (K.task_key("j/0"), codec.encode_task(
                    TaskRecord("j", 0, TaskState.FINISHED, "m2", "batch"))))
     h = _walk(kv)
