@@ -123,7 +123,8 @@ class CellClient:
     ``timeout``: the deadline of one attempt (large commits and registrations get
     more); ``retry_for``: how long a call keeps trying other endpoints;
     ``stream_idle_timeout``: a sync stream that sends nothing (not even progress) for
-    this long is taken for dead and resumed elsewhere."""
+    this long is taken for dead and resumed elsewhere (a live server sends a heartbeat
+    every second, so four silent seconds mean it is hung)."""
 
     def __init__(
         self,
@@ -131,7 +132,7 @@ class CellClient:
         *,
         timeout: float = 5.0,
         retry_for: float = 30.0,
-        stream_idle_timeout: float = 10.0,
+        stream_idle_timeout: float = 4.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not endpoints:

@@ -55,18 +55,29 @@ class Subscriber:
             self._queue.put(None)
 
     def messages(self, poll: float = 1.0) -> Iterator[pb.SyncResponse]:
-        """What to send, in order, until closed. Raises FellBehind on overflow."""
-        yield from self._initial
+        """What to send, in order, until closed. Raises FellBehind on overflow.
+
+        After ``poll`` seconds with nothing to send, a heartbeat (progress at the last
+        revision sent) tells the client this server is alive, whatever etcd's progress
+        notifications do: a client takes a silent stream for a hung server and moves to
+        another one within a few seconds."""
+        sent = 0
+        for msg in self._initial:
+            sent = max(sent, msg.revision)
+            yield msg
         self._initial = []
         while True:
             try:
                 msg = self._queue.get(timeout=poll)
             except queue.Empty:
+                if sent:
+                    yield pb.SyncResponse(revision=sent)
                 continue
             if msg is None:
                 if self.overflowed:
                     raise FellBehind("the subscriber fell too far behind")
                 return
+            sent = max(sent, msg.revision)
             yield msg
 
 
