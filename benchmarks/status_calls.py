@@ -5,7 +5,9 @@ one job of ``--tasks`` tasks of which ``--placed`` are placed, and ``--small-job
 small jobs of 10 tasks; starts a cellstate server in this process and times, over real
 gRPC, GetStatus, ListJobs, GetJob of a small job and GetJob of the huge one (which
 lists every task, so it is O(that job's tasks) by its nature). Prints the median and
-the worst of ``--repeat`` calls each, and how long the server took to start.
+the worst of ``--repeat`` calls each, and how long the server took to start. Then
+what keeping the status index costs the replica's thread: CPU time of its listener
+per placement while ``--follow`` more placements are applied.
 
     python benchmarks/status_calls.py [--tasks 1000000] [--placed 20000] [--etcd]
 
@@ -47,6 +49,44 @@ def build(kv: KV, machines: int, tasks: int, placed: int, small_jobs: int) -> No
         assert not res.rejected, res.rejected[:1]
 
 
+def index_cost(kv: KV, machines: int, first: int, placements: int) -> None:
+    """CPU seconds the status index spends per placement on the replica's thread."""
+    try:
+        from cellstate.jobinfo import StatusIndex
+    except ImportError:
+        print("index cost: no StatusIndex in this checkout")
+        return
+    from cellstate.replica import Replica
+
+    replica = Replica(kv)
+    index = StatusIndex(replica)
+    spent = 0.0
+    listener = index._changed
+
+    def timed_listener(*args: Any) -> None:
+        nonlocal spent
+        t0 = time.process_time()
+        listener(*args)
+        spent += time.process_time() - t0
+
+    replica._change_listeners = [timed_listener]  # measure it alone
+    replica.load()
+    spent = 0.0  # not the rebuild at load
+    store = CellStore(kv)
+    for start in range(first, first + placements, 50):
+        store.commit(Transaction("batch", tuple(
+            Claim("huge", t, f"m{(t * 7) % machines:05}") for t in range(start, start + 50))))
+    target = kv.range(b"\x00", b"\x00").revision
+    t0 = time.process_time()
+    while replica.revision < target:
+        replica.pump(timeout=1.0)
+    following = time.process_time() - t0
+    replica.stop()
+    print(f"index cost on the replica thread: {spent / placements * 1e6:.1f} us CPU per "
+          f"placement, of {following / placements * 1e6:.1f} us for following it all "
+          f"({placements:,} placements in batches of 50)")
+
+
 def timed(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
     times = []
     for _ in range(repeat):
@@ -63,6 +103,7 @@ def main() -> None:
     ap.add_argument("--placed", type=int, default=20_000)
     ap.add_argument("--small-jobs", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--follow", type=int, default=15_000)
     ap.add_argument("--etcd", action="store_true", help="a local etcd instead of memory")
     args = ap.parse_args()
 
@@ -101,6 +142,7 @@ def main() -> None:
                           f"max {worst * 1000:9.1f} ms")
         finally:
             server.stop(grace=0)
+        index_cost(kv, args.machines, args.placed, args.follow)
     finally:
         kv.close()
         if etcd is not None:

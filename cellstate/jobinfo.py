@@ -231,7 +231,10 @@ class StatusIndex:
                sign: int) -> None:
         rec = snap.tasks.get(tid)
         if rec is not None:
-            deltas.setdefault(rec.job, Counter())[task_view(snap, tid).state] += sign
+            delta = deltas.get(rec.job)
+            if delta is None:
+                delta = deltas[rec.job] = Counter()
+            delta[task_view(snap, tid).state] += sign
 
     def _retag_task(self, tid: str, prev: CellSnapshot, snap: CellSnapshot) -> None:
         old, new = prev.tasks.get(tid), snap.tasks.get(tid)
