@@ -21,8 +21,10 @@ from cellstate.errors import (
 
 # Names of resource dimensions, labels, machines, jobs and schedulers. Kept to a safe
 # alphabet because they become parts of etcd keys and of file names in the simulator.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_DIMENSION = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# Checked with fullmatch: ``$`` also matches before a trailing newline, which would let
+# "job\n" through.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_DIMENSION = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 # A resource amount above this is a typo or an attack, not a machine: refusing it keeps
 # sums exact enough in float arithmetic (2**53 / 1e12 leaves ~4 digits of headroom).
@@ -33,7 +35,7 @@ _FIT_SLACK = 1e-9
 
 
 def check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ModelError(
             f"{what} {value!r} is not a valid name: use 1-128 letters, digits, '_', '.', '-',"
             " starting with a letter or digit"
@@ -76,7 +78,7 @@ class Resources:
             raise ModelError(f"{where} must be a mapping of dimension to amount")
         pairs = []
         for name, value in amounts.items():
-            if not isinstance(name, str) or not _DIMENSION.match(name):
+            if not isinstance(name, str) or not _DIMENSION.fullmatch(name):
                 raise ModelError(
                     f"{where}: {name!r} is not a valid dimension name (lowercase letters,"
                     " digits and '_', starting with a letter)"
@@ -389,7 +391,11 @@ def task_id(job: str, index: int) -> str:
 
 def split_task_id(tid: str) -> tuple[str, int]:
     job, _, index = tid.rpartition("/")
-    if not job or not index.isdigit():
+    # ASCII digits only, no leading zero: "j/01" or a Unicode digit would name a task
+    # key other than the one its index says.
+    if not job or not (index.isascii() and index.isdigit()) or (
+        len(index) > 1 and index[0] == "0"
+    ):
         raise ModelError(f"{tid!r} is not a task id (expected JOB/INDEX)")
     return job, int(index)
 

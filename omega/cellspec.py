@@ -58,7 +58,7 @@ DEFAULT_MACHINES_PER_RACK = 40
 DEFAULT_RACKS_PER_FAILURE_DOMAIN = 4
 # Labels the model derives from a machine's own fields (see Machine.label).
 _RESERVED_LABELS = frozenset({"rack", "failure_domain", "machine"})
-_DIMENSION = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_DIMENSION = re.compile(r"[a-z][a-z0-9_]{0,31}")  # fullmatch: "$" allows a trailing newline
 
 
 class CellSpecError(ValueError):
@@ -303,7 +303,7 @@ def _parse_capacity(value: object, path: str) -> Resources:
                           "(e.g. { cpu = 16, mem = 64 })")
     amounts: dict[str, float] = {}
     for dim, amount in value.items():
-        if not _DIMENSION.match(dim):
+        if not _DIMENSION.fullmatch(dim):
             raise _FieldError(f"{path}.{dim}", "is not a valid dimension name (lowercase "
                               "letters, digits and '_', starting with a letter)")
         amounts[dim] = _positive(amount, f"{path}.{dim}")

@@ -31,9 +31,19 @@ from cellstate.api.config import ServerConfig
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
-from cellstate.jobinfo import cell_totals, job_summary
+from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import KeyKind
-from cellstate.kv.base import KV, KVError, LeaseNotFoundError, Put, prefix_end
+from cellstate.kv.base import (
+    KV,
+    Compare,
+    CompareResult,
+    CompareTarget,
+    KVError,
+    LeaseNotFoundError,
+    Put,
+    TxnTooLargeError,
+    prefix_end,
+)
 from cellstate.model import (
     RELEASE_OUTCOMES,
     InstanceRecord,
@@ -42,6 +52,7 @@ from cellstate.model import (
     MachineState,
     ModelError,
     TaskState,
+    check_name,
     split_task_id,
 )
 from cellstate.replica import Replica
@@ -58,6 +69,15 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "omega.cellstate.v1.CellState"
 T = TypeVar("T")
+
+# A job spec is one etcd put and travels to every scheduler in sync snapshots. 1 MiB
+# leaves room under etcd's default --max-request-bytes (1.5 MiB) for the request around
+# it; a spec anywhere near it is a mistake (a million labels), not a job.
+MAX_JOB_SPEC_BYTES = 1024 * 1024
+# A scheduler's metrics report is a summary (about 600 bytes today). Every live
+# instance has at most one, and GetStatus returns all of them in one reply: at 16 KiB,
+# 200 instances stay under gRPC's default 4 MiB receive limit of a third-party client.
+MAX_METRICS_BYTES = 16 * 1024
 
 
 def metrics_prefix(cell: str) -> bytes:
@@ -87,6 +107,10 @@ def rpc(handler: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: CellStateService, request: Any, context: grpc.ServicerContext) -> T:
         try:
             return handler(self, request, context)
+        except TxnTooLargeError as e:
+            # Sending it again cannot help: not a reason to retry (UNAVAILABLE).
+            return _abort(context, grpc.StatusCode.INVALID_ARGUMENT,  # type: ignore[no-any-return]
+                          f"the write is too large for etcd: {e}")
         except KVError as e:
             return _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")  # type: ignore[no-any-return]
         except Exception as e:
@@ -126,6 +150,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.config = config
         self.replica = replica
         self.cache = cache
+        self.status = StatusIndex(replica)  # per-job counts: status calls in O(jobs)
         self.keys = replica.keys
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
@@ -176,6 +201,9 @@ class CellStateService(pb_grpc.CellStateServicer):
              ) -> Iterator[pb.SyncResponse]:
         if request.start_revision < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start_revision must be >= 0")
+        future = self._future_revision(request.start_revision)
+        if future:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, future)
         sub = self.cache.subscribe(request.start_revision)
         context.add_callback(lambda: self.cache.unsubscribe(sub))
         try:
@@ -184,6 +212,22 @@ class CellStateService(pb_grpc.CellStateServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{e}; resume from your revision")
         finally:
             self.cache.unsubscribe(sub)
+
+    def _future_revision(self, start: int) -> str:
+        """Why a sync from ``start`` can never be served (it would wait for a revision
+        the cell has not reached), or "" if it can. The revision after the newest one is
+        where a caller that is up to date resumes. This replica may lag others that the
+        caller synced from, so a revision beyond its cache is checked against etcd."""
+        if start <= self.cache.revision + 1:
+            return ""
+        try:
+            current = self.kv.range(self.keys.config).revision
+        except KVError:
+            return ""  # cannot tell: serve it; the stream waits as it would anyway
+        if start <= current + 1:
+            return ""
+        return (f"start_revision {start} is in the future: the cell is at revision "
+                f"{current}; resume from a revision you have seen + 1, or 0 for a snapshot")
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -194,37 +238,45 @@ class CellStateService(pb_grpc.CellStateServicer):
         job = codec.parse_job(doc, "job")
         if not job.submitted_at:
             job = attrs.evolve(job, submitted_at=self.clock())
+        size, limit = len(codec.encode_job(job)), self._job_spec_limit()
+        if size > limit:
+            raise convert.WireError(
+                f"job {job.id}: its spec is {size} bytes encoded, above the limit of "
+                f"{limit} bytes")
         with self.stores.get() as store:
             revision = store.submit_job(job)
         return pb.SubmitJobResponse(job=job.id, revision=revision)
 
-    def _job_info(self, snap: CellSnapshot, job_id: str, tasks: bool) -> pb.JobInfo:
+    def _job_spec_limit(self) -> int:
+        return min(MAX_JOB_SPEC_BYTES, self.kv.max_request_bytes - 4096)
+
+    def _job_info(self, view: StatusView, job_id: str, tasks: bool) -> pb.JobInfo:
+        snap = view.snap
         job = snap.jobs[job_id]
-        s = job_summary(snap, job)
+        s = view.job(job)
         info = pb.JobInfo(spec_json=orjson.dumps(codec.job_to_doc(job)), state=s.state,
                           reason=s.reason, task_states=s.task_states, revision=job.revision)
         if tasks:
-            for i in range(job.task_count):
-                v = task_view(snap, f"{job_id}/{i}")
-                info.tasks.append(pb.TaskInfo(index=i, state=v.state.value, machine=v.machine))
+            _add_tasks(info, snap, job_id, job.task_count)
         return info
 
     @rpc
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.JobInfo:
-        snap = self.snap
-        if request.job not in snap.jobs:
+        view = self.status.view()
+        if request.job not in view.snap.jobs:
             raise NotFoundError(f"unknown job {request.job!r}")
-        return self._job_info(snap, request.job, tasks=True)
+        return self._job_info(view, request.job, tasks=True)
 
     @rpc
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext,
                  ) -> pb.ListJobsResponse:
-        snap = self.snap
+        view = self.status.view()
+        snap = view.snap
         out = pb.ListJobsResponse(revision=snap.revision)
         for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
             if request.scheduler and job.scheduler != request.scheduler:
                 continue
-            info = self._job_info(snap, job.id, tasks=False)
+            info = self._job_info(view, job.id, tasks=False)
             if request.state and info.state != request.state:
                 continue
             out.jobs.append(info)
@@ -290,7 +342,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
-        totals = cell_totals(self.snap)
+        totals = self.status.view().totals()
         out = pb.CellStatus(
             revision=totals["revision"], machines_up=totals["machines_up"],
             machines_down=totals["machines_down"], capacity=totals["capacity"],
@@ -309,9 +361,8 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def RegisterInstance(self, request: pb.RegisterInstanceRequest,
                          context: grpc.ServicerContext) -> pb.RegisterInstanceResponse:
-        for name, value in (("scheduler", request.scheduler), ("instance", request.instance)):
-            if not value:
-                raise convert.WireError(f"{name} is empty")
+        check_name(request.scheduler, "scheduler")
+        check_name(request.instance, "instance")
         if not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
         record = InstanceRecord(request.scheduler, request.instance, request.policy,
@@ -323,6 +374,9 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def DeregisterInstance(self, request: pb.DeregisterInstanceRequest,
                            context: grpc.ServicerContext) -> pb.DeregisterInstanceResponse:
+        if not request.lease:
+            raise convert.WireError("lease: 0 is no lease; deregistering needs the lease the "
+                                    "instance registered with")
         with self.stores.get() as store:
             store.deregister_instance(request.scheduler, request.instance, request.lease)
         return pb.DeregisterInstanceResponse()
@@ -339,14 +393,31 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def ReportMetrics(self, request: pb.ReportMetricsRequest, context: grpc.ServicerContext,
                       ) -> pb.ReportMetricsResponse:
+        """Keep an instance's latest metrics report, attached to its registration's lease
+        (so it goes with the instance) and only while the instance key is attached to
+        that lease: at most one report per live instance, none that outlives it."""
+        who = f"instance {request.scheduler}/{request.instance}"
+        check_name(request.scheduler, "scheduler")
+        check_name(request.instance, "instance")
+        if len(request.metrics_json) > MAX_METRICS_BYTES:
+            raise convert.WireError(f"metrics_json: {len(request.metrics_json)} bytes, above "
+                                    f"the limit of {MAX_METRICS_BYTES} bytes")
+        if not request.lease:
+            raise convert.WireError("lease: 0 is no lease; report under the lease the "
+                                    "instance registered with")
         doc = convert.json_doc(request.metrics_json, "metrics_json")
         if not isinstance(doc, dict):
             raise convert.WireError("metrics_json: expected a JSON object")
         key = metrics_prefix(self.config.cell) + f"{request.scheduler}/{request.instance}".encode()
+        ikey = self.keys.instance(request.scheduler, request.instance)
+        registered = Compare(ikey, CompareTarget.LEASE, CompareResult.EQUAL, request.lease)
         try:
-            self.kv.txn([], [Put(key, request.metrics_json, request.lease)])
+            res = self.kv.txn([registered], [Put(key, request.metrics_json, request.lease)])
         except LeaseNotFoundError:
-            raise StoreError(f"lease {request.lease} is gone; register again") from None
+            res = None
+        if res is None or not res.succeeded:
+            raise StoreError(f"{who} is not registered under lease {request.lease}; "
+                             "register again")
         return pb.ReportMetricsResponse()
 
     # -- agents ----------------------------------------------------------------------
@@ -380,6 +451,19 @@ class CellStateService(pb_grpc.CellStateServicer):
         with self.stores.get() as store:
             revision = store.release_task(request.task, outcome, request.machine or None)
         return pb.ReportTaskResponse(revision=revision)
+
+
+def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: int) -> None:
+    """Every task of the job in index order. A task without a record is pending: only
+    the recorded ones need reading (a million-task job is mostly unrecorded)."""
+    tasks, add = snap.tasks, info.tasks.add
+    for i in range(task_count):
+        tid = f"{job_id}/{i}"
+        if tid in tasks:
+            v = task_view(snap, tid)
+            add(index=i, state=v.state.value, machine=v.machine)
+        else:
+            add(index=i, state="pending")
 
 
 class Reaper:

@@ -62,9 +62,9 @@ class Subscriber:
         notifications do: a client takes a silent stream for a hung server and moves to
         another one within a few seconds."""
         sent = 0
-        for msg in self._initial:
-            sent = max(sent, msg.revision)
-            yield msg
+        for first in self._initial:
+            sent = max(sent, first.revision)
+            yield first
         self._initial = []
         while True:
             try:

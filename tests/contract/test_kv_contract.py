@@ -224,6 +224,32 @@ def test_put_without_lease_detaches_the_key(kv: KV) -> None:
     assert kv.range(b"/t/keep").kvs[0].value == b"b"
 
 
+def test_compare_on_lease_sees_the_keys_current_lease(kv: KV) -> None:
+    """The store guards deregistration and metrics on the instance key's lease: a
+    leased key compares equal to its lease, an unleased, absent or expired-by-revoke key
+    to 0, and a put without a lease detaches it."""
+    lease, other = kv.lease_grant(30), kv.lease_grant(30)
+    kv.txn([], [Put(b"/t/cl/a", b"1", lease), Put(b"/t/cl/b", b"2")])
+
+    def is_lease(key: bytes, value: int, result: CompareResult = CompareResult.EQUAL) -> bool:
+        return kv.txn([Compare(key, CompareTarget.LEASE, result, value)], []).succeeded
+
+    assert is_lease(b"/t/cl/a", lease) and not is_lease(b"/t/cl/a", other)
+    assert not is_lease(b"/t/cl/a", 0) and is_lease(b"/t/cl/a", 0, CompareResult.NOT_EQUAL)
+    assert is_lease(b"/t/cl/b", 0) and not is_lease(b"/t/cl/b", lease)
+    assert is_lease(b"/t/cl/absent", 0) and not is_lease(b"/t/cl/absent", lease)
+    # A guarded delete runs only for the holder of the lease.
+    res = kv.txn([Compare(b"/t/cl/a", CompareTarget.LEASE, CompareResult.EQUAL, other)],
+                 [Delete(b"/t/cl/a")], [Get(b"/t/cl/a")])
+    assert not res.succeeded and res.responses[0] and kv.range(b"/t/cl/a").kvs
+    kv.txn([], [Put(b"/t/cl/a", b"3")])
+    assert is_lease(b"/t/cl/a", 0)
+    kv.txn([], [Put(b"/t/cl/a", b"4", other)])
+    kv.lease_revoke(other)
+    assert is_lease(b"/t/cl/a", 0) and kv.range(b"/t/cl/a").kvs == ()
+    kv.lease_revoke(lease)
+
+
 def test_paged_range_at_a_past_revision_reads_that_revision(kv: KV) -> None:
     kv.txn([], [Put(f"/t/q/{i:03}".encode(), b"old") for i in range(30)])
     at = kv.range(b"/t/q/000").revision
