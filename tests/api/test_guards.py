@@ -17,7 +17,6 @@ import pytest
 
 import cellstate.api.server
 import cellstate.jobinfo
-from cellstate import codec
 from cellstate.api.client import ClientError
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer, metrics_prefix
@@ -81,8 +80,8 @@ def mdoc(mid: str, cpu: float = 4, **extra: Any) -> dict[str, Any]:
 
 
 def stored_machine(kv: KV, mid: str) -> Any:
-    (found,) = kv.range(KEYS.machine(mid)).kvs
-    return codec.decode_machine(mid, found.value, found.mod_revision)
+    """The machine as etcd holds it, its allocations included."""
+    return CellStore(kv, KEYS.cell).read_snapshot().machines[mid]
 
 
 # -- 7: deregistration ---------------------------------------------------------------------
