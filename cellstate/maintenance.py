@@ -11,18 +11,21 @@ prevents and repairs that. Every pass (:meth:`Maintainer.run_once`):
    a NOSPACE alarm is logged as an error on every pass while it lasts;
 2. under *pressure* (NOSPACE raised, or a member's file at ``pressure_fraction`` of the
    quota) compacts history down to the newest ``keep_revisions`` revisions, waiting
-   until the compacted entries are gone from the backend;
+   until the compacted entries are gone from the backend (at most every
+   ``pressure_interval`` unless NOSPACE);
 3. defragments the members with much free space (``defrag_free_fraction`` of the file
-   and at least ``defrag_min_free_bytes``; under pressure any free space), one member
-   at a time, followers before the leader, each only after the previous one answers
-   again, and not the same member again within ``defrag_min_interval`` unless under
-   pressure. A defragmentation blocks its member for its duration (about a second per
-   few hundred MiB here), hence all the restraint;
+   and at least ``defrag_min_free_bytes``, not the same member within
+   ``defrag_min_interval``; under pressure ``pressure_min_free_fraction`` free, at most
+   every ``pressure_interval``; under NOSPACE every member), one member at a time,
+   followers before the leader, each only after the previous one answers again. A
+   defragmentation blocks its member for its duration (about a second per few hundred
+   MiB here), hence all the restraint;
 4. disarms a NOSPACE alarm once every member's file is below the pressure mark again,
    and says loudly when it cannot (the live data fills the quota).
 
-Only one server of a cell does steps 2-4 at a time: the holder of a leased key
-(:data:`LOCK_KEY`). Two servers defragmenting at once would be harmless for
+Only one server does steps 2-4 at a time: the holder of a leased key (:data:`LOCK_KEY`),
+taken by the first server that finds work to do and kept alive from then on (a pass
+with nothing to do writes nothing). Two servers defragmenting at once would be harmless for
 correctness (etcd serializes a member's defragmentations, and every write of the store
 is guarded by revisions, never by this key), but two *members* blocked at once cost a
 3-member cluster its quorum for that time. An etcd lock is good enough for that
@@ -248,11 +251,16 @@ class Maintainer:
                 p.error(f"etcd alarm {a}: not handled here, see etcd's log")
         p.read_only = bool(nospace)
         p.pressure = bool(nospace) or self._largest(p) >= self._pressure_mark()
+        compact = p.pressure and (bool(nospace) or self._due(self._last_compact,
+                                                             self.policy.pressure_interval))
+        work = compact or bool(nospace) or any(
+            self._wants_defrag(m, p.pressure, bool(nospace)) for m in p.members)
+        if not work and not self._lease:
+            return  # nothing to do: no lock taken, nothing written to etcd
         p.holder = self._hold_lock(p, bool(nospace))
-        if not p.holder:
+        if not p.holder or not work:
             return
-        if p.pressure and (nospace or self._due(self._last_compact,
-                                                self.policy.pressure_interval)):
+        if compact:
             self._compact(p)
             self._last_compact = self.clock()
             self._read_members(p)
