@@ -286,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the stated bound the file size must stay under")
     ap.add_argument("--level-tolerance", type=float, default=0.05)
     ap.add_argument("--maintenance-interval", type=float, default=10.0)
+    ap.add_argument("--no-maintenance", action="store_true",
+                    help="for comparison: no maintenance loop (no defragmentation)")
     ap.add_argument("--no-fsync", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="OUT")
@@ -339,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_cell(kv, args.machines, args.committers, task)
         maintainer = RecordingMaintainer(kv, "soak", MaintenancePolicy(
             interval=args.maintenance_interval, quota_bytes=quota))
-        maintainer.start()
+        if not args.no_maintenance:
+            maintainer.start()
         workers = Workers(server.endpoint, args.committers, target=soak_worker,
                           role="soak-committer")
         meter = CpuMeter()
@@ -353,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{'recycled (reported lost)' if args.finished == 'recycle' else 'kept (finished)'}")
         emit(f"etcd {server.version}, fsync {'OFF' if args.no_fsync else 'on'}, "
              f"auto-compaction {meta['auto_compaction']}, quota "
-             f"{quota / MiB:.0f} MiB; maintenance every {args.maintenance_interval:g} s; bound "
+             f"{quota / MiB:.0f} MiB; maintenance "
+             f"{'OFF' if args.no_maintenance else f'every {args.maintenance_interval:g} s'}; bound "
              f"{bound / MiB:.0f} MiB; {args.minutes:g} min; host {os.cpu_count()} cores, load "
              f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start (a shared machine)")
         emit("rev/s, place/s, rel/s: per second of the sample; MiB/s wr: keys + values put by "

@@ -364,11 +364,13 @@ class Maintainer:
         todo = sorted((m for m in p.members if self._wants_defrag(m, p.pressure, nospace)),
                       key=lambda m: m.is_leader)
         for m in todo:
+            started = self.clock()
             try:
                 self.kv.defragment(m.endpoint, self.policy.defrag_timeout)
             except KVError as e:
                 p.error(f"defragmenting {m.endpoint} failed: {e}")
                 return  # it may still be busy: block no second member
+            took = self.clock() - started
             self._last_defrag[m.member_id] = self.clock()
             after = self._await_member(m.endpoint)
             if after is None:
@@ -376,7 +378,7 @@ class Maintainer:
                         "of its defragmentation; defragmenting no other member this pass")
                 return
             p.act(f"defragmented {m.endpoint}: {_mib(m.db_size)} -> {_mib(after.db_size)} "
-                  f"({_mib(after.db_size_in_use)} in use)")
+                  f"({_mib(after.db_size_in_use)} in use) in {took:.1f} s")
             p.members = [after if x.endpoint == m.endpoint else x for x in p.members]
 
     def _await_member(self, endpoint: str) -> MemberStatus | None:
