@@ -14,7 +14,7 @@ import pytest
 from cellstate.api.client import ServiceUnavailable
 from cellstate.api.config import ServerConfig
 from cellstate.api.server import CellStateServer
-from cellstate.kv.base import Put, UnavailableError
+from cellstate.kv.base import Delete, Put, UnavailableError
 from cellstate.kv.etcd import EtcdAlarm, EtcdKV, EtcdNoSpaceError, MemberStatus
 from cellstate.maintenance import LOCK_KEY, Maintainer, MaintenancePolicy, MaintenanceReport
 from omega.etcd_launcher import LocalEtcd, local_cluster
@@ -292,6 +292,19 @@ def test_only_the_lock_holder_maintains(fresh_etcd: LocalEtcd) -> None:
         a.release()
         assert b.run_once().holder  # takes over at once
         assert any(kind == "defrag-start" for kind, _ in kv_b.events)
+
+
+def test_a_holder_whose_key_was_deleted_takes_the_lock_again(fresh_etcd: LocalEtcd) -> None:
+    policy = MaintenancePolicy(defrag_free_fraction=0.1, defrag_min_free_bytes=MiB,
+                               defrag_min_interval=0)
+    with EtcdKV([fresh_etcd.endpoint]) as kv:
+        m = Maintainer(kv, "a", policy)
+        write_history(kv)
+        assert m.run_once().holder
+        kv.txn([], [Delete(LOCK_KEY)])  # e.g. someone cleaned up the keyspace
+        write_history(kv)
+        assert m.run_once().holder
+        assert kv.range(LOCK_KEY).kvs[0].value == b"a"  # held again, not just believed
 
 
 def test_under_nospace_a_server_without_the_lock_recovers_if_nobody_holds_it(
