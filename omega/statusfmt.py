@@ -15,6 +15,8 @@ def status_text(s: dict[str, Any]) -> str:
         "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(s["jobs"].items())) or "none"),
         "tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(s["tasks"].items())) or "none"),
     ]
+    if s.get("etcd"):
+        lines.append(etcd_line(s["etcd"]))
     for x in s["schedulers"]:
         lines.append(
             f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
@@ -22,3 +24,13 @@ def status_text(s: dict[str, Any]) -> str:
             f"busyness {100 * x.get('busyness', 0):.1f}%, "
             f"wait mean {x.get('wait_mean_s', 0):.2f} s")
     return "\n".join(lines)
+
+
+def etcd_line(e: dict[str, Any]) -> str:
+    """The etcd maintenance loop's last view (cellstate.maintenance), alarms first."""
+    mib = 1024 * 1024
+    sizes = ", ".join(f"{m['endpoint']} {m['db_size'] / mib:.0f} MiB "
+                      f"({m['db_size_in_use'] / mib:.0f} in use)" for m in e["members"])
+    alarms = f"ALARMS {', '.join(e['alarms'])}; " if e["alarms"] else ""
+    read_only = "THE CELL IS READ-ONLY (etcd refuses writes); " if e["read_only"] else ""
+    return f"etcd: {read_only}{alarms}{sizes or 'no member answered'}"

@@ -55,8 +55,9 @@ def test_three_etcd_members_of_a_pinned_safe_release() -> None:
 
 
 def test_etcd_members_form_one_cluster_with_the_designs_flags() -> None:
-    required = _flags(["etcd", *server_flags(auto_compaction_retention=10000,
-                                             quota_backend_bytes=8 * 1024**3)])
+    # The launcher's defaults, not overrides: compose runs the settings the code does
+    # (one space quota, one auto-compaction; tests/test_etcd_quota.py).
+    required = _flags(["etcd", *server_flags()])
     peers = {f"{n}=http://{n}:2380" for n in ETCD}
     for name in ETCD:
         flags = _flags(SERVICES[name]["command"])

@@ -69,8 +69,8 @@ def test_start_and_stop_clean_up_process_and_temp_dir() -> None:
 def test_every_design_flag_is_explicit() -> None:
     flags = server_flags()
     for expected in (
-        "--auto-compaction-mode=revision",
-        "--auto-compaction-retention=10000",
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=60s",
         f"--quota-backend-bytes={2 * 1024**3}",
         "--max-txn-ops=256",
         "--max-request-bytes=1572864",

@@ -53,3 +53,11 @@ def test_wire_format_matches_etcd() -> None:
     assert pb.DESCRIPTOR.package == "etcdserverpb"
     assert kv_pb2.DESCRIPTOR.package == "mvccpb"
     assert pb.DESCRIPTOR.services_by_name["KV"].full_name == "etcdserverpb.KV"
+    # Maintenance (cellstate/maintenance.py): alarms, defragmentation, member sizes.
+    alarm = pb.AlarmRequest(action=pb.AlarmRequest.DEACTIVATE, memberID=1, alarm=pb.NOSPACE)
+    assert alarm.SerializeToString() == b"\x08\x02\x10\x01\x18\x01"
+    assert pb.AlarmResponse(alarms=[pb.AlarmMember(memberID=2, alarm=pb.CORRUPT)]) \
+        .SerializeToString() == b"\x12\x04\x08\x02\x10\x02"
+    assert pb.StatusResponse(dbSize=3, dbSizeInUse=4).SerializeToString() == b"\x18\x03\x48\x04"
+    methods = pb.DESCRIPTOR.services_by_name["Maintenance"].methods_by_name
+    assert sorted(methods) == ["Alarm", "Defragment", "Status"]

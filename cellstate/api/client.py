@@ -277,6 +277,7 @@ class CellClient:
             "agents": s.agents,
             "schedulers": [{"scheduler": x.scheduler, "instance": x.instance,
                             **orjson.loads(x.metrics_json)} for x in s.schedulers],
+            "etcd": orjson.loads(s.etcd_json) if s.etcd_json else None,
         }
 
     def keep_alive(self, lease: int, ttl: float = 10.0) -> int:

@@ -44,6 +44,8 @@ from cellstate.kv.base import (
     TxnTooLargeError,
     prefix_end,
 )
+from cellstate.kv.etcd import EtcdKV
+from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
     RELEASE_OUTCOMES,
     InstanceRecord,
@@ -154,6 +156,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.keys = replica.keys
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
+        self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
 
     @property
     def snap(self) -> CellSnapshot:
@@ -349,6 +352,9 @@ class CellStateService(pb_grpc.CellStateServicer):
             used=totals["used"], jobs=totals["jobs"], tasks=totals["tasks"],
             agents=totals["agents"], server=self.config.name,
         )
+        report = self.maintainer.last_report if self.maintainer is not None else None
+        if report is not None:
+            out.etcd_json = orjson.dumps(report.to_doc())
         prefix = metrics_prefix(self.config.cell)
         for kv in self.kv.range(prefix, prefix_end(prefix)).kvs:
             scheduler, _, instance = kv.key[len(prefix):].decode().partition("/")
@@ -520,13 +526,17 @@ class CellStateServer:
     """One replica of the service: its etcd watch, cache, reaper and gRPC server."""
 
     def __init__(self, kv: KV, config: ServerConfig, *, clock: Callable[[], float] = time.time,
-                 ) -> None:
+                 maintenance: MaintenancePolicy | None = None) -> None:
         self.kv = kv
         self.config = config
         self.replica = Replica(kv, config.cell)
         self.cache = WatchCache(self.replica)
         self.service = CellStateService(kv, config, self.replica, self.cache, clock)
         self.reaper = Reaper(kv, config.cell, self.replica)
+        # Keeps etcd below its space quota and recovers from NOSPACE (etcd only).
+        self.maintainer = (Maintainer(kv, config.name or config.listen, maintenance)
+                           if isinstance(kv, EtcdKV) else None)
+        self.service.maintainer = self.maintainer
         self.health = health.HealthServicer()
         opts = [("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -550,6 +560,8 @@ class CellStateServer:
                 log.info("settled %d gang(s) left by crashed committers", len(settled))
         self.replica.start()
         self.reaper.start()
+        if self.maintainer is not None:
+            self.maintainer.start()
         self.port = self.grpc.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
@@ -570,6 +582,8 @@ class CellStateServer:
         self.cache.close()
         self.grpc.stop(self.config.grace_seconds if grace is None else grace).wait()
         self.reaper.stop()
+        if self.maintainer is not None:
+            self.maintainer.stop()
         self.replica.stop()
 
     def wait(self) -> None:

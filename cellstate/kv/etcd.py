@@ -21,8 +21,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Self, TypeVar
 
+import attrs
 import grpc
 
 from cellstate.errors import EtcdAuthError as EtcdAuthError
@@ -55,7 +56,14 @@ from cellstate.kv.base import (
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.kv.etcdpb.mvccpb import kv_pb2 as mvccpb
 
-__all__ = ["EtcdAuthError", "EtcdKV", "EtcdWatcher"]
+__all__ = [
+    "EtcdAlarm",
+    "EtcdAuthError",
+    "EtcdKV",
+    "EtcdNoSpaceError",
+    "EtcdWatcher",
+    "MemberStatus",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +127,53 @@ _MSG_USER_EMPTY: Final = "user name is empty"
 _MSG_AUTH_FAILED: Final = "authentication failed"
 _MSG_AUTH_NOT_ENABLED: Final = "authentication is not enabled"
 _MSG_PERMISSION_DENIED: Final = "permission denied"
+_MSG_NO_SPACE: Final = "database space exceeded"
 
 # Failover: first try every endpoint once without waiting, then back off between rounds.
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 0.5
 
+
+
+class EtcdNoSpaceError(KVError):
+    """etcd refused a write because its backend reached ``--quota-backend-bytes`` (the
+    NOSPACE alarm): the cluster takes only reads and deletes until the space is freed
+    (compaction, defragmentation) and the alarm is disarmed
+    (:mod:`cellstate.maintenance` does all three)."""
+
+
+@attrs.frozen
+class MemberStatus:
+    """One etcd member's Maintenance.Status, as :meth:`EtcdKV.member_status` reads it."""
+
+    endpoint: str
+    member_id: int
+    leader: int  # the member this one believes leads (0: none)
+    db_size: int  # bytes the backend file takes (what the quota counts)
+    db_size_in_use: int  # bytes in use; the rest is free pages a defragmentation returns
+    revision: int
+    raft_term: int
+    version: str
+    errors: tuple[str, ...] = ()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.member_id != 0 and self.member_id == self.leader
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.db_size - self.db_size_in_use)
+
+
+@attrs.frozen
+class EtcdAlarm:
+    """A raised etcd alarm: ``kind`` is ``"NOSPACE"`` or ``"CORRUPT"``."""
+
+    member_id: int
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} on member {self.member_id:x}"
 
 
 class _Endpoint:
@@ -467,6 +517,12 @@ class EtcdKV:
         ):
             who = f" as user {self._username!r}" if self._username else ""
             return EtcdAuthError(f"{details}{who} {where}")
+        if _MSG_NO_SPACE in details:
+            return EtcdNoSpaceError(
+                f"etcd is out of space (NOSPACE alarm: --quota-backend-bytes reached); it "
+                f"takes only reads and deletes until compacted, defragmented and disarmed "
+                f"{where}"
+            )
         if code is _DEADLINE_EXCEEDED:
             return UnavailableError(f"etcd call timed out after {self.timeout:g} s {where}")
         return KVError(f"etcd {code.name}: {details} {where}")
@@ -594,11 +650,13 @@ class EtcdKV:
         )
         return TxnResult(response.succeeded, revision, results)
 
-    def compact(self, revision: int) -> None:
-        """Compact history before ``revision`` (logical compaction; etcd frees the space
-        in the background). Compacting at or below the current compacted revision raises
+    def compact(self, revision: int, *, physical: bool = False) -> None:
+        """Compact history before ``revision``. By default logical: etcd frees the space
+        in the background; with ``physical`` the call returns once the compacted
+        entries are gone from the backend (so a defragmentation right after returns
+        their space). Compacting at or below the current compacted revision raises
         :class:`CompactedError`, above the store revision :class:`FutureRevisionError`."""
-        request = pb.CompactionRequest(revision=revision, physical=False)
+        request = pb.CompactionRequest(revision=revision, physical=physical)
         self._call(lambda ep, t, md: ep.kv.Compact(request, timeout=t, metadata=md))
 
     def watch(
@@ -699,6 +757,83 @@ class EtcdKV:
         )
         return response
 
+    # -------------------------------------------------------------- maintenance
+
+    def _call_at(self, address: str, attempt: Callable[[_Endpoint, float, Any], T],
+                 timeout: float) -> T:
+        """Run ``attempt`` on the member at ``address`` only (no failover: maintenance
+        is about that member), logging in again once on a rejected token."""
+        for endpoint in self._endpoints:
+            if endpoint.address == _strip_scheme(address)[0]:
+                break
+        else:
+            raise ValueError(f"{address!r} is not one of this client's endpoints "
+                             f"({', '.join(self.endpoints)})")
+        if self._closed:
+            raise KVError("EtcdKV is closed")
+        if self._login_needed:
+            self._login()
+        metadata = self._metadata
+        try:
+            return attempt(endpoint, timeout, metadata)
+        except grpc.RpcError as err:
+            if self._username is not None and self._token_rejected(err):
+                self._login(stale=metadata)
+                try:
+                    return attempt(endpoint, timeout, self._metadata)
+                except grpc.RpcError as again:
+                    err = again
+            if err.code() in (_UNAVAILABLE, _DEADLINE_EXCEEDED):
+                raise UnavailableError(
+                    f"etcd member {endpoint.address} did not answer: {_describe(err)}"
+                ) from None
+            raise self._map_error(err, endpoint) from None
+
+    def member_status(self, endpoint: str, timeout: float | None = None) -> MemberStatus:
+        """Maintenance.Status of the member at ``endpoint`` (one of :attr:`endpoints`),
+        asked of that member alone. Raises :class:`UnavailableError` when it does not
+        answer within ``timeout`` (default: the client's)."""
+        request = pb.StatusRequest()
+        r: pb.StatusResponse = self._call_at(
+            endpoint,
+            lambda ep, t, md: ep.maintenance.Status(request, timeout=t, metadata=md),
+            timeout or self.timeout,
+        )
+        return MemberStatus(
+            endpoint=_strip_scheme(endpoint)[0], member_id=r.header.member_id,
+            leader=r.leader, db_size=r.dbSize, db_size_in_use=r.dbSizeInUse,
+            revision=r.header.revision, raft_term=r.raftTerm, version=r.version,
+            errors=tuple(r.errors),
+        )
+
+    def defragment(self, endpoint: str, timeout: float = 600.0) -> None:
+        """Defragment the member at ``endpoint``: rewrite its backend file without free
+        pages. The member serves nothing meanwhile (seconds per GiB), so do one member
+        at a time. With etcd auth on, this needs the root role."""
+        request = pb.DefragmentRequest()
+        self._call_at(
+            endpoint,
+            lambda ep, t, md: ep.maintenance.Defragment(request, timeout=t, metadata=md),
+            timeout,
+        )
+
+    def alarms(self) -> tuple[EtcdAlarm, ...]:
+        """Every raised alarm of the cluster (with failover between endpoints)."""
+        request = pb.AlarmRequest(action=pb.AlarmRequest.GET, memberID=0, alarm=pb.NONE)
+        response = self._call(
+            lambda ep, t, md: ep.maintenance.Alarm(request, timeout=t, metadata=md)
+        )
+        return tuple(
+            EtcdAlarm(a.memberID, pb.AlarmType.Name(a.alarm)) for a in response.alarms
+        )
+
+    def disarm(self, alarm: EtcdAlarm) -> None:
+        """Deactivate ``alarm`` (etcd then takes writes again, until the condition raises
+        it anew). With etcd auth on, this needs the root role."""
+        request = pb.AlarmRequest(action=pb.AlarmRequest.DEACTIVATE, memberID=alarm.member_id,
+                                  alarm=alarm.kind)
+        self._call(lambda ep, t, md: ep.maintenance.Alarm(request, timeout=t, metadata=md))
+
     def close(self) -> None:
         """Cancel every open watcher and close the channels. Idempotent; later calls
         raise :class:`KVError`."""
@@ -713,7 +848,7 @@ class EtcdKV:
         for endpoint in self._endpoints:
             endpoint.channel.close()
 
-    def __enter__(self) -> EtcdKV:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

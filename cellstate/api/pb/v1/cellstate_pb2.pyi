@@ -301,7 +301,7 @@ class SchedulerStatus(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., metrics_json: _Optional[bytes] = ...) -> None: ...
 
 class CellStatus(_message.Message):
-    __slots__ = ("revision", "machines_up", "machines_down", "capacity", "used", "jobs", "tasks", "schedulers", "agents", "server")
+    __slots__ = ("revision", "machines_up", "machines_down", "capacity", "used", "jobs", "tasks", "schedulers", "agents", "server", "etcd_json")
     class CapacityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +340,7 @@ class CellStatus(_message.Message):
     SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
+    ETCD_JSON_FIELD_NUMBER: _ClassVar[int]
     revision: int
     machines_up: int
     machines_down: int
@@ -350,7 +351,8 @@ class CellStatus(_message.Message):
     schedulers: _containers.RepeatedCompositeFieldContainer[SchedulerStatus]
     agents: int
     server: str
-    def __init__(self, revision: _Optional[int] = ..., machines_up: _Optional[int] = ..., machines_down: _Optional[int] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Mapping[str, int]] = ..., schedulers: _Optional[_Iterable[_Union[SchedulerStatus, _Mapping]]] = ..., agents: _Optional[int] = ..., server: _Optional[str] = ...) -> None: ...
+    etcd_json: bytes
+    def __init__(self, revision: _Optional[int] = ..., machines_up: _Optional[int] = ..., machines_down: _Optional[int] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Mapping[str, int]] = ..., schedulers: _Optional[_Iterable[_Union[SchedulerStatus, _Mapping]]] = ..., agents: _Optional[int] = ..., server: _Optional[str] = ..., etcd_json: _Optional[bytes] = ...) -> None: ...
 
 class RegisterInstanceRequest(_message.Message):
     __slots__ = ("scheduler", "instance", "policy", "started_at", "ttl")

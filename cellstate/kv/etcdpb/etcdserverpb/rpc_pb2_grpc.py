@@ -551,17 +551,39 @@ class MaintenanceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Alarm = channel.unary_unary(
+                '/etcdserverpb.Maintenance/Alarm',
+                request_serializer=etcdserverpb_dot_rpc__pb2.AlarmRequest.SerializeToString,
+                response_deserializer=etcdserverpb_dot_rpc__pb2.AlarmResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/etcdserverpb.Maintenance/Status',
                 request_serializer=etcdserverpb_dot_rpc__pb2.StatusRequest.SerializeToString,
                 response_deserializer=etcdserverpb_dot_rpc__pb2.StatusResponse.FromString,
+                _registered_method=True)
+        self.Defragment = channel.unary_unary(
+                '/etcdserverpb.Maintenance/Defragment',
+                request_serializer=etcdserverpb_dot_rpc__pb2.DefragmentRequest.SerializeToString,
+                response_deserializer=etcdserverpb_dot_rpc__pb2.DefragmentResponse.FromString,
                 _registered_method=True)
 
 
 class MaintenanceServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Alarm(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Defragment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -570,10 +592,20 @@ class MaintenanceServicer:
 
 def add_MaintenanceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Alarm': grpc.unary_unary_rpc_method_handler(
+                    servicer.Alarm,
+                    request_deserializer=etcdserverpb_dot_rpc__pb2.AlarmRequest.FromString,
+                    response_serializer=etcdserverpb_dot_rpc__pb2.AlarmResponse.SerializeToString,
+            ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=etcdserverpb_dot_rpc__pb2.StatusRequest.FromString,
                     response_serializer=etcdserverpb_dot_rpc__pb2.StatusResponse.SerializeToString,
+            ),
+            'Defragment': grpc.unary_unary_rpc_method_handler(
+                    servicer.Defragment,
+                    request_deserializer=etcdserverpb_dot_rpc__pb2.DefragmentRequest.FromString,
+                    response_serializer=etcdserverpb_dot_rpc__pb2.DefragmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -585,6 +617,33 @@ def add_MaintenanceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Maintenance:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Alarm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Maintenance/Alarm',
+            etcdserverpb_dot_rpc__pb2.AlarmRequest.SerializeToString,
+            etcdserverpb_dot_rpc__pb2.AlarmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Status(request,
@@ -603,6 +662,33 @@ class Maintenance:
             '/etcdserverpb.Maintenance/Status',
             etcdserverpb_dot_rpc__pb2.StatusRequest.SerializeToString,
             etcdserverpb_dot_rpc__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Defragment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Maintenance/Defragment',
+            etcdserverpb_dot_rpc__pb2.DefragmentRequest.SerializeToString,
+            etcdserverpb_dot_rpc__pb2.DefragmentResponse.FromString,
             options,
             channel_credentials,
             insecure,
