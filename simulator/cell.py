@@ -32,11 +32,11 @@ from cellstate.model import (
     TaskRecord,
     TaskState,
     Transaction,
+    fallbacks_taken,
     sum_resources,
     task_id,
 )
-from cellstate.replica import Replica
-from cellstate.validation import check_shape, validate
+from cellstate.validation import check_batch, check_shape, validate_many
 
 Changes = list[tuple[KeyKind, str]]
 Listener = Callable[[CellSnapshot, Changes | None], None]
@@ -69,42 +69,50 @@ class SimCell:
         self._listeners.append(listener)
 
     # -- the Committer side (schedulers.runtime) ---------------------------------------------
-
-    @property
-    def follows_snapshots(self) -> bool:
-        return True  # commits always see the current state
-
-    def follow(self, replica: Replica) -> None:
-        pass
-
-    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None:
-        pass
+    # Commits always see the current state: there is no working view to set up.
 
     def commit(self, txn: Transaction) -> CommitResult:
         """Validate against the current state and apply what was accepted."""
         check_shape(txn)
+        return self._commit([txn])[0]
+
+    def commit_many(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """Several transactions, decided in order as ``CellStore.commit_many`` decides
+        them, applied in one write."""
+        check_batch(txns)
+        return self._commit(list(txns))
+
+    def _commit(self, txns: list[Transaction]) -> list[CommitResult]:
         self.commits += 1
-        d = validate(self._snap, txn, shape_checked=True)
-        if not d.accepted:
-            return CommitResult((), d.rejected, self._snap.revision)
+        ds = validate_many(self._snap, txns, shape_checked=True)
+        if not any(d.accepted for d in ds):
+            return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
         rev = self._snap.revision + 1
         machines = self._snap.machines.mutate()
-        for mid, m in d.machines.items():
-            machines[mid] = m.with_seq(rev)
         tasks = self._snap.tasks.mutate()
-        for tid, rec in d.tasks.items():
-            # Not attrs.evolve: this runs once per placed task and evolve is 5x slower.
-            tasks[tid] = TaskRecord(rec.job, rec.index, rec.state, rec.machine, rec.scheduler,
-                                    rec.gang, rev)
-        for sched, res in d.added.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) + res
-        for sched, res in d.removed.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) - res
-        changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
-        changes.extend((KeyKind.TASK, tid) for tid in d.tasks)
+        # Dicts, not sets: the order of change events must not depend on hash seeds.
+        changed_machines: dict[str, None] = {}
+        changed_tasks: dict[str, None] = {}
+        for d in ds:  # each decision was made over the ones before: later records win
+            for mid, m in d.machines.items():
+                machines[mid] = m.with_seq(rev)
+            for tid, rec in d.tasks.items():
+                # Not attrs.evolve: this runs once per placed task and evolve is 5x slower.
+                tasks[tid] = TaskRecord(rec.job, rec.index, rec.state, rec.machine,
+                                        rec.scheduler, rec.gang, rev)
+            for sched, res in d.added.items():
+                self.usage[sched] = self.usage.get(sched, Resources()) + res
+            for sched, res in d.removed.items():
+                self.usage[sched] = self.usage.get(sched, Resources()) - res
+            changed_machines.update(dict.fromkeys(d.machines))
+            changed_tasks.update(dict.fromkeys(d.tasks))
+        changes: Changes = [(KeyKind.MACHINE, mid) for mid in changed_machines]
+        changes.extend((KeyKind.TASK, tid) for tid in changed_tasks)
         self._publish(attrs.evolve(self._snap, revision=rev, machines=machines.finish(),
                                    tasks=tasks.finish()), changes)
-        return CommitResult(d.accepted, d.rejected, rev, d.evicted)
+        return [CommitResult(d.accepted, d.rejected, rev, d.evicted,
+                             fell_back=fallbacks_taken(t.claims, d.accepted))
+                for t, d in zip(txns, ds, strict=True)]
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         if record.id in self._snap.instances:
