@@ -469,7 +469,10 @@ class CellStore:
             m = machines.get(mid)
             return 200 + _ALLOC_BYTES * (len(m.allocations) if m else 0)
 
-        ops = self.kv.max_txn_ops - (4 if nested else _RESERVED_OPS)
+        # Nested: the outer lists take at most half of etcd's limit, so that each
+        # machine's nested transaction keeps the other half (etcd gives it only what
+        # its parent's largest list leaves).
+        ops = self.kv.max_txn_ops // 2 if nested else self.kv.max_txn_ops - _RESERVED_OPS
         return _Budget(ops, self.options.max_txn_bytes, nested, machine_bytes)
 
     def _groups(self, claims: Sequence[Claim], nested: bool = False) -> list[list[Claim]]:
@@ -717,9 +720,11 @@ class CellStore:
         not fit (the caller sends the group as one write, which splits it)."""
         shared, comps = split
         prepared = [self._prepare(c.write) for c in comps if c.write is not None]
-        limit = self.kv.max_txn_ops
-        if (len(comps) > limit - 2 or len(shared) > limit
-                or any(len(p.write.guards) > limit or len(p.ops) > limit for p in prepared)
+        outer = max(len(comps), len(shared))
+        # etcd gives a nested transaction only the ops its parent's largest list leaves.
+        inner = self.kv.max_txn_ops - outer
+        if (outer > self.kv.max_txn_ops
+                or any(len(p.write.guards) > inner or len(p.ops) > inner for p in prepared)
                 or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
                                                        self.kv.max_request_bytes)):
             return None
