@@ -184,7 +184,7 @@ def test_etcd_store_matches_the_sequential_model(etcd_kv: KV, program: list[tupl
 
 def test_model_and_store_agree_on_a_hand_written_interleaving() -> None:
     """A fixed program that exercises each reason at least once (a regression anchor)."""
-    program = [
+    program: list[tuple] = [  # type: ignore[type-arg]
         ("commit", "s0", [(0, "m0", False, [], False), (1, "m0", False, [], False),
                           (2, "m0", False, [], False)], False, False),
         ("commit", "s1", [(0, "m0", False, [], False)], False, True),  # s1's snapshot is stale

@@ -19,6 +19,7 @@ from cellstate.model import (
     CommitResult,
     Detection,
     Fallback,
+    Job,
     TaskState,
     Transaction,
     TxnMode,
@@ -121,9 +122,9 @@ def test_same_results_for_plans_of_several_jobs_with_fallbacks_and_moves(
             assert sim.release_tasks([tid]) == [tid]
         else:
             jobs = rng.sample(JOBS, rng.randint(1, 3))
-            plan = []  # (job, [(index, machine, fallbacks, moves_from)])
+            plan: list[tuple[Job, list[tuple[int, str, tuple[str, ...], str]]]] = []
             for j in jobs:
-                claims = []
+                claims: list[tuple[int, str, tuple[str, ...], str]] = []
                 mine = [t for t in running if t.startswith(f"{j.id}/")]
                 if mine and rng.random() < 0.4:
                     tid = rng.choice(mine)
