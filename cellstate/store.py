@@ -1539,10 +1539,12 @@ class CellStore:
 @attrs.define
 class _Budget:
     """What one etcd transaction holds so far, to split claims over transactions within
-    etcd's limits (ops per list, request size). Every machine a claim may read counts
-    (its fallbacks and the machine it moves from too), and each new job twice (its spec
-    and its status are guarded). ``nested``: one nested transaction per machine, where
-    the outer transaction's ops count (machines, and the job guards) and the size."""
+    etcd's limits (ops per list, request size). A claim's machine and the machine it
+    moves from count, and each new job twice (its spec and its status are guarded).
+    Fallbacks do not: they are read only when the first machine fails, which is rare,
+    and a decision whose write turns out too large is split before it is sent (see
+    ``_split``). ``nested``: one nested transaction per machine, where the outer
+    transaction's ops count (machines, and the job guards) and the size."""
 
     ops: int
     max_bytes: int
@@ -1556,7 +1558,7 @@ class _Budget:
 
     def take(self, c: Claim) -> bool:
         """Count ``c`` in, unless it would not fit (an empty budget takes anything)."""
-        new = [m for m in c.machines() if m not in self.machines]
+        new = [m for m in (c.machine, c.moves_from) if m and m not in self.machines]
         new_job = c.job not in self.jobs
         size = 2 * _ALLOC_BYTES + sum(self.machine_bytes(m) for m in new)
         if self.nested:

@@ -4,11 +4,16 @@ Pick a random candidate machine; if a task fits, place it there and keep the mac
 as a candidate; otherwise drop the machine. Stop when every pending task is placed or
 no candidate is left. Incremental transactions by default; a job that asks for gang
 scheduling is committed as a gang by the runtime.
+
+Option ``fallbacks`` (default 0, at most ``MAX_FALLBACKS``): each claim also names that
+many other random machines that can host the task now, in the order drawn; when its
+machine no longer fits at commit time (another scheduler got there first), the store
+takes the first of them that does instead of rejecting the claim.
 """
 
 from __future__ import annotations
 
-from cellstate.model import Job
+from cellstate.model import MAX_FALLBACKS, Job
 from schedulers.api import Context, Plan, Policy, Unplaced
 from schedulers.placement import can_host, impossible
 
@@ -23,12 +28,15 @@ class BatchPolicy(Policy):
             return Plan()
         candidates = view.machine_ids()
         claims = []
+        alternatives = self._fallbacks(ctx)
         while pending and candidates:
             i = ctx.rng.randrange(len(candidates))
             mid = candidates[i]
             m = view.machine(mid)
             if m is not None and can_host(view, job, m):
-                claims.append(view.claim(job, pending.pop(0), mid))
+                alts = (_alternatives(ctx, job, candidates, mid, alternatives)
+                        if alternatives else ())
+                claims.append(view.claim(job, pending.pop(0), mid, fallbacks=alts))
             else:
                 # Swap-remove: O(1) and the order of the rest does not matter (random picks).
                 candidates[i] = candidates[-1]
@@ -42,3 +50,29 @@ class BatchPolicy(Policy):
             return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
         return Plan(tuple(claims), (Unplaced(
             job.id, f"no machine has room for {len(pending)} more task(s) now", len(pending)),))
+
+    def _fallbacks(self, ctx: Context) -> int:
+        raw = self.options.get("fallbacks", ctx.options.get("fallbacks", 0))
+        n = int(raw) if isinstance(raw, int | str) and str(raw).isdigit() else -1
+        if not 0 <= n <= MAX_FALLBACKS:
+            raise ValueError(f"batch policy: option fallbacks must be a whole number from 0 "
+                             f"to {MAX_FALLBACKS}, got {raw!r}")
+        return n
+
+
+def _alternatives(ctx: Context, job: Job, candidates: list[str], mid: str, n: int
+                  ) -> list[str]:
+    """Up to ``n`` other random candidates that can host a task of ``job`` now. A few
+    draws each: a busy cell may offer fewer (the claim then names fewer)."""
+    view, rng = ctx.view, ctx.rng
+    out: list[str] = []
+    for _ in range(4 * n):
+        if len(out) == n or len(candidates) <= len(out) + 1:
+            break
+        alt = candidates[rng.randrange(len(candidates))]
+        if alt == mid or alt in out:
+            continue
+        m = view.machine(alt)
+        if m is not None and can_host(view, job, m):
+            out.append(alt)
+    return out

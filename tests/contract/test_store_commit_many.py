@@ -190,3 +190,26 @@ def test_a_malformed_transaction_refuses_the_whole_batch(kv: KV) -> None:
     with pytest.raises(TransactionError, match=r"transactions\[1\]: .*named twice"):
         store.commit_many([good, bad])
     assert store.read_snapshot().revision == before
+
+
+@pytest.mark.parametrize("writes", WRITES)
+def test_claims_whose_fallbacks_make_the_write_too_large_are_split(kv: KV, writes: str) -> None:
+    """Fallbacks are not budgeted (they are read only when needed): when every claim
+    goes down its list, the decided write exceeds etcd's 128 compares, and the group is
+    split instead of sent."""
+    n = 25
+    full = [machine(f"f{i}", cpu=1) for i in range(4 * n)]
+    free = [machine(f"e{i}", cpu=1) for i in range(n)]
+    admin = make_cell(kv, [*full, *free], [job("rival", tasks=4 * n, scheduler="svc"),
+                                           job("j", tasks=n, gang=True)])
+    rival = admin.commit_many([Transaction("svc", tuple(
+        Claim("rival", i, f"f{i}") for i in range(4 * n)))])
+    assert len(rival[0].committed) == 4 * n
+    store = _store(kv, "default", writes)
+    claims = tuple(Claim("j", i, f"f{i}", fallbacks=tuple(
+        Fallback(m) for m in (f"f{n + i}", f"f{2 * n + i}", f"f{3 * n + i}", f"e{i}")))
+        for i in range(n))
+    (res,) = store.commit_many([Transaction("batch", claims, TxnMode.GANG)])
+    assert res.ok and res.placed_on() == {f"j/{i}": f"e{i}" for i in range(n)}
+    assert len(res.fell_back) == n and res.attempts > 1
+    assert violations(admin.read_snapshot()) == []
