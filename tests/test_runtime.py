@@ -258,3 +258,37 @@ def test_a_plan_of_several_jobs_is_one_commit_and_later_decisions_see_the_fallba
     assert sorted((c.task, c.machine) for _, c, _ in inst._inflight) == [
         ("j0/0", "m0"), ("j1/0", "m0"), ("j2/0", "m1")]
     assert inst.metrics.transactions == 3 and inst.metrics.successful == 3
+
+
+def test_batch_policy_proposes_fallbacks_that_can_host_the_task_when_asked() -> None:
+    import random as _random
+
+    from cellstate.model import MAX_FALLBACKS, Claim, Transaction
+    from schedulers.api import CellView, Context, Plan
+    from schedulers.placement import can_host
+
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=2) for i in range(6)]
+                         + [machine("full", cpu=0.5)])
+    h.submit([job("big", cpu=2), job("j", tasks=3)])
+    h.admin.commit(Transaction("batch", (Claim("big", 0, "m5"),)))  # m5 is full now
+    snap = h.admin.read_snapshot()
+    j = snap.jobs["j"]
+
+    def plan(fallbacks: object) -> Plan:
+        view = CellView(snap, "batch")
+        return BatchPolicy().schedule_job(
+            Context(view, 0.0, _random.Random(1), "batch", "0", {"fallbacks": fallbacks}), j)
+
+    claims = plan(2).claims
+    assert len(claims) == 3 and all(len(c.fallbacks) == 2 for c in claims)
+    for c in claims:
+        alts = [f.machine for f in c.fallbacks]
+        assert c.machine not in alts and len(set(alts)) == 2
+        assert not {"m5", "full"} & set(alts)  # only machines that can host a task
+        assert all(f.seen_seq == snap.machines[f.machine].seq for f in c.fallbacks)
+        assert all(can_host(CellView(snap, "batch"), j, snap.machines[m]) for m in alts)
+    assert all(c.fallbacks == () for c in plan(0).claims)
+    for bad in (MAX_FALLBACKS + 1, -1, "two", True):
+        with pytest.raises(ValueError, match="option fallbacks must be a whole number"):
+            plan(bad)
