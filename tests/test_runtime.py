@@ -268,7 +268,9 @@ def test_batch_policy_proposes_fallbacks_that_can_host_the_task_when_asked() -> 
     from schedulers.placement import can_host
 
     h = Harness()
-    h.admin.add_machines([machine(f"m{i}", cpu=2) for i in range(6)]
+    # Enough machines that two alternatives are always found in the policy's few
+    # random draws (the machines' order, and so the draws, depend on the hash seed).
+    h.admin.add_machines([machine(f"m{i}", cpu=2) for i in range(40)]
                          + [machine("full", cpu=0.5)])
     h.submit([job("big", cpu=2), job("j", tasks=3)])
     h.admin.commit(Transaction("batch", (Claim("big", 0, "m5"),)))  # m5 is full now
