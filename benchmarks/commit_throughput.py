@@ -48,7 +48,10 @@ Other options: ``--max-txn-ops N`` starts etcd with that limit and gives every E
 (and MemoryKV) the same, so the store packs more claims into one etcd Txn (etcd's
 default is 128; a claim costs the store 3 ops, so B=50 needs 2 Txns at the default);
 ``--follow-replica`` makes every store follow a Replica of its cell
-(``CellStore.follow``); ``--backends``, ``--batch``, ``--machines``, ``--seed``;
+(``CellStore.follow``); ``--fallbacks N`` gives every claim N other random machines
+(each with the sequence number the store's view holds for it) that the store takes, in
+order, when the first one no longer passes (``fb%``: committed claims that took one);
+``--backends``, ``--batch``, ``--machines``, ``--seed``;
 ``--profile DIR`` cProfiles the committers of the incremental/fine/4-committer etcd run.
 """
 
@@ -96,8 +99,10 @@ from cellstate.kv.base import (  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.kv.memory import MemoryKV  # noqa: E402
 from cellstate.model import (  # noqa: E402
+    MAX_FALLBACKS,
     Claim,
     Detection,
+    Fallback,
     Job,
     Machine,
     Resources,
@@ -249,8 +254,9 @@ def delete_prefix(kv: KV, prefix: bytes) -> None:
 
 
 def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: TxnMode,
-                detection: Detection, batch: int, seed: int, t0: float, deadline: float,
-                cpu_clock: Callable[[], float] = time.process_time) -> dict[str, Any]:
+                detection: Detection, batch: int, seed: int, fallbacks: int, t0: float,
+                deadline: float, cpu_clock: Callable[[], float] = time.process_time,
+                ) -> dict[str, Any]:
     """Commit transactions until ``deadline``. ``cpu_clock`` measures this committer's
     CPU: the process's (threads included) for a committer process, the thread's for a
     committer thread."""
@@ -259,7 +265,7 @@ def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: Tx
     machines = store.view.machines
     job, sched = job_id(committer), scheduler_name(committer)
     counting.reset()
-    index = committed = rejected = commits = attempts = 0
+    index = committed = rejected = commits = attempts = fell_back = 0
     latencies: list[float] = []
     pause = t0 - time.monotonic()
     if pause > 0:
@@ -269,7 +275,9 @@ def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: Tx
     while time.monotonic() < deadline:
         chosen = rng.choices(mids, k=batch)
         claims = tuple(
-            Claim(job, index + i, mid, machines[mid].seq) for i, mid in enumerate(chosen)
+            Claim(job, index + i, mid, machines[mid].seq,
+                  fallbacks=_alternatives(rng, mids, machines, mid, fallbacks))
+            for i, mid in enumerate(chosen)
         )
         index += batch
         started = perf()
@@ -277,16 +285,26 @@ def commit_loop(store: CellStore, counting: CountingKV, committer: int, mode: Tx
         latencies.append(perf() - started)
         committed += len(res.committed)
         rejected += len(res.rejected)
+        fell_back += len(res.fell_back)
         commits += 1
         attempts += res.attempts
     end = time.monotonic()
     return {
         "committed": committed, "rejected": rejected, "commits": commits,
+        "fell_back": fell_back,
         "attempts": attempts, "latencies": latencies, "end": end, "cpu_s": cpu_clock() - cpu0,
         "read_txns": counting.read_txns, "write_txns": counting.write_txns,
         "failed_write_txns": counting.failed_write_txns, "ok_compares": counting.ok_compares,
         "ok_puts": counting.ok_puts, "ok_bytes": counting.ok_bytes,
     }
+
+
+def _alternatives(rng: random.Random, mids: Sequence[str], machines: Any, mid: str,
+                  n: int) -> tuple[Fallback, ...]:
+    if not n:
+        return ()
+    alts = [m for m in dict.fromkeys(rng.choices(mids, k=n + 1)) if m != mid][:n]
+    return tuple(Fallback(m, machines[m].seq) for m in alts)
 
 
 # -- the raw baseline --------------------------------------------------------------------
@@ -403,7 +421,8 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                         replica = Replica(kv, p["cell"]).start()
                         store.follow(replica)
                     run = functools.partial(commit_loop, store, counting, wid, p["mode"],
-                                            p["detection"], p["batch"], p["seed"])
+                                            p["detection"], p["batch"], p["seed"],
+                                            p["fallbacks"])
                 else:
                     raw = RawCommitter(kv, p["prefix"], p["machines"], p["batch"], p["seed"])
                     raw.prepare()
@@ -579,6 +598,7 @@ def summarize(t0: float, results: Sequence[dict[str, Any]], etcd_cpu_s: float | 
         "committed": committed,
         "rejected": rejected,
         "rejected_fraction": rejected / max(1, committed + rejected),
+        "fell_back_fraction": sum(r["fell_back"] for r in results) / max(1, committed),
         "commits": commits,
         "etcd_txns_per_commit": sum(r["attempts"] for r in results) / max(1, commits),
         "conflict_fraction": (writes - ok_writes) / max(1, writes),
@@ -628,7 +648,7 @@ def summarize_raw(t0: float, results: Sequence[dict[str, Any]],
 
 HEADER = (
     f"{'backend':<7} {'comm':>4} {'mode':<11} {'detect':<6} {'place/s':>8} {'commit/s':>8} "
-    f"{'p50 ms':>7} {'p99 ms':>7} {'rej%':>5} {'confl%':>6} {'txn/c':>5} "
+    f"{'p50 ms':>7} {'p99 ms':>7} {'rej%':>5} {'fb%':>5} {'confl%':>6} {'txn/c':>5} "
     f"{'raw Txn/s':>9} {'raw pl/s':>8} {'st/raw':>6} {'other%':>6}"
 )
 
@@ -644,6 +664,7 @@ def row(cfg: dict[str, Any], raw: dict[str, Any] | None) -> str:
         f"{cfg['backend']:<7} {cfg['committers']:>4} {cfg['mode']:<11} {cfg['detection']:<6} "
         f"{s['placements_per_s']:>8.0f} {s['commits_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
         f"{s['p99_ms']:>7.1f} {100 * s['rejected_fraction']:>5.1f} "
+        f"{100 * s['fell_back_fraction']:>5.1f} "
         f"{100 * s['conflict_fraction']:>6.1f} {s['etcd_txns_per_commit']:>5.2f} {rawpart} "
         f"{_pct(cfg.get('other_cpu_pct'))}"
     )
@@ -693,7 +714,7 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
                 target=_thread_main, daemon=True,
                 args=(results, errors, i, functools.partial(
                     commit_loop, stores[i], countings[i], i, mode, det, args.batch,
-                    args.seed + i, t0, t0 + args.seconds, time.thread_time)),
+                    args.seed + i, args.fallbacks, t0, t0 + args.seconds, time.thread_time)),
             )
             for i in range(n)
         ]
@@ -731,6 +752,7 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                 params = [{"cell": cell, "mode": mode, "detection": det, "batch": args.batch,
                            "seed": args.seed + 1000 * n + i, "follow": args.follow_replica,
                            "max_txn_ops": args.max_txn_ops,
+                           "fallbacks": args.fallbacks,
                            "profile": f"{profile}/committer-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results, cpu = workers.round("store", params, args.seconds, meter)
@@ -879,6 +901,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--follow-replica", action="store_true",
                     help="each committer's store follows a Replica of the cell (a watch), so "
                          "its view sees other committers' writes (CellStore.follow)")
+    ap.add_argument("--fallbacks", type=int, default=0,
+                    help=f"alternative machines per claim (0-{MAX_FALLBACKS})")
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile every committer of the incremental/fine/4-committer etcd "
                          "run into DIR/committer-<i>.prof (slows them down)")
@@ -891,6 +915,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "puts 5 compares in the store's etcd Txn)")
     if args.seconds is None:
         args.seconds = 1.5 if args.quick else 4.0
+    if not 0 <= args.fallbacks <= MAX_FALLBACKS:
+        ap.error(f"--fallbacks takes 0 to {MAX_FALLBACKS}")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not set(backends) <= {"etcd", "memory"}:
         ap.error("--backends takes etcd and/or memory")
@@ -918,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machines": args.machines, "fsync": not args.no_fsync,
         "load_average_at_start": os.getloadavg(), "follow_replica": args.follow_replica,
         "max_txn_ops": args.max_txn_ops,
+        "fallbacks": args.fallbacks,
     }
     bytes_rows: list[dict[str, Any]] = []
     cell_no = iter(range(1_000_000))
@@ -941,7 +968,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"mem={MACHINE_MEM:g}), tasks cpu={TASK_CPU:g} mem={TASK_MEM:g}, "
              f"B={args.batch} claims per transaction, {args.seconds:g} s per configuration; "
              + ("each store follows a replica (--follow-replica)" if args.follow_replica else
-                "stores learn others' writes only from failed guards (no replica)"))
+                "stores learn others' writes only from failed guards (no replica)")
+             + f"; {args.fallbacks} fallback machine(s) per claim")
         load = os.getloadavg()
         emit(f"host: {os.cpu_count()} cores (load average {load[0]:.2f} {load[1]:.2f} "
              f"{load[2]:.2f} at the start), Python {platform.python_version()}"
@@ -960,7 +988,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_bytes(bytes_rows, args.batch, "etcd" if kv is not None else "the memory KV", emit)
         emit("")
         emit("place/s = committed claims per second of wall time over all committers; "
-             "rej% = claims rejected; confl% = etcd Txns whose guards failed; txn/c = etcd "
+             "rej% = claims rejected; fb% = committed claims that took a fallback; "
+             "confl% = etcd Txns whose guards failed; txn/c = etcd "
              "Txns per commit; raw = the smallest Txn a commit of B claims needs (per machine "
              "a compare and a put of its small record, per task a put of its record; same "
              "etcd, same process count, no store, no conflicts); raw Txn/s = its etcd Txns "

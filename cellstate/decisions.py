@@ -66,6 +66,22 @@ class Change:
         return self.reads | frozenset(self.writes)
 
 
+def merged(changes: Sequence[Change]) -> Change:
+    """Changes decided one over another (each saw the ones before it) as one change:
+    later records win, reads add up."""
+    reads: set[Ref] = set()
+    writes: dict[Ref, object] = {}
+    added: dict[str, Resources] = {}
+    removed: dict[str, Resources] = {}
+    for c in changes:
+        reads |= c.reads
+        writes.update(c.writes)
+        for into, more in ((added, c.added), (removed, c.removed)):
+            for s, r in more.items():
+                into[s] = into.get(s, Resources()) + r
+    return Change(frozenset(reads), writes, added, removed)
+
+
 def _machine_reads(m: Machine) -> set[Ref]:
     """A machine and the gangs whose staged records on it decide how they read."""
     refs: set[Ref] = {(KeyKind.MACHINE, m.id)}

@@ -525,10 +525,36 @@ class UsageRecord:
 # -- transactions --------------------------------------------------------------------
 
 
+# Alternatives one claim may name. Every machine the store tries is a read of the
+# claim (guarded in the etcd transaction and counted against its 128-op lists), so a
+# few keep a claim's cost bounded; beyond that a scheduler should decide again.
+MAX_FALLBACKS = 4
+
+
+@attrs.frozen(slots=True)
+class Fallback:
+    """An alternative machine for a claim, with the sequence number the scheduler saw
+    for it. Under coarse detection a fallback is taken only if its machine is still at
+    that sequence (exactly as for the claim's first machine); fine detection ignores it."""
+
+    machine: str
+    seen_seq: int = 0
+
+
 @attrs.frozen(slots=True)
 class Claim:
     """Place task ``index`` of ``job`` on ``machine``, seen at sequence ``seen_seq``,
-    optionally preempting tasks (ids) that run on that machine."""
+    optionally preempting tasks (ids) that run on that machine.
+
+    ``fallbacks``: other machines, in order of preference (at most MAX_FALLBACKS). When
+    the claim does not pass on ``machine``, the store tries each in turn within the
+    same commit and takes the first that passes; the committed claim names the machine
+    taken. A claim that evicts cannot have fallbacks (its victims are on one machine).
+
+    ``moves_from``: the task runs now on that machine and moves to the one taken: its
+    old allocation is released in the same write (the task stays running). The old
+    machine is a read of the claim, so the move is refused if the task no longer runs
+    there."""
 
     job: str
     index: int
@@ -538,11 +564,32 @@ class Claim:
     # If given, must equal the job's per-task resources (a check against confused or
     # hostile clients); None means "what the job asks for".
     resources: Resources | None = None
+    fallbacks: tuple[Fallback, ...] = ()
+    moves_from: str = ""
 
     @functools.cached_property
     def task(self) -> str:
         """The task id (computed once: the commit path asks for it many times)."""
         return task_id(self.job, self.index)
+
+    def candidates(self) -> tuple[tuple[str, int], ...]:
+        """(machine, seen sequence) in the order the store tries them."""
+        if not self.fallbacks:
+            return ((self.machine, self.seen_seq),)
+        return ((self.machine, self.seen_seq), *((f.machine, f.seen_seq) for f in self.fallbacks))
+
+    def machines(self) -> tuple[str, ...]:
+        """Every machine the claim may read: its candidates and the one it moves from."""
+        out = tuple(m for m, _ in self.candidates())
+        return (*out, self.moves_from) if self.moves_from else out
+
+    def taking(self, machine: str) -> Claim:
+        """This claim as committed on ``machine`` (its first choice or a fallback): it
+        names that machine and the sequence seen for it, and no fallbacks."""
+        if not self.fallbacks:
+            return self
+        seq = dict(self.candidates())[machine]
+        return attrs.evolve(self, machine=machine, seen_seq=seq, fallbacks=())
 
 
 @attrs.frozen(slots=True)
@@ -578,15 +625,33 @@ class Rejection:
 
 @attrs.frozen(slots=True)
 class CommitResult:
+    """How one transaction went. ``committed`` holds each committed claim as applied:
+    its ``machine`` is the one it took (its first choice or a fallback, see
+    :meth:`Claim.taking`); ``fell_back`` lists the tasks whose claim took a fallback."""
+
     committed: tuple[Claim, ...]
     rejected: tuple[Rejection, ...]
     revision: int  # the store revision after the last write of this commit
     evicted: tuple[str, ...] = ()
     attempts: int = 1  # etcd transactions tried, including guard failures
+    fell_back: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.rejected
 
+    def placed_on(self) -> dict[str, str]:
+        """Task id -> the machine its committed claim took."""
+        return {c.task: c.machine for c in self.committed}
+
     def reasons(self) -> dict[str, Reason]:
         return {r.claim.task: r.reason for r in self.rejected}
+
+
+def fallbacks_taken(claims: Iterable[Claim], committed: Iterable[Claim]) -> tuple[str, ...]:
+    """The tasks of ``committed`` (claims as applied) that took a machine other than
+    their claim's first choice (``claims``: as sent)."""
+    first = {c.task: c.machine for c in claims if c.fallbacks}
+    if not first:
+        return ()
+    return tuple(c.task for c in committed if c.task in first and c.machine != first[c.task])

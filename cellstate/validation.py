@@ -14,6 +14,8 @@ the reason):
    a gang job's tasks come in a gang transaction that claims every one
    of them not already running or ended                                 -> invalid
 2. the task is not placed or reserved already                           -> task_already_placed
+   (a move: the task runs on ``moves_from``, not marked for eviction      -> invalid)
+   then, for the claim's machine and each of its fallbacks in turn, until one passes:
 3. the machine exists                                                   -> unknown_machine
 4. coarse detection only: the machine's sequence number is the one seen -> sequence_changed
 5. the machine is up                                                    -> machine_down
@@ -26,8 +28,23 @@ the reason):
 Checks 5, 8 and 9 are the fit rules of ``cellstate/fit.py``, the one copy the
 policies use too, so a policy proposes what this accepts.
 
+A claim with fallbacks is rejected only if every machine it names fails; the reason
+is its first machine's, the detail lists each machine's. Every machine tried is a read
+of the decision (a fallback taken relies on the machines before it having failed), so
+the store's guards cover them all; machines after the one taken are not read.
+
+A move (``Claim.moves_from``) releases the task's allocation on the old machine in the
+same decision (the task stays running, now on the machine taken). The old machine is
+a read, guarded like a victim's; coarse detection applies to the machine taken, the
+old one is checked fine-grained (the task must still run there). A move does not
+change what the scheduler holds, so it is not checked against its resource limit. A
+move cannot be staged as part of a gang too large for one etcd transaction.
+
 A gang transaction commits only if every claim passes; otherwise the failing claims
 keep their reasons and all others are rejected as gang_aborted.
+
+``validate_many`` decides several transactions in order, each against the cell plus
+the decisions before it, as if each had been committed on its own before the next.
 
 The job's spec and status are reads of every claim's decision, guarded like the
 machine's sequence number: a kill or a resize and a racing claim cannot both succeed.
@@ -40,7 +57,8 @@ lost one task re-places just that one).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -48,12 +66,16 @@ from cellstate import fit
 from cellstate.cell import CellReader, alloc_placed, machine_used, task_view
 from cellstate.errors import TransactionError as TransactionError
 from cellstate.model import (
+    MAX_FALLBACKS,
     PLACEABLE,
     Allocation,
+    CellConfig,
     Claim,
     Detection,
+    Fallback,
     GangRecord,
     Job,
+    JobStatus,
     Machine,
     ModelError,
     Reason,
@@ -72,6 +94,9 @@ from cellstate.model import (
 )
 
 MAX_CLAIMS_PER_TRANSACTION = 100_000
+# One commit call (CellStore.commit_many, the service's Commit) carries at most this
+# many transactions, and all of them together at most MAX_CLAIMS_PER_TRANSACTION claims.
+MAX_TRANSACTIONS_PER_COMMIT = 10_000
 
 
 @attrs.frozen
@@ -96,10 +121,18 @@ class Decision:
     added: Mapping[str, Resources]  # per scheduler: resources newly held
     removed: Mapping[str, Resources]  # per scheduler: resources freed by evictions
     reads: Reads
+    # task -> the machines its claim's decision read (candidates tried, the machine a
+    # move leaves): the store's per-machine writes keep them in one nested transaction.
+    claim_machines: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
 
     @functools.cached_property
     def accepted_tasks(self) -> frozenset[str]:
         return frozenset(c.task for c in self.accepted)
+
+    @functools.cached_property
+    def accepted_by_task(self) -> Mapping[str, Claim]:
+        """Task id -> the accepted claim as applied (on the machine it took)."""
+        return {c.task: c for c in self.accepted}
 
     def rejection_of(self, task: str) -> Rejection:
         return next(r for r in self.rejected if r.claim.task == task)
@@ -174,6 +207,7 @@ def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
                 check_amount(amount, f"resources.{name}")
         except ModelError as e:
             out.append(f"{where}: {e}")
+    out.extend(_alternative_problems(where, c))
     evict: object = c.evict
     if not isinstance(evict, tuple):
         out.append(f"{where}: evict must be a tuple of task ids")
@@ -191,6 +225,76 @@ def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
             out.append(f"{where}: evicts task {victim} twice")
         seen.add(victim)
     return out
+
+
+def _alternative_problems(where: str, c: Claim) -> list[str]:
+    """Problems with a claim's fallbacks and move, whatever the cell holds."""
+    out: list[str] = []
+    moves_from: object = c.moves_from
+    if not isinstance(moves_from, str):
+        out.append(f"{where}: moves_from must be a machine id or empty, got {moves_from!r}")
+    elif moves_from:
+        try:
+            check_name(moves_from, f"{where}: moves_from")
+        except ModelError as e:
+            out.append(str(e))
+        if moves_from == c.machine:
+            out.append(f"{where}: moves task {c.job}/{c.index} from {moves_from!r} to the "
+                       "same machine")
+    fallbacks: object = c.fallbacks
+    if not isinstance(fallbacks, tuple):
+        return [*out, f"{where}: fallbacks must be a tuple of Fallback"]
+    if len(c.fallbacks) > MAX_FALLBACKS:
+        out.append(f"{where}: {len(c.fallbacks)} fallbacks, more than the limit of "
+                   f"{MAX_FALLBACKS}")
+    if c.fallbacks and c.evict:
+        out.append(f"{where}: a claim that evicts cannot have fallbacks (its victims run on "
+                   "its first machine)")
+    named = {c.machine}
+    for k, item in enumerate(c.fallbacks[:MAX_FALLBACKS + 1]):
+        at = f"{where}: fallbacks[{k}]"
+        f: object = item
+        if not isinstance(f, Fallback):
+            out.append(f"{at} is not a Fallback")
+            continue
+        try:
+            check_name(f.machine, f"{at}: machine")
+        except ModelError as e:
+            out.append(str(e))
+            continue
+        if isinstance(f.seen_seq, bool) or not isinstance(f.seen_seq, int) or f.seen_seq < 0:
+            out.append(f"{at}: seen_seq {f.seen_seq!r} is not a non-negative integer")
+        if f.machine in named:
+            out.append(f"{at}: machine {f.machine!r} is named twice by this claim")
+        elif f.machine == c.moves_from:
+            out.append(f"{at}: machine {f.machine!r} is the one the task moves from")
+        named.add(f.machine)
+    return out
+
+
+def check_batch(txns: Sequence[Transaction]) -> None:
+    """Refuse a batch of transactions for one commit call if any is malformed (naming
+    it by its index) or the batch is over the limits."""
+    seq: object = txns
+    if not isinstance(seq, list | tuple):
+        raise TransactionError("transactions must be a sequence of Transaction")
+    if not txns:
+        raise TransactionError("no transactions to commit")
+    if len(txns) > MAX_TRANSACTIONS_PER_COMMIT:
+        raise TransactionError(f"{len(txns)} transactions in one commit, more than the limit "
+                               f"of {MAX_TRANSACTIONS_PER_COMMIT}")
+    claims = 0
+    for i, t in enumerate(txns):
+        if not isinstance(t, Transaction):
+            raise TransactionError(f"transactions[{i}] is not a Transaction")
+        claims += len(t.claims) if isinstance(t.claims, tuple) else 0
+        try:
+            check_shape(t)
+        except TransactionError as e:
+            raise TransactionError(f"transactions[{i}]: {e}") from None
+    if claims > MAX_CLAIMS_PER_TRANSACTION:
+        raise TransactionError(f"{claims} claims in one commit, more than the limit of "
+                               f"{MAX_CLAIMS_PER_TRANSACTION}")
 
 
 # -- decision ------------------------------------------------------------------------
@@ -221,9 +325,11 @@ class _Work:
         self.read_gangs: set[str] = set()
         self.read_usage: set[str] = set()
         self.read_statuses: set[str] = set()
+        self.claim_reads: set[str] = set()  # machines read by the claim being decided
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
+        self.claim_reads.add(mid)
         m = self.machines.get(mid)
         if m is None:
             m = self.cell.machines.get(mid)
@@ -264,14 +370,18 @@ def validate(
     w = _Work(cell, txn, staging_gang, seq_rewrites or {})
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
+    claim_machines: dict[str, frozenset[str]] = {}
     refused = _gang_job_rules(cell, txn, gang_coverage)
     for claim in txn.claims:
-        rejection = refused.get(claim.task) or _check_claim(w, claim)
-        if rejection is None:
-            _apply(w, claim)
-            accepted.append(claim)
+        w.claim_reads = set()
+        refusal = refused.get(claim.task)
+        outcome = refusal if refusal is not None else _check_claim(w, claim)
+        if isinstance(outcome, str):
+            _apply(w, claim, outcome)
+            accepted.append(claim.taking(outcome))
         else:
-            rejected.append(rejection)
+            rejected.append(outcome)
+        claim_machines[claim.task] = frozenset(w.claim_reads)
     reads = Reads(
         frozenset(w.read_machines),
         frozenset(w.read_tasks),
@@ -290,7 +400,8 @@ def validate(
         )
         ordered = {r.claim.task: r for r in (*rejected, *aborted)}
         return Decision(
-            (), tuple(ordered[c.task] for c in txn.claims), {}, {}, (), {}, {}, reads
+            (), tuple(ordered[c.task] for c in txn.claims), {}, {}, (), {}, {}, reads,
+            claim_machines,
         )
     return Decision(
         tuple(accepted),
@@ -301,7 +412,80 @@ def validate(
         w.added,
         w.removed,
         reads,
+        claim_machines,
     )
+
+
+def validate_many(
+    cell: CellReader,
+    txns: Sequence[Transaction],
+    *,
+    seq_rewrites: Sequence[Mapping[str, tuple[int, int]]] | None = None,
+    shape_checked: bool = False,
+) -> list[Decision]:
+    """Decide ``txns`` in order, each against ``cell`` plus the decisions before it,
+    with the same outcome as committing each on its own before deciding the next (so a
+    batch of one transaction per job is answered exactly as separate commits would be).
+    ``seq_rewrites[i]`` is ``validate``'s ``seq_rewrites`` for ``txns[i]``."""
+    out: list[Decision] = []
+    reader: CellReader = cell
+    overlay: _Overlay | None = None
+    for i, t in enumerate(txns):
+        d = validate(reader, t, seq_rewrites=seq_rewrites[i] if seq_rewrites else None,
+                     shape_checked=shape_checked)
+        out.append(d)
+        if i + 1 < len(txns) and (d.machines or d.tasks):
+            if overlay is None:
+                reader = overlay = _Overlay(cell)
+            overlay.add(d)
+    return out
+
+
+class _Overlay:
+    """A cell reader: ``cell`` with decisions applied that are not written yet.
+
+    Machines those decisions change read at sequence -1, a sequence no scheduler saw:
+    under coarse detection a later transaction's claim on them conflicts, as it would
+    after a separate commit had moved the machine's sequence."""
+
+    def __init__(self, cell: CellReader) -> None:
+        self.cell = cell
+        self._machines: dict[str, Machine] = {}
+        self._tasks: dict[str, TaskRecord] = {}
+        self._usage: dict[str, object] = {}
+        self.machines = ChainMap(self._machines, cell.machines)  # type: ignore[arg-type]
+        self.tasks = ChainMap(self._tasks, cell.tasks)  # type: ignore[arg-type]
+        self.usage = ChainMap(self._usage, cell.usage)  # type: ignore[arg-type]
+
+    @property
+    def revision(self) -> int:
+        return self.cell.revision
+
+    @property
+    def config(self) -> CellConfig:
+        return self.cell.config
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        return self.cell.jobs
+
+    @property
+    def gangs(self) -> Mapping[str, GangRecord]:
+        return self.cell.gangs
+
+    @property
+    def statuses(self) -> Mapping[str, JobStatus]:
+        return self.cell.statuses
+
+    def add(self, d: Decision) -> None:
+        for mid, m in d.machines.items():
+            self._machines[mid] = m.with_seq(-1)
+        self._tasks.update(d.tasks)
+        for s in set(d.added) | set(d.removed):
+            rec = self.usage.get(s)
+            if isinstance(rec, UsageRecord):
+                used = rec.used + d.added.get(s, Resources()) - d.removed.get(s, Resources())
+                self._usage[s] = attrs.evolve(rec, used=used)
 
 
 def _reject(claim: Claim, reason: Reason, detail: str, dimension: str = "") -> Rejection:
@@ -353,7 +537,8 @@ def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
     return out
 
 
-def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
+def _check_claim(w: _Work, claim: Claim) -> Rejection | str:
+    """The claim's rejection, or the machine it takes."""
     txn = w.txn
     w.read_jobs.add(claim.job)
     job = w.cell.jobs.get(claim.job)
@@ -387,20 +572,38 @@ def _check_claim(w: _Work, claim: Claim) -> Rejection | None:
     rejection = _check_task(w, claim)
     if rejection is not None:
         return rejection
-    m = w.machine(claim.machine)
+    if not claim.fallbacks:
+        first = _check_machine(w, claim, job, claim.machine, claim.seen_seq)
+        return claim.machine if first is None else first
+    failed: list[Rejection] = []
+    for mid, seen in claim.candidates():
+        rejection = _check_machine(w, claim, job, mid, seen)
+        if rejection is None:
+            return mid
+        failed.append(rejection)
+    first = failed[0]
+    tried = "; ".join(r.detail for r in failed[1:])
+    return attrs.evolve(first, detail=f"{first.detail}; fallbacks: {tried}")
+
+
+def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
+                   ) -> Rejection | None:
+    """Checks 3-10 of the claim on one of its candidate machines."""
+    txn = w.txn
+    m = w.machine(mid)
     if m is None:
-        return _reject(claim, Reason.UNKNOWN_MACHINE, f"unknown machine {claim.machine!r}")
-    committed = w.cell.machines.get(claim.machine)
+        return _reject(claim, Reason.UNKNOWN_MACHINE, f"unknown machine {mid!r}")
+    committed = w.cell.machines.get(mid)
     if (
         txn.detection is Detection.COARSE
         and committed is not None
-        and committed.seq != claim.seen_seq
-        and w.seq_rewrites.get(m.id) != (claim.seen_seq, committed.seq)
+        and committed.seq != seen_seq
+        and w.seq_rewrites.get(m.id) != (seen_seq, committed.seq)
     ):
         return _reject(
             claim,
             Reason.SEQUENCE_CHANGED,
-            f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {claim.seen_seq}",
+            f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {seen_seq}",
         )
     miss = fit.machine_up(m)
     if miss is not None:
@@ -444,11 +647,34 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
     rec = w.cell.tasks.get(tid)
     if rec is not None and rec.gang:
         w.read_gangs.add(rec.gang)
+    if claim.moves_from:
+        return _check_move(w, claim, view.state, view.machine)
     if view.state not in (TaskState.PENDING, TaskState.LOST, TaskState.PREEMPTED):
         where = f" on machine {view.machine!r}" if view.machine else ""
         return _reject(
             claim, Reason.TASK_ALREADY_PLACED, f"task {tid} is {view.state.value}{where}"
         )
+    return None
+
+
+def _check_move(w: _Work, claim: Claim, state: TaskState, machine: str) -> Rejection | None:
+    """A move needs the task running on the machine it names (read, so guarded)."""
+    tid, old = claim.task, claim.moves_from
+    if w.gang:
+        return _reject(claim, Reason.INVALID, f"cannot move task {tid}: a move cannot be part "
+                       "of a gang too large for one etcd transaction")
+    if state is not TaskState.RUNNING or machine != old:
+        where = f" on machine {machine!r}" if machine else ""
+        return _reject(claim, Reason.INVALID, f"cannot move task {tid} from {old!r}: it is "
+                       f"{state.value}{where}")
+    m = w.machine(old)
+    a = m.allocations.get(tid) if m is not None else None
+    if a is None or not alloc_placed(a, w.gangs):
+        return _reject(claim, Reason.INVALID,
+                       f"cannot move task {tid}: it does not run on {old!r}")
+    if a.evicted_by:
+        return _reject(claim, Reason.INVALID, f"cannot move task {tid}: gang {a.evicted_by} "
+                       "in flight evicts it")
     return None
 
 
@@ -488,6 +714,8 @@ def _check_resources(
     miss = fit.resources(job.task_resources, m, machine_used(m, w.gangs, w.gang), freed)
     if miss is not None:
         return _reject(claim, miss.reason, miss.detail, miss.dimension)
+    if claim.moves_from:
+        return None  # a move does not change what the scheduler holds
     return _check_usage_limit(w, claim, job.task_resources)
 
 
@@ -519,16 +747,14 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources) -> Rejection | N
     return None
 
 
-def _apply(w: _Work, claim: Claim) -> None:
+def _apply(w: _Work, claim: Claim, mid: str) -> None:
+    """Apply an accepted claim, on ``mid``, the machine it took."""
     job = w.cell.jobs[claim.job]
-    m = w.machine(claim.machine)
+    if claim.moves_from:
+        _leave(w, claim)
+    m = w.machine(mid)
     assert m is not None
-    allocs = dict(m.allocations)
-    if m.has_tags:
-        # Holds of aborted gangs are dropped whenever a machine is rewritten anyway.
-        for tid, a in list(allocs.items()):
-            if a.gang and a.gang not in w.gangs and a.gang != w.gang:
-                del allocs[tid]
+    allocs = _without_void_holds(w, m)
     settled = m.settled_used
     for victim in claim.evict:
         a = allocs[victim]
@@ -553,3 +779,24 @@ def _apply(w: _Work, claim: Claim) -> None:
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
     w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, Resources()) + job.task_resources
+
+
+def _without_void_holds(w: _Work, m: Machine) -> dict[str, Allocation]:
+    allocs = dict(m.allocations)
+    if m.has_tags:
+        # Holds of aborted gangs are dropped whenever a machine is rewritten anyway.
+        for tid, a in list(allocs.items()):
+            if a.gang and a.gang not in w.gangs and a.gang != w.gang:
+                del allocs[tid]
+    return allocs
+
+
+def _leave(w: _Work, claim: Claim) -> None:
+    """Release a moving task's allocation on the machine it leaves."""
+    m = w.machine(claim.moves_from)
+    assert m is not None
+    allocs = _without_void_holds(w, m)
+    a = allocs.pop(claim.task)
+    settled = m.settled_used if a.gang else m.settled_used - a.resources
+    w.machines[m.id] = m.with_allocations(allocs, settled)
+    w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources

@@ -33,6 +33,7 @@ from cellstate.model import (
     PLACEABLE,
     Allocation,
     Claim,
+    Fallback,
     GangRecord,
     Job,
     Machine,
@@ -177,10 +178,16 @@ class CellView:
 
     # -- the decision's own claims -----------------------------------------------------
 
-    def claim(self, job: Job, index: int, mid: str, evict: Sequence[str] = ()) -> Claim:
-        """Record a claim in this decision (so later choices see it) and return it."""
+    def claim(self, job: Job, index: int, mid: str, evict: Sequence[str] = (),
+              fallbacks: Sequence[str] = (), moves_from: str = "") -> Claim:
+        """Record a claim in this decision (so later choices see it on ``mid``) and
+        return it. ``fallbacks``: other machines the store may take, in order, if
+        ``mid`` no longer fits when it commits (at most ``MAX_FALLBACKS``).
+        ``moves_from``: the machine the task runs on now, which it leaves."""
         m = self.snap.machines[mid]
-        c = Claim(job.id, index, mid, m.seq, tuple(evict))
+        alts = tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+        c = Claim(job.id, index, mid, m.seq, tuple(evict), fallbacks=alts,
+                  moves_from=moves_from)
         self._add(c, job)
         self._claims.append(c)
         return c
@@ -196,6 +203,8 @@ class CellView:
         self._placed.add(c.task)
         for victim in c.evict:
             self._gone.setdefault(c.machine, set()).add(victim)
+        if c.moves_from:
+            self._gone.setdefault(c.moves_from, set()).add(c.task)
 
 
 @attrs.frozen

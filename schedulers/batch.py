@@ -8,14 +8,19 @@ fit: 200 insufficient cpu, 100 selector mismatch") at no extra cost.
 
 Incremental transactions by default; a job that asks for gang scheduling is committed
 as a gang by the runtime.
+
+Option ``fallbacks`` (default 0, at most ``MAX_FALLBACKS``): each claim also names that
+many other random machines that can host the task now, in the order drawn; when its
+machine no longer fits at commit time (another scheduler got there first), the store
+takes the first of them that does instead of rejecting the claim.
 """
 
 from __future__ import annotations
 
 from cellstate.fit import FitTally
-from cellstate.model import Job
+from cellstate.model import MAX_FALLBACKS, Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.placement import impossible, why_not
+from schedulers.placement import can_host, impossible, why_not
 
 
 class BatchPolicy(Policy):
@@ -29,6 +34,7 @@ class BatchPolicy(Policy):
         candidates = view.machine_ids()
         claims = []
         tally = FitTally()
+        alternatives = self._fallbacks(ctx)
         while pending and candidates:
             i = ctx.rng.randrange(len(candidates))
             mid = candidates[i]
@@ -36,7 +42,9 @@ class BatchPolicy(Policy):
             if m is not None:
                 miss = why_not(view, job, m)
                 if miss is None:
-                    claims.append(view.claim(job, pending.pop(0), mid))
+                    alts = (_alternatives(ctx, job, candidates, mid, alternatives)
+                            if alternatives else ())
+                    claims.append(view.claim(job, pending.pop(0), mid, fallbacks=alts))
                     continue
                 tally.add(miss)
             # Swap-remove: O(1) and the order of the rest does not matter (random picks).
@@ -53,3 +61,29 @@ class BatchPolicy(Policy):
         return Plan(tuple(claims), (Unplaced(
             job.id, f"no machine has room for {len(pending)} more task(s) now: {report}",
             len(pending), fit=report),))
+
+    def _fallbacks(self, ctx: Context) -> int:
+        raw = self.options.get("fallbacks", ctx.options.get("fallbacks", 0))
+        n = int(raw) if isinstance(raw, int | str) and str(raw).isdigit() else -1
+        if not 0 <= n <= MAX_FALLBACKS:
+            raise ValueError(f"batch policy: option fallbacks must be a whole number from 0 "
+                             f"to {MAX_FALLBACKS}, got {raw!r}")
+        return n
+
+
+def _alternatives(ctx: Context, job: Job, candidates: list[str], mid: str, n: int
+                  ) -> list[str]:
+    """Up to ``n`` other random candidates that can host a task of ``job`` now. A few
+    draws each: a busy cell may offer fewer (the claim then names fewer)."""
+    view, rng = ctx.view, ctx.rng
+    out: list[str] = []
+    for _ in range(4 * n):
+        if len(out) == n or len(candidates) <= len(out) + 1:
+            break
+        alt = candidates[rng.randrange(len(candidates))]
+        if alt == mid or alt in out:
+            continue
+        m = view.machine(alt)
+        if m is not None and can_host(view, job, m):
+            out.append(alt)
+    return out

@@ -50,18 +50,20 @@ class TxnTally:
     placed: int = 0
     conflicted: int = 0  # transactions with at least one claim lost to a conflict
     successful: int = 0  # transactions that committed every claim
+    fell_back: int = 0  # claims committed on one of their fallback machines
 
 
 def tally(results: Iterable[CommitResult]) -> TxnTally:
-    transactions = placed = conflicted = successful = 0
+    transactions = placed = conflicted = successful = fell_back = 0
     for res in results:
         transactions += 1
         placed += len(res.committed)
+        fell_back += len(res.fell_back)
         if any(r.reason in CONFLICT_REASONS for r in res.rejected):
             conflicted += 1
         elif not res.rejected:
             successful += 1
-    return TxnTally(transactions, placed, conflicted, successful)
+    return TxnTally(transactions, placed, conflicted, successful, fell_back)
 
 
 @attrs.define

@@ -58,6 +58,8 @@ from cellstate.model import (
     task_id,
 )
 from cellstate.replica import Replica
+from cellstate.store import CellStore
+from cellstate.validation import check_shape
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
 
@@ -76,17 +78,13 @@ class SnapshotSource(Protocol):
 
 class Committer(Protocol):
     """What an instance commits and registers through: a :class:`CellStore` (straight
-    to etcd, or the memory store in the simulator) or, in a scheduler process, the
-    cellstate service (``cellstate.api.client.RemoteStore``)."""
+    to etcd), the simulator's ``SimCell``, or, in a scheduler process, the cellstate
+    service (``cellstate.api.client.RemoteStore``)."""
 
-    @property
-    def follows_snapshots(self) -> bool: ...
-
-    def follow(self, replica: Replica) -> None: ...
-
-    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None: ...
-
-    def commit(self, txn: Transaction) -> CommitResult: ...
+    def commit_many(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """Commit a plan's transactions (one per job) in one call, answering each on
+        its own, as if committed one after another; TransactionError if one is
+        malformed (then nothing is applied)."""
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int: ...
 
@@ -134,6 +132,18 @@ class _JobState:
     attempts: int = 0
     fruitless: int = 0
     next_try_at: float = 0.0
+
+
+def follow_source(store: CellStore, source: SnapshotSource) -> None:
+    """The setup only a local :class:`CellStore` needs: its working view learns what
+    the instance's replica knows (and, from a Replica, every change it applies), so
+    commits need fewer etcd reads and fail fewer guards."""
+    if store.follows_snapshots:
+        return
+    if isinstance(source, Replica):
+        store.follow(source)
+    else:
+        store.use_snapshots(source.snapshot)
 
 
 def owner_of(job_id: str, instances: Sequence[str]) -> str | None:
@@ -192,11 +202,8 @@ class SchedulerInstance:
         self._machine_ids: list[str] = []
         self._machine_set: set[str] = set()
         self._machines_touched: set[str] | None = None
-        if not store.follows_snapshots:
-            if isinstance(source, Replica):
-                store.follow(source)
-            else:
-                store.use_snapshots(source.snapshot)
+        if isinstance(store, CellStore):
+            follow_source(store, source)
         source.on_changes(self._on_changes)
 
     # -- membership ------------------------------------------------------------------
@@ -438,10 +445,12 @@ class SchedulerInstance:
         return results
 
     def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:
+        """Commit the plan as one transaction per job, all in one ``commit_many`` call
+        (one round trip to the service, as few etcd transactions as fit)."""
         by_job: dict[str, list[Claim]] = {}
         for c in plan.claims:
             by_job.setdefault(c.job, []).append(c)
-        results: dict[str, CommitResult] = {}
+        txns: list[tuple[Job, Transaction]] = []
         for job_id, claims in by_job.items():
             job = snap.jobs.get(job_id)
             if job is None:
@@ -456,16 +465,22 @@ class SchedulerInstance:
                 job=job_id,
             )
             try:
-                res = self.store.commit(txn)
+                check_shape(txn)
             except TransactionError as e:
-                # A policy bug must not take the instance down: the job's attempt
-                # counts as fruitless and the reason shows in the log.
+                # A policy bug must not take the instance down, nor the plan's other
+                # jobs: this job's attempt counts as fruitless, the reason is logged.
                 log.error("%s/%s: policy %s proposed an invalid transaction for job %s: %s",
                           self.scheduler, self.instance, self.policy.name, job_id, e)
                 continue
-            results[job_id] = res
-            committed = {c.task for c in res.committed}
-            self._inflight.extend((res.revision, c, job) for c in claims if c.task in committed)
+            txns.append((job, txn))
+        if not txns:
+            return {}
+        answers = self.store.commit_many([t for _, t in txns])
+        results: dict[str, CommitResult] = {}
+        for (job, _), res in zip(txns, answers, strict=True):
+            results[job.id] = res
+            # As applied: on the machine each claim took (a fallback, maybe).
+            self._inflight.extend((res.revision, c, job) for c in res.committed)
         return results
 
     def _after_attempt(self, job: Job, plan: Plan, res: CommitResult | None, now: float) -> None:

@@ -36,13 +36,13 @@ from cellstate.model import (
     SchedulerRecord,
     TaskState,
     Transaction,
+    fallbacks_taken,
     labels_from,
     sum_resources,
     task_id,
 )
 from cellstate.records import RECORDS, with_revision
-from cellstate.replica import Replica
-from cellstate.validation import check_shape, validate
+from cellstate.validation import check_batch, check_shape, validate_many
 
 Changes = list[tuple[KeyKind, str]]
 Listener = Callable[[CellSnapshot, Changes | None], None]
@@ -75,26 +75,29 @@ class SimCell:
         self._listeners.append(listener)
 
     # -- the Committer side (schedulers.runtime) ---------------------------------------------
-
-    @property
-    def follows_snapshots(self) -> bool:
-        return True  # commits always see the current state
-
-    def follow(self, replica: Replica) -> None:
-        pass
-
-    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None:
-        pass
+    # Commits always see the current state: there is no working view to set up.
 
     def commit(self, txn: Transaction) -> CommitResult:
         """Validate against the current state and apply what was accepted."""
         check_shape(txn)
+        return self._commit([txn])[0]
+
+    def commit_many(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """Several transactions, decided in order as ``CellStore.commit_many`` decides
+        them, applied in one write."""
+        check_batch(txns)
+        return self._commit(list(txns))
+
+    def _commit(self, txns: list[Transaction]) -> list[CommitResult]:
         self.commits += 1
-        d = validate(self._snap, txn, shape_checked=True)
-        if not d.accepted:
-            return CommitResult((), d.rejected, self._snap.revision)
-        rev = self._apply(claims_change(d))
-        return CommitResult(d.accepted, d.rejected, rev, d.evicted)
+        ds = validate_many(self._snap, txns, shape_checked=True)
+        if not any(d.accepted for d in ds):
+            return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
+        # Each decision was made over the ones before it: one change, later records win.
+        rev = self._apply(decisions.merged([claims_change(d) for d in ds if d.accepted]))
+        return [CommitResult(d.accepted, d.rejected, rev, d.evicted,
+                             fell_back=fallbacks_taken(t.claims, d.accepted))
+                for t, d in zip(txns, ds, strict=True)]
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         if record.id in self._snap.instances:

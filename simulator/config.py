@@ -40,7 +40,8 @@ class SchedulerSpec:
     its jobs by hashing job ids. ``serves`` names the workload classes whose jobs it
     gets. ``decision`` maps a job kind to its decision time; a kind not named takes
     ``default``. With ``measured`` set, the policy's real decision time is charged
-    (times ``measured_scale``) instead of the model."""
+    (times ``measured_scale``) instead of the model. ``options`` go to the policy
+    (``Context.options``), e.g. ``fallbacks`` for the batch policy."""
 
     name: str
     serves: tuple[str, ...]
@@ -52,6 +53,7 @@ class SchedulerSpec:
     measured_scale: float = 1.0
     mode: TxnMode = TxnMode.INCREMENTAL
     detection: Detection = Detection.FINE
+    options: dict[str, object] = attrs.field(factory=dict)
 
     def decision_for(self, kind: JobKind) -> DecisionTime:
         return self.decision.get(kind, self.default)

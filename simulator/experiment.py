@@ -328,7 +328,7 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
     at: Path_ = ("scheduler", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "serves", "policy", "instances", "decision", "measured",
-                         "measured_scale", "mode", "detection"})
+                         "measured_scale", "mode", "detection", "options"})
     name = _str(where, (*at, "name"), t.get("name"))
     serves = tuple(_str(where, (*at, "serves"), s) for s in _list(where, (*at, "serves"),
                                                                     t.get("serves", [name])))
@@ -349,7 +349,18 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
         per_kind, default, bool(t.get("measured", False)),
         _num(where, (*at, "measured_scale"), t.get("measured_scale", 1.0), True),
         _enum(where, (*at, "mode"), t.get("mode", "incremental"), TxnMode),
-        _enum(where, (*at, "detection"), t.get("detection", "fine"), Detection))
+        _enum(where, (*at, "detection"), t.get("detection", "fine"), Detection),
+        _options(where, (*at, "options"), t.get("options", {})))
+
+
+def _options(where: _Where, at: Path_, raw: object) -> dict[str, object]:
+    """Policy options: a table of plain values (the policy checks their meaning)."""
+    t = _table(where, at, raw)
+    for key, value in t.items():
+        if not isinstance(value, str | int | float | bool):
+            raise where.error((*at, key), f"must be a string, number or boolean, got "
+                              f"{type(value).__name__}")
+    return dict(t)
 
 
 def _decision(where: _Where, at: Path_, raw: object) -> DecisionTime:

@@ -68,8 +68,9 @@ def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Pa
         runs = sorted(runs, key=lambda r: _sortable(r.point.get(spec.x)))
         xs: list[Any] = [r.point.get(spec.x) for r in runs]
         for y in spec.y:
-            label = " ".join(str(p) for p in (group, y if len(spec.y) > 1 or not group else "")
-                             if p not in (None, ""))
+            # A series value of 0 is a value, not "no series": only None means none.
+            label = " ".join(str(p) for p in (group, y if len(spec.y) > 1 or group is None
+                                              else "") if p not in (None, ""))
             ys = [r.metrics.get(y, float("nan")) for r in runs]
             if all(f"{y}_mad" in r.metrics for r in runs):
                 # Busyness comes with its median absolute deviation: the paper's error bars.

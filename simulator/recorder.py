@@ -34,6 +34,7 @@ class SchedulerStats:
     successful: int = 0
     conflicted: int = 0
     tasks_placed: int = 0
+    fell_back: int = 0  # claims committed on one of their fallback machines
 
 
 def median_abs_deviation(values: Sequence[float]) -> float:
@@ -80,6 +81,7 @@ class Recorder:
         t = tally(results.values())
         s.transactions += t.transactions
         s.tasks_placed += t.placed
+        s.fell_back += t.fell_back
         s.conflicted += t.conflicted
         s.successful += t.successful
         self._busy(s.busy, start, cost)
@@ -134,6 +136,7 @@ class Recorder:
             out[f"{name}_successful"] = s.successful
             out[f"{name}_attempts"] = s.attempts
             out[f"{name}_tasks_placed"] = s.tasks_placed
+            out[f"{name}_fallbacks_taken"] = s.fell_back
         if self.utilization:
             out["cpu_utilization_mean"] = statistics.fmean(u[1] for u in self.utilization)
         return out

@@ -84,7 +84,7 @@ class Simulation:
         return RuntimeConfig(mode=spec.mode, detection=spec.detection,
                              max_attempts=r.max_attempts, max_fruitless_attempts=r.max_fruitless,
                              retry_delay=r.delay, max_retry_delay=r.max_delay,
-                             lease_ttl=_NEVER, idle_wait=math.inf)
+                             lease_ttl=_NEVER, idle_wait=math.inf, options=dict(spec.options))
 
     def _add_schedulers(self) -> None:
         for spec in self.config.schedulers:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# (job, index, machine, seen version, victims, fallbacks as (machine, seen), moves from)
+MClaim = tuple[str, int, str, int, tuple[str, ...], tuple[tuple[str, int], ...], str]
+
 
 @dataclass
 class MModel:
@@ -34,42 +37,52 @@ class MModel:
     def commit(
         self,
         scheduler: str,
-        claims: list[tuple[str, int, str, int, tuple[str, ...]]],
+        claims: list[MClaim],
         gang: bool,
         coarse: bool,
-    ) -> tuple[list[str], dict[str, str]]:
-        """claims: (job, index, machine, seen version, victims). Returns the committed
-        task ids and a reason per rejected task id."""
+    ) -> tuple[list[tuple[str, str]], dict[str, str]]:
+        """claims: (job, index, machine, seen version, victims, fallbacks as (machine,
+        seen version), machine it moves from or ""). Returns (task id, machine taken) of
+        the committed claims and a reason per rejected task id."""
         on, state, version = dict(self.on), dict(self.state), dict(self.version)
         touched: set[str] = set()
-        ok: list[str] = []
+        ok: list[tuple[str, str]] = []
         bad: dict[str, str] = self._gang_job_refusals(claims, gang)
-        for job, index, m, seen, victims in claims:
+        for job, index, m, seen, victims, fallbacks, moves_from in claims:
             tid = f"{job}/{index}"
             if tid in bad:
                 continue
-            reason = self._check(scheduler, job, index, m, seen, victims, coarse, on, state)
-            if reason:
+            reason = self._check_task(scheduler, job, index, moves_from, on, state)
+            taken = ""
+            if not reason:
+                # The first machine that passes; else the first machine's reason.
+                for cand, cand_seen in ((m, seen), *fallbacks):
+                    why = self._check_machine(job, cand, cand_seen, victims, coarse, on)
+                    if not why:
+                        taken = cand
+                        break
+                    reason = reason or why
+            if not taken:
                 bad[tid] = reason
                 continue
             for v in victims:
                 del on[v]
                 state[v] = "preempted"
-            on[tid] = m
+            if moves_from:
+                touched.add(on.pop(tid))
+            on[tid] = taken
             state[tid] = "running"
-            touched.add(m)
-            ok.append(tid)
+            touched.add(taken)
+            ok.append((tid, taken))
         if gang and bad:
-            return [], {**{t: "gang_aborted" for t in ok}, **bad}
+            return [], {**{t: "gang_aborted" for t, _ in ok}, **bad}
         self.on, self.state = on, state
         for m in touched:
             version[m] += 1
         self.version = version
         return ok, bad
 
-    def _gang_job_refusals(
-        self, claims: list[tuple[str, int, str, int, tuple[str, ...]]], gang: bool
-    ) -> dict[str, str]:
+    def _gang_job_refusals(self, claims: list[MClaim], gang: bool) -> dict[str, str]:
         """A gang job's claims come in a gang transaction claiming every one of its
         tasks that is pending, lost or preempted."""
         out: dict[str, str] = {}
@@ -83,9 +96,9 @@ class MModel:
                 out.update({f"{job}/{c[1]}": "invalid" for c in mine})
         return out
 
-    def _check(
-        self, scheduler: str, job: str, index: int, m: str, seen: int,
-        victims: tuple[str, ...], coarse: bool, on: dict[str, str], state: dict[str, str],
+    def _check_task(
+        self, scheduler: str, job: str, index: int, moves_from: str, on: dict[str, str],
+        state: dict[str, str],
     ) -> str:
         if job not in self.owner or self.owner[job] != scheduler:
             return "invalid"
@@ -94,8 +107,16 @@ class MModel:
         if index >= self.tasks[job]:
             return "invalid"
         tid = f"{job}/{index}"
+        if moves_from:  # a move: the task must run where the claim says
+            return "" if state.get(tid) == "running" and on.get(tid) == moves_from else "invalid"
         if state.get(tid, "pending") not in ("pending", "lost", "preempted"):
             return "task_already_placed"
+        return ""
+
+    def _check_machine(
+        self, job: str, m: str, seen: int, victims: tuple[str, ...], coarse: bool,
+        on: dict[str, str],
+    ) -> str:
         if m not in self.capacity:
             return "unknown_machine"
         if coarse and self.version[m] != seen:

@@ -211,3 +211,85 @@ def test_instance_keeps_its_registration_through_an_unreachable_store() -> None:
     h.submit([job("j", tasks=2, cpu=1)])
     h.run(settled)
     assert placed_tasks_of(h.admin.read_snapshot(), "j") == 2
+
+
+def test_a_plan_of_several_jobs_is_one_commit_and_later_decisions_see_the_fallbacks() -> None:
+    from collections.abc import Sequence
+
+    from cellstate.model import Job, Transaction
+    from cellstate.replica import Replica
+    from cellstate.store import CellStore
+    from schedulers.api import Context, Plan, Policy
+    from schedulers.runtime import SchedulerInstance
+
+    class Everything(Policy):
+        """Every due job at once, every task on m0 with m1 as the fallback."""
+
+        name = "everything"
+
+        def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
+            for j in jobs:
+                for i in ctx.view.pending_tasks(j):
+                    ctx.view.claim(j, i, "m0", fallbacks=["m1"])
+            return Plan(ctx.view.claims)
+
+    calls: list[list[Transaction]] = []
+
+    class Recording(CellStore):
+        def commit_many(self, txns):  # type: ignore[no-untyped-def]
+            calls.append(list(txns))
+            return super().commit_many(txns)
+
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=2), machine("m1", cpu=4)])
+    h.submit([job(f"j{i}", scheduler="everything") for i in range(3)])
+    replica = Replica(h.kv, clock=h.clock)
+    replica.load()
+    inst = SchedulerInstance(Everything(), Recording(h.kv), replica, clock=h.clock)
+    h.attach(inst, replica)
+    results = inst.finish(attempt) if not isinstance(attempt := inst.decide(), float) else {}
+    assert [[t.job for t in txns] for txns in calls] == [["j0", "j1", "j2"]]  # one call
+    assert {j: r.placed_on() for j, r in results.items()} == {
+        "j0": {"j0/0": "m0"}, "j1": {"j1/0": "m0"}, "j2": {"j2/0": "m1"}}
+    assert results["j2"].fell_back == ("j2/0",)
+    # Until its copy shows the commit, the instance's next decisions see j2/0 where it
+    # went (m1), not where the plan put it first.
+    assert sorted((c.task, c.machine) for _, c, _ in inst._inflight) == [
+        ("j0/0", "m0"), ("j1/0", "m0"), ("j2/0", "m1")]
+    assert inst.metrics.transactions == 3 and inst.metrics.successful == 3
+
+
+def test_batch_policy_proposes_fallbacks_that_can_host_the_task_when_asked() -> None:
+    import random as _random
+
+    from cellstate.model import MAX_FALLBACKS, Claim, Transaction
+    from schedulers.api import CellView, Context, Plan
+    from schedulers.placement import can_host
+
+    h = Harness()
+    # Enough machines that two alternatives are always found in the policy's few
+    # random draws (the machines' order, and so the draws, depend on the hash seed).
+    h.admin.add_machines([machine(f"m{i}", cpu=2) for i in range(40)]
+                         + [machine("full", cpu=0.5)])
+    h.submit([job("big", cpu=2), job("j", tasks=3)])
+    h.admin.commit(Transaction("batch", (Claim("big", 0, "m5"),)))  # m5 is full now
+    snap = h.admin.read_snapshot()
+    j = snap.jobs["j"]
+
+    def plan(fallbacks: object) -> Plan:
+        view = CellView(snap, "batch")
+        return BatchPolicy().schedule_job(
+            Context(view, 0.0, _random.Random(1), "batch", "0", {"fallbacks": fallbacks}), j)
+
+    claims = plan(2).claims
+    assert len(claims) == 3 and all(len(c.fallbacks) == 2 for c in claims)
+    for c in claims:
+        alts = [f.machine for f in c.fallbacks]
+        assert c.machine not in alts and len(set(alts)) == 2
+        assert not {"m5", "full"} & set(alts)  # only machines that can host a task
+        assert all(f.seen_seq == snap.machines[f.machine].seq for f in c.fallbacks)
+        assert all(can_host(CellView(snap, "batch"), j, snap.machines[m]) for m in alts)
+    assert all(c.fallbacks == () for c in plan(0).claims)
+    for bad in (MAX_FALLBACKS + 1, -1, "two", True):
+        with pytest.raises(ValueError, match="option fallbacks must be a whole number"):
+            plan(bad)

@@ -77,9 +77,9 @@ def test_detection_is_chosen_per_scheduler_and_per_job() -> None:
     sent: list[Transaction] = []
 
     class Recording(CellStore):
-        def commit(self, txn: Transaction):  # type: ignore[no-untyped-def]
-            sent.append(txn)
-            return super().commit(txn)
+        def commit_many(self, txns):  # type: ignore[no-untyped-def]
+            sent.extend(txns)
+            return super().commit_many(txns)
 
     h = Harness()
     h.admin.add_machines([machine("m0", cpu=8)])

@@ -19,6 +19,7 @@ from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Claim,
     Detection,
+    Fallback,
     JobState,
     JobStatus,
     MachineState,
@@ -28,7 +29,7 @@ from cellstate.model import (
 )
 from cellstate.store import CellStore, StoreError, StoreOptions
 from schedulers.testing import job, machine
-from tests.reference_model import MModel
+from tests.reference_model import MClaim, MModel
 
 MACHINES = ["m0", "m1", "m2", "m3"]
 SCHEDULERS = ["s0", "s1", "s2"]
@@ -39,6 +40,8 @@ claim_st = st.tuples(
     st.integers(0, TASKS),  # index (TASKS itself is out of range on purpose)
     st.sampled_from([*MACHINES, "mX"]),  # mX does not exist
     st.booleans(),  # try to evict a victim seen on that machine
+    st.lists(st.sampled_from([*MACHINES, "mX"]), max_size=2),  # fallbacks (if no victim)
+    st.booleans(),  # a move, if the task runs (as last seen) on another machine
 )
 op_st = st.one_of(
     st.tuples(st.just("snapshot"), st.sampled_from(SCHEDULERS)),
@@ -79,11 +82,13 @@ def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
     stores = {s: CellStore(kv, cell, options=options) for s in SCHEDULERS}
     seen: dict[str, dict[str, tuple[int, int]]] = {s: {} for s in SCHEDULERS}
     victims_seen: dict[str, dict[str, list[str]]] = {s: {} for s in SCHEDULERS}
+    where_seen: dict[str, dict[str, str]] = {s: {} for s in SCHEDULERS}  # task -> machine
 
     def take_snapshot(s: str) -> None:
         snap = admin.read_snapshot()
         seen[s] = {m: (snap.machines[m].seq, model.version[m]) for m in MACHINES}
         victims_seen[s] = {m: sorted(snap.machines[m].allocations) for m in MACHINES}
+        where_seen[s] = {t: m for m in MACHINES for t in snap.machines[m].allocations}
 
     for s in SCHEDULERS:
         take_snapshot(s)
@@ -93,19 +98,27 @@ def run_program(kv: KV, program: list[tuple],  # type: ignore[type-arg]
         elif op[0] == "commit":
             _, s, raw, gang, coarse = op
             store_claims: list[Claim] = []
-            model_claims: list[tuple[str, int, str, int, tuple[str, ...]]] = []
-            for index, m, evict in raw:
+            model_claims: list[MClaim] = []
+            for index, m, evict, alts, move in raw:
                 seq, ver = seen[s].get(m, (0, 0))
                 cands = [v for v in victims_seen[s].get(m, []) if not v.startswith(f"j{s}/")]
                 victims: tuple[str, ...] = (cands[0],) if evict and cands else ()
-                store_claims.append(Claim(f"j{s}", index, m, seq, victims))
-                model_claims.append((f"j{s}", index, m, ver, victims))
+                here = where_seen[s].get(f"j{s}/{index}", "")
+                moves_from = here if move and here and here != m else ""
+                fallbacks = [] if victims else [
+                    f for f in dict.fromkeys(alts) if f not in (m, moves_from)]
+                store_claims.append(Claim(
+                    f"j{s}", index, m, seq, victims, moves_from=moves_from,
+                    fallbacks=tuple(Fallback(f, seen[s].get(f, (0, 0))[0]) for f in fallbacks)))
+                model_claims.append((f"j{s}", index, m, ver, victims,
+                                     tuple((f, seen[s].get(f, (0, 0))[1]) for f in fallbacks),
+                                     moves_from))
             txn = Transaction(s, tuple(store_claims),
                               TxnMode.GANG if gang else TxnMode.INCREMENTAL,
                               Detection.COARSE if coarse else Detection.FINE)
             res = stores[s].commit(txn)
             ok, bad = model.commit(s, model_claims, gang, coarse)
-            assert [c.task for c in res.committed] == ok, (txn, res)
+            assert [(c.task, c.machine) for c in res.committed] == ok, (txn, res)
             assert {r.claim.task: r.reason.value for r in res.rejected} == bad, (txn, res)
         elif op[0] == "release":
             _, s, index, outcome = op
@@ -170,14 +183,24 @@ def test_etcd_store_matches_the_sequential_model(etcd_kv: KV, program: list[tupl
 
 def test_model_and_store_agree_on_a_hand_written_interleaving() -> None:
     """A fixed program that exercises each reason at least once (a regression anchor)."""
-    program = [
-        ("commit", "s0", [(0, "m0", False), (1, "m0", False), (2, "m0", False)], False, False),
-        ("commit", "s1", [(0, "m0", False)], False, True),  # s1's snapshot is stale
+    program: list[tuple] = [  # type: ignore[type-arg]
+        ("commit", "s0", [(0, "m0", False, [], False), (1, "m0", False, [], False),
+                          (2, "m0", False, [], False)], False, False),
+        ("commit", "s1", [(0, "m0", False, [], False)], False, True),  # s1's snapshot is stale
         ("snapshot", "s2"),
-        ("commit", "s2", [(0, "m0", True), (1, "mX", False), (8, "m1", False)], False, False),
+        ("commit", "s2", [(0, "m0", True, [], False), (1, "mX", False, [], False),
+                          (8, "m1", False, [], False)], False, False),
         ("machine", "m1", False),
-        ("commit", "s1", [(1, "m1", False), (2, "m2", False)], True, False),
+        ("commit", "s1", [(1, "m1", False, [], False), (2, "m2", False, [], False)], True, False),
         ("release", "s0", 1, "finished"),
-        ("commit", "s0", [(1, "m2", False)], False, False),
+        ("commit", "s0", [(1, "m2", False, [], False)], False, False),
+        ("commit", "s1", [(3, "m0", False, [], False)], False, False),  # m0 is full now
+        # The first fallback, mX, is unknown; m3 fits.
+        ("commit", "s0", [(3, "m0", False, ["mX", "m3"], False)], False, False),
+        ("snapshot", "s0"),
+        ("commit", "s0", [(0, "m1", False, [], True)], False, False),  # m1 is down
+        ("commit", "s0", [(0, "m2", False, [], True)], False, True),  # moves j s0/0 to m2
+        ("release", "s0", 0, "finished"),
+        ("commit", "s0", [(0, "m3", False, [], True)], False, False),  # it ended: invalid
     ]
     run_program(MemoryKV(), program)

@@ -223,6 +223,14 @@ class CellClient:
                           timeout=self.timeout + PER_ITEM_TIMEOUT * len(txn.claims))
         return convert.result_from(txn, reply)
 
+    def commit_many(self, txns: Sequence[Transaction], instance: str = "") -> list[CommitResult]:
+        """Several transactions in one Commit call, answered one by one (see
+        ``CellStore.commit_many``)."""
+        request = pb.CommitRequest(
+            transactions=[convert.transaction_to(t, instance) for t in txns])
+        reply = self.call("Commit", request, what="commit", invalid=TransactionError)
+        return convert.results_from(txns, reply)
+
     def submit_job(self, job: Job | dict[str, Any]) -> int:
         doc = codec.job_to_doc(job) if isinstance(job, Job) else job
         try:
@@ -502,21 +510,17 @@ class RemoteStore:
     """The committer a :class:`~schedulers.runtime.SchedulerInstance` uses in a
     scheduler process: the server validates, so there is no local working view."""
 
-    follows_snapshots = True
-
     def __init__(self, client: CellClient) -> None:
         self.client = client
         self.instance = ""
         self._ttl = 10  # of the instance's lease, for the keep-alive deadlines
 
-    def follow(self, replica: Replica) -> None:
-        """Nothing to follow: validation happens in the server."""
-
-    def use_snapshots(self, snapshots: Callable[[], Any]) -> None:
-        """Nothing to follow: validation happens in the server."""
-
     def commit(self, txn: Transaction) -> CommitResult:
         return self.client.commit(txn, self.instance)
+
+    def commit_many(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """A plan's transactions in one round trip to the service."""
+        return self.client.commit_many(txns, self.instance)
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         self.instance = record.instance

@@ -8,7 +8,7 @@ before the store sees it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import orjson
 
@@ -17,15 +17,18 @@ from cellstate.errors import (
     WireError as WireError,
 )
 from cellstate.model import (
+    MAX_FALLBACKS,
     Claim,
     CommitResult,
     Detection,
+    Fallback,
     ModelError,
     Reason,
     Rejection,
     Resources,
     Transaction,
     TxnMode,
+    fallbacks_taken,
 )
 
 _MODES = {pb.TXN_MODE_UNSPECIFIED: TxnMode.INCREMENTAL, pb.INCREMENTAL: TxnMode.INCREMENTAL,
@@ -46,21 +49,26 @@ def resources_from(amounts: Mapping[str, float], where: str) -> Resources:
         raise WireError(f"{where}: {e}") from e
 
 
-def transaction_from(msg: pb.Transaction) -> Transaction:
+def transaction_from(msg: pb.Transaction, where: str = "transaction") -> Transaction:
     if msg.mode not in _MODES:
-        raise WireError(f"transaction.mode: {msg.mode} is not a known mode")
+        raise WireError(f"{where}.mode: {msg.mode} is not a known mode")
     if msg.detection not in _DETECTIONS:
-        raise WireError(f"transaction.detection: {msg.detection} is not a known detection")
+        raise WireError(f"{where}.detection: {msg.detection} is not a known detection")
     claims = []
     for i, c in enumerate(msg.claims):
-        where = f"transaction.claims[{i}]"
+        at = f"{where}.claims[{i}]"
+        if len(c.fallbacks) > MAX_FALLBACKS:
+            raise WireError(f"{at}.fallbacks: {len(c.fallbacks)} given, more than the limit "
+                            f"of {MAX_FALLBACKS}")
         claims.append(Claim(
             job=c.job,
             index=c.index,
             machine=c.machine,
             seen_seq=c.seen_seq,
             evict=tuple(c.evict),
-            resources=resources_from(c.resources, f"{where}.resources") if c.resources else None,
+            resources=resources_from(c.resources, f"{at}.resources") if c.resources else None,
+            fallbacks=tuple(Fallback(f.machine, f.seen_seq) for f in c.fallbacks),
+            moves_from=c.moves_from,
         ))
     return Transaction(
         scheduler=msg.scheduler,
@@ -80,6 +88,9 @@ def transaction_to(txn: Transaction, instance: str = "") -> pb.Transaction:
                 job=c.job, index=c.index, machine=c.machine, seen_seq=c.seen_seq,
                 evict=list(c.evict),
                 resources=c.resources.as_dict() if c.resources is not None else None,
+                fallbacks=[pb.Fallback(machine=f.machine, seen_seq=f.seen_seq)
+                           for f in c.fallbacks],
+                moves_from=c.moves_from,
             )
             for c in txn.claims
         ],
@@ -89,10 +100,22 @@ def transaction_to(txn: Transaction, instance: str = "") -> pb.Transaction:
     )
 
 
+def transactions_from(msg: pb.CommitRequest) -> list[Transaction]:
+    """The transactions of a request: its one ``transaction`` or its ``transactions``."""
+    if msg.HasField("transaction") and msg.transactions:
+        raise WireError("give either transaction or transactions, not both")
+    if msg.HasField("transaction"):
+        return [transaction_from(msg.transaction)]
+    if not msg.transactions:
+        raise WireError("transaction is missing")
+    return [transaction_from(t, f"transactions[{i}]") for i, t in enumerate(msg.transactions)]
+
+
 def result_to(txn: Transaction, result: CommitResult) -> pb.CommitResponse:
     index = {c.task: i for i, c in enumerate(txn.claims)}
     return pb.CommitResponse(
         committed=[index[c.task] for c in result.committed],
+        machines=[c.machine for c in result.committed],
         rejected=[
             pb.Rejection(claim=index[r.claim.task], reason=r.reason.value, detail=r.detail,
                          dimension=r.dimension)
@@ -107,8 +130,13 @@ def result_to(txn: Transaction, result: CommitResult) -> pb.CommitResponse:
 def result_from(txn: Transaction, msg: pb.CommitResponse) -> CommitResult:
     claims = txn.claims
     try:
+        if msg.machines and len(msg.machines) != len(msg.committed):
+            raise ValueError("machines and committed differ in length")
+        # A server without fallbacks sends no machines: each claim took its own.
+        taken = msg.machines or [claims[i].machine for i in msg.committed]
+        committed = tuple(claims[i].taking(m) for i, m in zip(msg.committed, taken, strict=True))
         return CommitResult(
-            committed=tuple(claims[i] for i in msg.committed),
+            committed=committed,
             rejected=tuple(
                 Rejection(claims[r.claim], Reason(r.reason), r.detail, r.dimension)
                 for r in msg.rejected
@@ -116,9 +144,17 @@ def result_from(txn: Transaction, msg: pb.CommitResponse) -> CommitResult:
             revision=msg.revision,
             evicted=tuple(msg.evicted),
             attempts=msg.attempts,
+            fell_back=fallbacks_taken(claims, committed),
         )
-    except (IndexError, ValueError) as e:
+    except (IndexError, KeyError, ValueError) as e:
         raise WireError(f"commit response does not match its transaction ({e})") from e
+
+
+def results_from(txns: Sequence[Transaction], msg: pb.CommitResponse) -> list[CommitResult]:
+    if len(msg.results) != len(txns):
+        raise WireError(f"commit response has {len(msg.results)} results for {len(txns)} "
+                        "transactions")
+    return [result_from(t, r) for t, r in zip(txns, msg.results, strict=True)]
 
 
 def json_doc(data: bytes, where: str) -> object:

@@ -65,7 +65,7 @@ from cellstate.store import (
     NotFoundError,
     StoreError,
 )
-from cellstate.validation import TransactionError, check_shape
+from cellstate.validation import TransactionError, check_batch, check_shape
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +167,20 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
                ) -> pb.CommitResponse:
-        if not request.HasField("transaction"):
-            raise convert.WireError("transaction is missing")
-        msg = request.transaction
-        txn = convert.transaction_from(msg)
-        check_shape(txn)  # a malformed transaction is told so, registered or not
-        self._check_registered(txn.scheduler, msg.instance, context)
+        txns = convert.transactions_from(request)
+        if request.HasField("transaction"):
+            check_shape(txns[0])  # a malformed transaction is told so, registered or not
+            self._check_registered(txns[0].scheduler, request.transaction.instance, context)
+            with self.stores.get() as store:
+                return convert.result_to(txns[0], store.commit(txns[0]))
+        check_batch(txns)
+        for who in dict.fromkeys((t.scheduler, m.instance)
+                                 for t, m in zip(txns, request.transactions, strict=True)):
+            self._check_registered(*who, context)
         with self.stores.get() as store:
-            result = store.commit(txn)
-        return convert.result_to(txn, result)
+            results = store.commit_many(txns)
+        return pb.CommitResponse(results=[convert.result_to(t, r)
+                                          for t, r in zip(txns, results, strict=True)])
 
     def _check_registered(self, scheduler: str, instance: str,
                           context: grpc.ServicerContext) -> None:

@@ -237,7 +237,7 @@ class MemoryKV:
                 f"request is too large (> {self.max_request_bytes} bytes)"
             )
         for branch in (success, failure):
-            self._check_branch(branch, set())
+            self._check_branch(branch, set(), self.max_txn_ops - biggest)
 
     def _request_size(self, compares: Sequence[Compare], success: Sequence[Op],
                       failure: Sequence[Op]) -> int:
@@ -253,18 +253,20 @@ class MemoryKV:
                 size += len(op.range_end)
         return size
 
-    def _check_branch(self, branch: Sequence[Op], written: set[bytes]) -> None:
+    def _check_branch(self, branch: Sequence[Op], written: set[bytes], budget: int) -> None:
         """etcd refuses a key written twice on any path through a request, nested
-        transactions included, and checks the op limit at every level."""
+        transactions included, and checks the op limit at every level: a nested
+        transaction may use only what its parent's largest list leaves (``budget``)."""
         for op in branch:
             if isinstance(op, TxnOp):
                 biggest = max(len(op.compares), len(op.success), len(op.failure))
-                if biggest > self.max_txn_ops:
+                if biggest > budget:
                     raise TxnTooLargeError(
-                        f"too many operations in txn request ({biggest} > {self.max_txn_ops})"
+                        f"too many operations in txn request ({biggest} > {budget} left "
+                        "for a nested transaction)"
                     )
-                self._check_branch(op.success, written)
-                self._check_branch(op.failure, written)
+                self._check_branch(op.success, written, budget - biggest)
+                self._check_branch(op.failure, written, budget - biggest)
                 continue
             if isinstance(op, Put | Delete) and op.key in written:
                 raise DuplicateKeyError("duplicate key given in txn request")

@@ -12,11 +12,10 @@ kept in :attr:`RecordingCommitter.log` with its result, in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 
-from cellstate.cell import CellSnapshot
 from cellstate.model import (
     Claim,
     CommitResult,
@@ -27,9 +26,8 @@ from cellstate.model import (
     Transaction,
     TxnMode,
 )
-from cellstate.replica import Replica
 from cellstate.store import CellStore
-from cellstate.validation import TransactionError, check_shape
+from cellstate.validation import TransactionError, check_batch, check_shape
 
 
 @attrs.frozen
@@ -123,6 +121,12 @@ class RecordingCommitter:
         self.log.append(Recorded(txn, result, injected))
         return result
 
+    def commit_many(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """A plan's transactions, each committed (and recorded) on its own, in order;
+        a malformed one is refused before any is applied, as the store does."""
+        check_batch(txns)
+        return [self.commit(t) for t in txns]
+
     def _injected(self, txn: Transaction) -> tuple[Rejection, ...]:
         """The rejections the rules make of ``txn`` (consuming one use of each rule
         that applied); an earlier rule wins for a claim two rules hit."""
@@ -161,16 +165,6 @@ class RecordingCommitter:
         order = {c.task: i for i, c in enumerate(txn.claims)}
         return CommitResult(committed, tuple(sorted(rejected, key=lambda r: order[r.claim.task])),
                             revision)
-
-    @property
-    def follows_snapshots(self) -> bool:
-        return self.store.follows_snapshots
-
-    def follow(self, replica: Replica) -> None:
-        self.store.follow(replica)
-
-    def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None:
-        self.store.use_snapshots(snapshots)
 
     def register_instance(self, record: InstanceRecord, ttl: int) -> int:
         return self.store.register_instance(record, ttl)

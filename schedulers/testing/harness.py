@@ -20,7 +20,7 @@ from cellstate.model import Job, JobState, TaskState, task_id
 from cellstate.replica import Replica
 from cellstate.store import CellStore
 from schedulers.api import Policy
-from schedulers.runtime import Committer, RuntimeConfig, SchedulerInstance
+from schedulers.runtime import Committer, RuntimeConfig, SchedulerInstance, follow_source
 from schedulers.testing.committer import RecordingCommitter
 
 
@@ -54,7 +54,9 @@ class Harness:
         name) committing through a new :class:`RecordingCommitter`."""
         replica = Replica(self.kv, clock=self.clock)
         replica.load()
-        inst = SchedulerInstance(policy, RecordingCommitter(CellStore(self.kv)), replica,
+        store = CellStore(self.kv)
+        follow_source(store, replica)  # as the runtime does for a store of its own
+        inst = SchedulerInstance(policy, RecordingCommitter(store), replica,
                                  scheduler=scheduler, instance=instance, clock=self.clock,
                                  rng=random.Random(seed), config=config)
         self.attach(inst, replica)

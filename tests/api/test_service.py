@@ -15,7 +15,7 @@ from cellstate.api.client import ClientError, RemoteStore, remote_replica
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer
 from cellstate.kv.base import KV
-from cellstate.model import Claim, InstanceRecord, Reason, Transaction, TxnMode
+from cellstate.model import Claim, Fallback, InstanceRecord, Reason, Transaction, TxnMode
 from cellstate.store import CellStore, NotFoundError, StoreError
 from cellstate.validation import TransactionError
 from schedulers.testing import job, machine
@@ -226,3 +226,79 @@ def test_two_servers_share_one_cell(kv: KV) -> None:
         while cb.list_machines()[0]["tasks"] != 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert cb.list_machines()[0]["used"] == {"cpu": 2.0, "mem": 1.0}
+
+
+def test_a_plan_of_several_jobs_is_one_commit_call_answered_per_job(
+        kv: KV, server: CellStateServer) -> None:
+    """Over real gRPC: one Commit carries a transaction per job (one with fallbacks, one
+    that moves a running task); each is answered on its own, the fallback's machine is
+    named, and all of it is one etcd write."""
+    with client_for(server) as client:
+        store = RemoteStore(client)
+        store.register_instance(InstanceRecord("batch", "0"), 10)
+        client.submit_job(job("j2", tasks=2, cpu=2))
+        client.submit_job(job("j3", tasks=1, cpu=2))
+        seqs = {m["id"]: m["seq"] for m in client.list_machines()}
+        assert store.commit(Transaction("batch", (Claim("j1", 0, "m1", seqs["m1"]),))).ok
+        seqs = {m["id"]: m["seq"] for m in client.list_machines()}
+
+        def revision() -> int:  # etcd's, not the server copy's (which may lag)
+            return kv.range(b"\x00", b"\x00").revision
+
+        before = revision()
+        txns = [
+            # j1/0 moves to m2; j1/1 takes its place on m1.
+            Transaction("batch", (Claim("j1", 0, "m2", seqs["m2"], moves_from="m1"),
+                                  Claim("j1", 1, "m1", seqs["m1"])), job="j1"),
+            # After j1's: j2/0 fits m1, j2/1 falls back to m2, j3 finds room on neither.
+            Transaction("batch", tuple(
+                Claim("j2", i, "m1", seqs["m1"], fallbacks=(Fallback("m2", seqs["m2"]),))
+                for i in range(2)), job="j2"),
+            Transaction("rogue", (Claim("j3", 0, "m1", seqs["m1"],
+                                        fallbacks=(Fallback("m2", seqs["m2"]),)),), job="j3"),
+        ]
+        with pytest.raises(StoreError, match="instance rogue/0 is not registered"):
+            store.commit_many(txns)
+        assert revision() == before  # nothing of the batch was applied
+        txns[2] = Transaction("batch", txns[2].claims, job="j3")
+        r1, r2, r3 = store.commit_many(txns)
+        assert r1.ok and r1.placed_on() == {"j1/0": "m2", "j1/1": "m1"}
+        assert r2.ok and r2.placed_on() == {"j2/0": "m1", "j2/1": "m2"}
+        assert r2.fell_back == ("j2/1",)
+        assert [(r.claim.task, r.reason) for r in r3.rejected] == [
+            ("j3/0", Reason.INSUFFICIENT_RESOURCES)]
+        assert "fallbacks: machine 'm2' has 0 cpu free" in r3.rejected[0].detail
+        # One etcd write for the three jobs (their claims share machines, so even
+        # per-machine writes keep them in one nested transaction).
+        assert r1.revision == r2.revision == revision() == before + 1
+        tasks = {t["index"]: t for t in client.get_job("j1")["tasks"]}
+        assert (tasks[0]["state"], tasks[0]["machine"]) == ("running", "m2")
+
+
+def test_malformed_batches_get_invalid_argument_and_change_nothing(
+        kv: KV, server: CellStateServer) -> None:
+    channel, stub = _stub(server)
+    ok = pb.Transaction(scheduler="batch", claims=[pb.Claim(job="j1", machine="m1")])
+    cases = [
+        (pb.CommitRequest(transaction=ok, transactions=[ok]), "either transaction or"),
+        (pb.CommitRequest(transactions=[ok, pb.Transaction(scheduler="batch")]),
+         r"transactions\[1\]: transaction has no claims"),
+        (pb.CommitRequest(transactions=[ok, pb.Transaction(scheduler="batch", claims=[
+            pb.Claim(job="j1", index=1, machine="m1",
+                     fallbacks=[pb.Fallback(machine=f"m{i}") for i in range(3, 8)])])]),
+         r"transactions\[1\].claims\[0\].fallbacks: 5 given, more than the limit of 4"),
+        (pb.CommitRequest(transactions=[pb.Transaction(scheduler="batch", claims=[
+            pb.Claim(job="j1", machine="m1", moves_from="m1")])]),
+         r"transactions\[0\]: .*claim 0: moves task j1/0 from 'm1' to the same machine"),
+    ]
+    try:
+        for request, message in cases:
+            def attempt(request: pb.CommitRequest = request, message: str = message) -> None:
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.Commit(request, timeout=5)
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+                assert re.search(message, err.value.details()), err.value.details()
+
+            _unchanged(kv, attempt)
+    finally:
+        channel.close()

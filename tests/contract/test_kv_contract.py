@@ -288,3 +288,18 @@ def test_a_key_written_in_two_nested_transactions_is_refused(kv: KV) -> None:
     with pytest.raises(DuplicateKeyError):
         kv.txn([], [TxnOp((), (Put(b"/t/d2", b"1"),)), TxnOp((), (Put(b"/t/d2", b"2"),))])
     assert kv.range(b"/t/d2").kvs == ()
+
+
+def test_a_nested_transaction_gets_only_the_ops_its_parent_leaves(kv: KV) -> None:
+    """etcd checks a nested transaction against --max-txn-ops minus the largest list of
+    its parent (checkTxnRequest), not against the whole limit."""
+    from cellstate.kv.base import TxnOp
+
+    limit = kv.max_txn_ops
+    outer = [Put(f"/t/o{i}".encode(), b"x") for i in range(limit - 30)]
+    inner = [Put(f"/t/i{i}".encode(), b"x") for i in range(30)]
+    before = kv.txn([], [Get(b"/t/o0")]).revision
+    with pytest.raises(TxnTooLargeError):
+        kv.txn([], [*outer, TxnOp((), tuple(inner))])
+    assert kv.txn([], [Get(b"/t/o0")]).revision == before  # nothing written
+    assert kv.txn([], [*outer, TxnOp((), tuple(inner[:29]))]).succeeded

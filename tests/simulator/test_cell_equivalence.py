@@ -14,10 +14,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.errors import StoreError
+from cellstate.invariants import violations
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Claim,
+    CommitResult,
     Detection,
+    Fallback,
+    Job,
     JobState,
     JobStatus,
     MachineState,
@@ -193,3 +197,69 @@ def test_every_write_kind_gives_the_same_results_and_cell(program: list[tuple]) 
         a, b = _apply_to(store, op), _apply_to(sim, op)
         assert a == b, op
         assert _cell_of(store.read_snapshot()) == _cell_of(sim.snapshot()), op
+
+
+def _answers(results: list[CommitResult]) -> list[tuple[object, ...]]:
+    return [([(c.task, c.machine) for c in r.committed],
+             [(r2.claim.task, r2.reason) for r2 in r.rejected], r.evicted, r.fell_back)
+            for r in results]
+
+
+@pytest.mark.parametrize("mode", list(TxnMode))
+@pytest.mark.parametrize("detection", list(Detection))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_same_results_for_plans_of_several_jobs_with_fallbacks_and_moves(
+        mode: TxnMode, detection: Detection, seed: int) -> None:
+    """Plans of one to three jobs in one commit_many, claims with fallbacks, moves of
+    running tasks (also of tasks that ended meanwhile): the same on both sides."""
+    rng = random.Random(seed)
+    store, sim = _cells()
+    seen: list[tuple[CellSnapshot, CellSnapshot]] = [(store.read_snapshot(), sim.snapshot())]
+    fell_back = moved = 0
+    for _ in range(80):
+        old_store, old_sim = seen[-rng.randint(1, min(3, len(seen)))]
+        running = sorted(t for t, s in _outcome(old_sim)[1].items() if s is TaskState.RUNNING)
+        now = sorted(t for t, s in _outcome(sim.snapshot())[1].items() if s is TaskState.RUNNING)
+        if rng.random() < 0.2 and now:
+            tid = rng.choice(now)
+            store.release_task(tid, TaskState.FINISHED)
+            assert sim.release_tasks([tid]) == [tid]
+        else:
+            jobs = rng.sample(JOBS, rng.randint(1, 3))
+            plan: list[tuple[Job, list[tuple[int, str, tuple[str, ...], str]]]] = []
+            for j in jobs:
+                claims: list[tuple[int, str, tuple[str, ...], str]] = []
+                mine = [t for t in running if t.startswith(f"{j.id}/")]
+                if mine and rng.random() < 0.4:
+                    tid = rng.choice(mine)
+                    here = old_sim.tasks[tid].machine
+                    to = rng.choice([m.id for m in MACHINES if m.id != here])
+                    claims.append((int(tid.rpartition("/")[2]), to, (), here))
+                free = [i for i in range(j.task_count) if f"{j.id}/{i}" not in mine]
+                for i in rng.sample(free, min(len(free), rng.randint(1, 3))):
+                    mids = rng.sample([m.id for m in MACHINES], 3)
+                    claims.append((i, mids[0], tuple(mids[1:rng.randint(1, 3)]), ""))
+                if claims:
+                    plan.append((j, claims))
+            if not plan:
+                continue
+            results = []
+            for snap, target in ((old_store, store), (old_sim, sim)):
+                txns = [Transaction(j.scheduler, tuple(
+                    Claim(j.id, i, mid, snap.machines[mid].seq,
+                          fallbacks=tuple(Fallback(f, snap.machines[f].seq) for f in fbs),
+                          moves_from=src)
+                    for i, mid, fbs, src in claims), mode, detection, job=j.id)
+                    for j, claims in plan]
+                results.append(target.commit_many(txns))
+            a, b = results
+            assert _answers(a) == _answers(b)
+            fell_back += sum(len(r.fell_back) for r in a)
+            moved += sum(1 for r in a for c in r.committed if c.moves_from)
+        seen.append((store.read_snapshot(), sim.snapshot()))
+        assert _outcome(seen[-1][0]) == _outcome(seen[-1][1])
+        assert violations(seen[-1][1]) == []
+    # Both paths were exercised (moves rarely commit under coarse gangs: any task of
+    # the job that moved meanwhile aborts them).
+    assert fell_back and moved >= (0 if (mode, detection) == (TxnMode.GANG, Detection.COARSE)
+                                   else 1)

@@ -93,6 +93,8 @@ def test_same_file_and_seed_give_identical_data(tmp_path: Path) -> None:
      "line 32, field 'scheduler.1.serves': 'services' is not a workload class"),
     ('x = "t_job_service"', 'x = "t_job"', "line 41, field 'plot.0.x': 't_job' is not a sweep"),
     ('horizon = 300', 'horizon = [', "not valid TOML"),
+    ('instances = 2', 'instances = 2\noptions = {fallbacks = [1]}',
+     "line 29, field 'scheduler.0.options.fallbacks': must be a string, number or boolean"),
 ])
 def test_bad_experiment_file_names_line_and_field(tmp_path: Path, old: str, new: str,
                                                    expected: str) -> None:
@@ -155,3 +157,27 @@ def test_trace_rows_load_in_submission_order(tmp_path: Path) -> None:
     specs = load_trace(path, KINDS)
     assert [(s.id, s.submit, s.tasks, s.duration, s.cpu) for s in specs] == [
         ("a", 1.0, 3, None, 0.5), ("b", 5.0, 2, 10.0, 1.0)]
+
+
+def test_fallbacks_cut_the_conflicts_of_busy_batch_schedulers(tmp_path: Path) -> None:
+    """Four batch schedulers on a small busy cell: with two fallbacks per claim, claims
+    fall back and fewer transactions conflict (simulated, so exact)."""
+    import json
+
+    busy = (SMALL.replace("instances = 2", "instances = 4\noptions = {fallbacks = 0}")
+            .replace("machines = 50", "machines = 300")
+            .replace("interarrival = {dist = \"exponential\", mean = 5}",
+                     "interarrival = {dist = \"exponential\", mean = 0.5}", 1)
+            .replace("duration = {dist = \"exponential\", mean = 60}",
+                     "duration = {dist = \"exponential\", mean = 15}", 1)
+            .replace('values = [1, 10]', 'values = [1]')
+            + '\n[[sweep]]\nname = "fallbacks"\nset = ["scheduler.batch.options.fallbacks"]\n'
+              'values = [0, 2]\n')
+    exp = tmp_path / "busy.toml"
+    exp.write_text(busy)
+    assert main([str(exp), "--out", str(tmp_path), "--no-progress"]) == 0
+    runs = json.loads((tmp_path / "tiny" / "results.json").read_text())["runs"]
+    by = {r["point"]["fallbacks"]: r["metrics"] for r in runs}
+    assert by[0]["batch_fallbacks_taken"] == 0 and by[2]["batch_fallbacks_taken"] > 0
+    assert by[0]["batch_conflicted"] > 0
+    assert by[2]["batch_conflicted"] * 4 < by[0]["batch_conflicted"]

@@ -25,8 +25,16 @@ DETECTION_UNSPECIFIED: Detection
 FINE: Detection
 COARSE: Detection
 
+class Fallback(_message.Message):
+    __slots__ = ("machine", "seen_seq")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    SEEN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    machine: str
+    seen_seq: int
+    def __init__(self, machine: _Optional[str] = ..., seen_seq: _Optional[int] = ...) -> None: ...
+
 class Claim(_message.Message):
-    __slots__ = ("job", "index", "machine", "seen_seq", "evict", "resources")
+    __slots__ = ("job", "index", "machine", "seen_seq", "evict", "resources", "fallbacks", "moves_from")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,13 +48,17 @@ class Claim(_message.Message):
     SEEN_SEQ_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FROM_FIELD_NUMBER: _ClassVar[int]
     job: str
     index: int
     machine: str
     seen_seq: int
     evict: _containers.RepeatedScalarFieldContainer[str]
     resources: _containers.ScalarMap[str, float]
-    def __init__(self, job: _Optional[str] = ..., index: _Optional[int] = ..., machine: _Optional[str] = ..., seen_seq: _Optional[int] = ..., evict: _Optional[_Iterable[str]] = ..., resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    fallbacks: _containers.RepeatedCompositeFieldContainer[Fallback]
+    moves_from: str
+    def __init__(self, job: _Optional[str] = ..., index: _Optional[int] = ..., machine: _Optional[str] = ..., seen_seq: _Optional[int] = ..., evict: _Optional[_Iterable[str]] = ..., resources: _Optional[_Mapping[str, float]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., moves_from: _Optional[str] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("scheduler", "instance", "claims", "mode", "detection", "job")
@@ -65,10 +77,12 @@ class Transaction(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., claims: _Optional[_Iterable[_Union[Claim, _Mapping]]] = ..., mode: _Optional[_Union[TxnMode, str]] = ..., detection: _Optional[_Union[Detection, str]] = ..., job: _Optional[str] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("transaction",)
+    __slots__ = ("transaction", "transactions")
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     transaction: Transaction
-    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+    transactions: _containers.RepeatedCompositeFieldContainer[Transaction]
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ..., transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("claim", "reason", "detail", "dimension")
@@ -83,18 +97,22 @@ class Rejection(_message.Message):
     def __init__(self, claim: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., dimension: _Optional[str] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
-    __slots__ = ("committed", "rejected", "revision", "evicted", "attempts")
+    __slots__ = ("committed", "rejected", "revision", "evicted", "attempts", "machines", "results")
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MACHINES_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     committed: _containers.RepeatedScalarFieldContainer[int]
     rejected: _containers.RepeatedCompositeFieldContainer[Rejection]
     revision: int
     evicted: _containers.RepeatedScalarFieldContainer[str]
     attempts: int
-    def __init__(self, committed: _Optional[_Iterable[int]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., revision: _Optional[int] = ..., evicted: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ...) -> None: ...
+    machines: _containers.RepeatedScalarFieldContainer[str]
+    results: _containers.RepeatedCompositeFieldContainer[CommitResponse]
+    def __init__(self, committed: _Optional[_Iterable[int]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., revision: _Optional[int] = ..., evicted: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., machines: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[_Union[CommitResponse, _Mapping]]] = ...) -> None: ...
 
 class SyncRequest(_message.Message):
     __slots__ = ("start_revision",)
