@@ -1,0 +1,246 @@
+"""Jobs, machines, releases and the cell's config: each write decided by the judge
+(``cellstate.decisions``) and applied as one guarded write."""
+
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from cellstate import codec, decisions
+from cellstate.cell import (
+    CellSnapshot,
+)
+from cellstate.decisions import Change
+from cellstate.errors import (
+    AlreadyExistsError as AlreadyExistsError,
+    ContentionError as ContentionError,
+    NotFoundError as NotFoundError,
+    StoreError as StoreError,
+)
+from cellstate.kv.base import (
+    Compare,
+    CompareResult,
+    CompareTarget,
+    prefix_end,
+)
+from cellstate.model import (
+    CellConfig,
+    Job,
+    JobState,
+    JobStatus,
+    Machine,
+    MachineState,
+    ModelError,
+    Resources,
+    TaskState,
+    labels_from as model_labels,
+    split_task_id,
+)
+from cellstate.store.base import (
+    _RESERVED_OPS,
+    _Write,
+)
+from cellstate.store.gangs import LargeGangs
+
+log = logging.getLogger(__name__)
+
+
+class AdminWrites(LargeGangs):
+    """Jobs, machines, task ends, kills, resizes and the config."""
+
+    def submit_job(self, job: Job) -> int:
+        """Store a new job (its tasks start pending). Returns the revision."""
+        codec.parse_job(codec.job_to_doc(job))  # the same checks as for user input
+        with self._lock:
+            return self._decide_and_write(f"submitting job {job.id}",
+                                          lambda: decisions.submit_job(self.view, job))
+
+    def add_machine(self, machine: Machine) -> int:
+        return self.add_machines([machine])
+
+    def add_machines(self, machines: Sequence[Machine]) -> int:
+        """Add many new machines, as few etcd transactions as the limits allow. All are
+        checked before anything is written; each transaction adds its machines or, if
+        any of them exists already, none of them (and this raises)."""
+        for m in machines:
+            codec.parse_machine(codec.machine_to_doc(m))
+        decisions.add_machines(CellSnapshot.empty(), machines)  # the checks of the whole list
+        step = max(self.kv.max_txn_ops // 2, 1)  # a machine's guard reads two ranges
+        revision = 0
+        with self._lock:
+            for i in range(0, len(machines), step):
+                batch = machines[i : i + step]
+                revision = self._decide_and_write(
+                    "adding machines", lambda b=batch: decisions.add_machines(self.view, b))  # type: ignore[misc]
+        return revision
+
+    def update_machine(
+        self,
+        machine_id: str,
+        *,
+        capacity: Resources | None = None,
+        state: MachineState | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> int:
+        """Change a machine's capacity, state or labels. Taking it down loses every task
+        on it (state lost), which frees their resources and sends them back to their
+        schedulers; a capacity below what its tasks hold is refused."""
+        if capacity is not None:
+            codec.parse_resources(capacity.as_dict(), f"machine {machine_id}: capacity")
+        if state is not None and not isinstance(state, MachineState):
+            raise StoreError(f"machine {machine_id}: {state!r} is not a machine state")
+        new_labels = model_labels(labels, f"machine {machine_id}: labels") if labels else None
+        with self._lock:
+            self._ensure_config()
+
+            def decide() -> Change:
+                self._fetch([self.keys.machine(machine_id)])
+                m = self.view.machines.get(machine_id)
+                if m is not None:
+                    self._fetch_gangs(m)
+                return decisions.update_machine(
+                    self.view, machine_id, capacity=capacity, state=state, labels=new_labels,
+                    budget=self._lose_budget())
+
+            return self._decide_and_write(f"updating machine {machine_id}", decide)
+
+    def _lose_budget(self) -> int:
+        # Each task lost deletes its allocation and rewrites its record: two ops.
+        return (self.kv.max_txn_ops - _RESERVED_OPS) // 2
+
+    def _replace_machine(self, m: Machine, changed: Machine) -> _Write:
+        """The write that replaces machine ``m`` by ``changed`` (decisions.replace_machine)."""
+        self._fetch_gangs(m)
+        return self._write_for(decisions.replace_machine(self.view, m, changed))
+
+    def _lose_tasks(self, down: Machine) -> _Write:
+        """The write that takes the view's machine down as ``down`` (decisions.take_down)."""
+        old = self.view.machines[down.id]
+        self._fetch_gangs(old)
+        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget()))
+
+    def remove_machine(self, machine_id: str) -> int:
+        """Take the machine down (losing its tasks) and delete it."""
+        with self._lock:
+            while True:
+                self._fetch([self.keys.machine(machine_id)])
+                m = self.view.machines.get(machine_id)
+                if m is None:
+                    raise NotFoundError(f"unknown machine {machine_id!r}")
+                if m.state is not MachineState.DOWN or m.allocations:
+                    self.update_machine(machine_id, state=MachineState.DOWN)
+                    continue
+                w = self._write_for(decisions.remove_machine(self.view, machine_id))
+                res = self._try_write(w)
+                if res.succeeded:
+                    return res.revision
+
+    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
+        """Record that a running task ended (finished, failed, lost) and free its hold
+        (decisions.release_task says when it is refused)."""
+        try:
+            split_task_id(tid)
+        except ModelError as e:
+            raise StoreError(str(e)) from e
+        with self._lock:
+            self._ensure_config()
+            k = self.keys
+
+            def decide() -> Change:
+                self._fetch([k.task_key(tid)])
+                rec = self.view.tasks.get(tid)
+                if rec is not None and rec.machine:
+                    # Task and machine read together, so they agree with each other.
+                    self._fetch([k.task_key(tid), k.machine(rec.machine)])
+                    rec = self.view.tasks.get(tid)
+                    m = self.view.machines.get(rec.machine) if rec is not None else None
+                    if m is not None:
+                        self._fetch_gangs(m)
+                if rec is not None and rec.gang:
+                    self._fetch([k.gang(rec.gang)])
+                return decisions.release_task(self.view, tid, outcome, machine)
+
+            return self._decide_and_write(f"releasing task {tid}", decide)
+
+    def set_job_status(self, status: JobStatus) -> int:
+        """Record a verdict on a job (abandoned with a reason, or killed). Refused for a
+        job that does not exist; a kill is final (an abandonment does not replace it)."""
+        with self._lock:
+            keys = [self.keys.job(status.job), self.keys.status(status.job)]
+
+            def decide() -> Change:
+                self._fetch(keys)
+                return decisions.set_job_status(self.view, status)
+
+            return self._decide_and_write(f"setting the status of job {status.job}", decide)
+
+    def kill_job(self, status: JobStatus) -> int:
+        """Kill a job: record the status, then end every task of it that runs.
+
+        Every claim reads the job's status (guarded), so once the status is written no
+        claim for the job can commit; a read of the job's tasks after that write sees
+        every placement that beat it, and each is released (lost). Idempotent: killing
+        a killed job ends whatever still runs. Returns the revision of the last write."""
+        if status.state is not JobState.KILLED:
+            raise StoreError(f"job {status.job}: kill_job records a kill, not {status.state}")
+        revision = self.set_job_status(status)
+        prefix = self.keys.task_key(status.job + "/")
+        with self._lock:
+            res = self.kv.range(prefix, prefix_end(prefix))
+            self.view.observe_range(res.kvs, res.revision)
+            tids = [kv.key[len(self.keys.task_key("")):].decode() for kv in res.kvs]
+            running = [tid for tid in tids
+                       if (t := self.view.tasks.get(tid)) is not None
+                       and t.state is TaskState.RUNNING]
+        for tid in running:
+            try:
+                revision = max(revision, self.release_task(tid, TaskState.LOST))
+            except StoreError as e:  # it ended meanwhile (finished, lost): nothing to do
+                log.debug("kill %s: %s", status.job, e)
+        return revision
+
+    def resize_job(self, job_id: str, task_count: int) -> int:
+        """Grow (or shrink to no fewer than its placed-or-ended tasks) a job's task count,
+        as an elastic scheduler does to grow a running job into idle resources."""
+        prefix = self.keys.task_key(job_id + "/")
+        read_at = 0
+
+        def decide() -> Change:
+            nonlocal read_at
+            read_at = 0
+            self._fetch([self.keys.job(job_id)])
+            job = self.view.jobs.get(job_id)
+            placed: list[int] = []
+            if job is not None and task_count < job.task_count:
+                res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
+                placed = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
+                read_at = res.revision
+            return decisions.resize_job(self.view, job_id, task_count, placed)
+
+        def unchanged() -> tuple[Compare, ...]:
+            # Claims do not rewrite the job's key, so its revision alone would not see a
+            # task placed since the range read: guard that no task key of the job
+            # changed (or appeared) since then.
+            if not read_at:
+                return ()
+            return (Compare(prefix, CompareTarget.MOD, CompareResult.LESS, read_at + 1,
+                            prefix_end(prefix)),)
+
+        with self._lock:
+            return self._decide_and_write(f"resizing job {job_id}", decide, unchanged)
+
+    def set_config(self, config: CellConfig) -> int:
+        """Replace the cell's configuration (per-scheduler limits)."""
+        codec.parse_config(codec.config_to_doc(config))
+        with self._lock:
+            self._fetch([self.keys.config])
+            key = self.keys.config
+            res = self._retry(
+                "setting the cell config",
+                lambda: _Write({key: self.view.guard_revision(key)}, {key: config}),
+            )
+            # Start the counters of resource-limited schedulers now, while the history
+            # at this revision is surely still there.
+            self._ensure_usage(config.limits)
+            return res.revision
