@@ -479,17 +479,7 @@ class StoreBase:
     # -- commits -------------------------------------------------------------------------
 
     def _fetch_gangs(self, m: Machine) -> None:
-        self._fetch(
-            self.keys.gang(g) for a in m.allocations.values() for g in (a.gang, a.evicted_by) if g
-        )
-
-    def _gang_guards(self, m: Machine) -> dict[bytes, int]:
-        return {
-            self.keys.gang(g): self.view.guard_revision(self.keys.gang(g))
-            for a in m.allocations.values()
-            for g in (a.gang, a.evicted_by)
-            if g
-        }
+        self._fetch(self.keys.gang(g) for g in m.gang_tags)
 
 
 def _with_revision(record: object, revision: int) -> object:
