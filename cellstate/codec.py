@@ -19,6 +19,7 @@ import orjson
 
 from cellstate.model import (
     MAX_AMOUNT,
+    MAX_INPUT_LOCATIONS,
     AgentRecord,
     Allocation,
     CellConfig,
@@ -44,6 +45,7 @@ from cellstate.model import (
     TaskRecord,
     TaskState,
     UsageRecord,
+    check_amount,
     check_name,
     labels_from,
 )
@@ -157,6 +159,8 @@ def job_to_doc(job: Job) -> dict[str, Any]:
         doc["submitted_at"] = job.submitted_at
     if job.detection is not None:
         doc["detection"] = job.detection.value
+    if job.input:
+        doc["input"] = dict(job.input)
     return doc
 
 
@@ -302,6 +306,7 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     submitted_at = f.get("submitted_at", 0.0)
     if isinstance(submitted_at, bool) or not isinstance(submitted_at, int | float):
         raise ModelError(f"{f.path('submitted_at')} must be a number")
+    input_ = _parse_input(f.get("input"), f.path("input"))
     job = Job(
         id=job_id,
         owner=check_name(f.string("owner", default="nobody"), f.path("owner")),
@@ -318,9 +323,27 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
         submitted_at=float(submitted_at),
         detection=detection,
         revision=revision,
+        input=input_,
     )
     f.no_unknown()
     return job
+
+
+def _parse_input(value: object, where: str) -> tuple[tuple[str, float], ...]:
+    """A job's input locations: a mapping of machine id to amount of data there."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ModelError(f"{where} must be a mapping of machine id to the amount of the "
+                         "job's input data stored there")
+    if len(value) > MAX_INPUT_LOCATIONS:
+        raise ModelError(f"{where} names {len(value)} machines, above the limit of "
+                         f"{MAX_INPUT_LOCATIONS}")
+    out = []
+    for mid, amount in value.items():
+        check_name(mid, f"{where}: machine id")
+        out.append((mid, check_amount(amount, f"{where}.{mid}")))
+    return tuple(sorted(out))
 
 
 # -- machines from user input --------------------------------------------------------

@@ -29,6 +29,7 @@ _DIMENSION = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # A resource amount above this is a typo or an attack, not a machine: refusing it keeps
 # sums exact enough in float arithmetic (2**53 / 1e12 leaves ~4 digits of headroom).
 MAX_AMOUNT = 1e12
+MAX_INPUT_LOCATIONS = 10_000
 # Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
 # less than this fraction of it still fits.
 _FIT_SLACK = 1e-9
@@ -368,6 +369,10 @@ class Job:
     # Conflict detection for this job's transactions; None: the scheduler's default.
     detection: Detection | None = None
     revision: int = 0  # mod_revision of the job's key
+    # Where the job's input data is stored: (machine, amount) pairs sorted by machine,
+    # the amount in any unit the job's owner likes (GB). Its tasks read it evenly; a
+    # locality-aware policy (Quincy) prefers the machines and racks that hold most.
+    input: tuple[tuple[str, float], ...] = ()
 
 
 class TaskState(enum.Enum):

@@ -22,13 +22,14 @@ than every machine), so "why is my job pending?" always has an answer.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 
 from cellstate.cell import CellSnapshot, alloc_placed, machine_used, task_view
 from cellstate.fit import FitReport, machine_up, resources
+from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
     Allocation,
@@ -209,7 +210,14 @@ class CellView:
 
 @attrs.frozen
 class Context:
-    """What a policy may use: the view, the time, its own random stream, its options."""
+    """What a policy may use: the view, the time, its own random stream, its options.
+
+    ``changes``: the (kind, id) of every record that changed since this instance's
+    previous decision, or None when the policy must assume anything changed (the first
+    decision, a reload of the replica). A policy that keeps state of its own across
+    decisions (a flow network) updates it from these instead of rescanning the cell.
+    ``latest``: reads the newest snapshot, for a policy whose decision takes long
+    enough that the cell may have moved on meanwhile (it drops what became stale)."""
 
     view: CellView
     now: float
@@ -217,6 +225,8 @@ class Context:
     scheduler: str
     instance: str
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    changes: frozenset[tuple[KeyKind, str]] | None = None
+    latest: Callable[[], CellSnapshot] | None = None
 
 
 class Policy:
@@ -224,8 +234,9 @@ class Policy:
     by default and what the registry finds it by."""
 
     name: ClassVar[str] = ""
-    #: Seconds between calls of :meth:`propose`; None: never.
-    propose_interval: ClassVar[float | None] = None
+    #: Seconds between calls of :meth:`propose`; None: never. A policy may set its
+    #: own from its options.
+    propose_interval: float | None = None
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)

@@ -183,6 +183,8 @@ class SchedulerInstance:
         self.metrics = SchedulerMetrics(self.scheduler, instance, clock())
         self._lock = threading.Lock()
         self._dirty: set[str] | None = None  # jobs to re-examine; None: all of them
+        # Every change since the policy last decided (Context.changes); None: anything.
+        self._seen: set[tuple[KeyKind, str]] | None = None
         self._queue: dict[str, tuple[float, str]] = {}  # job -> sort key
         self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
         self._jobs: dict[str, _JobState] = {}
@@ -295,8 +297,10 @@ class SchedulerInstance:
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         with self._lock:
             if changed is None:
-                self._dirty = self._machines_touched = None
+                self._dirty = self._machines_touched = self._seen = None
                 return
+            if self._seen is not None:
+                self._seen.update(changed)
             if self._machines_touched is not None:
                 self._machines_touched.update(i for k, i in changed if k is KeyKind.MACHINE)
             if self._dirty is None:
@@ -318,6 +322,21 @@ class SchedulerInstance:
             dirty, self._dirty = self._dirty, set()
             touched, self._machines_touched = self._machines_touched, set()
         return dirty, touched
+
+    def _take_seen(self) -> frozenset[tuple[KeyKind, str]] | None:
+        """The changes the policy has not been told of (taken before the snapshot is
+        read, as in :meth:`_take_changes`); handed back by :meth:`_keep_seen` when no
+        decision is made."""
+        with self._lock:
+            seen, self._seen = self._seen, set()
+        return frozenset(seen) if seen is not None else None
+
+    def _keep_seen(self, seen: frozenset[tuple[KeyKind, str]] | None) -> None:
+        with self._lock:
+            if seen is None:
+                self._seen = None
+            elif self._seen is not None:
+                self._seen.update(seen)
 
     def _refresh(self, snap: CellSnapshot, dirty: set[str] | None,
                  touched: set[str] | None) -> None:
@@ -382,22 +401,24 @@ class SchedulerInstance:
         if not self._renewing:
             self._keep_alive(now)
         dirty, touched = self._take_changes()
+        seen = self._take_seen()
         snap = self.source.snapshot()
         self._inflight = [x for x in self._inflight if x[0] > snap.revision]
         self._refresh(snap, dirty, touched)
         self._reap_orphans(snap, now)
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
-            return self._decide(snap, [], now, propose=True)
+            return self._decide(snap, [], now, seen, propose=True)
         due = [j for j in self.queued() if self._state(j).next_try_at <= now]
         if not due:
+            self._keep_seen(seen)
             waits = [self._state(j).next_try_at - now for j in self._queue]
             if not waits:
                 return self.config.idle_wait
             # A job's backoff (up to max_retry_delay) may be longer than the lease.
             return min(max(min(waits), 0.0), self._until_keep_alive(now))
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
-        return self._decide(snap, jobs, now)
+        return self._decide(snap, jobs, now, seen)
 
     def _state(self, jid: str) -> _JobState:
         st = self._jobs.get(jid)
@@ -406,10 +427,11 @@ class SchedulerInstance:
         return st
 
     def _decide(self, snap: CellSnapshot, jobs: list[Job], now: float,
-                propose: bool = False) -> Attempt:
+                seen: frozenset[tuple[KeyKind, str]] | None, propose: bool = False) -> Attempt:
         view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
                         self._machine_ids)
-        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options)
+        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
+                      seen, self.source.snapshot)
         for job in jobs:
             st = self._state(job.id)
             if st.first_attempt_at is None:

@@ -1,0 +1,308 @@
+"""Cost models: what each kind of arc of the flow network costs.
+
+A cost model only *describes* arcs: given a job, a machine or a group of running
+tasks, it answers with costs (and, for the machine-to-sink arcs, capacities). It never
+sees or touches the network; the graph manager (``schedulers/flow/graph.py``) decides
+which arcs exist (an arc to a machine only where the task fits in every dimension) and
+asks the model what they cost. So a new policy is one small class; docs/plugins.md has
+a section on writing one.
+
+The network, with the arc kinds a model prices (``W``: a job's waiting tasks, one node
+with supply k; ``G``: a job's running tasks on one machine; ``E``: the aggregator of
+every task of one shape; ``R``: a rack under an aggregator; ``M``: a machine; ``U``:
+the job's unscheduled aggregator; ``S``: the sink)::
+
+    W --to_cluster--> E --machine_arc--> M --sink_tiers--> S
+    W --preferences--> M or R (locality)       E -> R -> M when the model uses racks
+    W --unscheduled--> U ------------------------------------> S
+    G --stay--> its machine;  G --migrate--> E;  G --preempt--> U
+
+All costs are whole numbers (solvers work in integers), kept well below
+``network.MAX_COST``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import attrs
+
+from cellstate.model import Job, Machine, Resources
+
+#: Wait-time costs stop growing after this many seconds, so that costs stay bounded.
+MAX_WAIT = 86_400.0
+
+
+class Preference(NamedTuple):
+    """A direct arc from a job's waiting tasks to a machine (``rack`` empty) or a rack."""
+
+    machine: str
+    rack: str
+    cost: int
+
+
+@attrs.frozen
+class MachineLoad:
+    """A machine as a cost model sees it. ``slots``: how many tasks of the smallest
+    shape the flow scheduler could run there; ``others``: the share of the machine the
+    tasks outside the network hold (0..1, the largest over its dimensions)."""
+
+    machine: Machine
+    slots: int
+    others: float
+    used: Resources  # everything held there, the network's own tasks included
+
+
+@attrs.frozen
+class Group:
+    """Running tasks of one job on one machine, offered to the network again."""
+
+    job: Job
+    machine: str
+    count: int
+    movable: int  # not moved too recently (the flapping guard), nor pinned
+    own: bool  # the flow scheduler's own tasks; False: another's, preemptible only
+
+
+class CostModelError(ValueError):
+    pass
+
+
+class CostModel:
+    """Base of cost models; the defaults price the trivial model: every placement
+    costs nothing and leaving a task unscheduled costs a little, so that any fit is
+    taken; running tasks stay where they are."""
+
+    name: ClassVar[str] = ""
+    #: Whether shape aggregators reach machines through rack aggregators.
+    uses_racks: ClassVar[bool] = False
+    #: Options this model takes, with their defaults (checked by :meth:`__init__`).
+    defaults: ClassVar[Mapping[str, float]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            known = ", ".join(sorted(self.defaults)) or "none"
+            raise CostModelError(f"cost model {self.name}: unknown option(s) "
+                                 f"{', '.join(unknown)} (known: {known})")
+        self.options: dict[str, float] = dict(self.defaults)
+        for key, value in options.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise CostModelError(f"cost model {self.name}: option {key} must be a "
+                                     f"number, got {value!r}") from None
+            if not 0 <= number <= 1e9:
+                raise CostModelError(f"cost model {self.name}: option {key} must be from 0 "
+                                     f"to 1e9, got {value!r}")
+            self.options[key] = number
+
+    def unscheduled(self, job: Job, waited: float) -> int:
+        return 100 + 10 * job.precedence
+
+    def to_cluster(self, job: Job) -> int:
+        return 0
+
+    def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
+        """Direct arcs for a job's waiting tasks; ``racks`` maps machine to rack."""
+        return ()
+
+    def machine_arc(self, load: MachineLoad) -> int:
+        """Cost of the arc from a shape (or rack) aggregator into a machine."""
+        return 0
+
+    def reclaim(self, load: MachineLoad) -> int | None:
+        """Extra cost of an arrival that needs room the network's running tasks hold on
+        the machine (some must migrate or be preempted); None: no such arrivals."""
+        return None
+
+    def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
+        """(capacity, cost) of the parallel arcs from a machine to the sink, whose
+        capacities add up to ``load.slots``; costs that rise tier by tier make the
+        cost of a machine convex in its load."""
+        return ((load.slots, 0),)
+
+    def stay(self, group: Group) -> int:
+        return 0
+
+    def preempt(self, group: Group, waited: float) -> int | None:
+        """Cost of taking running tasks off their machine; None: never."""
+        return None
+
+    def migrate(self, group: Group) -> int | None:
+        """Cost of moving running tasks elsewhere (through the shape aggregator);
+        None: never."""
+        return None
+
+
+def _tiers(slots: int, others: float, scale: float, max_tiers: int = 16
+           ) -> list[tuple[int, int]]:
+    """Tiers whose cost is the machine's load (0..1, times ``scale``) once the tier is
+    full: a convex cost, so that the solver spreads tasks."""
+    if slots <= 0:
+        return []
+    n = min(slots, max_tiers)
+    out = []
+    done = 0
+    for i in range(n):
+        cap = (slots - done) // (n - i)
+        done += cap
+        load = others + (1.0 - others) * done / slots
+        out.append((cap, round(scale * load)))
+    return out
+
+
+class TrivialCostModel(CostModel):
+    """Firmament's trivial model: place anywhere it fits, never move. A test fixture."""
+
+    name = "trivial"
+
+
+class LoadSpreadingCostModel(CostModel):
+    """Spread tasks: a machine costs more the fuller it is (Firmament's load-spreading
+    policy, with a convex rather than linear cost so one round spreads too). Running
+    tasks move when the spread improves by more than ``migrate_cost`` (in thousandths
+    of a machine's load) and are preempted only for tasks of higher precedence."""
+
+    name = "load-spread"
+    defaults: ClassVar[Mapping[str, float]] = {
+        "unscheduled_cost": 2000, "wait_cost": 1, "precedence_cost": 1000,
+        "migrate_cost": 250, "preempt_cost": 2500, "tiers": 16,
+    }
+
+    def unscheduled(self, job: Job, waited: float) -> int:
+        o = self.options
+        return round(o["unscheduled_cost"] + o["wait_cost"] * min(waited, MAX_WAIT)
+                     + o["precedence_cost"] * job.precedence)
+
+    def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
+        return _tiers(load.slots, load.others, 1000, int(self.options["tiers"]))
+
+    def reclaim(self, load: MachineLoad) -> int | None:
+        return 0
+
+    def preempt(self, group: Group, waited: float) -> int | None:
+        o = self.options
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.job.precedence)
+
+    def migrate(self, group: Group) -> int | None:
+        return round(self.options["migrate_cost"]) if group.own else None
+
+
+class QuincyCostModel(CostModel):
+    """Quincy (Isard et al., SOSP 2009, as Firmament has it): the cost of a placement is
+    the data its task would read over the network, dearer across racks than within
+    one; tasks get preference arcs to the machines and racks that hold at least
+    ``machine_threshold`` / ``rack_threshold`` of their job's input, and reach every
+    other machine through the cluster aggregator at the worst-case cost. Leaving a task
+    unscheduled costs more the longer it has waited; a running task is preempted only
+    when that beats its ``preempt_cost``, and migrates when the data it would save is
+    worth more than ``migrate_cost``."""
+
+    name = "quincy"
+    uses_racks = True
+    defaults: ClassVar[Mapping[str, float]] = {
+        "rack_cost": 1, "core_cost": 4, "data_scale": 100,
+        "machine_threshold": 0.1, "rack_threshold": 0.25, "max_preferences": 8,
+        "unscheduled_cost": 1000, "wait_cost": 2, "precedence_cost": 1000,
+        "migrate_cost": 500, "preempt_cost": 3000,
+    }
+
+    def _per_task(self, job: Job) -> float:
+        return self.options["data_scale"] / max(job.task_count, 1)
+
+    def _total(self, job: Job) -> float:
+        return sum(a for _, a in job.input)
+
+    def to_cluster(self, job: Job) -> int:
+        # The worst case: every byte crosses the core.
+        return round(self.options["core_cost"] * self._total(job) * self._per_task(job))
+
+    def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
+        total = self._total(job)
+        if total <= 0:
+            return ()
+        o, scale = self.options, self._per_task(job)
+        on_rack: dict[str, float] = {}
+        for mid, amount in job.input:
+            rack = racks.get(mid)
+            if rack is not None:
+                on_rack[rack] = on_rack.get(rack, 0.0) + amount
+        out: list[Preference] = []
+        for mid, amount in sorted(job.input, key=lambda x: (-x[1], x[0])):
+            rack = racks.get(mid)
+            if rack is None or amount < o["machine_threshold"] * total:
+                continue
+            local_rack = on_rack[rack]
+            cost = o["rack_cost"] * (local_rack - amount) + o["core_cost"] * (total - local_rack)
+            out.append(Preference(mid, "", round(cost * scale)))
+            if len(out) >= o["max_preferences"]:
+                break
+        for rack, amount in sorted(on_rack.items(), key=lambda x: (-x[1], x[0])):
+            if rack and amount >= o["rack_threshold"] * total:
+                # Within the rack, the worst machine holds none of it.
+                cost = o["rack_cost"] * amount + o["core_cost"] * (total - amount)
+                out.append(Preference("", rack, round(cost * scale)))
+        return out
+
+    def unscheduled(self, job: Job, waited: float) -> int:
+        o = self.options
+        return (self.to_cluster(job) + round(o["unscheduled_cost"]
+                + o["wait_cost"] * min(waited, MAX_WAIT) + o["precedence_cost"] * job.precedence))
+
+    def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
+        return ((load.slots, 0),) if load.slots > 0 else ()
+
+    def reclaim(self, load: MachineLoad) -> int | None:
+        return 0
+
+    def preempt(self, group: Group, waited: float) -> int | None:
+        o = self.options
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.job.precedence)
+
+    def migrate(self, group: Group) -> int | None:
+        if not group.own:
+            return None
+        return self.to_cluster(group.job) + round(self.options["migrate_cost"])
+
+
+class NetworkAwareCostModel(LoadSpreadingCostModel):
+    """Firmament's network-aware policy: network bandwidth is a machine resource (the
+    dimension ``resource``, default ``net``) that tasks declare like cpu; a task only
+    gets an arc to a machine with enough bandwidth left (the graph manager's fit rule),
+    and a machine costs more the more of its bandwidth is taken."""
+
+    name = "network"
+    defaults: ClassVar[Mapping[str, float]] = {
+        **LoadSpreadingCostModel.defaults, "bandwidth_weight": 1000,
+    }
+
+    def __init__(self, resource: str = "net", **options: Any) -> None:
+        if not isinstance(resource, str) or not resource:
+            raise CostModelError("cost model network: option resource must name a "
+                                 f"resource dimension, got {resource!r}")
+        super().__init__(**options)
+        self.resource = resource
+
+    def machine_arc(self, load: MachineLoad) -> int:
+        cap = load.machine.capacity.get(self.resource)
+        if cap <= 0:
+            return round(self.options["bandwidth_weight"])
+        used = load.used.get(self.resource)
+        return round(self.options["bandwidth_weight"] * min(used / cap, 1.0))
+
+
+COST_MODELS: dict[str, type[CostModel]] = {
+    m.name: m for m in (TrivialCostModel, LoadSpreadingCostModel, QuincyCostModel,
+                        NetworkAwareCostModel)
+}
+
+
+def make_cost_model(name: str, **options: Any) -> CostModel:
+    try:
+        cls = COST_MODELS[name]
+    except KeyError:
+        raise CostModelError(f"no cost model named {name!r} (known: "
+                             f"{', '.join(sorted(COST_MODELS))})") from None
+    return cls(**options)

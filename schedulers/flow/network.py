@@ -1,0 +1,226 @@
+"""The flow network: nodes with supplies, arcs with a lower bound, a capacity and a cost.
+
+Stored as parallel numpy arrays with free lists, so that the graph manager can change
+a few arcs per round in place and the solver gets the whole network as arrays without
+a per-arc Python loop. Nodes and arcs are named by keys (tuples such as
+``("M", "m17")``); slots are reused, so an index means nothing across changes, and
+two networks are compared by :meth:`FlowNetwork.canonical`, which speaks only keys.
+
+Every arc belongs to an *owner* (a job, a machine, a group of running tasks), and an
+owner's arcs are replaced all at once (:meth:`set_arcs`): the graph manager never
+edits one arc of an owner and leaves the others stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+NodeKey = tuple[Hashable, ...]
+Owner = tuple[Hashable, ...]
+
+#: Costs and capacities stay far below what the solvers can take (OR-Tools reports
+#: BAD_COST_RANGE near 2^52; LEMON's cost scaling goes wrong near 2^48).
+MAX_COST = 2**40
+MAX_CAPACITY = 2**40
+
+
+class Arc(NamedTuple):
+    """One arc as a cost model describes it (the graph manager adds the ends)."""
+
+    tail: NodeKey
+    head: NodeKey
+    capacity: int
+    cost: int
+    lower: int = 0
+    kind: int = 0  # the graph manager's arc kind, kept for extraction
+
+
+class Arrays(NamedTuple):
+    """The live network as the solver takes it: node indexes are dense up to
+    ``nodes``; ``arcs`` maps each array position back to the network's arc slot."""
+
+    nodes: int
+    supply: npt.NDArray[np.int64]
+    tail: npt.NDArray[np.int64]
+    head: npt.NDArray[np.int64]
+    lower: npt.NDArray[np.int64]
+    capacity: npt.NDArray[np.int64]
+    cost: npt.NDArray[np.int64]
+    kind: npt.NDArray[np.int8]
+    arcs: npt.NDArray[np.int64]
+
+
+class NetworkError(ValueError):
+    pass
+
+
+class FlowNetwork:
+    def __init__(self) -> None:
+        self._node_index: dict[NodeKey, int] = {}
+        self._node_keys: list[NodeKey | None] = []
+        self._node_refs: list[int] = []  # arcs touching the node, plus 1 while it has supply
+        self._free_nodes: list[int] = []
+        self._supply = np.zeros(64, dtype=np.int64)
+        n = 256
+        self._tail = np.zeros(n, dtype=np.int64)
+        self._head = np.zeros(n, dtype=np.int64)
+        self._lower = np.zeros(n, dtype=np.int64)
+        self._cap = np.zeros(n, dtype=np.int64)
+        self._cost = np.zeros(n, dtype=np.int64)
+        self._kind = np.zeros(n, dtype=np.int8)
+        self._live = np.zeros(n, dtype=bool)
+        self._free_arcs: list[int] = list(range(n - 1, -1, -1))
+        self._owned: dict[Owner, list[int]] = {}
+        self._supplies: dict[NodeKey, int] = {}
+
+    # -- nodes ---------------------------------------------------------------------
+
+    def _ref(self, key: NodeKey) -> int:
+        i = self._node_index.get(key)
+        if i is None:
+            if self._free_nodes:
+                i = self._free_nodes.pop()
+                self._node_keys[i] = key
+                self._node_refs[i] = 0
+            else:
+                i = len(self._node_keys)
+                self._node_keys.append(key)
+                self._node_refs.append(0)
+                if i >= len(self._supply):
+                    self._supply = np.concatenate([self._supply, np.zeros_like(self._supply)])
+            self._node_index[key] = i
+            self._supply[i] = 0
+        self._node_refs[i] += 1
+        return i
+
+    def _unref(self, i: int) -> None:
+        self._node_refs[i] -= 1
+        if self._node_refs[i] == 0:
+            key = self._node_keys[i]
+            assert key is not None
+            del self._node_index[key]
+            self._node_keys[i] = None
+            self._free_nodes.append(i)
+
+    def set_supply(self, key: NodeKey, supply: int) -> None:
+        """Units that enter the network at ``key`` (negative: leave it)."""
+        old = self._supplies.get(key, 0)
+        if supply == old:
+            return
+        if old == 0:
+            i = self._ref(key)
+        else:
+            i = self._node_index[key]
+        self._supply[i] = supply
+        if supply == 0:
+            del self._supplies[key]
+            self._unref(i)
+        else:
+            self._supplies[key] = supply
+
+    def supply(self, key: NodeKey) -> int:
+        return self._supplies.get(key, 0)
+
+    def has_node(self, key: NodeKey) -> bool:
+        return key in self._node_index
+
+    def node_key(self, index: int) -> NodeKey:
+        key = self._node_keys[index]
+        if key is None:
+            raise NetworkError(f"no node at index {index}")
+        return key
+
+    def node_index(self, key: NodeKey) -> int:
+        return self._node_index[key]
+
+    # -- arcs ------------------------------------------------------------------------
+
+    def set_arcs(self, owner: Owner, arcs: Iterable[Arc]) -> list[int]:
+        """Replace every arc of ``owner`` by ``arcs``; returns their slots, in order."""
+        self.drop(owner)
+        slots: list[int] = []
+        for a in arcs:
+            if not 0 <= a.lower <= a.capacity <= MAX_CAPACITY:
+                raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: need 0 <= lower "
+                                   f"({a.lower}) <= capacity ({a.capacity}) <= {MAX_CAPACITY}")
+            if not -MAX_COST <= a.cost <= MAX_COST:
+                raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: cost {a.cost} is "
+                                   f"outside +-{MAX_COST}")
+            if not self._free_arcs:
+                self._grow()
+            s = self._free_arcs.pop()
+            self._tail[s] = self._ref(a.tail)
+            self._head[s] = self._ref(a.head)
+            self._lower[s] = a.lower
+            self._cap[s] = a.capacity
+            self._cost[s] = a.cost
+            self._kind[s] = a.kind
+            self._live[s] = True
+            slots.append(s)
+        if slots:
+            self._owned[owner] = slots
+        return slots
+
+    def drop(self, owner: Owner) -> None:
+        for s in self._owned.pop(owner, ()):
+            self._live[s] = False
+            self._unref(int(self._tail[s]))
+            self._unref(int(self._head[s]))
+            self._free_arcs.append(s)
+
+    def arcs_of(self, owner: Owner) -> list[int]:
+        return list(self._owned.get(owner, ()))
+
+    def owners(self) -> list[Owner]:
+        return list(self._owned)
+
+    def arc(self, slot: int) -> Arc:
+        return Arc(self.node_key(int(self._tail[slot])), self.node_key(int(self._head[slot])),
+                   int(self._cap[slot]), int(self._cost[slot]), int(self._lower[slot]),
+                   int(self._kind[slot]))
+
+    def set_cost(self, slot: int, cost: int) -> None:
+        """Change one arc's cost in place (costs that move with time alone)."""
+        if not self._live[slot]:
+            raise NetworkError(f"no arc at slot {slot}")
+        if not -MAX_COST <= cost <= MAX_COST:
+            raise NetworkError(f"cost {cost} is outside +-{MAX_COST}")
+        self._cost[slot] = cost
+
+    def _grow(self) -> None:
+        n = len(self._tail)
+        for name in ("_tail", "_head", "_lower", "_cap", "_cost", "_kind", "_live"):
+            a = getattr(self, name)
+            setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self._free_arcs.extend(range(2 * n - 1, n - 1, -1))
+
+    # -- whole network -------------------------------------------------------------------
+
+    @property
+    def arc_count(self) -> int:
+        return sum(len(v) for v in self._owned.values())
+
+    @property
+    def node_count(self) -> int:
+        return len(self._node_index)
+
+    def arrays(self) -> Arrays:
+        slots = np.flatnonzero(self._live)
+        n = len(self._node_keys)
+        return Arrays(n, self._supply[:n].copy(), self._tail[slots], self._head[slots],
+                      self._lower[slots], self._cap[slots], self._cost[slots],
+                      self._kind[slots], slots)
+
+    def canonical(self) -> tuple[list[tuple[str, int]],
+                                 list[tuple[str, str, int, int, int, int]]]:
+        """The network as sorted keys and numbers, independent of slot order: two
+        networks are the same network exactly when these are equal."""
+        supplies = sorted((repr(k), v) for k, v in self._supplies.items())
+        arcs = sorted(
+            (repr(a.tail), repr(a.head), a.capacity, a.cost, a.lower, a.kind)
+            for slots in self._owned.values() for a in map(self.arc, slots))
+        return supplies, arcs

@@ -1,0 +1,185 @@
+"""The flow-based scheduler (Firmament, seed 003 §3-§7) as a policy of the runtime.
+
+Each round: the graph manager brings the network up to date from what changed in the
+cell, a min-cost-flow solver solves it, and the extraction turns the flow into claims
+(placements, migrations of this scheduler's running tasks, preemptions). The runtime
+commits them as transactions like any other scheduler's, so the store validates them
+against everyone else's; a claim that lost a race is simply gone from the next round's
+network or placed again by it.
+
+Rounds run when jobs are due (new work) and every ``interval`` seconds for
+rescheduling; a rescheduling round with nothing changed since the last one solves
+nothing and commits nothing. A task moved or preempted by this scheduler is not moved
+again for ``move_guard`` seconds, so costs that see-saw cannot start a migration storm.
+
+Options (constructor keywords or the scheduler's ``[options]`` table):
+
+* ``policy``: the cost model, ``quincy`` (default), ``load-spread``, ``network`` or
+  ``trivial`` (``schedulers/flow/costs.py``);
+* ``solver``: ``ortools`` (default) or ``networkx`` (exact and slow: tests);
+* ``interval`` (1.0 s), ``move_guard`` (60 s);
+* ``preempt_below``: also offer other schedulers' running tasks of a precedence below
+  this to be preempted (by tasks of a higher precedence only); default: never;
+* ``costs``: a table of the cost model's own options (e.g. ``migrate_cost``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from cellstate.model import Job
+from schedulers.api import Context, Plan, Policy, Unplaced
+from schedulers.flow.costs import COST_MODELS, CostModelError, make_cost_model
+from schedulers.flow.extract import Extraction, extract
+from schedulers.flow.graph import GraphManager
+from schedulers.flow.solvers import SOLVERS, Solver
+from schedulers.placement import impossible
+
+OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs")
+
+
+class FlowOptionError(ValueError):
+    pass
+
+
+@attrs.frozen
+class Round:
+    """What one round did and what each of its parts took (seconds)."""
+
+    at: float
+    update: float
+    solve: float
+    extract: float
+    nodes: int
+    arcs: int
+    placed: int
+    migrated: int
+    preempted: int
+    unscheduled: int
+    repaired: int
+    stale: int
+    full_build: bool
+
+
+class FlowPolicy(Policy):
+    name = "flow"
+    propose_interval: float | None = 1.0
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._configured = False
+        self._configure(options)
+        self.rounds: deque[Round] = deque(maxlen=1000)
+        self._graph: GraphManager | None = None
+
+    def _configure(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise FlowOptionError(f"flow scheduler: unknown option(s) {', '.join(unknown)} "
+                                  f"(known: {', '.join(OPTIONS)})")
+        policy = options.get("policy", "quincy")
+        if policy not in COST_MODELS:
+            raise FlowOptionError(f"flow scheduler: option policy must be one of "
+                                  f"{', '.join(sorted(COST_MODELS))}, got {policy!r}")
+        costs = options.get("costs", {})
+        if not isinstance(costs, Mapping):
+            raise FlowOptionError("flow scheduler: option costs must be a table of the cost "
+                                  f"model's options, got {costs!r}")
+        try:
+            self.model = make_cost_model(str(policy), **dict(costs))
+        except CostModelError as e:
+            raise FlowOptionError(f"flow scheduler: {e}") from None
+        solver = options.get("solver", "ortools")
+        if solver not in SOLVERS:
+            raise FlowOptionError(f"flow scheduler: option solver must be one of "
+                                  f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
+        self.solver: Solver = SOLVERS[str(solver)]()
+        self.interval = _number(options, "interval", 1.0, 0.0, 3600.0)
+        self.propose_interval = self.interval
+        self.move_guard = _number(options, "move_guard", 60.0, 0.0, 86_400.0)
+        below = options.get("preempt_below")
+        if below is not None and (isinstance(below, bool) or not isinstance(below, int)
+                                  or below < 0):
+            raise FlowOptionError("flow scheduler: option preempt_below must be a "
+                                  f"non-negative whole number (a precedence), got {below!r}")
+        self.preempt_below: int | None = below
+
+    def graph(self, ctx: Context) -> GraphManager:
+        if self._graph is None:
+            if not self._configured and ctx.options:
+                # Options from the scheduler's config file (Context.options) complete
+                # those given to the constructor.
+                self._configure({**{k: v for k, v in ctx.options.items() if k in OPTIONS},
+                                 **self.options})
+            self._configured = True
+            self._graph = GraphManager(self.model, ctx.scheduler, ctx.instance,
+                                       move_guard=self.move_guard,
+                                       preempt_below=self.preempt_below)
+        return self._graph
+
+    # -- the runtime's hooks -------------------------------------------------------------
+
+    def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
+        return self._round(ctx, jobs)
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        return self._round(ctx, [job])
+
+    def propose(self, ctx: Context) -> Plan:
+        graph = self.graph(ctx)
+        if graph.built and ctx.changes is not None and not ctx.changes and not any(
+                e.waiting for e in graph.jobs.values()):
+            return Plan()  # nothing changed and nothing waits: nothing to decide
+        return self._round(ctx, [])
+
+    # -- a round ---------------------------------------------------------------------------
+
+    def _round(self, ctx: Context, due: Sequence[Job]) -> Plan:
+        graph = self.graph(ctx)
+        t0 = time.perf_counter()
+        stats = graph.update(ctx.view.snap, ctx.changes, ctx.now)
+        t1 = time.perf_counter()
+        net = graph.net.arrays()
+        solution = self.solver.solve(net)
+        t2 = time.perf_counter()
+        latest = ctx.latest() if ctx.latest is not None else None
+        ex = extract(graph, net, solution.flow, ctx.view, latest)
+        graph.note_moved(ex.moved, ctx.now)
+        for jid, mid in ex.turned_back:
+            graph.block(jid, mid, ctx.now)
+        t3 = time.perf_counter()
+        self.rounds.append(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
+                                 ex.placed, ex.migrated, ex.preempted,
+                                 sum(ex.unscheduled.values()), ex.repaired, ex.stale,
+                                 stats.full))
+        return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
+
+    def _unplaced(self, ctx: Context, due: Sequence[Job], ex: Extraction) -> list[Unplaced]:
+        out = []
+        for job in due:
+            n = ex.unscheduled.get(job.id, 0)
+            if not n:
+                continue
+            why = impossible(ctx.view, job)
+            if why is not None:
+                out.append(Unplaced(job.id, why, n, permanent=True))
+                continue
+            reason = ex.why.get(job.id) or (
+                f"the {self.model.name} cost model left {n} task(s) unscheduled this round "
+                "(no machine has room, or waiting costs less than any placement)")
+            out.append(Unplaced(job.id, reason, n))
+        return out
+
+
+def _number(options: Mapping[str, Any], name: str, default: float, lo: float, hi: float
+            ) -> float:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise FlowOptionError(f"flow scheduler: option {name} must be a number from {lo:g} "
+                              f"to {hi:g}, got {value!r}")
+    return float(value)
