@@ -168,6 +168,11 @@ class CellView:
                 out.append(i)
         return out
 
+    def claimed(self, tid: str) -> bool:
+        """Whether this view's own claims (this decision's, or committed ones the
+        snapshot does not show yet) include task ``tid``."""
+        return tid in self._placed
+
     def placed_tasks(self, job: str) -> list[tuple[str, str]]:
         """(task id, machine) of the job's tasks that run or were claimed."""
         out = []

@@ -56,12 +56,15 @@ class MachineLoad:
 
 @attrs.frozen
 class Group:
-    """Running tasks of one job on one machine, offered to the network again."""
+    """Running tasks on one machine offered to the network again, all of one shape and
+    precedence (so the network has one node per machine and kind of task, not one
+    per task)."""
 
-    job: Job
+    resources: Resources
+    precedence: int
     machine: str
     count: int
-    movable: int  # not moved too recently (the flapping guard), nor pinned
+    movable: int  # not moved too recently (the flapping guard)
     own: bool  # the flow scheduler's own tasks; False: another's, preemptible only
 
 
@@ -184,7 +187,7 @@ class LoadSpreadingCostModel(CostModel):
 
     def preempt(self, group: Group, waited: float) -> int | None:
         o = self.options
-        return round(o["preempt_cost"] + o["precedence_cost"] * group.job.precedence)
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence)
 
     def migrate(self, group: Group) -> int | None:
         return round(self.options["migrate_cost"]) if group.own else None
@@ -259,12 +262,13 @@ class QuincyCostModel(CostModel):
 
     def preempt(self, group: Group, waited: float) -> int | None:
         o = self.options
-        return round(o["preempt_cost"] + o["precedence_cost"] * group.job.precedence)
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence)
 
     def migrate(self, group: Group) -> int | None:
-        if not group.own:
-            return None
-        return self.to_cluster(group.job) + round(self.options["migrate_cost"])
+        # Running tasks are grouped by shape, not job, so a move cannot know which
+        # data it would read: it pays the migration cost alone, and the solver moves
+        # a task only to make room where waiting tasks' data lies.
+        return round(self.options["migrate_cost"]) if group.own else None
 
 
 class NetworkAwareCostModel(LoadSpreadingCostModel):

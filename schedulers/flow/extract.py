@@ -24,16 +24,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.fit import Rule
-from cellstate.model import PLACEABLE, Allocation, Claim, TaskState, task_id
+from cellstate.model import PLACEABLE, Allocation, Claim, TaskState, split_task_id, task_id
 from schedulers.api import CellView
 from schedulers.flow.graph import ArcKind, GraphManager
-from schedulers.flow.network import Arrays
+from schedulers.flow.network import Arrays, NodeKey
 from schedulers.placement import why_not
 
 _LAYER = np.zeros(max(ArcKind) + 1, dtype=np.int8)
@@ -43,9 +44,8 @@ _LAYER[ArcKind.INTO_MACHINE] = 2
 
 @attrs.frozen
 class Arrival:
-    job: str
+    source: NodeKey  # the W node of a job's waiting tasks, or a G node of running ones
     machine: str
-    origin: str  # the machine a migrating task leaves; "" for a waiting task
 
 
 @attrs.define
@@ -63,16 +63,16 @@ class Extraction:
 
 
 def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
-             ) -> tuple[list[Arrival], dict[str, int], dict[tuple[str, str, bool], int]]:
+             ) -> tuple[list[Arrival], dict[str, int], dict[NodeKey, int]]:
     """Every unit that arrives on a machine (not counting units that stay), the units
-    left unscheduled per job, and the units preempted per (job, machine, own)."""
+    left unscheduled per job, and the units preempted per group node."""
     moving = (flow > 0) & (net.kind != ArcKind.STAY) & (net.kind != ArcKind.TO_SINK)
     idx = np.flatnonzero(moving)
     idx = idx[np.argsort(_LAYER[net.kind[idx]], kind="stable")]
-    queues: dict[tuple[object, ...], deque[list[object]]] = {}
+    queues: dict[NodeKey, deque[list[Any]]] = {}
     out: list[Arrival] = []
     unscheduled: dict[str, int] = {}
-    preempted: dict[tuple[str, str, bool], int] = {}
+    preempted: dict[NodeKey, int] = {}
     key = graph.net.node_key
     for i in idx.tolist():
         f = int(flow[i])
@@ -83,33 +83,28 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
             unscheduled[jid] = unscheduled.get(jid, 0) + f
             continue
         if kind == ArcKind.PREEMPT:
-            k = (str(tail[1]), str(tail[2]), tail[0] == "G")
-            preempted[k] = preempted.get(k, 0) + f
+            preempted[tail] = preempted.get(tail, 0) + f
             continue
-        if tail[0] in ("W", "G", "O"):
-            units: list[list[object]] = [[tail[1], tail[2] if tail[0] == "G" else "", f]]
-        else:
-            units = _take(queues[tail], f)
+        units: list[list[Any]] = ([[tail, f]] if tail[0] in ("W", "G")
+                                  else _take(queues[tail], f))
         if head[0] == "M":
             mid = str(head[1])
-            out.extend(Arrival(str(j), mid, str(o)) for j, o, n in units
-                       for _ in range(int(n)))  # type: ignore[call-overload]
+            out.extend(Arrival(src, mid) for src, n in units for _ in range(n))
         else:
             queues.setdefault(head, deque()).extend(units)
     return out, unscheduled, preempted
 
 
-def _take(q: deque[list[object]], f: int) -> list[list[object]]:
+def _take(q: deque[list[Any]], f: int) -> list[list[Any]]:
     out = []
     while f:
         unit = q[0]
-        n = int(unit[2])  # type: ignore[call-overload]
-        if n <= f:
+        if unit[1] <= f:
             out.append(q.popleft())
-            f -= n
+            f -= unit[1]
         else:
-            out.append([unit[0], unit[1], f])
-            unit[2] = n - f
+            out.append([unit[0], f])
+            unit[1] -= f
             f = 0
     return out
 
@@ -119,64 +114,67 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     """Claims for everything the flow changes (see the module docstring)."""
     units, unscheduled, preempted = arrivals(graph, net, flow)
     ex = Extraction(unscheduled=dict(unscheduled))
-    snap = view.snap
-    waiting = {j: deque(graph.waiting_of(j)) for j in {a.job for a in units if not a.origin}}
-    leaving: dict[tuple[str, str], deque[int]] = {}
-    victims: dict[str, list[Allocation]] = {}  # machine -> preemptible allocations
-    for (jid, mid, own), n in preempted.items():
-        m = snap.machines.get(mid)
-        if m is None:
-            continue
-        indexes = [i for i in graph.group_of(jid, mid, own) if not own or graph.movable(jid, i)]
-        for i in indexes[:n]:
-            alloc = m.allocations.get(task_id(jid, i))
-            if alloc is not None:
-                victims.setdefault(mid, []).append(alloc)
-    victims = {mid: sorted(v, key=lambda v: v.precedence) for mid, v in victims.items()}
+    pools: dict[NodeKey, deque[tuple[str, int]]] = {}
 
-    def next_task(a: Arrival) -> int | None:
-        if not a.origin:
-            pool = waiting[a.job]
-            while pool:
-                i = pool.popleft()
-                if _still_waiting(latest, a.job, i):
-                    return i
-                ex.stale += 1
-            return None
-        k = (a.job, a.origin)
-        if k not in leaving:
-            leaving[k] = deque(i for i in graph.group_of(a.job, a.origin)
-                               if graph.movable(a.job, i))
-        pool = leaving[k]
-        while pool:
-            i = pool.popleft()
-            if _still_running(latest, a.job, i, a.origin):
-                return i
+    def pool(src: NodeKey) -> deque[tuple[str, int]]:
+        p = pools.get(src)
+        if p is None:
+            if src[0] == "W":
+                jid = str(src[1])
+                p = deque((jid, i) for i in graph.waiting_of(jid))
+            else:
+                p = deque(split_task_id(t) for t in graph.group_tasks(src))
+            pools[src] = p
+        return p
+
+    def take(src: NodeKey) -> tuple[str, int] | None:
+        p = pool(src)
+        while p:
+            jid, i = p.popleft()
+            ok = (_still_waiting(latest, view, jid, i) if src[0] == "W"
+                  else _still_running(latest, jid, i, str(src[1])))
+            if ok:
+                return jid, i
             ex.stale += 1
         return None
 
     # Migrations first: they free room that arrivals on their old machines may need;
     # what does not fit is tried once more after everything else has been claimed.
-    todo = sorted(units, key=lambda a: (not a.origin, a.machine))
-    bound: list[tuple[Arrival, int]] = []
-    for a in todo:
-        if a.origin == a.machine:
+    bound: list[tuple[Arrival, str, int]] = []
+    for a in sorted(units, key=lambda a: (a.source[0] == "W", a.machine)):
+        if a.source[0] == "G" and a.source[1] == a.machine:
             continue  # left through the aggregator and came back: stays
-        index = next_task(a)
-        if index is not None:
-            bound.append((a, index))
-    retry: list[tuple[Arrival, int]] = []
-    for a, i in bound:
-        if not _place(ex, view, a, i, victims, final=False):
-            retry.append((a, i))
-    for a, i in retry:
-        _place(ex, view, a, i, victims, final=True)
+        got = take(a.source)
+        if got is not None:
+            bound.append((a, *got))
+    # Preempted units: what is left of their groups once the migrations took theirs.
+    victims: dict[str, list[Allocation]] = {}
+    snap = view.snap
+    for src, n in preempted.items():
+        mid = str(src[1])
+        m = snap.machines.get(mid)
+        for _ in range(n):
+            got = take(src)
+            if got is None or m is None:
+                break
+            alloc = m.allocations.get(task_id(*got))
+            if alloc is not None:
+                victims.setdefault(mid, []).append(alloc)
+    for v in victims.values():
+        v.sort(key=lambda a: a.precedence)
+    retry: list[tuple[Arrival, str, int]] = []
+    for a, jid, i in bound:
+        if not _place(ex, view, a, jid, i, victims, final=False):
+            retry.append((a, jid, i))
+    for a, jid, i in retry:
+        _place(ex, view, a, jid, i, victims, final=True)
     return ex
 
 
-def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
+def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
            victims: dict[str, list[Allocation]], final: bool) -> bool:
-    job = view.jobs.get(a.job)
+    origin = str(a.source[1]) if a.source[0] == "G" else ""
+    job = view.jobs.get(jid)
     m = view.machine(a.machine)
     if job is None or m is None:
         ex.stale += 1
@@ -195,26 +193,30 @@ def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
     if miss is not None:
         if final:
             ex.repaired += 1
-            ex.turned_back.add((a.job, a.machine))
-            ex.unscheduled[a.job] = ex.unscheduled.get(a.job, 0) + 1
-            ex.why.setdefault(a.job, f"{miss.label} on {a.machine!r} once this round's "
+            ex.turned_back.add((jid, a.machine))
+            if not origin:
+                ex.unscheduled[jid] = ex.unscheduled.get(jid, 0) + 1
+            ex.why.setdefault(jid, f"{miss.label} on {a.machine!r} once this round's "
                               "other placements are counted")
         return False
     ex.claims.append(view.claim(job, index, a.machine, evict=[v.task for v in chosen],
-                                moves_from=a.origin))
+                                moves_from=origin))
     ex.preempted += len(chosen)
     for v in chosen:
         ex.moved.append((v.task, a.machine))
         victims[a.machine].remove(v)
-    if a.origin:
+    if origin:
         ex.migrated += 1
-        ex.moved.append((task_id(a.job, index), a.origin))
+        ex.moved.append((task_id(jid, index), origin))
     else:
         ex.placed += 1
     return True
 
 
-def _still_waiting(latest: CellSnapshot | None, jid: str, index: int) -> bool:
+def _still_waiting(latest: CellSnapshot | None, view: CellView, jid: str, index: int
+                   ) -> bool:
+    if view.claimed(task_id(jid, index)):
+        return False  # claimed by an earlier round, not yet in the snapshot
     if latest is None:
         return True
     if jid in latest.statuses or jid not in latest.jobs:

@@ -103,7 +103,17 @@ class JobEntry:
     waiting: set[int]
     groups: set[str] = attrs.field(factory=set)  # machines where it has re-offered tasks
     prefs: set[str] = attrs.field(factory=set)  # machines it has preference arcs into
-    unscheduled_slot: int = -1
+
+
+@attrs.frozen
+class GroupKey:
+    """What makes running tasks on one machine interchangeable for the network: the
+    same shape and precedence, and both this scheduler's (movable) or both another's
+    (preemptible only). Their node ``("G", machine, key)`` has supply = their count."""
+
+    shape: Shape
+    precedence: int
+    own: bool
 
 
 @attrs.define
@@ -111,8 +121,9 @@ class MachineEntry:
     machine: Machine
     avail: Resources  # capacity minus what the tasks outside the network hold
     load: MachineLoad
-    groups: dict[str, list[int]]  # job -> indexes of its re-offered tasks here
-    others: dict[str, list[int]]  # another scheduler's job -> its preemptible tasks here
+    groups: dict[GroupKey, list[str]]  # re-offered task ids here, sorted
+    movable: dict[GroupKey, int]  # of which not moved too recently
+    jobs: set[str]  # this scheduler's jobs with re-offered tasks here
 
 
 @attrs.frozen
@@ -268,13 +279,12 @@ class GraphManager:
         for jid in rearc:
             self._job_arcs(jid, now)
         for jid, e in self.jobs.items():
-            if jid not in rearc and e.unscheduled_slot >= 0:
-                self.net.set_cost(e.unscheduled_slot, self.model.unscheduled(
+            if jid not in rearc and e.waiting:
+                # Position 0: the unscheduled arc (see _job_arcs).
+                self.net.set_cost(("W", jid), 0, self.model.unscheduled(
                     e.job, max(now - e.job.submitted_at, 0.0)))
-        total = sum(len(e.waiting) for e in self.jobs.values()) + sum(
-            len(ix) for me in self.machines.values()
-            for ix in (*me.groups.values(), *me.others.values()))
-        self.net.set_supply(SINK, -total)
+        self.net.set_supply(SINK, 0)
+        self.net.set_supply(SINK, -self.net.total_supply)
         return UpdateStats(full_build, len(rearc), len(machines))
 
     def _shaped_owners(self) -> Iterable[Shape]:
@@ -330,27 +340,30 @@ class GraphManager:
     def _load_machine(self, snap: CellSnapshot, mid: str, rearc: set[str]) -> None:
         m = snap.machines.get(mid)
         old = self.machines.pop(mid, None)
-        old_groups = set(old.groups) if old is not None else set()
-        old_others = set(old.others) if old is not None else set()
+        old_groups = old.groups if old is not None else {}
+        old_movable = old.movable if old is not None else {}
+        old_jobs = old.jobs if old is not None else set()
+        rearc.update(self._pref_in.get(mid, ()))
         if m is None:
             self.net.drop(("M", mid))
-            for jid in old_groups | old_others:
-                self._group_arcs(jid, mid, [], own=jid in old_groups)
-            for jid in self._pref_in.get(mid, ()):
-                rearc.add(jid)
+            for gk in old_groups:
+                self._group_arcs(mid, gk, [], 0)
+            self._note_jobs(mid, old_jobs, set())
             return
-        groups: dict[str, list[int]] = {}
-        others: dict[str, list[int]] = {}
+        groups: dict[GroupKey, list[str]] = {}
+        jobs: set[str] = set()
         outside: list[Resources] = []
         for a in holding(m, snap.gangs):
             e = self.jobs.get(a.job)
             placed = alloc_placed(a, snap.gangs) and not a.evicted_by
             if placed and self.reoffers and e is not None and a.scheduler == self.scheduler:
-                groups.setdefault(a.job, []).append(split_task_id(a.task)[1])
+                groups.setdefault(GroupKey(e.shape, e.job.precedence, True), []).append(a.task)
+                jobs.add(a.job)
             elif (placed and self.preempt_below is not None and a.scheduler != self.scheduler
                   and not a.gang and a.precedence < self.preempt_below
                   and a.job in snap.jobs):
-                others.setdefault(a.job, []).append(split_task_id(a.task)[1])
+                gk = GroupKey(Shape(a.resources, ()), a.precedence, False)
+                groups.setdefault(gk, []).append(a.task)
             else:
                 outside.append(a.resources)
         avail = m.capacity - sum_resources(outside)
@@ -358,8 +371,7 @@ class GraphManager:
         for dim, cap in m.capacity.amounts:
             if cap > 0:
                 share = max(share, 1.0 - avail.get(dim) / cap)
-        reoffered = sum(len(ix) for ix in groups.values()) + sum(
-            len(ix) for ix in others.values())
+        reoffered = sum(len(t) for t in groups.values())
         used = machine_used(m, snap.gangs)
         free = m.capacity - used
         fits = {s: fit_count(free, s, m) for s in self.shapes}
@@ -368,11 +380,11 @@ class GraphManager:
         slots = max([0, *(reoffered + n for n in fits.values()),
                      *(fits[s] + reclaim[s] for s in self.shapes)])
         load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
-        for ix in groups.values():
-            ix.sort()
-        for ix in others.values():
-            ix.sort()
-        self.machines[mid] = MachineEntry(m, avail, load, groups, others)
+        movable: dict[GroupKey, int] = {}
+        for gk, tids in groups.items():
+            tids.sort()
+            movable[gk] = sum(1 for t in tids if self._movable(t))
+        self.machines[mid] = MachineEntry(m, avail, load, groups, movable, jobs)
         arcs: list[Arc] = []
         into = self.model.machine_arc(load)
         extra = self.model.reclaim(load) if reoffered else None
@@ -387,42 +399,41 @@ class GraphManager:
         arcs.extend(Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
                     for cap, cost in self.model.sink_tiers(load) if cap > 0)
         self.net.set_arcs(("M", mid), arcs)
-        for jid in old_groups | set(groups):
-            self._group_arcs(jid, mid, groups.get(jid, []), own=True)
-        for jid in old_others | set(others):
-            self._group_arcs(jid, mid, others.get(jid, []), own=False)
-        rearc.update(self._pref_in.get(mid, ()))
+        for gk in old_groups.keys() | groups.keys():
+            tids = groups.get(gk, [])
+            if tids != old_groups.get(gk) or movable.get(gk) != old_movable.get(gk):
+                self._group_arcs(mid, gk, tids, movable.get(gk, 0))
+        self._note_jobs(mid, old_jobs, jobs)
 
-    def _group_arcs(self, jid: str, mid: str, indexes: list[int], own: bool) -> None:
-        key: NodeKey = ("G", jid, mid) if own else ("O", jid, mid)
-        e = self.jobs.get(jid) if own else None
-        if not indexes:
-            self.net.drop(key)
-            self.net.set_supply(key, 0)
+    def _note_jobs(self, mid: str, old: set[str], new: set[str]) -> None:
+        for jid in old - new:
+            e = self.jobs.get(jid)
             if e is not None:
                 e.groups.discard(mid)
+        for jid in new - old:
+            self.jobs[jid].groups.add(mid)
+
+    def _movable(self, tid: str) -> bool:
+        return self._now - self._moved_at.get(tid, -math.inf) >= self.move_guard
+
+    def _group_arcs(self, mid: str, gk: GroupKey, tids: list[str], movable: int) -> None:
+        key: NodeKey = ("G", mid, gk)
+        if not tids:
+            self.net.drop(key)
+            self.net.set_supply(key, 0)
             return
-        snap = self._snap
-        assert snap is not None
-        job = e.job if e is not None else snap.jobs[jid]
-        movable = sum(1 for i in indexes
-                      if self._now - self._moved_at.get(task_id(jid, i), -math.inf)
-                      >= self.move_guard)
-        g = Group(job, mid, len(indexes), movable, own)
+        g = Group(gk.shape.resources, gk.precedence, mid, len(tids), movable, gk.own)
         arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), 0, ArcKind.STAY)]
         if movable:
-            if own:
+            if gk.own:
                 cost = self.model.migrate(g)
                 if cost is not None:
-                    arcs.append(Arc(key, ("E", shape_of(job)), movable, cost, 0,
-                                    ArcKind.MIGRATE))
+                    arcs.append(Arc(key, ("E", gk.shape), movable, cost, 0, ArcKind.MIGRATE))
             cost = self.model.preempt(g, 0.0)
             if cost is not None:
                 arcs.append(Arc(key, SINK, movable, cost, 0, ArcKind.PREEMPT))
         self.net.set_arcs(key, arcs)
         self.net.set_supply(key, g.count)
-        if e is not None:
-            e.groups.add(mid)
 
     def _shape_arcs(self, s: Shape) -> None:
         if not self.model.uses_racks:
@@ -442,7 +453,6 @@ class GraphManager:
         self.net.set_supply(w, k)
         if k == 0:
             self.net.drop(w)
-            e.unscheduled_slot = -1
             return
         job = e.job
         arcs = [Arc(w, SINK, k, self.model.unscheduled(job, max(now - job.submitted_at, 0.0)),
@@ -460,8 +470,7 @@ class GraphManager:
                     self._pref_in.setdefault(p.machine, set()).add(jid)
             elif p.rack in self._rack_set and self.model.uses_racks:
                 arcs.append(Arc(w, ("R", e.shape, p.rack), k, p.cost, 0, ArcKind.PREFERENCE))
-        slots = self.net.set_arcs(w, arcs)
-        e.unscheduled_slot = slots[0]
+        self.net.set_arcs(w, arcs)
 
     # -- what the extraction needs -----------------------------------------------------------
 
@@ -469,14 +478,13 @@ class GraphManager:
         e = self.jobs.get(jid)
         return sorted(e.waiting) if e is not None else []
 
-    def group_of(self, jid: str, mid: str, own: bool = True) -> list[int]:
-        me = self.machines.get(mid)
+    def group_tasks(self, key: NodeKey) -> list[str]:
+        """The task ids a group node ``("G", machine, GroupKey)`` stands for that may
+        move now (not moved within ``move_guard``)."""
+        me = self.machines.get(str(key[1]))
         if me is None:
             return []
-        return list((me.groups if own else me.others).get(jid, []))
-
-    def movable(self, jid: str, index: int) -> bool:
-        return self._now - self._moved_at.get(task_id(jid, index), -math.inf) >= self.move_guard
+        return [t for t in me.groups.get(key[2], ()) if self._movable(t)]  # type: ignore[call-overload]
 
     def describe(self) -> Mapping[str, Any]:
         return {"nodes": self.net.node_count, "arcs": self.net.arc_count,

@@ -75,7 +75,9 @@ class FlowNetwork:
         self._live = np.zeros(n, dtype=bool)
         self._free_arcs: list[int] = list(range(n - 1, -1, -1))
         self._owned: dict[Owner, list[int]] = {}
+        self._described: dict[Owner, tuple[Arc, ...]] = {}
         self._supplies: dict[NodeKey, int] = {}
+        self.total_supply = 0  # sum of every supply
 
     # -- nodes ---------------------------------------------------------------------
 
@@ -111,6 +113,7 @@ class FlowNetwork:
         old = self._supplies.get(key, 0)
         if supply == old:
             return
+        self.total_supply += supply - old
         if old == 0:
             i = self._ref(key)
         else:
@@ -140,10 +143,14 @@ class FlowNetwork:
     # -- arcs ------------------------------------------------------------------------
 
     def set_arcs(self, owner: Owner, arcs: Iterable[Arc]) -> list[int]:
-        """Replace every arc of ``owner`` by ``arcs``; returns their slots, in order."""
+        """Replace every arc of ``owner`` by ``arcs``; returns their slots, in order.
+        Arcs equal to the owner's present ones are kept as they are."""
+        wanted = tuple(arcs)
+        if self._described.get(owner) == wanted:
+            return list(self._owned.get(owner, ()))
         self.drop(owner)
         slots: list[int] = []
-        for a in arcs:
+        for a in wanted:
             if not 0 <= a.lower <= a.capacity <= MAX_CAPACITY:
                 raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: need 0 <= lower "
                                    f"({a.lower}) <= capacity ({a.capacity}) <= {MAX_CAPACITY}")
@@ -163,9 +170,11 @@ class FlowNetwork:
             slots.append(s)
         if slots:
             self._owned[owner] = slots
+            self._described[owner] = wanted
         return slots
 
     def drop(self, owner: Owner) -> None:
+        self._described.pop(owner, None)
         for s in self._owned.pop(owner, ()):
             self._live[s] = False
             self._unref(int(self._tail[s]))
@@ -183,13 +192,18 @@ class FlowNetwork:
                    int(self._cap[slot]), int(self._cost[slot]), int(self._lower[slot]),
                    int(self._kind[slot]))
 
-    def set_cost(self, slot: int, cost: int) -> None:
-        """Change one arc's cost in place (costs that move with time alone)."""
-        if not self._live[slot]:
-            raise NetworkError(f"no arc at slot {slot}")
+    def set_cost(self, owner: Owner, position: int, cost: int) -> None:
+        """Change the cost of ``owner``'s arc at ``position`` (in the order given to
+        :meth:`set_arcs`) in place: for costs that move with time alone."""
+        slots = self._owned.get(owner)
+        if slots is None or not 0 <= position < len(slots):
+            raise NetworkError(f"{owner} has no arc at position {position}")
         if not -MAX_COST <= cost <= MAX_COST:
             raise NetworkError(f"cost {cost} is outside +-{MAX_COST}")
-        self._cost[slot] = cost
+        self._cost[slots[position]] = cost
+        described = list(self._described[owner])
+        described[position] = described[position]._replace(cost=cost)
+        self._described[owner] = tuple(described)
 
     def _grow(self) -> None:
         n = len(self._tail)

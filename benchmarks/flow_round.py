@@ -1,0 +1,251 @@
+"""Round latency of the flow scheduler, split into graph update, solve, extraction and
+commit (issue 10), beside Firmament's published figures.
+
+A cell of MACHINES machines (12 slots each: 12 CPU, 48 GB; racks of 40) is filled to
+a slot use with running tasks of the flow scheduler (jobs of 10-200 one-slot tasks;
+under Quincy each job's input lies on 3-8 machines of one or two racks). Then:
+
+* **from scratch**: a graph manager that has never seen the cell builds the network
+  (1,500 tasks waiting), solves it, extracts claims and commits them;
+* **incremental**: ROUNDS times, 1% of the running tasks end and 1,500 tasks arrive
+  (15 jobs of 100), and a round updates the network from the replica's change sets.
+
+Scenario ``bigjob``: at 90% slot use, one job of 3,000 tasks arrives (load-spreading).
+
+Everything is in one process over the memory store (the store's real validation and
+commit code; no etcd), with the replica feeding change sets as in a scheduler process.
+
+    python benchmarks/flow_round.py [--machines 1250,12500] [--use 0.5,0.9]
+                                    [--policies quincy,load-spread] [--rounds 5]
+                                    [--no-bigjob]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Sequence
+
+import attrs
+
+from cellstate.cell import CellSnapshot
+from cellstate.gc_tuning import tune_for_large_heap
+from cellstate.keys import KeyKind
+from cellstate.kv.memory import MemoryKV
+from cellstate.model import Claim, Job, Machine, Resources, TaskState, Transaction
+from cellstate.replica import Replica
+from cellstate.store import CellStore
+from schedulers.api import CellView
+from schedulers.flow.costs import make_cost_model
+from schedulers.flow.extract import extract
+from schedulers.flow.graph import GraphManager
+from schedulers.flow.solvers import OrToolsSolver
+
+SLOTS = 12
+RACK = 40
+SCHED = "flow"
+TASK = Resources.of(cpu=1, mem=4)
+
+#: Firmament (seed 003, §7): average scheduling-round latency at 12,500 machines, Quincy
+#: policy, ~150,000 tasks (Fig. 7/9: relaxation, incremental), and when relaxation
+#: struggles (Fig. 11/12: over ~93% use or one job of thousands of tasks).
+PEER = {
+    "quincy": "Firmament: < 200 ms average at 12,500 machines (Fig. 7, 9)",
+    "load-spread": "Firmament: relaxation beats cost scaling except near-full cells (Fig. 11)",
+    "bigjob": "Firmament: relaxation degrades for a single job over ~3,000 tasks under "
+              "load-spreading; it races cost scaling (Fig. 12)",
+}
+
+
+@attrs.define
+class Timing:
+    update: float = 0.0
+    solve: float = 0.0
+    extract: float = 0.0
+    commit: float = 0.0
+    placed: int = 0
+    moved: int = 0
+    nodes: int = 0
+    arcs: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.update + self.solve + self.extract + self.commit
+
+
+class Cell:
+    def __init__(self, machines: int, policy: str, rng: random.Random) -> None:
+        self.kv = MemoryKV()
+        self.store = CellStore(self.kv)
+        self.rng = rng
+        self.policy = policy
+        self.ids = [f"m{i:05}" for i in range(machines)]
+        self.store.add_machines([Machine(mid, Resources.of(cpu=SLOTS, mem=4 * SLOTS),
+                                         rack=f"r{i // RACK:03}")
+                                 for i, mid in enumerate(self.ids)])
+        self.replica = Replica(self.kv)
+        self.replica.load()
+        self.changes: set[tuple[KeyKind, str]] | None = None
+        self.replica.on_changes(self._changed)
+        self.njobs = 0
+        self.running: list[tuple[str, str]] = []  # (task, machine)
+
+    def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
+        if changed is None or self.changes is None:
+            self.changes = None
+        else:
+            self.changes.update(changed)
+
+    def take_changes(self) -> frozenset[tuple[KeyKind, str]] | None:
+        while self.replica.pump(timeout=0):
+            pass
+        out = frozenset(self.changes) if self.changes is not None else None
+        self.changes = set()
+        return out
+
+    def job(self, tasks: int, now: float) -> Job:
+        jid = f"j{self.njobs:05}"
+        self.njobs += 1
+        data: tuple[tuple[str, float], ...] = ()
+        if self.policy == "quincy":
+            first = self.rng.randrange(len(self.ids))
+            span = [self.ids[(first + k) % len(self.ids)] for k in range(2 * RACK)]
+            holders = sorted(set(self.rng.sample(span, self.rng.randint(3, 8))))
+            data = tuple((mid, float(self.rng.randint(1, 20))) for mid in holders)
+        return Job(jid, "bench", SCHED, tasks, TASK, submitted_at=now, input=data)
+
+    def fill(self, use: float, now: float) -> None:
+        """Running tasks of the flow scheduler up to ``use`` of the slots, spread
+        evenly (placed by a plain claim, as a restarted scheduler would find them)."""
+        total = round(use * SLOTS * len(self.ids))
+        order = [mid for _ in range(SLOTS) for mid in self.ids]
+        at = 0
+        claims: list[Claim] = []
+        while at < total:
+            job = self.job(min(self.rng.randint(10, 200), total - at), now)
+            self.store.submit_job(job)
+            for i in range(job.task_count):
+                mid = order[at + i]
+                claims.append(Claim(job.id, i, mid))
+                self.running.append((f"{job.id}/{i}", mid))
+            at += job.task_count
+            if len(claims) > 4000:
+                self._commit_all(claims)
+                claims = []
+        self._commit_all(claims)
+
+    def _commit_all(self, claims: list[Claim]) -> None:
+        by_job: dict[str, list[Claim]] = {}
+        for c in claims:
+            by_job.setdefault(c.job, []).append(c)
+        txns = [Transaction(SCHED, tuple(cs), job=j) for j, cs in by_job.items()]
+        for res in self.store.commit_many(txns):
+            assert res.ok, res.rejected[:1]
+
+    def churn(self, end_fraction: float, arrive: int, per_job: int, now: float) -> None:
+        """End a fraction of the running tasks and submit ``arrive`` new tasks."""
+        self.rng.shuffle(self.running)
+        n = round(end_fraction * len(self.running))
+        for tid, mid in self.running[:n]:
+            self.store.release_task(tid, TaskState.FINISHED, mid)
+        del self.running[:n]
+        for _ in range(arrive // per_job):
+            self.store.submit_job(self.job(per_job, now))
+
+
+def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
+    t = Timing()
+    changes = cell.take_changes()
+    snap = cell.replica.snapshot()
+    t0 = time.perf_counter()
+    graph.update(snap, changes, now)
+    t1 = time.perf_counter()
+    net = graph.net.arrays()
+    sol = OrToolsSolver().solve(net)
+    t2 = time.perf_counter()
+    view = CellView(snap, SCHED)
+    ex = extract(graph, net, sol.flow, view, snap)
+    graph.note_moved(ex.moved, now)
+    t3 = time.perf_counter()
+    by_job: dict[str, list[Claim]] = {}
+    for c in ex.claims:
+        by_job.setdefault(c.job, []).append(c)
+    results = cell.store.commit_many(
+        [Transaction(SCHED, tuple(cs), job=j) for j, cs in by_job.items()])
+    t4 = time.perf_counter()
+    for res in results:
+        cell.running.extend((c.task, c.machine) for c in res.committed if not c.moves_from)
+    t.update, t.solve, t.extract, t.commit = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+    t.placed, t.moved = ex.placed, ex.migrated + ex.preempted
+    t.nodes, t.arcs = net.nodes, len(net.tail)
+    return t
+
+
+def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
+             seed: int = 7) -> tuple[Timing, list[Timing]]:
+    rng = random.Random(seed)
+    cell = Cell(machines, policy, rng)
+    now = 1000.0
+    cell.fill(use, now)
+    arrive = min(1500, round(0.01 * use * SLOTS * machines * 10))
+    if bigjob:
+        cell.store.submit_job(cell.job(3000, now))
+    else:
+        for _ in range(max(arrive // 100, 1)):
+            cell.store.submit_job(cell.job(100, now))
+    graph = GraphManager(make_cost_model(policy), SCHED, move_guard=60.0)
+    cold = round_(cell, graph, now)
+    warm = []
+    for _ in range(rounds):
+        now += 1.0
+        if bigjob:
+            cell.churn(0.01, 0, 100, now)
+            cell.store.submit_job(cell.job(3000, now))
+        else:
+            cell.churn(0.01, arrive, 100, now)
+        warm.append(round_(cell, graph, now))
+    return cold, warm
+
+
+def _ms(x: float) -> str:
+    return f"{1000 * x:7.1f}"
+
+
+def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
+    def med(f: str) -> float:
+        return float(statistics.median(getattr(t, f) for t in warm))
+    print(f"{name:<34} scratch {_ms(cold.total)} ms (upd {_ms(cold.update)} solve "
+          f"{_ms(cold.solve)} ext {_ms(cold.extract)} commit {_ms(cold.commit)}; "
+          f"{cold.nodes} nodes {cold.arcs} arcs, placed {cold.placed})")
+    print(f"{'':<34} incr    {_ms(statistics.median(t.total for t in warm))} ms (upd "
+          f"{_ms(med('update'))} solve {_ms(med('solve'))} ext {_ms(med('extract'))} commit "
+          f"{_ms(med('commit'))}; {warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
+          f"{statistics.median(t.placed for t in warm):.0f}, moved "
+          f"{statistics.median(t.moved for t in warm):.0f}) median of {len(warm)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--machines", default="1250,12500")
+    ap.add_argument("--use", default="0.5,0.9")
+    ap.add_argument("--policies", default="quincy,load-spread")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-bigjob", action="store_true")
+    args = ap.parse_args()
+    tune_for_large_heap()
+    for machines in (int(x) for x in args.machines.split(",")):
+        for policy in args.policies.split(","):
+            for use in (float(x) for x in args.use.split(",")):
+                cold, warm = scenario(machines, use, policy, args.rounds, False)
+                report(f"{policy} {machines} machines {use:.0%}", cold, warm)
+            print(f"{'':<34} peer: {PEER.get(policy, '')}")
+        if not args.no_bigjob:
+            cold, warm = scenario(machines, 0.9, "load-spread", args.rounds, True)
+            report(f"bigjob 3000 tasks {machines} machines", cold, warm)
+            print(f"{'':<34} peer: {PEER['bigjob']}")
+
+
+if __name__ == "__main__":
+    main()
