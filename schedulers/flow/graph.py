@@ -33,10 +33,11 @@ from typing import Any
 
 import attrs
 
-from cellstate.cell import CellSnapshot, alloc_placed, holding, machine_used, task_view
+from cellstate.cell import CellSnapshot, alloc_placed, holding, task_view
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
+    Allocation,
     Job,
     Machine,
     MachineState,
@@ -67,7 +68,7 @@ class ArcKind(enum.IntEnum):
     TO_SINK = 9  # M -> S
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Shape:
     """What makes tasks interchangeable on any machine."""
 
@@ -103,9 +104,10 @@ class JobEntry:
     waiting: set[int]
     groups: set[str] = attrs.field(factory=set)  # machines where it has re-offered tasks
     prefs: set[str] = attrs.field(factory=set)  # machines it has preference arcs into
+    gkey: GroupKey | None = None  # the group its running tasks join (made once)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class GroupKey:
     """What makes running tasks on one machine interchangeable for the network: the
     same shape and precedence, and both this scheduler's (movable) or both another's
@@ -121,9 +123,43 @@ class MachineEntry:
     machine: Machine
     avail: Resources  # capacity minus what the tasks outside the network hold
     load: MachineLoad
-    groups: dict[GroupKey, list[str]]  # re-offered task ids here, sorted
+    groups: dict[GroupKey, set[str]]  # re-offered task ids here
     movable: dict[GroupKey, int]  # of which not moved too recently
-    jobs: set[str]  # this scheduler's jobs with re-offered tasks here
+    jobs: dict[str, int]  # this scheduler's jobs -> their re-offered tasks here
+    where: dict[str, GroupKey]  # re-offered task -> its group
+
+    def add(self, gk: GroupKey, a: Allocation) -> None:
+        self.groups.setdefault(gk, set()).add(a.task)
+        self.where[a.task] = gk
+        if gk.own:
+            self.jobs[a.job] = self.jobs.get(a.job, 0) + 1
+
+    def remove(self, tid: str) -> GroupKey | None:
+        gk = self.where.pop(tid, None)
+        if gk is not None:
+            self.groups[gk].discard(tid)
+            if gk.own:
+                jid = tid.rpartition("/")[0]
+                n = self.jobs[jid] - 1
+                if n:
+                    self.jobs[jid] = n
+                else:
+                    del self.jobs[jid]
+        return gk
+
+    def free(self) -> Resources:
+        """What no allocation holds: ``avail`` less the re-offered tasks."""
+        amounts = dict(self.avail.amounts)
+        for gk, tids in self.groups.items():
+            for dim, amount in gk.shape.resources.amounts:
+                amounts[dim] = amounts.get(dim, 0.0) - amount * len(tids)
+        return Resources(tuple(sorted(amounts.items())))
+
+
+def _same_record(a: Machine, b: Machine) -> bool:
+    """Whether two versions of a machine differ in their allocations at most."""
+    return (a.capacity == b.capacity and a.state is b.state and a.rack == b.rack
+            and a.labels == b.labels and a.failure_domain == b.failure_domain)
 
 
 @attrs.frozen
@@ -155,10 +191,11 @@ class GraphManager:
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
         self._members: tuple[str, ...] = ()
         self._moved_at: dict[str, float] = {}  # task -> when this scheduler moved it
-        self._guards: list[tuple[float, str, str]] = []  # (expiry, job, machine)
+        self._guards: list[tuple[float, str, str]] = []  # (expiry, task or "", machine)
         # (shape, machine) -> until when arrivals there may not count on reclaimed room
         self._blocked: dict[tuple[Shape, str], float] = {}
         self._stale_machines: set[str] = set()  # to reload at the next update
+        self._shape_owners: set[Shape] = set()  # shapes whose E node owns arcs
         self._snap: CellSnapshot | None = None
         self._now = 0.0
         self.built = False
@@ -207,7 +244,8 @@ class GraphManager:
         moved again for ``move_guard`` seconds (the flapping guard)."""
         for tid, mid in tasks:
             self._moved_at[tid] = now
-            heapq.heappush(self._guards, (now + self.move_guard, tid.rpartition("/")[0], mid))
+            heapq.heappush(self._guards, (now + self.move_guard, tid, mid))
+            self._stale_machines.add(mid)
 
     def block(self, jid: str, mid: str, now: float) -> None:
         """An arrival of ``jid`` on ``mid`` counted on room its re-offered tasks hold
@@ -227,8 +265,12 @@ class GraphManager:
     def _apply(self, snap: CellSnapshot, full: set[str], tasks: set[str], machines: set[str],
                now: float, full_build: bool = False) -> UpdateStats:
         rearc: set[str] = set()
+        # Machines whose allocations must be classified again from scratch (a job
+        # joined or left the network, or its group changed); the others are updated
+        # from the allocations that changed.
+        reload: set[str] = set(machines) if full_build else set()
         for jid in full:
-            self._load_job(snap, jid, machines)
+            self._load_job(snap, jid, reload)
             rearc.add(jid)
         for tid in tasks:
             jid, index = split_task_id(tid)
@@ -261,21 +303,27 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
-            for s in self.shapes:
-                self._shape_arcs(s)
-        for s in list(self._shaped_owners()):
-            if s not in self.shapes:
-                self.net.drop(("E", s))
+        for s in self.shapes if racks_changed else self.shapes.keys() - self._shape_owners:
+            self._shape_arcs(s)
+        for s in self._shape_owners - self.shapes.keys():
+            self.net.drop(("E", s))
+        self._shape_owners &= self.shapes.keys()
         # Guards that expire make their groups movable again.
         while self._guards and self._guards[0][0] <= now:
-            _, jid, mid = heapq.heappop(self._guards)
+            # The task may run elsewhere by now (moved): both machines change.
+            _, tid, mid = heapq.heappop(self._guards)
             machines.add(mid)
+            rec = snap.tasks.get(tid) if tid else None
+            if rec is not None and rec.machine:
+                machines.add(rec.machine)
+            if tid and self._moved_at.get(tid, math.inf) + self.move_guard <= now:
+                del self._moved_at[tid]
         for key in [k for k, until in self._blocked.items() if until <= now]:
             del self._blocked[key]
-        machines |= self._stale_machines
+        machines |= self._stale_machines | reload
         self._stale_machines = set()
         for mid in machines:
-            self._load_machine(snap, mid, rearc)
+            self._load_machine(snap, mid, rearc, mid in reload)
         for jid in rearc:
             self._job_arcs(jid, now)
         for jid, e in self.jobs.items():
@@ -287,11 +335,6 @@ class GraphManager:
         self.net.set_supply(SINK, -self.net.total_supply)
         return UpdateStats(full_build, len(rearc), len(machines))
 
-    def _shaped_owners(self) -> Iterable[Shape]:
-        for owner in self.net.owners():
-            if owner[0] == "E":
-                yield owner[1]  # type: ignore[misc]
-
     def _owns(self, snap: CellSnapshot, job: Job | None) -> bool:
         return (job is not None and job.scheduler == self.scheduler
                 and job.id not in snap.statuses
@@ -302,6 +345,7 @@ class GraphManager:
         return v.state in PLACEABLE and not v.reserved_by
 
     def _load_job(self, snap: CellSnapshot, jid: str, machines: set[str]) -> None:
+        """``machines``: where allocations must be classified again because of it."""
         job = snap.jobs.get(jid)
         old = self.jobs.get(jid)
         if not self._owns(snap, job):
@@ -317,10 +361,10 @@ class GraphManager:
             if self.built and not machines.issuperset(self.machines):
                 machines.update(self._machines_of(snap, jid, job))
         else:
-            old.job, old.waiting = job, waiting
-            if old.shape != shape_of(job):
-                old.shape = shape_of(job)
+            if old.shape != shape_of(job) or old.job.precedence != job.precedence:
+                old.shape, old.gkey = shape_of(job), None
                 machines.update(old.groups)
+            old.job, old.waiting = job, waiting
 
     def _machines_of(self, snap: CellSnapshot, jid: str, job: Job) -> set[str]:
         out = set()
@@ -337,54 +381,46 @@ class GraphManager:
             self._pref_in.get(mid, set()).discard(jid)
         del self.jobs[jid]
 
-    def _load_machine(self, snap: CellSnapshot, mid: str, rearc: set[str]) -> None:
+    def _load_machine(self, snap: CellSnapshot, mid: str, rearc: set[str],
+                      reload: bool = False) -> None:
         m = snap.machines.get(mid)
-        old = self.machines.pop(mid, None)
-        old_groups = old.groups if old is not None else {}
-        old_movable = old.movable if old is not None else {}
-        old_jobs = old.jobs if old is not None else set()
+        old = self.machines.get(mid)
         rearc.update(self._pref_in.get(mid, ()))
         if m is None:
+            self.machines.pop(mid, None)
             self.net.drop(("M", mid))
-            for gk in old_groups:
-                self._group_arcs(mid, gk, [], 0)
-            self._note_jobs(mid, old_jobs, set())
+            self.net.drop(("T", mid))
+            if old is not None:
+                for gk in old.groups:
+                    self._group_arcs(mid, gk, [], 0)
+                self._note_jobs(mid, set(old.jobs), set())
             return
-        groups: dict[GroupKey, list[str]] = {}
-        jobs: set[str] = set()
-        outside: list[Resources] = []
-        for a in holding(m, snap.gangs):
-            e = self.jobs.get(a.job)
-            placed = alloc_placed(a, snap.gangs) and not a.evicted_by
-            if placed and self.reoffers and e is not None and a.scheduler == self.scheduler:
-                groups.setdefault(GroupKey(e.shape, e.job.precedence, True), []).append(a.task)
-                jobs.add(a.job)
-            elif (placed and self.preempt_below is not None and a.scheduler != self.scheduler
-                  and not a.gang and a.precedence < self.preempt_below
-                  and a.job in snap.jobs):
-                gk = GroupKey(Shape(a.resources, ()), a.precedence, False)
-                groups.setdefault(gk, []).append(a.task)
-            else:
-                outside.append(a.resources)
-        avail = m.capacity - sum_resources(outside)
+        if (old is None or reload or m.has_tags or old.machine.has_tags
+                or not _same_record(old.machine, m)):
+            me = self._classify(snap, m)
+            touched = set(me.groups) | (set(old.groups) if old is not None else set())
+            self._note_jobs(mid, set(old.jobs) if old is not None else set(), set(me.jobs))
+        else:
+            before = set(old.jobs)
+            me, touched = old, self._delta(snap, old, m)
+            if before != old.jobs.keys():
+                self._note_jobs(mid, before, set(old.jobs))
+        self.machines[mid] = me
+        me.machine = m
+        avail = me.avail
         share = 0.0
         for dim, cap in m.capacity.amounts:
             if cap > 0:
                 share = max(share, 1.0 - avail.get(dim) / cap)
-        reoffered = sum(len(t) for t in groups.values())
-        used = machine_used(m, snap.gangs)
-        free = m.capacity - used
+        reoffered = sum(len(t) for t in me.groups.values())
+        free = me.free()
+        used = m.capacity - free
         fits = {s: fit_count(free, s, m) for s in self.shapes}
         # Room the re-offered tasks hold, usable only when some of them leave.
         reclaim = {s: max(fit_count(avail, s, m) - fits[s], 0) for s in self.shapes}
         slots = max([0, *(reoffered + n for n in fits.values()),
                      *(fits[s] + reclaim[s] for s in self.shapes)])
-        load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
-        movable: dict[GroupKey, int] = {}
-        for gk, tids in groups.items():
-            tids.sort()
-            movable[gk] = sum(1 for t in tids if self._movable(t))
-        self.machines[mid] = MachineEntry(m, avail, load, groups, movable, jobs)
+        load = me.load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
         arcs: list[Arc] = []
         into = self.model.machine_arc(load)
         extra = self.model.reclaim(load) if reoffered else None
@@ -396,14 +432,78 @@ class GraphManager:
                     self._blocked.get((s, mid), -math.inf) <= self._now):
                 arcs.append(Arc(src, ("M", mid), reclaim[s], into + extra, 0,
                                 ArcKind.INTO_MACHINE))
-        arcs.extend(Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
-                    for cap, cost in self.model.sink_tiers(load) if cap > 0)
         self.net.set_arcs(("M", mid), arcs)
-        for gk in old_groups.keys() | groups.keys():
-            tids = groups.get(gk, [])
-            if tids != old_groups.get(gk) or movable.get(gk) != old_movable.get(gk):
-                self._group_arcs(mid, gk, tids, movable.get(gk, 0))
-        self._note_jobs(mid, old_jobs, jobs)
+        # A separate owner: the tiers change with the machine's load from others,
+        # not with every placement of this scheduler's tasks.
+        self.net.set_arcs(("T", mid), [Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
+                                       for cap, cost in self.model.sink_tiers(load) if cap > 0])
+        for gk in me.groups.keys() | touched:
+            tids = me.groups.get(gk)
+            if not tids:
+                me.groups.pop(gk, None)
+                me.movable.pop(gk, None)
+                self._group_arcs(mid, gk, [], 0)
+                continue
+            movable = (sum(1 for t in tids if self._movable(t)) if self._moved_at
+                       else len(tids))
+            if gk in touched or movable != me.movable.get(gk):
+                me.movable[gk] = movable
+                self._group_arcs(mid, gk, sorted(tids), movable)
+
+    def _classify(self, snap: CellSnapshot, m: Machine) -> MachineEntry:
+        """A machine's allocations sorted into the network's groups and the rest."""
+        me = MachineEntry(m, m.capacity, MachineLoad(m, 0, 0.0, Resources()), {}, {}, {}, {})
+        outside: list[Resources] = []
+        for a in holding(m, snap.gangs):
+            gk = self._group_of(snap, a)
+            if gk is None:
+                outside.append(a.resources)
+            else:
+                me.add(gk, a)
+        me.avail = m.capacity - sum_resources(outside)
+        return me
+
+    def _group_of(self, snap: CellSnapshot, a: Allocation) -> GroupKey | None:
+        """The group a running allocation joins, or None if it stays outside the
+        network (another scheduler's, a gang's, not placed yet)."""
+        if a.evicted_by or (a.gang and not alloc_placed(a, snap.gangs)):
+            return None
+        if a.scheduler == self.scheduler:
+            e = self.jobs.get(a.job)
+            if e is None or not self.reoffers:
+                return None
+            if e.gkey is None:
+                e.gkey = GroupKey(e.shape, e.job.precedence, True)
+            return e.gkey
+        if (self.preempt_below is not None and not a.gang
+                and a.precedence < self.preempt_below and a.job in snap.jobs):
+            return GroupKey(Shape(a.resources, ()), a.precedence, False)
+        return None
+
+    def _delta(self, snap: CellSnapshot, me: MachineEntry, m: Machine) -> set[GroupKey]:
+        """Apply the allocations that changed since ``me.machine`` (neither has gang
+        or eviction tags, so every allocation holds); returns the groups touched."""
+        before, after = me.machine.allocations, m.allocations
+        changed = before.keys() ^ after.keys()
+        changed.update(t for t, a in after.items() if t in before and before[t] is not a)
+        touched: set[GroupKey] = set()
+        for tid in changed:
+            old = before.get(tid)
+            if old is not None:
+                gk = me.remove(tid)
+                if gk is None:
+                    me.avail = me.avail + old.resources
+                else:
+                    touched.add(gk)
+            new = after.get(tid)
+            if new is not None:
+                gk = self._group_of(snap, new)
+                if gk is None:
+                    me.avail = me.avail - new.resources
+                else:
+                    me.add(gk, new)
+                    touched.add(gk)
+        return touched
 
     def _note_jobs(self, mid: str, old: set[str], new: set[str]) -> None:
         for jid in old - new:
@@ -438,6 +538,7 @@ class GraphManager:
     def _shape_arcs(self, s: Shape) -> None:
         if not self.model.uses_racks:
             return
+        self._shape_owners.add(s)
         self.net.set_arcs(("E", s), [Arc(("E", s), ("R", s, rack), MAX_CAPACITY, 0, 0,
                                           ArcKind.TO_RACK) for rack in sorted(self._rack_set)])
 
@@ -480,11 +581,12 @@ class GraphManager:
 
     def group_tasks(self, key: NodeKey) -> list[str]:
         """The task ids a group node ``("G", machine, GroupKey)`` stands for that may
-        move now (not moved within ``move_guard``)."""
+        move now (not moved within ``move_guard``), sorted."""
         me = self.machines.get(str(key[1]))
         if me is None:
             return []
-        return [t for t in me.groups.get(key[2], ()) if self._movable(t)]  # type: ignore[call-overload]
+        tids = me.groups.get(key[2], ())  # type: ignore[call-overload]
+        return sorted(t for t in tids if self._movable(t))
 
     def describe(self) -> Mapping[str, Any]:
         return {"nodes": self.net.node_count, "arcs": self.net.arc_count,

@@ -146,17 +146,23 @@ class FlowNetwork:
         """Replace every arc of ``owner`` by ``arcs``; returns their slots, in order.
         Arcs equal to the owner's present ones are kept as they are."""
         wanted = tuple(arcs)
-        if self._described.get(owner) == wanted:
-            return list(self._owned.get(owner, ()))
+        before = self._described.get(owner)
+        if before == wanted:
+            return list(self._owned[owner])
+        if before is not None and len(before) == len(wanted) and all(
+                a.tail == b.tail and a.head == b.head and a.kind == b.kind
+                for a, b in zip(before, wanted, strict=True)):
+            # Same arcs, other numbers: change them in place.
+            owned = self._owned[owner]
+            for s, a in zip(owned, wanted, strict=True):
+                self._check(owner, a)
+                self._lower[s], self._cap[s], self._cost[s] = a.lower, a.capacity, a.cost
+            self._described[owner] = wanted
+            return list(owned)
         self.drop(owner)
         slots: list[int] = []
         for a in wanted:
-            if not 0 <= a.lower <= a.capacity <= MAX_CAPACITY:
-                raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: need 0 <= lower "
-                                   f"({a.lower}) <= capacity ({a.capacity}) <= {MAX_CAPACITY}")
-            if not -MAX_COST <= a.cost <= MAX_COST:
-                raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: cost {a.cost} is "
-                                   f"outside +-{MAX_COST}")
+            self._check(owner, a)
             if not self._free_arcs:
                 self._grow()
             s = self._free_arcs.pop()
@@ -172,6 +178,15 @@ class FlowNetwork:
             self._owned[owner] = slots
             self._described[owner] = wanted
         return slots
+
+    @staticmethod
+    def _check(owner: Owner, a: Arc) -> None:
+        if not 0 <= a.lower <= a.capacity <= MAX_CAPACITY:
+            raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: need 0 <= lower "
+                               f"({a.lower}) <= capacity ({a.capacity}) <= {MAX_CAPACITY}")
+        if not -MAX_COST <= a.cost <= MAX_COST:
+            raise NetworkError(f"arc {a.tail}->{a.head} of {owner}: cost {a.cost} is "
+                               f"outside +-{MAX_COST}")
 
     def drop(self, owner: Owner) -> None:
         self._described.pop(owner, None)
