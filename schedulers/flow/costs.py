@@ -24,6 +24,7 @@ All costs are whole numbers (solvers work in integers), kept well below
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -82,6 +83,9 @@ class CostModel:
     uses_racks: ClassVar[bool] = False
     #: Options this model takes, with their defaults (checked by :meth:`__init__`).
     defaults: ClassVar[Mapping[str, float]] = {}
+    #: Whether :meth:`sink_tiers` reads ``MachineLoad.used`` (else only ``slots`` and
+    #: ``others``, so the graph manager remakes the tiers only when those change).
+    tiers_use_usage: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
@@ -171,7 +175,7 @@ class LoadSpreadingCostModel(CostModel):
     name = "load-spread"
     defaults: ClassVar[Mapping[str, float]] = {
         "unscheduled_cost": 2000, "wait_cost": 1, "precedence_cost": 1000,
-        "migrate_cost": 250, "preempt_cost": 2500, "tiers": 16,
+        "migrate_cost": 250, "preempt_cost": 2500, "tiers": 4,
     }
 
     def unscheduled(self, job: Job, waited: float) -> int:
@@ -302,11 +306,30 @@ COST_MODELS: dict[str, type[CostModel]] = {
                         NetworkAwareCostModel)
 }
 
+#: Entry-point group where other packages declare cost models
+#: (``name = "package.module:CostModelClass"``), as policies are declared.
+ENTRY_POINT_GROUP = "omega.flow_cost_models"
+
+
+def cost_models() -> dict[str, type[CostModel] | metadata.EntryPoint]:
+    """Every cost model by name: the built-in ones and those installed packages
+    declare. A name declared twice is refused, as the policy registry does."""
+    out: dict[str, type[CostModel] | metadata.EntryPoint] = dict(COST_MODELS)
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in out:
+            raise CostModelError(f"cost model {ep.name!r} is declared twice (again by "
+                                 f"{ep.value})")
+        out[ep.name] = ep
+    return out
+
 
 def make_cost_model(name: str, **options: Any) -> CostModel:
-    try:
-        cls = COST_MODELS[name]
-    except KeyError:
+    known = cost_models()
+    found = known.get(name)
+    if found is None:
         raise CostModelError(f"no cost model named {name!r} (known: "
-                             f"{', '.join(sorted(COST_MODELS))})") from None
+                             f"{', '.join(sorted(known))})")
+    cls = found.load() if isinstance(found, metadata.EntryPoint) else found
+    if not (isinstance(cls, type) and issubclass(cls, CostModel)):
+        raise CostModelError(f"cost model {name!r} ({found}) is not a CostModel class")
     return cls(**options)

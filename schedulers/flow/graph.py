@@ -127,6 +127,7 @@ class MachineEntry:
     movable: dict[GroupKey, int]  # of which not moved too recently
     jobs: dict[str, int]  # this scheduler's jobs -> their re-offered tasks here
     where: dict[str, GroupKey]  # re-offered task -> its group
+    tier_key: object = None  # what the machine's sink arcs were made from
 
     def add(self, gk: GroupKey, a: Allocation) -> None:
         self.groups.setdefault(gk, set()).add(a.task)
@@ -435,8 +436,12 @@ class GraphManager:
         self.net.set_arcs(("M", mid), arcs)
         # A separate owner: the tiers change with the machine's load from others,
         # not with every placement of this scheduler's tasks.
-        self.net.set_arcs(("T", mid), [Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
-                                       for cap, cost in self.model.sink_tiers(load) if cap > 0])
+        tier_key = (slots, load.others, load.used if self.model.tiers_use_usage else None)
+        if tier_key != me.tier_key:
+            me.tier_key = tier_key
+            self.net.set_arcs(("T", mid), [
+                Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
+                for cap, cost in self.model.sink_tiers(load) if cap > 0])
         for gk in me.groups.keys() | touched:
             tids = me.groups.get(gk)
             if not tids:

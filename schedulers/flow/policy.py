@@ -15,7 +15,8 @@ again for ``move_guard`` seconds, so costs that see-saw cannot start a migration
 Options (constructor keywords or the scheduler's ``[options]`` table):
 
 * ``policy``: the cost model, ``quincy`` (default), ``load-spread``, ``network`` or
-  ``trivial`` (``schedulers/flow/costs.py``);
+  ``trivial`` (``schedulers/flow/costs.py``), one an installed package declares in
+  the ``omega.flow_cost_models`` entry-point group, or a ``CostModel`` instance;
 * ``solver``: ``ortools`` (default) or ``networkx`` (exact and slow: tests);
 * ``interval`` (1.0 s), ``move_guard`` (60 s);
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
@@ -34,7 +35,7 @@ import attrs
 
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.flow.costs import COST_MODELS, CostModelError, make_cost_model
+from schedulers.flow.costs import CostModel, CostModelError, make_cost_model
 from schedulers.flow.extract import Extraction, extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.solvers import SOLVERS, Solver
@@ -83,17 +84,20 @@ class FlowPolicy(Policy):
             raise FlowOptionError(f"flow scheduler: unknown option(s) {', '.join(unknown)} "
                                   f"(known: {', '.join(OPTIONS)})")
         policy = options.get("policy", "quincy")
-        if policy not in COST_MODELS:
-            raise FlowOptionError(f"flow scheduler: option policy must be one of "
-                                  f"{', '.join(sorted(COST_MODELS))}, got {policy!r}")
         costs = options.get("costs", {})
         if not isinstance(costs, Mapping):
             raise FlowOptionError("flow scheduler: option costs must be a table of the cost "
                                   f"model's options, got {costs!r}")
-        try:
-            self.model = make_cost_model(str(policy), **dict(costs))
-        except CostModelError as e:
-            raise FlowOptionError(f"flow scheduler: {e}") from None
+        if isinstance(policy, CostModel):
+            self.model = policy  # a model made by the caller (tests, the simulator)
+        elif not isinstance(policy, str):
+            raise FlowOptionError(f"flow scheduler: option policy must name a cost model, "
+                                  f"got {policy!r}")
+        else:
+            try:
+                self.model = make_cost_model(policy, **dict(costs))
+            except CostModelError as e:
+                raise FlowOptionError(f"flow scheduler: option policy: {e}") from None
         solver = options.get("solver", "ortools")
         if solver not in SOLVERS:
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
