@@ -56,6 +56,7 @@ class Extraction:
     migrated: int = 0
     preempted: int = 0
     repaired: int = 0  # arrivals the fit rules turned back
+    spilled: int = 0  # turned back, then placed on another machine with room
     stale: int = 0  # tasks that changed while the solver ran
     moved: list[tuple[str, str]] = attrs.field(factory=list)  # (task, machine left)
     why: dict[str, str] = attrs.field(factory=dict)  # job -> why an arrival was dropped
@@ -166,9 +167,40 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     for a, jid, i in bound:
         if not _place(ex, view, a, jid, i, victims, final=False):
             retry.append((a, jid, i))
+    spare: Spare | None = None
     for a, jid, i in retry:
+        if _place(ex, view, a, jid, i, victims, final=False):
+            continue
+        if a.source[0] == "W":
+            # Spill: the next cheapest machines the flow left room on for this shape.
+            spare = spare or Spare(graph, net, flow)
+            job = graph.jobs.get(jid)
+            if job is not None and any(
+                    _place(ex, view, Arrival(a.source, mid), jid, i, victims, final=False)
+                    for mid in spare.machines(job.shape)):
+                ex.spilled += 1
+                continue
         _place(ex, view, a, jid, i, victims, final=True)
     return ex
+
+
+class Spare:
+    """Machines with room the flow did not use, per task shape, cheapest first: where a
+    task the repair turned back may go instead, still near the flow's choice."""
+
+    TRIES = 8  # machines tried per turned-back task
+
+    def __init__(self, graph: GraphManager, net: Arrays, flow: np.ndarray) -> None:
+        into = np.flatnonzero((net.kind == ArcKind.INTO_MACHINE) & (flow < net.capacity))
+        into = into[np.argsort(net.cost[into], kind="stable")]
+        self._by_shape: dict[object, list[str]] = {}
+        key = graph.net.node_key
+        for i in into.tolist():
+            tail, head = key(int(net.tail[i])), key(int(net.head[i]))
+            self._by_shape.setdefault(tail[1], []).append(str(head[1]))
+
+    def machines(self, shape: object) -> list[str]:
+        return self._by_shape.get(shape, [])[:self.TRIES]
 
 
 def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,

@@ -65,6 +65,7 @@ class Round:
     repaired: int
     stale: int
     full_build: bool
+    spilled: int = 0
 
 
 class FlowPolicy(Policy):
@@ -160,7 +161,7 @@ class FlowPolicy(Policy):
         self.rounds.append(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                                  ex.placed, ex.migrated, ex.preempted,
                                  sum(ex.unscheduled.values()), ex.repaired, ex.stale,
-                                 stats.full))
+                                 stats.full, ex.spilled))
         return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
 
     def _unplaced(self, ctx: Context, due: Sequence[Job], ex: Extraction) -> list[Unplaced]:
