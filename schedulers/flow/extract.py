@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -42,8 +42,7 @@ _LAYER[ArcKind.TO_RACK] = 1
 _LAYER[ArcKind.INTO_MACHINE] = 2
 
 
-@attrs.frozen
-class Arrival:
+class Arrival(NamedTuple):
     source: NodeKey  # the W node of a job's waiting tasks, or a G node of running ones
     machine: str
 

@@ -128,6 +128,7 @@ class MachineEntry:
     jobs: dict[str, int]  # this scheduler's jobs -> their re-offered tasks here
     where: dict[str, GroupKey]  # re-offered task -> its group
     tier_key: object = None  # what the machine's sink arcs were made from
+    tagged: bool = False  # some allocation has gang or eviction tags: no deltas
 
     def add(self, gk: GroupKey, a: Allocation) -> None:
         self.groups.setdefault(gk, set()).add(a.task)
@@ -396,16 +397,19 @@ class GraphManager:
                     self._group_arcs(mid, gk, [], 0)
                 self._note_jobs(mid, set(old.jobs), set())
             return
-        if (old is None or reload or m.has_tags or old.machine.has_tags
-                or not _same_record(old.machine, m)):
+        touched: set[GroupKey] | None = None
+        if not (old is None or reload or old.tagged or not _same_record(old.machine, m)):
+            before = set(old.jobs)
+            touched = self._delta(snap, old, m)
+            if touched is not None and before != old.jobs.keys():
+                self._note_jobs(mid, before, set(old.jobs))
+        if touched is not None:
+            assert old is not None
+            me = old
+        else:
             me = self._classify(snap, m)
             touched = set(me.groups) | (set(old.groups) if old is not None else set())
             self._note_jobs(mid, set(old.jobs) if old is not None else set(), set(me.jobs))
-        else:
-            before = set(old.jobs)
-            me, touched = old, self._delta(snap, old, m)
-            if before != old.jobs.keys():
-                self._note_jobs(mid, before, set(old.jobs))
         self.machines[mid] = me
         me.machine = m
         avail = me.avail
@@ -466,6 +470,7 @@ class GraphManager:
             else:
                 me.add(gk, a)
         me.avail = m.capacity - sum_resources(outside)
+        me.tagged = m.has_tags
         return me
 
     def _group_of(self, snap: CellSnapshot, a: Allocation) -> GroupKey | None:
@@ -485,12 +490,18 @@ class GraphManager:
             return GroupKey(Shape(a.resources, ()), a.precedence, False)
         return None
 
-    def _delta(self, snap: CellSnapshot, me: MachineEntry, m: Machine) -> set[GroupKey]:
-        """Apply the allocations that changed since ``me.machine`` (neither has gang
-        or eviction tags, so every allocation holds); returns the groups touched."""
+    def _delta(self, snap: CellSnapshot, me: MachineEntry, m: Machine
+               ) -> set[GroupKey] | None:
+        """Apply the allocations that changed since ``me.machine``, whose allocations
+        had no gang or eviction tags (so every one held); returns the groups touched,
+        or None, changing nothing, if a changed allocation has tags."""
         before, after = me.machine.allocations, m.allocations
         changed = before.keys() ^ after.keys()
         changed.update(t for t, a in after.items() if t in before and before[t] is not a)
+        for tid in changed:
+            a = after.get(tid)
+            if a is not None and (a.gang or a.evicted_by):
+                return None
         touched: set[GroupKey] = set()
         for tid in changed:
             old = before.get(tid)
