@@ -55,6 +55,6 @@ def test_load_spreading_on_the_same_cell_uses_every_machine() -> None:
 
 def test_the_guides_model_refuses_options_it_does_not_declare() -> None:
     cls = packing_module().PackingCostModel
-    with pytest.raises(CostModelError, match="packing: unknown option.*bogus"):
+    with pytest.raises(CostModelError, match=r"packing: unknown option.*bogus"):
         cls(bogus=1)
     assert cls(scale=10).options["scale"] == 10.0
