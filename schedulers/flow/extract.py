@@ -23,7 +23,7 @@ someone else or whose job was killed while the solver ran (``latest``) are dropp
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -162,6 +162,12 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
                 victims.setdefault(mid, []).append(alloc)
     for v in victims.values():
         v.sort(key=lambda a: a.precedence)
+    # An arrival larger than the room the flow freed for it (one slot in the network,
+    # several tasks' room on the machine) may evict further re-offered tasks of lower
+    # precedence there, lowest first: those neither moving nor preempted already.
+    taken = {v.task for vs in victims.values() for v in vs}
+    taken.update(task_id(jid, i) for a, jid, i in bound if a.source[0] == "G")
+    victims = _Victims(victims, lambda mid: _spare(graph, snap, mid, taken))
     retry: list[tuple[Arrival, str, int]] = []
     for a, jid, i in bound:
         if not _place(ex, view, a, jid, i, victims, final=False):
@@ -183,6 +189,23 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     return ex
 
 
+def _spare(graph: GraphManager, snap: CellSnapshot, mid: str, taken: set[str]
+           ) -> list[Allocation]:
+    """Re-offered, movable tasks on ``mid`` the flow neither preempts nor moves, lowest
+    precedence first."""
+    me = graph.machines.get(mid)
+    m = snap.machines.get(mid)
+    if me is None or m is None or not me.groups:
+        return []
+    out = []
+    for gk in me.groups:
+        for tid in graph.group_tasks(("G", mid, gk)):
+            a = m.allocations.get(tid)
+            if a is not None and tid not in taken:
+                out.append(a)
+    return sorted(out, key=lambda a: a.precedence)
+
+
 class Spare:
     """Machines with room the flow did not use, per task shape, cheapest first: where a
     task the repair turned back may go instead, still near the flow's choice."""
@@ -202,8 +225,27 @@ class Spare:
         return self._by_shape.get(shape, [])[:self.TRIES]
 
 
+class _Victims(dict[str, list[Allocation]]):
+    """Per machine, whom an arrival there may evict: the tasks the flow preempted, then
+    (looked up the first time an arrival needs more room) the other movable ones."""
+
+    def __init__(self, chosen: dict[str, list[Allocation]],
+                 more: Callable[[str], list[Allocation]]) -> None:
+        super().__init__(chosen)
+        self._more = more
+        self._asked: set[str] = set()
+
+    def get_all(self, mid: str) -> list[Allocation]:
+        if mid not in self._asked:
+            self._asked.add(mid)
+            extra = self._more(mid)
+            if extra:
+                self.setdefault(mid, []).extend(extra)
+        return self.get(mid, [])
+
+
 def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
-           victims: dict[str, list[Allocation]], final: bool) -> bool:
+           victims: _Victims, final: bool) -> bool:
     origin = str(a.source[1]) if a.source[0] == "G" else ""
     job = view.jobs.get(jid)
     m = view.machine(a.machine)
@@ -212,9 +254,9 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
         return True
     miss = why_not(view, job, m)
     chosen: list[Allocation] = []
-    if miss is not None and miss.rule is Rule.RESOURCES:
+    if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
-        for v in victims.get(a.machine, ()):
+        for v in victims.get_all(a.machine):
             if v.precedence >= job.precedence:
                 continue
             chosen.append(v)

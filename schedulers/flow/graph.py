@@ -249,6 +249,11 @@ class GraphManager:
             heapq.heappush(self._guards, (now + self.move_guard, tid, mid))
             self._stale_machines.add(mid)
 
+    def due(self, now: float) -> bool:
+        """Whether a guard or a block runs out by ``now``: the network changes then,
+        though nothing in the cell did."""
+        return bool(self._guards) and self._guards[0][0] <= now
+
     def block(self, jid: str, mid: str, now: float) -> None:
         """An arrival of ``jid`` on ``mid`` counted on room its re-offered tasks hold
         and the repair step turned it back (tasks of several shapes add up differently
@@ -539,7 +544,9 @@ class GraphManager:
             self.net.set_supply(key, 0)
             return
         g = Group(gk.shape.resources, gk.precedence, mid, len(tids), movable, gk.own)
-        arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), 0, ArcKind.STAY)]
+        # Tasks under the flapping guard stay: at most ``movable`` units leave in all.
+        arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), g.count - movable,
+                    ArcKind.STAY)]
         if movable:
             if gk.own:
                 cost = self.model.migrate(g)
@@ -587,6 +594,11 @@ class GraphManager:
                     self._pref_in.setdefault(p.machine, set()).add(jid)
             elif p.rack in self._rack_set and self.model.uses_racks:
                 arcs.append(Arc(w, ("R", e.shape, p.rack), k, p.cost, 0, ArcKind.PREFERENCE))
+        for mid, _ in job.input:
+            # Its preferences depend on where its input lies: on each such machine's
+            # rack, and on whether the cell has it at all.
+            e.prefs.add(mid)
+            self._pref_in.setdefault(mid, set()).add(jid)
         self.net.set_arcs(w, arcs)
 
     # -- what the extraction needs -----------------------------------------------------------
