@@ -144,7 +144,7 @@ class GraphManager:
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
         self._members: tuple[str, ...] = ()
         self._moved_at: dict[str, float] = {}  # task -> when this scheduler moved it
-        self._guards: list[tuple[float, str, str]] = []  # (expiry, job, machine)
+        self._guards: list[tuple[float, str, str]] = []  # (expiry, task, machine)
         # (shape, machine) -> until when arrivals there may not count on reclaimed room
         self._blocked: dict[tuple[Shape, str], float] = {}
         self._stale_machines: set[str] = set()  # to reload at the next update
@@ -196,7 +196,14 @@ class GraphManager:
         moved again for ``move_guard`` seconds (the flapping guard)."""
         for tid, mid in tasks:
             self._moved_at[tid] = now
-            heapq.heappush(self._guards, (now + self.move_guard, tid.rpartition("/")[0], mid))
+            heapq.heappush(self._guards, (now + self.move_guard, tid, mid))
+            # Its group there is no longer movable, even if the move does not commit.
+            self._stale_machines.add(mid)
+
+    def due(self, now: float) -> bool:
+        """Whether a guard or a block runs out by ``now``: the network changes then,
+        though nothing in the cell did."""
+        return bool(self._guards) and self._guards[0][0] <= now
 
     def block(self, jid: str, mid: str, now: float) -> None:
         """An arrival of ``jid`` on ``mid`` counted on room its re-offered tasks hold
@@ -232,6 +239,7 @@ class GraphManager:
                 e.waiting.discard(index)
                 rearc.add(jid)
         shapes = {e.shape for e in self.jobs.values()}
+        new_shapes = shapes - set(self.shapes)
         if shapes != set(self.shapes):
             # A new shape needs its arcs into every machine; a gone one leaves them.
             machines = set(snap.machines.keys()) | set(self.machines)
@@ -250,15 +258,19 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
-            for s in self.shapes:
-                self._shape_arcs(s)
+        for s in self.shapes if racks_changed else new_shapes:
+            self._shape_arcs(s)  # a new shape reaches the racks too
         for s in list(self._shaped_owners()):
             if s not in self.shapes:
                 self.net.drop(("E", s))
         # Guards that expire make their groups movable again.
         while self._guards and self._guards[0][0] <= now:
-            _, jid, mid = heapq.heappop(self._guards)
+            _, tid, mid = heapq.heappop(self._guards)
             machines.add(mid)
+            # A task that moved is guarded where it runs now.
+            rec = snap.tasks.get(tid) if tid else None
+            if rec is not None and rec.machine:
+                machines.add(rec.machine)
         for key in [k for k, until in self._blocked.items() if until <= now]:
             del self._blocked[key]
         machines |= self._stale_machines
@@ -307,10 +319,11 @@ class GraphManager:
             if self.built and not machines.issuperset(self.machines):
                 machines.update(self._machines_of(snap, jid, job))
         else:
-            old.job, old.waiting = job, waiting
-            if old.shape != shape_of(job):
-                old.shape = shape_of(job)
+            if old.job != job:
+                # Its groups' costs may depend on any field (Quincy's on the task count).
                 machines.update(old.groups)
+            old.job, old.waiting = job, waiting
+            old.shape = shape_of(job)
 
     def _machines_of(self, snap: CellSnapshot, jid: str, job: Job) -> set[str]:
         out = set()
@@ -409,7 +422,9 @@ class GraphManager:
                       if self._now - self._moved_at.get(task_id(jid, i), -math.inf)
                       >= self.move_guard)
         g = Group(job, mid, len(indexes), movable, own)
-        arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), 0, ArcKind.STAY)]
+        # Tasks under the flapping guard stay: at most ``movable`` units leave in all.
+        arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), g.count - movable,
+                    ArcKind.STAY)]
         if movable:
             if own:
                 cost = self.model.migrate(g)
@@ -460,6 +475,11 @@ class GraphManager:
                     self._pref_in.setdefault(p.machine, set()).add(jid)
             elif p.rack in self._rack_set and self.model.uses_racks:
                 arcs.append(Arc(w, ("R", e.shape, p.rack), k, p.cost, 0, ArcKind.PREFERENCE))
+        for mid, _ in job.input:
+            # Its preferences depend on where its input lies: on each such machine's
+            # rack, and on whether the cell has it at all.
+            e.prefs.add(mid)
+            self._pref_in.setdefault(mid, set()).add(jid)
         slots = self.net.set_arcs(w, arcs)
         e.unscheduled_slot = slots[0]
 
