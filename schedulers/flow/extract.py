@@ -16,14 +16,16 @@ in slots of the smallest shape, so tasks of several shapes may add up to more th
 machine has in some dimension, or break a job's tasks-per-machine or affinity rule;
 such arrivals are dropped and their tasks wait for the next round. Tasks preempted by
 the flow are evicted only by an arrival that needs their room and has a higher
-precedence (the store's rule); others keep running. Tasks that ended, were placed by
+precedence (the store's rule); others keep running. An arrival larger than the tasks it
+displaces (one slot in the network, several tasks' room on the machine) may evict
+further re-offered tasks of lower precedence there, lowest first. Tasks that ended, were placed by
 someone else or whose job was killed while the solver ran (``latest``) are dropped.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -127,12 +129,14 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         m = snap.machines.get(mid)
         if m is None:
             continue
-        indexes = [i for i in graph.group_of(jid, mid, own) if not own or graph.movable(jid, i)]
-        for i in indexes[:n]:
+        indexes = [i for i in graph.group_of(jid, mid, own) if graph.movable(jid, i)]
+        # From the back: migrations of the same group take its tasks from the front.
+        for i in indexes[max(len(indexes) - n, 0):]:
             alloc = m.allocations.get(task_id(jid, i))
             if alloc is not None:
                 victims.setdefault(mid, []).append(alloc)
     victims = {mid: sorted(v, key=lambda v: v.precedence) for mid, v in victims.items()}
+    evictable = {v.task for vs in victims.values() for v in vs}
 
     def next_task(a: Arrival) -> int | None:
         if not a.origin:
@@ -146,7 +150,8 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         k = (a.job, a.origin)
         if k not in leaving:
             leaving[k] = deque(i for i in graph.group_of(a.job, a.origin)
-                               if graph.movable(a.job, i))
+                               if graph.movable(a.job, i)
+                               and task_id(a.job, i) not in evictable)
         pool = leaving[k]
         while pool:
             i = pool.popleft()
@@ -165,17 +170,50 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         index = next_task(a)
         if index is not None:
             bound.append((a, index))
+    taken = evictable | {task_id(a.job, i) for a, i in bound if a.origin}
+    spare: dict[str, list[Allocation]] = {}
+
+    def candidates(mid: str) -> list[Allocation]:
+        """Whom an arrival on ``mid`` may evict: the flow's victims, then the rest."""
+        if mid not in spare:
+            spare[mid] = _spare(graph, snap, mid, taken)
+        return [*victims.get(mid, ()), *spare[mid]]
+
+    def evicted(mid: str, v: Allocation) -> None:
+        for pool in (victims.get(mid), spare.get(mid)):
+            if pool and v in pool:
+                pool.remove(v)
+
     retry: list[tuple[Arrival, int]] = []
     for a, i in bound:
-        if not _place(ex, view, a, i, victims, final=False):
+        if not _place(ex, view, a, i, candidates, evicted, final=False):
             retry.append((a, i))
     for a, i in retry:
-        _place(ex, view, a, i, victims, final=True)
+        _place(ex, view, a, i, candidates, evicted, final=True)
     return ex
 
 
+def _spare(graph: GraphManager, snap: CellSnapshot, mid: str, taken: set[str]
+           ) -> list[Allocation]:
+    """Re-offered, movable tasks on ``mid`` the flow neither preempts nor moves, lowest
+    precedence first."""
+    me = graph.machines.get(mid)
+    m = snap.machines.get(mid)
+    if me is None or m is None:
+        return []
+    out = []
+    for groups in (me.groups, me.others):
+        for jid, indexes in groups.items():
+            for i in indexes:
+                a = m.allocations.get(task_id(jid, i))
+                if a is not None and a.task not in taken and graph.movable(jid, i):
+                    out.append(a)
+    return sorted(out, key=lambda a: a.precedence)
+
+
 def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
-           victims: dict[str, list[Allocation]], final: bool) -> bool:
+           candidates: Callable[[str], list[Allocation]],
+           evicted: Callable[[str, Allocation], None], final: bool) -> bool:
     job = view.jobs.get(a.job)
     m = view.machine(a.machine)
     if job is None or m is None:
@@ -185,7 +223,7 @@ def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
     chosen: list[Allocation] = []
     if miss is not None and miss.rule is Rule.RESOURCES:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
-        for v in victims.get(a.machine, ()):
+        for v in candidates(a.machine):
             if v.precedence >= job.precedence:
                 continue
             chosen.append(v)
@@ -196,7 +234,8 @@ def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
         if final:
             ex.repaired += 1
             ex.turned_back.add((a.job, a.machine))
-            ex.unscheduled[a.job] = ex.unscheduled.get(a.job, 0) + 1
+            if not a.origin:  # a task that was to move keeps running where it is
+                ex.unscheduled[a.job] = ex.unscheduled.get(a.job, 0) + 1
             ex.why.setdefault(a.job, f"{miss.label} on {a.machine!r} once this round's "
                               "other placements are counted")
         return False
@@ -205,7 +244,7 @@ def _place(ex: Extraction, view: CellView, a: Arrival, index: int,
     ex.preempted += len(chosen)
     for v in chosen:
         ex.moved.append((v.task, a.machine))
-        victims[a.machine].remove(v)
+        evicted(a.machine, v)
     if a.origin:
         ex.migrated += 1
         ex.moved.append((task_id(a.job, index), a.origin))
