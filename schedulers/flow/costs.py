@@ -89,6 +89,8 @@ class CostModel:
         self.options: dict[str, float] = dict(self.defaults)
         for key, value in options.items():
             try:
+                if isinstance(value, bool):
+                    raise TypeError("a truth value is not a number")
                 number = float(value)
             except (TypeError, ValueError):
                 raise CostModelError(f"cost model {self.name}: option {key} must be a "
@@ -170,6 +172,13 @@ class LoadSpreadingCostModel(CostModel):
         "unscheduled_cost": 2000, "wait_cost": 1, "precedence_cost": 1000,
         "migrate_cost": 250, "preempt_cost": 2500, "tiers": 16,
     }
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        if self.options["tiers"] < 1:
+            # No tier would give machines no arc to the sink: nothing would be placed.
+            raise CostModelError(f"cost model {self.name}: option tiers must be at least 1, "
+                                 f"got {options['tiers']!r}")
 
     def unscheduled(self, job: Job, waited: float) -> int:
         o = self.options

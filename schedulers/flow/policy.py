@@ -83,7 +83,7 @@ class FlowPolicy(Policy):
             raise FlowOptionError(f"flow scheduler: unknown option(s) {', '.join(unknown)} "
                                   f"(known: {', '.join(OPTIONS)})")
         policy = options.get("policy", "quincy")
-        if policy not in COST_MODELS:
+        if not isinstance(policy, str) or policy not in COST_MODELS:
             raise FlowOptionError(f"flow scheduler: option policy must be one of "
                                   f"{', '.join(sorted(COST_MODELS))}, got {policy!r}")
         costs = options.get("costs", {})
@@ -95,7 +95,7 @@ class FlowPolicy(Policy):
         except CostModelError as e:
             raise FlowOptionError(f"flow scheduler: {e}") from None
         solver = options.get("solver", "ortools")
-        if solver not in SOLVERS:
+        if not isinstance(solver, str) or solver not in SOLVERS:
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
                                   f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
         self.solver: Solver = SOLVERS[str(solver)]()
@@ -113,9 +113,8 @@ class FlowPolicy(Policy):
         if self._graph is None:
             if not self._configured and ctx.options:
                 # Options from the scheduler's config file (Context.options) complete
-                # those given to the constructor.
-                self._configure({**{k: v for k, v in ctx.options.items() if k in OPTIONS},
-                                 **self.options})
+                # those given to the constructor, and are checked as strictly.
+                self._configure({**ctx.options, **self.options})
             self._configured = True
             self._graph = GraphManager(self.model, ctx.scheduler, ctx.instance,
                                        move_guard=self.move_guard,
@@ -132,8 +131,8 @@ class FlowPolicy(Policy):
 
     def propose(self, ctx: Context) -> Plan:
         graph = self.graph(ctx)
-        if graph.built and ctx.changes is not None and not ctx.changes and not any(
-                e.waiting for e in graph.jobs.values()):
+        if graph.built and ctx.changes is not None and not ctx.changes and not graph.due(
+                ctx.now) and not any(e.waiting for e in graph.jobs.values()):
             return Plan()  # nothing changed and nothing waits: nothing to decide
         return self._round(ctx, [])
 
