@@ -139,7 +139,9 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
             pool = waiting[a.job]
             while pool:
                 i = pool.popleft()
-                if _still_waiting(latest, a.job, i):
+                # The network was built from the snapshot, which does not show this
+                # scheduler's own claims in flight (the view does).
+                if _still_waiting(latest, a.job, i) and not view.claimed(task_id(a.job, i)):
                     return i
                 ex.stale += 1
             return None

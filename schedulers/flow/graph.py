@@ -232,6 +232,7 @@ class GraphManager:
                 e.waiting.discard(index)
                 rearc.add(jid)
         shapes = {e.shape for e in self.jobs.values()}
+        new_shapes = shapes - set(self.shapes)
         if shapes != set(self.shapes):
             # A new shape needs its arcs into every machine; a gone one leaves them.
             machines = set(snap.machines.keys()) | set(self.machines)
@@ -250,8 +251,9 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
-            for s in self.shapes:
-                self._shape_arcs(s)
+        # A new shape needs its arcs to the racks too, not only the ones at a build.
+        for s in (self.shapes if racks_changed else new_shapes):
+            self._shape_arcs(s)
         for s in list(self._shaped_owners()):
             if s not in self.shapes:
                 self.net.drop(("E", s))

@@ -1,0 +1,145 @@
+"""`omega scheduler`: which policy runs under which name with which options, from the
+positional SCHEDULER, --policy, --option and the config file; and every bad flag or
+option stops it before it connects, with a message that names what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omega.cli import build_parser, main, option_value, scheduler_process_config
+from schedulers.flow import FlowPolicy
+from schedulers.process import SchedulerProcessConfig, make_policy
+from schedulers.registry import Registry
+
+# Nothing listens on port 1: a process that tried to connect would not exit with 2
+# (it would retry, then exit with 3).
+NOWHERE = ["--cellstate", "127.0.0.1:1"]
+
+
+def _config(*argv: str) -> SchedulerProcessConfig:
+    return scheduler_process_config(build_parser().parse_args(["scheduler", *argv]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "name", "policy", "options"),
+    [
+        (["--name", "batch"], "batch", "batch", {}),
+        (["--name", "b2", "--policy", "batch"], "b2", "batch", {}),
+        (["flow"], "flow", "flow", {}),
+        (["flow", "--policy", "quincy"], "flow", "flow", {"policy": "quincy"}),
+        (["flow", "--name", "flow-ls", "--policy", "load-spread"], "flow-ls", "flow",
+         {"policy": "load-spread"}),
+        (["flow", "--option", "interval=0.5", "--option", "move_guard=30",
+          "--option", "costs.migrate_cost=100", "--option", "costs.wait_cost=2.5"],
+         "flow", "flow", {"interval": 0.5, "move_guard": 30,
+                          "costs": {"migrate_cost": 100, "wait_cost": 2.5}}),
+        (["batch", "--option", "fallbacks=2"], "batch", "batch", {"fallbacks": 2}),
+        (["service", "--option", "score=pack", "--option", "preempt=false"], "service",
+         "service", {"score": "pack", "preempt": False}),
+    ],
+)
+def test_which_policy_runs_and_with_what(argv: list[str], name: str, policy: str,
+                                         options: dict[str, Any]) -> None:
+    config = _config(*argv)
+    assert (config.name, config.policy, config.runtime.options) == (name, policy, options)
+
+
+def test_options_reach_the_policys_constructor() -> None:
+    config = _config("flow", "--policy", "load-spread", "--option", "interval=0.25",
+                     "--option", "costs.migrate_cost=100")
+    made = make_policy(Registry.from_entry_points(), config)
+    assert isinstance(made, FlowPolicy)
+    assert made.model.name == "load-spread"
+    assert made.model.options["migrate_cost"] == 100
+    assert made.interval == 0.25
+
+
+def test_flags_lay_over_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "flow.toml"
+    path.write_text('[scheduler]\nname = "fq"\ninstance = "f7"\nlease_ttl = 4\n'
+                    '[options]\npolicy = "quincy"\ninterval = 2.0\n'
+                    'costs = { rack_cost = 2, core_cost = 6 }\n')
+    config = _config("flow", "--config", str(path), "--option", "costs.core_cost=8",
+                     "--option", "interval=0.5")
+    # The file names the scheduler; SCHEDULER is only the name's default.
+    assert (config.name, config.policy, config.instance) == ("fq", "flow", "f7")
+    assert config.runtime.lease_ttl == 4
+    assert config.runtime.options == {"policy": "quincy", "interval": 0.5,
+                                      "costs": {"rack_cost": 2, "core_cost": 8}}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1", 1), ("-2", -2), ("0.5", 0.5), ("1e3", 1000.0), (".5", 0.5), ("true", True),
+     ("false", False), ("quincy", "quincy"), ("inf", "inf"), ("nan", "nan"),
+     ("1.2.3", "1.2.3"), ("", "")],
+)
+def test_option_values_are_typed_where_they_look_like_it(text: str, value: object) -> None:
+    got = option_value(text)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["scheduler", "nope"], "no scheduler policy named 'nope' (known: batch, flow, "),
+        (["scheduler", "flow", "--policy", "nope"],
+         "option policy must be one of load-spread, network, quincy, trivial, got 'nope'"),
+        (["scheduler", "flow", "--option", "interval=soon"],
+         "option interval must be a number from 0 to 3600, got 'soon'"),
+        (["scheduler", "flow", "--option", "interval=inf"],
+         "option interval must be a number from 0 to 3600, got 'inf'"),
+        (["scheduler", "flow", "--option", "colour=blue"], "unknown option(s) colour"),
+        (["scheduler", "flow", "--option", "costs.bogus=1"],
+         "cost model quincy: unknown option(s) bogus"),
+        (["scheduler", "flow", "--policy", "trivial", "--option", "costs.migrate_cost=1"],
+         "cost model trivial: unknown option(s) migrate_cost (known: none)"),
+        (["scheduler", "flow", "--option", "solver=magic"], "option solver must be one of"),
+        (["scheduler", "flow", "--policy", "quincy", "--option", "policy=trivial"],
+         "--policy or --option policy=..., not both"),
+        (["scheduler", "flow", "--option", "costs=1", "--option", "costs.rack_cost=2"],
+         "--option costs.rack_cost: costs was given a value"),
+        (["scheduler", "flow", "--option", "interval=1", "--option", "interval=2"],
+         "--option interval: given twice"),
+        (["scheduler", "batch", "--option", "fallbacks=99"],
+         "option fallbacks must be a whole number from 0 to"),
+        (["scheduler", "service", "--option", "score=best"],
+         "option score must be spread or pack, got 'best'"),
+        (["scheduler", "service", "--option", "preempt=1"],
+         "option preempt must be true or false, got 1"),
+    ],
+)
+def test_bad_options_stop_it_before_it_connects(argv: list[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, *NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("omega scheduler: ") and message in err, err
+
+
+def test_bad_options_in_the_file_are_named_too(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "flow.toml"
+    path.write_text('[scheduler]\nname = "flow"\n[options]\nmove_guard = -5\n')
+    assert main(["scheduler", "flow", "--config", str(path), *NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert "option move_guard must be a number from 0 to 86400, got -5" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["scheduler", "flow", "--option", "interval"], "'interval' is not KEY=VALUE"),
+        (["scheduler", "flow", "--option", "9lives=1"], "'9lives' is not an option name"),
+        (["scheduler", "flow", "--option", "costs..x=1"], "'costs..x' is not an option name"),
+        (["scheduler", "flow", "extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_malformed_flags_are_usage_errors(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
