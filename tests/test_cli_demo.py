@@ -50,8 +50,9 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
     assert "flow/f0:" in proc.stdout
     # The flow scheduler's rounds, as the demo shows them while it runs.
-    rounds = re.findall(r"^    flow/f0 rounds (\d+): .* solve .* (\d+) placed, (\d+) moved, "
-                        r"(\d+) preempted; median solve", proc.stdout, re.MULTILINE)
+    rounds = re.findall(r"^    flow/f0 rounds (\d+): last solved \d+ nodes, \d+ arcs in [\d.]+ "
+                        r"ms .*\), (\d+) placed, (\d+) moved, (\d+) preempted; median solve",
+                        proc.stdout, re.MULTILINE)
     assert rounds and int(rounds[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) flow rounds", last).group(1)) > 0  # type: ignore[union-attr]
     etcd = re.search(r"^etcd .* \(pid (\d+)\)", proc.stdout, re.MULTILINE)

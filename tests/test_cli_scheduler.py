@@ -4,6 +4,8 @@ option stops it before it connects, with a message that names what is wrong."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +145,28 @@ def test_malformed_flags_are_usage_errors(argv: list[str], message: str,
         main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _flow_section() -> str:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    return doc.split("### The flow scheduler", 1)[1].split("\n### ", 1)[0]
+
+
+def test_the_operations_guides_flow_examples_make_a_flow_scheduler(tmp_path: Path) -> None:
+    section = _flow_section()
+    command = re.search(r"```sh\n(omega scheduler flow .*?)```", section, re.S)
+    assert command is not None
+    argv = shlex.split(command.group(1).replace("\\\n", " "))[1:]
+    made = make_policy(Registry.from_entry_points(), _config(*argv[1:]))
+    assert isinstance(made, FlowPolicy) and made.model.name == "load-spread"
+    assert (made.interval, made.move_guard, made.model.options["migrate_cost"]) == (
+        0.5, 120.0, 400)
+    toml = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert toml is not None
+    path = tmp_path / "flow.toml"
+    path.write_text(toml.group(1))
+    config = _config("flow", "--config", str(path))
+    made = make_policy(Registry.from_entry_points(), config)
+    assert isinstance(made, FlowPolicy) and made.model.name == "quincy"
+    assert made.model.options["machine_threshold"] == 0.2
+    assert (config.name, config.instance) == ("flow", "f0")
