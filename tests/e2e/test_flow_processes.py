@@ -105,7 +105,9 @@ def test_batch_and_flow_place_their_jobs_side_by_side(etcd: LocalEtcd, tmp_path:
             machines = sorted(m["id"] for m in client.list_machines())
             for i in range(12):
                 client.submit_job(_job(f"b-{i:02}", "batch", 8))
-                data = ({"input": {machines[i]: 10.0, machines[-1 - i]: 4.0}} if i % 2 else {})
+                # Every other flow job reads data stored on two machines (Quincy).
+                data: dict[str, Any] = (
+                    {"input": {machines[i]: 10.0, machines[-1 - i]: 4.0}} if i % 2 else {})
                 client.submit_job(_job(f"f-{i:02}", "flow", 8, **data))
                 jobs |= {f"b-{i:02}": 8, f"f-{i:02}": 8}
         wait_for("every task running", lambda: _all_running(c, jobs), c)
