@@ -455,6 +455,8 @@ def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig
         policy = args.scheduler
         if name is None and "name" not in in_file:
             name = args.scheduler
+    elif policy is not None:
+        _hint_flow_form(policy)
     overrides = {"name": name, "policy": policy, "instance": args.instance,
                  "cell": args.cell, "mode": args.mode, "detection": args.detection,
                  "seed": args.seed}
@@ -462,6 +464,20 @@ def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig
         None if "cellstate" in in_file else os.environ.get("OMEGA_CELLSTATE",
                                                             DEFAULT_CELLSTATE))
     return scheduler_config(doc, overrides, args.config or "", options)
+
+
+def _hint_flow_form(policy: str) -> None:
+    """`--policy quincy` without SCHEDULER names a registered policy; a flow cost model
+    there is the newer form mistyped: say which command was meant."""
+    from schedulers.registry import Registry
+
+    if policy in Registry.from_entry_points().names():
+        return
+    from schedulers.flow.costs import COST_MODELS
+
+    if policy in COST_MODELS:
+        raise ValueError(f"no scheduler policy named {policy!r}; {policy} is a cost model of "
+                         f"the flow scheduler: omega scheduler flow --policy {policy}")
 
 
 def _scheduler(args: argparse.Namespace) -> int:

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import re
 import shlex
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cellstate.errors import AlreadyExistsError
+from cellstate.kv.memory import MemoryKV
+from cellstate.model import InstanceRecord
+from cellstate.store import CellStore
 from omega.cli import build_parser, main, option_value, scheduler_process_config
 from schedulers.flow import FlowPolicy
-from schedulers.process import SchedulerProcessConfig, make_policy
+from schedulers.process import SchedulerProcessConfig, make_policy, run_scheduler
 from schedulers.registry import Registry
+from tests.api.service_fixture import running_server
 
 # Nothing listens on port 1: a process that tried to connect would not exit with 2
 # (it would retry, then exit with 3).
@@ -88,6 +94,8 @@ def test_option_values_are_typed_where_they_look_like_it(text: str, value: objec
     ("argv", "message"),
     [
         (["scheduler", "nope"], "no scheduler policy named 'nope' (known: batch, flow, "),
+        (["scheduler", "--name", "flow", "--policy", "quincy"],
+         "quincy is a cost model of the flow scheduler: omega scheduler flow --policy quincy"),
         (["scheduler", "flow", "--policy", "nope"],
          "option policy must be one of load-spread, network, quincy, trivial, got 'nope'"),
         (["scheduler", "flow", "--option", "interval=soon"],
@@ -170,3 +178,21 @@ def test_the_operations_guides_flow_examples_make_a_flow_scheduler(tmp_path: Pat
     assert isinstance(made, FlowPolicy) and made.model.name == "quincy"
     assert made.model.options["machine_threshold"] == 0.2
     assert (config.name, config.instance) == ("flow", "f0")
+
+
+def test_a_live_instance_under_the_same_id_is_an_error_once_its_lease_should_have_lapsed(
+        tmp_path: Path) -> None:
+    """A restart waits for a killed run's registration to lapse; one that outlives
+    twice the lease ttl belongs to another live process: a clear error."""
+    kv = MemoryKV()
+    CellStore(kv).register_instance(InstanceRecord("flow", "f0"), 600)  # kept alive
+    path = tmp_path / "flow.toml"
+    path.write_text("[scheduler]\nlease_ttl = 2\n")
+    with running_server(kv) as server:
+        config = _config("flow", "--instance", "f0", "--config", str(path),
+                         "--cellstate", f"127.0.0.1:{server.port}")
+        with pytest.raises(AlreadyExistsError) as err:
+            run_scheduler(config, threading.Event())
+    assert "instance flow/f0 is already running" in str(err.value)
+    assert "did not lapse within 4 s, so another live process runs this instance id" in str(
+        err.value)
