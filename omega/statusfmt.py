@@ -23,7 +23,29 @@ def status_text(s: dict[str, Any]) -> str:
             f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
             f"busyness {100 * x.get('busyness', 0):.1f}%, "
             f"wait mean {x.get('wait_mean_s', 0):.2f} s")
+        report = x.get("policy")
+        if isinstance(report, dict) and report:
+            lines.append("    " + policy_text(report))
     return "\n".join(lines)
+
+
+def policy_text(r: dict[str, Any]) -> str:
+    """A policy's own report (``Policy.report``): a flow scheduler's rounds in words,
+    anything else as name=value pairs."""
+    if "rounds" in r and "median_solve_ms" in r:
+        return (f"rounds {r['rounds']}: last solved {r.get('last_nodes', 0)} nodes, "
+                f"{r.get('last_arcs', 0)} arcs in {r['last_solve_ms']:.1f} ms (update "
+                f"{r.get('last_update_ms', 0):.1f}, extract {r.get('last_extract_ms', 0):.1f}), "
+                f"{r.get('last_placed', 0)} placed, {r.get('last_moved', 0)} moved, "
+                f"{r.get('last_preempted', 0)} preempted; median solve "
+                f"{r['median_solve_ms']:.1f} ms (update {r.get('median_update_ms', 0):.1f}, "
+                f"extract {r.get('median_extract_ms', 0):.1f}); in all {r.get('placed', 0)} "
+                f"placed, {r.get('moved', 0)} moved, {r.get('preempted', 0)} preempted")
+    return "policy: " + ", ".join(f"{k}={_number(v)}" for k, v in sorted(r.items()))
+
+
+def _number(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def etcd_line(e: dict[str, Any]) -> str:

@@ -1,5 +1,7 @@
-"""A stream of demo jobs for a running cell: batch jobs (many short tasks) and service
-jobs (a few long, spread tasks at a higher precedence), at a Poisson rate.
+"""A stream of demo jobs for a running cell: batch jobs (many short tasks), service
+jobs (a few long, spread tasks at a higher precedence) and flow jobs (for the flow
+scheduler; half of them read input data stored on a few machines, which Quincy
+places tasks near), at a Poisson rate.
 
 The shape is the demo's, not a trace's (the simulator has the paper's workloads);
 every job declares a duration so agents end its tasks and the cell keeps turning over.
@@ -10,7 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -21,38 +23,84 @@ from cellstate.model import Constraints, Job, JobKind, Resources
 class WorkloadOptions:
     jobs_per_second: float = 4.0
     service_fraction: float = 0.2
+    flow_fraction: float = 0.2  # 0: no flow jobs (a cell without a flow scheduler)
     seed: int = 1
     prefix: str = ""  # job ids start with it (several generators on one cell)
     batch_scheduler: str = "batch"
     service_scheduler: str = "service"
+    flow_scheduler: str = "flow"
 
 
-def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions) -> Job:
-    service = rng.random() < opts.service_fraction
+def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
+               hosts: Sequence[str] = ()) -> Job:
+    """Job ``n``; ``hosts``: machines a flow job's input data may be stored on (none:
+    no flow job has input)."""
+    draw = rng.random()
+    if draw < opts.service_fraction:
+        return Job(
+            f"{opts.prefix}svc-{n:06}", rng.choice(["alice", "bob", "carol"]),
+            opts.service_scheduler, rng.randint(2, 6),
+            Resources.of(cpu=rng.choice([0.5, 1, 2]), mem=rng.choice([1, 2, 4])),
+            kind=JobKind.SERVICE, precedence=5, constraints=Constraints(max_per_machine=1),
+            duration=round(rng.uniform(20, 60), 3), submitted_at=now)
+    if draw < opts.service_fraction + opts.flow_fraction:
+        return _flow_job(rng, n, now, opts, hosts)
     return Job(
-        f"{opts.prefix}{'svc' if service else 'batch'}-{n:06}",
-        rng.choice(["alice", "bob", "carol"]),
-        opts.service_scheduler if service else opts.batch_scheduler,
-        rng.randint(2, 6) if service else rng.randint(1, 30),
+        f"{opts.prefix}batch-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        opts.batch_scheduler, rng.randint(1, 30),
         Resources.of(cpu=rng.choice([0.5, 1, 2]), mem=rng.choice([1, 2, 4])),
-        kind=JobKind.SERVICE if service else JobKind.BATCH,
-        precedence=5 if service else 1,
-        constraints=Constraints(max_per_machine=1) if service else Constraints(),
-        duration=round(rng.uniform(20, 60) if service else rng.uniform(2, 12), 3),
-        submitted_at=now,
-    )
+        kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(2, 12), 3),
+        submitted_at=now)
+
+
+def _flow_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
+              hosts: Sequence[str]) -> Job:
+    data: tuple[tuple[str, float], ...] = ()
+    if hosts and rng.random() < 0.5:
+        # A data set of a few blocks, each replicated on a few machines (GB there).
+        where = rng.sample(list(hosts), min(len(hosts), rng.randint(1, 3)))
+        data = tuple(sorted((m, float(rng.randint(1, 20))) for m in where))
+    return Job(
+        f"{opts.prefix}flow-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        opts.flow_scheduler, rng.randint(1, 20),
+        Resources.of(cpu=rng.choice([0.5, 1]), mem=rng.choice([1, 2])),
+        kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(4, 20), 3),
+        submitted_at=now, input=data)
 
 
 def generate(submit: Callable[[Job], object], opts: WorkloadOptions, stop: threading.Event,
              clock: Callable[[], float] = time.time,
-             on_submit: Callable[[Job], None] | None = None) -> int:
-    """Submit jobs until ``stop`` is set; returns how many were submitted."""
+             on_submit: Callable[[Job], None] | None = None,
+             hosts: Callable[[], Sequence[str]] = tuple) -> int:
+    """Submit jobs until ``stop`` is set; returns how many were submitted. ``hosts``:
+    the machines flow jobs' input may be stored on, asked before each job."""
     rng = random.Random(opts.seed)
     n = 0
     while not stop.wait(rng.expovariate(opts.jobs_per_second)):
-        job = random_job(rng, n, clock(), opts)
+        job = random_job(rng, n, clock(), opts, hosts())
         submit(job)
         n += 1
         if on_submit is not None:
             on_submit(job)
     return n
+
+
+class CachedHosts:
+    """Machine ids from ``fetch``, fetched again once ``ttl`` seconds old (a cell's
+    machines register while the workload runs), or a second old while there are none."""
+
+    def __init__(self, fetch: Callable[[], Sequence[str]], clock: Callable[[], float],
+                 ttl: float = 10.0) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._ttl = ttl
+        self._hosts: tuple[str, ...] = ()
+        self._at: float | None = None
+
+    def __call__(self) -> tuple[str, ...]:
+        now = self._clock()
+        age = now - self._at if self._at is not None else float("inf")
+        if age >= (self._ttl if self._hosts else min(self._ttl, 1.0)):
+            self._hosts = tuple(self._fetch())
+            self._at = now
+        return self._hosts

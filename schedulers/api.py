@@ -13,6 +13,8 @@ A policy implements the hooks it needs; the runtime calls whichever it has:
   overrides it, the runtime calls it instead of ``schedule_job``.
 * :meth:`Policy.propose` -- every ``propose_interval`` seconds, with no new job (an
   elastic MapReduce scheduler that grows running jobs; a fair-share rebalancer).
+* :meth:`Policy.report` -- numbers of the policy's own (a flow scheduler's solve
+  times), merged into the metrics the instance reports (``omega status`` shows them).
 
 Expected outcomes are values: a plan says which tasks it could not place and why
 (``Unplaced``), and whether that will never change (``permanent``: e.g. a task larger
@@ -168,10 +170,12 @@ class CellView:
                 out.append(i)
         return out
 
-    def claimed(self, tid: str) -> bool:
-        """Whether this view's own claims (this decision's, or committed ones the
-        snapshot does not show yet) include task ``tid``."""
-        return tid in self._placed
+    def claimed(self, task: str) -> bool:
+        """Whether the scheduler's own claims have placed the task where the snapshot
+        cannot show it yet: committed since it was taken, or earlier in this decision.
+        A policy that keeps its own record of waiting tasks (a flow network updated
+        from snapshots) must not claim such a task again."""
+        return task in self._placed
 
     def placed_tasks(self, job: str) -> list[tuple[str, str]]:
         """(task id, machine) of the job's tasks that run or were claimed."""
@@ -263,6 +267,15 @@ class Policy:
     def propose(self, ctx: Context) -> Plan:
         """A proposal made without a new job (called every ``propose_interval`` s)."""
         return Plan()
+
+    def report(self) -> Mapping[str, float | int]:
+        """The policy's own metrics, by name (numbers only; a few dozen at most): the
+        runtime reports them under ``policy`` beside its own every few seconds.
+
+        Called from another thread than the decisions: return a mapping the policy
+        no longer changes (build a new one after each decision) rather than one it
+        updates in place."""
+        return {}
 
     @classmethod
     def batches_jobs(cls) -> bool:

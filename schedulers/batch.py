@@ -17,6 +17,8 @@ takes the first of them that does instead of rejecting the claim.
 
 from __future__ import annotations
 
+from typing import Any
+
 from cellstate.fit import FitTally
 from cellstate.model import MAX_FALLBACKS, Job
 from schedulers.api import Context, Plan, Policy, Unplaced
@@ -25,6 +27,11 @@ from schedulers.placement import can_host, impossible, why_not
 
 class BatchPolicy(Policy):
     name = "batch"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        if "fallbacks" in options:
+            fallbacks_option(options["fallbacks"])  # a bad value fails at start-up
 
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
         view = ctx.view
@@ -63,12 +70,15 @@ class BatchPolicy(Policy):
             len(pending), fit=report),))
 
     def _fallbacks(self, ctx: Context) -> int:
-        raw = self.options.get("fallbacks", ctx.options.get("fallbacks", 0))
-        n = int(raw) if isinstance(raw, int | str) and str(raw).isdigit() else -1
-        if not 0 <= n <= MAX_FALLBACKS:
-            raise ValueError(f"batch policy: option fallbacks must be a whole number from 0 "
-                             f"to {MAX_FALLBACKS}, got {raw!r}")
-        return n
+        return fallbacks_option(self.options.get("fallbacks", ctx.options.get("fallbacks", 0)))
+
+
+def fallbacks_option(raw: object) -> int:
+    n = int(raw) if isinstance(raw, int | str) and str(raw).isdigit() else -1
+    if not 0 <= n <= MAX_FALLBACKS:
+        raise ValueError(f"batch policy: option fallbacks must be a whole number from 0 "
+                         f"to {MAX_FALLBACKS}, got {raw!r}")
+    return n
 
 
 def _alternatives(ctx: Context, job: Job, candidates: list[str], mid: str, n: int

@@ -16,8 +16,13 @@ the sync stream, commits through the service, and reports its metrics there (the
     max_fruitless_attempts = 100
     retry_delay = 1.0
     lease_ttl = 10
-    [options]                 # handed to the policy (Context.options)
-    spread = "failure_domain"
+    [options]                 # handed to the policy: its constructor and Context.options
+    score = "spread"
+
+The policy is made with its options before anything connects, so a bad option stops
+the process at once with the policy's own message. A previous run of the same
+instance killed before it could withdraw leaves its registration behind until its
+lease lapses; a restart waits for that (up to twice ``lease_ttl``) rather than fail.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ import attrs
 
 from cellstate.api.client import CellClient, RemoteStore, remote_replica
 from cellstate.api.config import ConfigError, _Section, addresses
-from cellstate.errors import KVError, StoreError
+from cellstate.errors import AlreadyExistsError, KVError, StoreError
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import Detection, ModelError, TxnMode, check_name
-from schedulers.registry import Registry
+from schedulers.api import Policy
+from schedulers.registry import Registry, UnknownSchedulerError
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 
 log = logging.getLogger(__name__)
@@ -61,14 +67,17 @@ def default_instance() -> str:
 
 
 def scheduler_config(doc: Mapping[str, Any], overrides: Mapping[str, Any],
-                     source: str = "") -> SchedulerProcessConfig:
+                     source: str = "", options: Mapping[str, Any] | None = None,
+                     ) -> SchedulerProcessConfig:
     """Config from a parsed file (``[scheduler]`` and ``[options]`` tables) with flags
-    (non-None values in ``overrides``) taking precedence."""
+    (non-None values in ``overrides``) taking precedence; ``options`` (from flags) are
+    laid over the file's ``[options]``, table into table (``costs.migrate_cost``
+    replaces that one entry of the file's ``costs`` table)."""
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
         sec = _Section(top.get("scheduler", dict, {}), "scheduler")
-        options = dict(top.get("options", dict, {}))
+        options_ = merge_options(dict(top.get("options", dict, {})), options or {})
         top.no_unknown()
 
         def pick(name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -110,13 +119,42 @@ def scheduler_config(doc: Mapping[str, Any], overrides: Mapping[str, Any],
             max_retry_delay=_at_least(float(pick("max_retry_delay", (int, float), 30.0)), 0.01,
                                       "max_retry_delay"),
             lease_ttl=_at_least(pick("lease_ttl", int, 10), 2, "lease_ttl"),
-            options=options,
+            options=options_,
         )
         seed = pick("seed", int, None)
         sec.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return SchedulerProcessConfig(name, policy, instance, endpoints, cell, runtime, seed=seed)
+
+
+def merge_options(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` laid over ``base``: a table in both is merged entry by entry, anything
+    else in ``top`` wins."""
+    out = dict(base)
+    for key, value in top.items():
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            out[key] = merge_options(old, value)
+        else:
+            out[key] = value
+    return out
+
+
+def make_policy(registry: Registry, config: SchedulerProcessConfig) -> Policy:
+    """The configured policy, made with its options: an unknown policy or an option it
+    refuses is a ConfigError naming the policy."""
+    try:
+        return registry.create(config.policy, **config.runtime.options)
+    except UnknownSchedulerError as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(f"options of scheduler policy {config.policy!r}: {e}") from None
+    except TypeError as e:
+        # A plugin whose constructor takes no such keyword (or none at all).
+        given = ", ".join(sorted(config.runtime.options)) or "none"
+        raise ConfigError(f"scheduler policy {config.policy!r} cannot be made with the "
+                          f"options given ({given}): {e}") from None
 
 
 def _at_least(value: Any, low: float, name: str) -> Any:
@@ -130,7 +168,7 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
     """Run one instance until ``stop`` is set; withdraws it (its jobs move to the
     scheduler's other instances at once) before returning."""
     registry = registry or Registry.from_entry_points()
-    policy = registry.create(config.policy)  # an unknown name fails before connecting
+    policy = make_policy(registry, config)  # bad names and options fail before connecting
     tune_for_large_heap()
     client = CellClient(config.cellstate)
     replica = remote_replica(client, config.cell)
@@ -140,7 +178,8 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
         rng = random.Random(config.seed) if config.seed is not None else random.Random()
         inst = SchedulerInstance(policy, store, replica, scheduler=config.name,
                                  instance=config.instance, rng=rng, config=config.runtime)
-        inst.start()
+        if not _register(inst, config, stop):
+            return inst
         log.info("scheduler %s/%s (policy %s) running against %s", config.name,
                  config.instance, config.policy, ", ".join(config.cellstate))
         reporter = threading.Thread(target=_report_metrics, args=(inst, store, config, stop),
@@ -162,6 +201,33 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
         client.close()
 
 
+def _register(inst: SchedulerInstance, config: SchedulerProcessConfig,
+              stop: threading.Event) -> bool:
+    """Register the instance; False if ``stop`` was set first. A live registration
+    under the same id is most likely this instance's previous run, killed before it
+    could withdraw: wait for its lease to lapse. Still there after twice our own lease
+    ttl, it is another live process with this instance id: a clear error."""
+    patience = 2 * config.runtime.lease_ttl
+    deadline = time.monotonic() + patience
+    warned = False
+    while True:
+        try:
+            inst.start()
+            return True
+        except AlreadyExistsError as e:
+            if time.monotonic() > deadline:
+                raise AlreadyExistsError(
+                    f"{e}: its registration did not lapse within {patience} s, so another "
+                    "live process runs this instance id (give each its own --instance)"
+                ) from None
+            if not warned:
+                log.warning("%s; waiting up to %d s for its lease to lapse (a previous run "
+                            "that was killed?)", e, patience)
+                warned = True
+        if stop.wait(0.5):
+            return False
+
+
 def _report_metrics(inst: SchedulerInstance, store: RemoteStore,
                     config: SchedulerProcessConfig, stop: threading.Event) -> None:
     while not stop.wait(config.metrics_interval):
@@ -170,6 +236,6 @@ def _report_metrics(inst: SchedulerInstance, store: RemoteStore,
             continue
         try:
             store.report_metrics(config.name, config.instance, lease,
-                                 inst.metrics.summary(time.time()))
+                                 inst.metrics_summary(time.time()))
         except (KVError, StoreError) as e:
             log.debug("metrics report failed: %s", e)

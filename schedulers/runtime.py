@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -378,6 +379,29 @@ class SchedulerInstance:
                for i in range(job.task_count)):
             self._queue[jid] = (job.submitted_at, jid)
 
+    # -- metrics -------------------------------------------------------------------------
+
+    def metrics_summary(self, now: float) -> dict[str, Any]:
+        """The runtime's metrics (:meth:`SchedulerMetrics.summary`) and, under
+        ``policy``, the policy's own (:meth:`Policy.report`): what a scheduler process
+        reports. A report that raises or is not a small mapping of names to finite
+        numbers is left out (and logged), never the runtime's part."""
+        out = self.metrics.summary(now)
+        try:
+            report = self.policy.report()
+        except Exception:  # a plugin's bug must not stop the instance's reports
+            log.exception("%s/%s: policy %s: report() raised", self.scheduler, self.instance,
+                          self.policy.name)
+            return out
+        if report:
+            policy, bad = policy_report(report)
+            if bad:
+                log.warning("%s/%s: policy %s: report left out: %s", self.scheduler,
+                            self.instance, self.policy.name, bad)
+            else:
+                out["policy"] = policy
+        return out
+
     def queued(self) -> list[str]:
         """Job ids this instance will work on, in order."""
         return [j for _, j in sorted(self._queue.values())]
@@ -578,6 +602,29 @@ class SchedulerInstance:
             done.set()
             renewer.join(timeout=10)
             self._renewing = False
+
+
+#: At most this many numbers in a policy's report: a scheduler's whole metrics report
+#: must stay small (the cellstate service refuses one over 16 KiB).
+MAX_POLICY_REPORT = 64
+
+
+def policy_report(report: object) -> tuple[dict[str, float | int], str]:
+    """A policy's report as reported (a plain dict), or why it cannot be: names must
+    be short strings and values finite numbers (a bool is no number here)."""
+    if not isinstance(report, Mapping):
+        return {}, f"expected a mapping, got {type(report).__name__}"
+    if len(report) > MAX_POLICY_REPORT:
+        return {}, f"{len(report)} entries, above the limit of {MAX_POLICY_REPORT}"
+    out: dict[str, float | int] = {}
+    for key, value in report.items():
+        if not isinstance(key, str) or not 0 < len(key) <= 64:
+            return {}, f"name {key!r} is not a string of 1 to 64 characters"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            return {}, f"{key}: {value!r} is not a finite number"
+        out[key] = value
+    return out, ""
 
 
 def _why(unplaced: Iterable[Unplaced], job: Job, res: CommitResult | None) -> str:

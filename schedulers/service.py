@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from cellstate import fit
 from cellstate.cell import alloc_placed
@@ -33,6 +34,17 @@ _EXACT_VICTIMS = 3
 
 class ServicePolicy(Policy):
     name = "service"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # Bad values fail at start-up (a config file's options reach the constructor).
+        score = options.get("score", "spread")
+        if score not in ("spread", "pack"):
+            raise ValueError(f"service policy: option score must be spread or pack, got "
+                             f"{score!r}")
+        if not isinstance(options.get("preempt", True), bool):
+            raise ValueError("service policy: option preempt must be true or false, got "
+                             f"{options['preempt']!r}")
 
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
         view = ctx.view

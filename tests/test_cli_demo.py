@@ -43,11 +43,18 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert started, proc.stdout
     names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
     assert set(names) == {"cellstate-0", "agent-0", "agent-1", "batch-0", "batch-1",
-                          "service-0", "workload"}
+                          "service-0", "flow-0", "workload"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
     assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
+    assert "flow/f0:" in proc.stdout
+    # The flow scheduler's rounds, as the demo shows them while it runs.
+    rounds = re.findall(r"^    flow/f0 rounds (\d+): last solved \d+ nodes, \d+ arcs in [\d.]+ "
+                        r"ms .*\), (\d+) placed, (\d+) moved, (\d+) preempted; median solve",
+                        proc.stdout, re.MULTILINE)
+    assert rounds and int(rounds[-1][0]) > 0, proc.stdout
+    assert int(re.search(r"(\d+) flow rounds", last).group(1)) > 0  # type: ignore[union-attr]
     etcd = re.search(r"^etcd .* \(pid (\d+)\)", proc.stdout, re.MULTILINE)
     assert etcd, proc.stdout
     pids = {**names, "etcd": etcd.group(1)}
@@ -73,7 +80,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 7, "".join(lines)
+        assert etcd and len(names) == 8, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -103,6 +110,14 @@ def test_bad_flags_say_what_is_wrong(argv: list[str], message: str,
         main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_flow_policy_stops_the_demo_before_it_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--flow-policy", "fastest", "--data-dir", str(tmp_path)]) == 2
+    assert ("--flow-policy: 'fastest' is not one of load-spread, network, quincy, trivial"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "etcd").exists()  # nothing was started
 
 
 def test_no_server_says_how_to_fix_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,9 +16,11 @@ import yaml
 
 from cellstate.api.config import addresses
 from omega.cellspec import resolve_spec
-from omega.cli import build_parser
+from omega.cli import build_parser, scheduler_process_config
 from omega.demo import DemoOptions, topology
 from omega.etcd_launcher import server_flags
+from schedulers.process import make_policy
+from schedulers.registry import Registry
 from tests.etcd_fixture import ETCD_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,12 +115,32 @@ def test_topology_is_the_native_demos() -> None:
         if a.command == "agent":
             return (a.command, a.index, a.count, a.id, resolve_spec(a.spec).name)
         if a.command == "scheduler":
-            return (a.command, a.name, a.instance)
+            config = scheduler_process_config(a)  # what the process would run
+            return (a.command, config.name, config.policy, config.instance,
+                    config.runtime.options)
         return (a.command, getattr(a, "name", None))
 
     compose_roles = {n: role([str(c) for c in SERVICES[n]["command"][1:]]) for n in OMEGA}
     for name, argv in (*demo.servers, *demo.agents, *demo.schedulers, demo.workload):
         assert compose_roles[name] == role(argv), name
+
+
+@pytest.mark.parametrize("name", [n for n in OMEGA if _args(n).command == "scheduler"])
+def test_every_scheduler_service_makes_its_policy(name: str) -> None:
+    """Each scheduler service names an installed policy and options it accepts: the
+    container would not stop at start-up on a bad flag."""
+    config = scheduler_process_config(_args(name))
+    policy = make_policy(Registry.from_entry_points(), config)
+    assert policy.name == config.policy
+
+
+def test_a_flow_scheduler_runs_beside_batch_and_service() -> None:
+    configs = [scheduler_process_config(_args(n)) for n in OMEGA
+               if _args(n).command == "scheduler"]
+    flow = [c for c in configs if c.policy == "flow"]
+    assert [(c.name, c.runtime.options.get("policy")) for c in flow] == [("flow", "quincy")]
+    assert {c.name for c in configs} == {"batch", "service", "flow"}
+    assert "flow-0" in SERVICES["workload"]["depends_on"]
 
 
 def test_dockerfile_installs_every_package() -> None:

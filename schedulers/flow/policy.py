@@ -22,10 +22,16 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
   this to be preempted (by tasks of a higher precedence only); default: never;
 * ``costs``: a table of the cost model's own options (e.g. ``migrate_cost``).
+
+What the rounds did is kept in ``rounds`` and summed up by :meth:`FlowPolicy.report`
+(``omega status`` shows it): the last round, medians over the last ``RECENT`` rounds
+and totals since the start.
 """
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -42,6 +48,8 @@ from schedulers.flow.solvers import SOLVERS, Solver
 from schedulers.placement import impossible
 
 OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs")
+#: Rounds the medians of :meth:`FlowPolicy.report` are taken over.
+RECENT = 100
 
 
 class FlowOptionError(ValueError):
@@ -78,6 +86,8 @@ class FlowPolicy(Policy):
         self._configure(options)
         self.rounds: deque[Round] = deque(maxlen=1000)
         self._graph: GraphManager | None = None
+        self._totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
+        self._report: Mapping[str, float | int] = {}
 
     def _configure(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(OPTIONS))
@@ -158,11 +168,45 @@ class FlowPolicy(Policy):
         for jid, mid in ex.turned_back:
             graph.block(jid, mid, ctx.now)
         t3 = time.perf_counter()
-        self.rounds.append(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
-                                 ex.placed, ex.migrated, ex.preempted,
-                                 sum(ex.unscheduled.values()), ex.repaired, ex.stale,
-                                 stats.full, ex.spilled))
+        self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
+                           ex.placed, ex.migrated, ex.preempted,
+                           sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
+                           ex.spilled))
         return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def report(self) -> Mapping[str, float | int]:
+        """The last round (``last_*``: its parts in milliseconds, the network's size,
+        the claims it made), medians over the last ``RECENT`` rounds (``median_*``)
+        and totals since the start (``rounds``, ``placed``, ``moved``, ``preempted``,
+        ``repaired``, ``stale``, ``full_builds``). Claims made, not claims committed:
+        the runtime's own metrics count what the store accepted."""
+        return self._report
+
+    def _record(self, r: Round) -> None:
+        self.rounds.append(r)
+        t = self._totals
+        t["rounds"] += 1
+        t["placed"] += r.placed
+        t["moved"] += r.migrated
+        t["preempted"] += r.preempted
+        t["repaired"] += r.repaired
+        t["stale"] += r.stale
+        t["spilled"] += r.spilled
+        t["full_builds"] += r.full_build
+        recent = list(itertools.islice(reversed(self.rounds), RECENT))
+        # A new mapping each time: report() is read from the metrics thread.
+        self._report = {
+            **t,
+            "last_update_ms": 1000 * r.update, "last_solve_ms": 1000 * r.solve,
+            "last_extract_ms": 1000 * r.extract, "last_nodes": r.nodes, "last_arcs": r.arcs,
+            "last_placed": r.placed, "last_moved": r.migrated, "last_preempted": r.preempted,
+            "last_unscheduled": r.unscheduled,
+            "median_update_ms": 1000 * statistics.median(x.update for x in recent),
+            "median_solve_ms": 1000 * statistics.median(x.solve for x in recent),
+            "median_extract_ms": 1000 * statistics.median(x.extract for x in recent),
+        }
 
     def _unplaced(self, ctx: Context, due: Sequence[Job], ex: Extraction) -> list[Unplaced]:
         out = []
@@ -179,6 +223,10 @@ class FlowPolicy(Policy):
                 "(no machine has room, or waiting costs less than any placement)")
             out.append(Unplaced(job.id, reason, n))
         return out
+
+
+_TOTALS = ("rounds", "placed", "moved", "preempted", "repaired", "stale", "spilled",
+           "full_builds")
 
 
 def _number(options: Mapping[str, Any], name: str, default: float, lo: float, hi: float
