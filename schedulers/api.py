@@ -92,6 +92,7 @@ class CellView:
         self._claims: list[Claim] = []
         for claim, job in pending:
             self._add(claim, job)
+        self.inflight = len(pending)  # own committed claims the snapshot does not show
 
     # -- reads ----------------------------------------------------------------------
 

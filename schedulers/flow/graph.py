@@ -276,7 +276,9 @@ class GraphManager:
         # joined or left the network, or its group changed); the others are updated
         # from the allocations that changed.
         reload: set[str] = set(machines) if full_build else set()
-        for jid in full:
+        # Sorted wherever the order decides which slots arcs take: the same cell and
+        # changes give the same arrays (and solution) whatever the hash seed.
+        for jid in sorted(full):
             self._load_job(snap, jid, reload)
             rearc.add(jid)
         for tid in tasks:
@@ -329,9 +331,9 @@ class GraphManager:
             del self._blocked[key]
         machines |= self._stale_machines | reload
         self._stale_machines = set()
-        for mid in machines:
+        for mid in sorted(machines):
             self._load_machine(snap, mid, rearc, mid in reload)
-        for jid in rearc:
+        for jid in sorted(rearc):
             self._job_arcs(jid, now)
         for jid, e in self.jobs.items():
             if jid not in rearc and e.waiting:
@@ -402,7 +404,7 @@ class GraphManager:
                     self._group_arcs(mid, gk, [], 0)
                 self._note_jobs(mid, set(old.jobs), set())
             return
-        touched: set[GroupKey] | None = None
+        touched: dict[GroupKey, None] | None = None
         if not (old is None or reload or old.tagged or not _same_record(old.machine, m)):
             before = set(old.jobs)
             touched = self._delta(snap, old, m)
@@ -413,7 +415,7 @@ class GraphManager:
             me = old
         else:
             me = self._classify(snap, m)
-            touched = set(me.groups) | (set(old.groups) if old is not None else set())
+            touched = dict.fromkeys([*me.groups, *(old.groups if old is not None else ())])
             self._note_jobs(mid, set(old.jobs) if old is not None else set(), set(me.jobs))
         self.machines[mid] = me
         me.machine = m
@@ -451,7 +453,7 @@ class GraphManager:
             self.net.set_arcs(("T", mid), [
                 Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
                 for cap, cost in self.model.sink_tiers(load) if cap > 0])
-        for gk in me.groups.keys() | touched:
+        for gk in [*me.groups, *(gk for gk in touched if gk not in me.groups)]:
             tids = me.groups.get(gk)
             if not tids:
                 me.groups.pop(gk, None)
@@ -496,18 +498,19 @@ class GraphManager:
         return None
 
     def _delta(self, snap: CellSnapshot, me: MachineEntry, m: Machine
-               ) -> set[GroupKey] | None:
+               ) -> dict[GroupKey, None] | None:
         """Apply the allocations that changed since ``me.machine``, whose allocations
         had no gang or eviction tags (so every one held); returns the groups touched,
         or None, changing nothing, if a changed allocation has tags."""
         before, after = me.machine.allocations, m.allocations
         changed = before.keys() ^ after.keys()
         changed.update(t for t, a in after.items() if t in before and before[t] is not a)
+        changed = sorted(changed)  # type: ignore[assignment]
         for tid in changed:
             a = after.get(tid)
             if a is not None and (a.gang or a.evicted_by):
                 return None
-        touched: set[GroupKey] = set()
+        touched: dict[GroupKey, None] = {}
         for tid in changed:
             old = before.get(tid)
             if old is not None:
@@ -515,7 +518,7 @@ class GraphManager:
                 if gk is None:
                     me.avail = me.avail + old.resources
                 else:
-                    touched.add(gk)
+                    touched[gk] = None
             new = after.get(tid)
             if new is not None:
                 gk = self._group_of(snap, new)
@@ -523,7 +526,7 @@ class GraphManager:
                     me.avail = me.avail - new.resources
                 else:
                     me.add(gk, new)
-                    touched.add(gk)
+                    touched[gk] = None
         return touched
 
     def _note_jobs(self, mid: str, old: set[str], new: set[str]) -> None:

@@ -150,6 +150,11 @@ class FlowPolicy(Policy):
         if graph.built and ctx.changes is not None and not ctx.changes and not graph.due(
                 ctx.now) and not any(e.waiting for e in graph.jobs.values()):
             return Plan()  # nothing changed and nothing waits: nothing to decide
+        if ctx.view.inflight:
+            # The network cannot see claims committed since the snapshot (the view can,
+            # on machines, but the network counts room from the snapshot): rescheduling
+            # now would plan on room already taken. The replica catches up in moments.
+            return Plan()
         return self._round(ctx, [])
 
     # -- a round ---------------------------------------------------------------------------
