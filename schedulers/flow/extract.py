@@ -192,14 +192,18 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
 def _spare(graph: GraphManager, snap: CellSnapshot, mid: str, taken: set[str]
            ) -> list[Allocation]:
     """Re-offered, movable tasks on ``mid`` the flow neither preempts nor moves, lowest
-    precedence first."""
+    precedence first; only of groups the cost model lets be preempted (a preemption
+    arc), so a model that never preempts never evicts."""
     me = graph.machines.get(mid)
     m = snap.machines.get(mid)
     if me is None or m is None or not me.groups:
         return []
     out = []
     for gk in me.groups:
-        for tid in graph.group_tasks(("G", mid, gk)):
+        node: NodeKey = ("G", mid, gk)
+        if not any(graph.net.arc(s).kind == ArcKind.PREEMPT for s in graph.net.arcs_of(node)):
+            continue
+        for tid in graph.group_tasks(node):
             a = m.allocations.get(tid)
             if a is not None and tid not in taken:
                 out.append(a)

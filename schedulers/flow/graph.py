@@ -276,7 +276,10 @@ class GraphManager:
         # joined or left the network, or its group changed); the others are updated
         # from the allocations that changed.
         reload: set[str] = set(machines) if full_build else set()
-        for jid in full:
+        # Sorted wherever sets decide the order nodes and arcs are made in: the arc
+        # order breaks the solver's ties, and set order changes with PYTHONHASHSEED,
+        # so decisions would differ from one process to the next.
+        for jid in sorted(full):
             self._load_job(snap, jid, reload)
             rearc.add(jid)
         for tid in tasks:
@@ -312,7 +315,7 @@ class GraphManager:
             self._rack_set = set(self.racks.values())
         for s in self.shapes if racks_changed else self.shapes.keys() - self._shape_owners:
             self._shape_arcs(s)
-        for s in self._shape_owners - self.shapes.keys():
+        for s in sorted(self._shape_owners - self.shapes.keys(), key=repr):
             self.net.drop(("E", s))
         self._shape_owners &= self.shapes.keys()
         # Guards that expire make their groups movable again.
@@ -329,9 +332,9 @@ class GraphManager:
             del self._blocked[key]
         machines |= self._stale_machines | reload
         self._stale_machines = set()
-        for mid in machines:
+        for mid in sorted(machines):
             self._load_machine(snap, mid, rearc, mid in reload)
-        for jid in rearc:
+        for jid in sorted(rearc):
             self._job_arcs(jid, now)
         for jid, e in self.jobs.items():
             if jid not in rearc and e.waiting:
@@ -451,7 +454,7 @@ class GraphManager:
             self.net.set_arcs(("T", mid), [
                 Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
                 for cap, cost in self.model.sink_tiers(load) if cap > 0])
-        for gk in me.groups.keys() | touched:
+        for gk in [*me.groups, *sorted(touched - me.groups.keys(), key=repr)]:
             tids = me.groups.get(gk)
             if not tids:
                 me.groups.pop(gk, None)
@@ -508,7 +511,7 @@ class GraphManager:
             if a is not None and (a.gang or a.evicted_by):
                 return None
         touched: set[GroupKey] = set()
-        for tid in changed:
+        for tid in sorted(changed):
             old = before.get(tid)
             if old is not None:
                 gk = me.remove(tid)
