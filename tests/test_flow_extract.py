@@ -1,5 +1,6 @@
 """Extraction: every unit of flow that arrives on a machine becomes exactly one claim
-(or is counted as turned back by the repair step), no task is claimed twice, claims
+(on that machine, or, turned back by the repair step, spilled to one the flow left
+room on) or is counted as turned back, no task is claimed twice, claims
 and unscheduled tasks add up to the waiting supply, migrations carry ``moves_from``,
 evictions hit lower precedence only, and what the store is then asked to commit it
 accepts. Tasks that changed while the solver ran are dropped."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -19,6 +21,7 @@ from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     PLACEABLE,
     Claim,
+    Job,
     JobState,
     JobStatus,
     MachineState,
@@ -29,11 +32,11 @@ from cellstate.store import CellStore
 from schedulers.api import CellView
 from schedulers.flow.costs import make_cost_model
 from schedulers.flow.extract import Extraction, arrivals, extract
-from schedulers.flow.graph import ArcKind, GraphManager
-from schedulers.flow.network import Arrays
+from schedulers.flow.graph import ArcKind, GraphManager, Shape
+from schedulers.flow.network import Arrays, NodeKey
 from schedulers.flow.solvers import OrToolsSolver
 from schedulers.testing import JobBuilder, machine, make_cell
-from tests.flow_support import FLOW, NOW, random_cell
+from tests.flow_support import FLOW, NOW, OTHER, random_cell
 
 
 def _solve(store: CellStore, policy: str, preempt_below: int | None = None,
@@ -64,8 +67,10 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
             waiting_supply += int(net.supply[net.tail[i]])
     units, _, _ = arrivals(gm, net, flow)
     assert Counter(a.machine for a in units) == +inflow
-    back_home = sum(1 for a in units if a.origin == a.machine)
-    # Each arrival is one claim, one turned back, or a unit that left and came back.
+    assert all(a.source[0] in ("W", "G") for a in units)
+    back_home = sum(1 for a in units if a.source[0] == "G" and a.source[1] == a.machine)
+    # Each arrival is one claim (where it arrived, or spilled elsewhere), one turned
+    # back, or a unit that left and came back.
     assert len(ex.claims) + ex.repaired + back_home == len(units) and ex.stale == 0
     placements = [c for c in ex.claims if not c.moves_from]
     assert len(placements) + sum(ex.unscheduled.values()) == waiting_supply
@@ -73,10 +78,23 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
         placed = sum(1 for c in placements if c.job == jid)
         assert placed + ex.unscheduled.get(jid, 0) == len(gm.waiting_of(jid))
     assert ex.placed == len(placements) and ex.migrated == len(ex.claims) - len(placements)
-    # Claims only where units arrived, for the job the units came from.
-    came = Counter((a.job, a.machine, a.origin) for a in units)
-    made = Counter((c.job, c.machine, c.moves_from) for c in ex.claims)
+    # Moves only of movable tasks of a group whose units arrived there.
+    came = Counter((a.source, a.machine) for a in units
+                   if a.source[0] == "G" and a.source[1] != a.machine)
+    made = Counter((_group_node(gm, c.moves_from, c.task), c.machine)
+                   for c in ex.claims if c.moves_from)
     assert not made - came
+    for c in ex.claims:
+        if c.moves_from:
+            assert c.task in gm.group_tasks(_group_node(gm, c.moves_from, c.task))
+    # Placements where the job's units arrived, but for those the repair step turned
+    # back and spilled: on a machine the flow left room on for the job's shape.
+    came_w = Counter((str(a.source[1]), a.machine) for a in units if a.source[0] == "W")
+    made_w = Counter((c.job, c.machine) for c in placements)
+    spilled = made_w - came_w
+    assert sum(spilled.values()) <= ex.spilled
+    for jid, mid in spilled:
+        assert mid in _spare_room(gm, net, flow, gm.jobs[jid].shape), (jid, mid)
     # No task twice; waiting tasks placed, running ones moved from where they run.
     tasks = [c.task for c in ex.claims]
     assert len(set(tasks)) == len(tasks)
@@ -95,6 +113,7 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
             assert v.state in PLACEABLE
         for victim in c.evict:
             a = m.allocations[victim]
+            assert victim in gm.group_tasks(_group_node(gm, c.machine, victim))
             assert alloc_placed(a, snap.gangs) and a.precedence < job.precedence
             if a.scheduler != FLOW:
                 assert preempt_below is not None and a.precedence < preempt_below
@@ -112,6 +131,24 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
             assert amount <= m.capacity.get(dim) + 1e-9, f"{mid} over in {dim}"
 
 
+def _group_node(gm: GraphManager, mid: str, tid: str) -> NodeKey:
+    """The group node a running task ``tid`` on ``mid`` is re-offered through."""
+    return ("G", mid, gm.machines[mid].where[tid])
+
+
+def _spare_room(gm: GraphManager, net: Arrays, flow: npt.NDArray[np.int64],
+                shape: Shape) -> set[str]:
+    """Machines with an arc into them for ``shape`` that the flow did not fill."""
+    key = gm.net.node_key
+    out = set()
+    for i in range(len(net.tail)):
+        tail, head = key(int(net.tail[i])), key(int(net.head[i]))
+        if (net.kind[i] == ArcKind.INTO_MACHINE and tail[1] == shape
+                and flow[i] < net.capacity[i]):
+            out.add(str(head[1]))
+    return out
+
+
 @pytest.mark.parametrize("policy", ["trivial", "load-spread", "quincy", "network"])
 def test_extraction_is_exact_and_the_store_accepts_it(policy: str) -> None:
     seen: Counter[str] = Counter()
@@ -126,8 +163,8 @@ def test_extraction_is_exact_and_the_store_accepts_it(policy: str) -> None:
             res = store.commit(Transaction(FLOW, tuple(ex.claims)))
             assert not res.rejected, f"seed {seed}: {res.rejected}"
         seen.update(placed=ex.placed, migrated=ex.migrated, preempted=ex.preempted,
-                    unscheduled=sum(ex.unscheduled.values()))
-    assert seen["placed"] and seen["unscheduled"]
+                    unscheduled=sum(ex.unscheduled.values()), spilled=ex.spilled)
+    assert seen["placed"] and seen["unscheduled"] and seen["spilled"]
     if policy != "trivial":
         assert seen["migrated"] and seen["preempted"]
 
@@ -189,6 +226,51 @@ def test_the_repair_step_turns_back_what_the_slots_let_through() -> None:
     assert "cpu" in ex.why[turned] and "once this round's other placements" in ex.why[turned]
     assert (turned, "m0") in ex.turned_back
     assert not store.commit(Transaction(FLOW, tuple(ex.claims))).rejected
+
+
+def test_a_task_the_repair_step_turns_back_spills_to_a_machine_with_room() -> None:
+    # Both jobs' data lie on m0, so the flow sends all four tasks there (6 cpu for 4);
+    # m1, in another rack, has room the flow left unused.
+    def reads_m0(b: JobBuilder) -> Job:
+        return attrs.evolve(b.scheduler(FLOW).build(), input=(("m0", 10.0),))
+
+    store = make_cell(MemoryKV(), [machine("m0", cpu=4, mem=64, rack="r0"),
+                                   machine("m1", cpu=4, mem=64, rack="r1")],
+                      [reads_m0(JobBuilder("small").tasks(3).cpu(1)),
+                       reads_m0(JobBuilder("big").tasks(1).cpu(3))])
+    snap, gm, net, flow, ex = _solve(store, "quincy")
+    check_exact(snap, gm, net, flow, ex, None)
+    units, _, _ = arrivals(gm, net, flow)
+    assert [a.machine for a in units] == ["m0"] * 4
+    on = {mid: [c for c in ex.claims if c.machine == mid] for mid in ("m0", "m1")}
+    # Every task placed: what did not fit on m0 went to m1, nothing waits.
+    assert ex.placed == 4 and ex.spilled == len(on["m1"]) >= 1
+    assert ex.repaired == 0 and not ex.unscheduled and not ex.why and not ex.turned_back
+    cpu = {c.task: snap.jobs[c.job].task_resources.get("cpu") for c in ex.claims}
+    used = sum(cpu[c.task] for c in on["m0"])
+    assert used <= 4 and all(used + cpu[c.task] > 4 for c in on["m1"])
+    assert not store.commit(Transaction(FLOW, tuple(ex.claims))).rejected
+
+
+def test_a_cost_model_that_never_preempts_evicts_nothing_to_repair() -> None:
+    # The flow sends 3 small and 1 big (6 cpu) into the 4 cpu that batch's task
+    # leaves free; the repair step may evict only what the cost model lets be preempted, and
+    # the trivial model preempts nothing, even below preempt_below.
+    store = make_cell(MemoryKV(), [machine("m0", cpu=6, mem=64)],
+                      [JobBuilder("low").tasks(1).cpu(2).scheduler(OTHER).build(),
+                       JobBuilder("small").tasks(3).cpu(1).precedence(3).scheduler(FLOW)
+                       .build(),
+                       JobBuilder("big").tasks(1).cpu(3).precedence(3).scheduler(FLOW).build()])
+    seq = store.read_snapshot().machines["m0"].seq
+    assert store.commit(Transaction(OTHER, (Claim("low", 0, "m0", seq),))).ok
+    snap, gm, net, flow, ex = _solve(store, "trivial", preempt_below=5)
+    check_exact(snap, gm, net, flow, ex, 5)
+    assert len(arrivals(gm, net, flow)[0]) == 4
+    assert ex.preempted == 0 and not any(c.evict for c in ex.claims) and not ex.moved
+    assert ex.repaired >= 1 and len(ex.claims) + ex.repaired == 4
+    assert sum(snap.jobs[c.job].task_resources.get("cpu") for c in ex.claims) <= 4
+    assert not store.commit(Transaction(FLOW, tuple(ex.claims))).rejected
+    assert task_view(store.read_snapshot(), "low/0").state is TaskState.RUNNING
 
 
 def test_the_repair_step_keeps_a_jobs_tasks_per_machine_rule() -> None:

@@ -6,8 +6,13 @@ fit) is as the module promises."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import attrs
 import pytest
@@ -29,8 +34,12 @@ from cellstate.model import (
     Transaction,
 )
 from cellstate.replica import Replica
+from schedulers.api import CellView
 from schedulers.flow.costs import make_cost_model
-from schedulers.flow.graph import SINK, ArcKind, GraphManager, Shape, shape_of
+from schedulers.flow.extract import extract
+from schedulers.flow.graph import SINK, ArcKind, GraphManager, GroupKey, Shape, shape_of
+from schedulers.flow.network import NodeKey
+from schedulers.flow.solvers import OrToolsSolver
 from schedulers.testing import JobBuilder, job, machine, make_cell
 from tests.flow_support import (
     FLOW,
@@ -249,6 +258,44 @@ def test_an_updated_network_equals_a_rebuilt_one_after_every_change(policy: str,
     assert incremental > 10  # most updates were incremental, not rebuilds
 
 
+def rounds_digest() -> str:
+    """A digest of the networks (as arrays, in slot order) and claims of rounds over
+    random change sequences, and the order this process iterates a set of names in."""
+    h = hashlib.sha256()
+    for policy, seed in (("load-spread", 0), ("quincy", 1)):
+        churn = Churn(seed, net=False)
+        gm = GraphManager(make_cost_model(policy), FLOW, move_guard=GUARD, preempt_below=3)
+        for _ in range(15):
+            snap, changes = churn.take()
+            gm.update(snap, changes, churn.now)
+            net = gm.net.arrays()
+            for a in (net.supply, net.tail, net.head, net.lower, net.capacity, net.cost):
+                h.update(a.tobytes())
+            ex = extract(gm, net, OrToolsSolver().solve(net).flow, CellView(snap, FLOW))
+            h.update(repr(ex.claims).encode())
+            churn.step(gm)
+    return f"{h.hexdigest()} {','.join({f'm{i}' for i in range(20)})}"
+
+
+def test_rounds_do_not_depend_on_the_processs_hash_seed() -> None:
+    """Set order changes with PYTHONHASHSEED; the arc order breaks the solver's ties,
+    so the network must be made in an order no set decides, or decisions differ from
+    one process to the next (a simulation would not reproduce from its seed)."""
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for hash_seed in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-c",
+             "from tests.test_flow_graph import rounds_digest; print(rounds_digest())"],
+            capture_output=True, text=True, timeout=120, cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": hash_seed})
+        assert proc.returncode == 0, proc.stderr
+        out.append(proc.stdout.split())
+    (digest1, names1), (digest2, names2) = out
+    assert names1 != names2  # the two processes do iterate sets differently
+    assert digest1 == digest2
+
+
 def test_unscheduled_costs_follow_the_clock_without_a_change() -> None:
     snap = make_cell(MemoryKV(), [machine("m0", cpu=1)],
                      [job("j", tasks=3, scheduler=FLOW)]).read_snapshot()
@@ -306,19 +353,26 @@ class Tracked:
                                                           moves_from=moves_from),))).ok
 
 
-def _kinds(gm: GraphManager, owner: tuple[str, ...]) -> list[ArcKind]:
+def _kinds(gm: GraphManager, owner: NodeKey) -> list[ArcKind]:
     return sorted(ArcKind(gm.net.arc(s).kind) for s in gm.net.arcs_of(owner))
+
+
+def _group(snap: CellSnapshot, jid: str, mid: str) -> NodeKey:
+    """The node of this scheduler's running tasks of ``jid``'s kind on ``mid``."""
+    j = snap.jobs[jid]
+    return ("G", mid, GroupKey(shape_of(j), j.precedence, True))
 
 
 def test_a_task_noted_as_moved_is_not_offered_again_even_if_its_move_failed() -> None:
     t = Tracked("load-spread", [machine("m0", cpu=8), machine("m1", cpu=8)],
                 [job("web", tasks=1, scheduler=FLOW)])
     t.place("web", 0, "m0")
-    t.update(NOW)
-    assert ArcKind.MIGRATE in _kinds(t.gm, ("G", "web", "m0"))
+    group = _group(t.update(NOW), "web", "m0")
+    assert ArcKind.MIGRATE in _kinds(t.gm, group)
+    assert t.gm.group_tasks(group) == ["web/0"]
     t.gm.note_moved([("web/0", "m0")], NOW)  # its move is then rejected: no change
     snap = t.update(NOW + 1)
-    assert _kinds(t.gm, ("G", "web", "m0")) == [ArcKind.STAY]
+    assert _kinds(t.gm, group) == [ArcKind.STAY] and t.gm.group_tasks(group) == []
     assert t.gm.net.canonical() == t.fresh(snap, NOW + 1, [("web/0", "m0")], NOW
                                            ).net.canonical()
 
@@ -330,10 +384,11 @@ def test_a_moved_tasks_guard_runs_out_where_it_runs_now() -> None:
     t.update(NOW)
     t.place("web", 0, "m1", moves_from="m0")
     t.gm.note_moved([("web/0", "m0")], NOW)
-    t.update(NOW + 1)
-    assert _kinds(t.gm, ("G", "web", "m1")) == [ArcKind.STAY]
+    group = _group(t.update(NOW + 1), "web", "m1")
+    assert _kinds(t.gm, group) == [ArcKind.STAY] and t.gm.group_tasks(group) == []
     snap = t.update(NOW + GUARD + 1)  # nothing changed in the cell meanwhile
-    assert ArcKind.MIGRATE in _kinds(t.gm, ("G", "web", "m1"))
+    assert ArcKind.MIGRATE in _kinds(t.gm, group)
+    assert t.gm.group_tasks(group) == ["web/0"]
     assert t.gm.net.canonical() == t.fresh(snap, NOW + GUARD + 1, [("web/0", "m0")], NOW
                                            ).net.canonical()
 
@@ -380,7 +435,7 @@ def test_a_machine_holding_input_reprices_the_jobs_preferences_when_it_goes() ->
 
 
 def test_the_network_grows_with_jobs_and_machines_not_with_tasks() -> None:
-    def network(tasks: int, running: int) -> tuple[GraphManager, int, int]:
+    def network(tasks: int, running: int) -> tuple[GraphManager, CellSnapshot, int, int]:
         store = make_cell(MemoryKV(), [machine(f"m{i}", cpu=1000, mem=1000) for i in range(3)],
                           [job("big", tasks=tasks, scheduler=FLOW)])
         seq = store.read_snapshot().machines["m0"].seq
@@ -388,14 +443,17 @@ def test_the_network_grows_with_jobs_and_machines_not_with_tasks() -> None:
                                                    else store.read_snapshot().machines["m1"].seq)
                                              for i in range(running))))
         gm = GraphManager(make_cost_model("load-spread"), FLOW)
-        gm.rebuild(store.read_snapshot(), NOW)
-        return gm, gm.net.node_count, gm.net.arc_count
+        snap = store.read_snapshot()
+        gm.rebuild(snap, NOW)
+        return gm, snap, gm.net.node_count, gm.net.arc_count
 
-    _, nodes, arcs = network(10, 4)
-    large, nodes2, arcs2 = network(500, 200)
+    _, _, nodes, arcs = network(10, 4)
+    large, snap, nodes2, arcs2 = network(500, 200)
     assert (nodes, arcs) == (nodes2, arcs2)
     assert large.net.supply(("W", "big")) == 300
-    assert large.net.supply(("G", "big", "m0")) == 100 == large.net.supply(("G", "big", "m1"))
+    m0, m1 = _group(snap, "big", "m0"), _group(snap, "big", "m1")
+    assert large.net.supply(m0) == 100 == large.net.supply(m1)
+    assert len(large.group_tasks(m0)) == 100 == len(large.group_tasks(m1))
     assert large.net.supply(SINK) == -500
 
 

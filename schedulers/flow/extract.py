@@ -14,7 +14,8 @@ fit rules against the decision's view (``schedulers.placement.why_not``), which 
 the claims made so far. This is the repair step: the network counts a machine's room
 in slots of the smallest shape, so tasks of several shapes may add up to more than the
 machine has in some dimension, or break a job's tasks-per-machine or affinity rule;
-such arrivals are dropped and their tasks wait for the next round. Tasks preempted by
+such an arrival tries the cheapest machines the flow left room on for its shape
+(spilling, into free room only) and otherwise waits for the next round. Tasks preempted by
 the flow are evicted only by an arrival that needs their room and has a higher
 precedence (the store's rule); others keep running. Tasks that ended, were placed by
 someone else or whose job was killed while the solver ran (``latest``) are dropped.
@@ -181,7 +182,8 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
             spare = spare or Spare(graph, net, flow)
             job = graph.jobs.get(jid)
             if job is not None and any(
-                    _place(ex, view, Arrival(a.source, mid), jid, i, victims, final=False)
+                    _place(ex, view, Arrival(a.source, mid), jid, i, victims, final=False,
+                           evict=False)
                     for mid in spare.machines(job.shape)):
                 ex.spilled += 1
                 continue
@@ -192,14 +194,18 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
 def _spare(graph: GraphManager, snap: CellSnapshot, mid: str, taken: set[str]
            ) -> list[Allocation]:
     """Re-offered, movable tasks on ``mid`` the flow neither preempts nor moves, lowest
-    precedence first."""
+    precedence first; only of groups the cost model lets be preempted (a preemption
+    arc), so a model that never preempts never evicts."""
     me = graph.machines.get(mid)
     m = snap.machines.get(mid)
     if me is None or m is None or not me.groups:
         return []
     out = []
     for gk in me.groups:
-        for tid in graph.group_tasks(("G", mid, gk)):
+        node: NodeKey = ("G", mid, gk)
+        if not any(graph.net.arc(s).kind == ArcKind.PREEMPT for s in graph.net.arcs_of(node)):
+            continue
+        for tid in graph.group_tasks(node):
             a = m.allocations.get(tid)
             if a is not None and tid not in taken:
                 out.append(a)
@@ -245,7 +251,11 @@ class _Victims(dict[str, list[Allocation]]):
 
 
 def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
-           victims: _Victims, final: bool) -> bool:
+           victims: _Victims, final: bool, evict: bool = True) -> bool:
+    """Claim task ``index`` of ``jid`` on the arrival's machine if the fit rules let it
+    (evicting lower-precedence tasks there when ``evict``); count it otherwise when
+    ``final``. A spilled task (``evict`` False) takes only room that is free: the flow
+    chose neither that machine nor any eviction there."""
     origin = str(a.source[1]) if a.source[0] == "G" else ""
     job = view.jobs.get(jid)
     m = view.machine(a.machine)
@@ -254,7 +264,7 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
         return True
     miss = why_not(view, job, m)
     chosen: list[Allocation] = []
-    if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0:
+    if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0 and evict:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
         for v in victims.get_all(a.machine):
             if v.precedence >= job.precedence:

@@ -312,9 +312,10 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
-        for s in self.shapes if racks_changed else self.shapes.keys() - self._shape_owners:
+        for s in (self.shapes if racks_changed
+                  else sorted(self.shapes.keys() - self._shape_owners, key=repr)):
             self._shape_arcs(s)
-        for s in self._shape_owners - self.shapes.keys():
+        for s in sorted(self._shape_owners - self.shapes.keys(), key=repr):
             self.net.drop(("E", s))
         self._shape_owners &= self.shapes.keys()
         # Guards that expire make their groups movable again.
