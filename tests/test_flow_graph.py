@@ -354,7 +354,9 @@ class Tracked:
 
 
 def _kinds(gm: GraphManager, owner: NodeKey) -> list[ArcKind]:
-    return sorted(ArcKind(gm.net.arc(s).kind) for s in gm.net.arcs_of(owner))
+    """The kinds of the owner's arcs that can carry flow (capacity 0 is no arc)."""
+    return sorted(ArcKind(a.kind) for a in map(gm.net.arc, gm.net.arcs_of(owner))
+                  if a.capacity > 0)
 
 
 def _group(snap: CellSnapshot, jid: str, mid: str) -> NodeKey:

@@ -86,6 +86,9 @@ class CostModel:
     #: Whether :meth:`sink_tiers` reads ``MachineLoad.used`` (else only ``slots`` and
     #: ``others``, so the graph manager remakes the tiers only when those change).
     tiers_use_usage: ClassVar[bool] = False
+    #: Whether :meth:`stay`, :meth:`migrate` or :meth:`preempt` read a group's
+    #: ``count`` or ``movable`` (else their costs are asked once per group and kept).
+    group_costs_use_counts: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))

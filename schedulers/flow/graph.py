@@ -129,6 +129,7 @@ class MachineEntry:
     where: dict[str, GroupKey]  # re-offered task -> its group
     tier_key: object = None  # what the machine's sink arcs were made from
     tagged: bool = False  # some allocation has gang or eviction tags: no deltas
+    eligible: dict[Shape, bool] = attrs.field(factory=dict)  # could it ever fit here
 
     def add(self, gk: GroupKey, a: Allocation) -> None:
         self.groups.setdefault(gk, set()).add(a.task)
@@ -198,6 +199,7 @@ class GraphManager:
         self._blocked: dict[tuple[Shape, str], float] = {}
         self._stale_machines: set[str] = set()  # to reload at the next update
         self._shape_owners: set[Shape] = set()  # shapes whose E node owns arcs
+        self._group_costs: dict[NodeKey, tuple[int, int | None, int | None]] = {}
         self._snap: CellSnapshot | None = None
         self._now = 0.0
         self.built = False
@@ -437,13 +439,22 @@ class GraphManager:
         arcs: list[Arc] = []
         into = self.model.machine_arc(load)
         extra = self.model.reclaim(load) if reoffered else None
+        # An arc for every shape that could ever fit here, with capacity 0 while none
+        # fits now: the arcs keep their slots from one update to the next and only
+        # their numbers change, in place (an arc of capacity 0 is no arc at all to the
+        # solver and to FlowNetwork.canonical).
         for s in self.shapes:
+            ok = me.eligible.get(s)
+            if ok is None:
+                ok = me.eligible[s] = fit_count(m.capacity, s, m) > 0
+            if not ok:
+                continue
             src: NodeKey = ("R", s, m.rack) if self.model.uses_racks else ("E", s)
-            if fits[s] > 0:
-                arcs.append(Arc(src, ("M", mid), fits[s], into, 0, ArcKind.INTO_MACHINE))
-            if extra is not None and reclaim[s] > 0 and (
-                    self._blocked.get((s, mid), -math.inf) <= self._now):
-                arcs.append(Arc(src, ("M", mid), reclaim[s], into + extra, 0,
+            arcs.append(Arc(src, ("M", mid), fits[s], into, 0, ArcKind.INTO_MACHINE))
+            if extra is not None:
+                room = (reclaim[s] if self._blocked.get((s, mid), -math.inf) <= self._now
+                        else 0)
+                arcs.append(Arc(src, ("M", mid), room, into + extra, 0,
                                 ArcKind.INTO_MACHINE))
         self.net.set_arcs(("M", mid), arcs)
         # A separate owner: the tiers change with the machine's load from others,
@@ -546,21 +557,26 @@ class GraphManager:
         if not tids:
             self.net.drop(key)
             self.net.set_supply(key, 0)
+            self._group_costs.pop(key, None)
             return
-        g = Group(gk.shape.resources, gk.precedence, mid, len(tids), movable, gk.own)
+        count = len(tids)
+        costs = self._group_costs.get(key) if not self.model.group_costs_use_counts else None
+        if costs is None:
+            g = Group(gk.shape.resources, gk.precedence, mid, count, movable, gk.own)
+            costs = (self.model.stay(g), self.model.migrate(g) if gk.own else None,
+                     self.model.preempt(g, 0.0))
+            self._group_costs[key] = costs
+        stay, migrate, preempt = costs
         # Tasks under the flapping guard stay: at most ``movable`` units leave in all.
-        arcs = [Arc(key, ("M", mid), g.count, self.model.stay(g), g.count - movable,
-                    ArcKind.STAY)]
-        if movable:
-            if gk.own:
-                cost = self.model.migrate(g)
-                if cost is not None:
-                    arcs.append(Arc(key, ("E", gk.shape), movable, cost, 0, ArcKind.MIGRATE))
-            cost = self.model.preempt(g, 0.0)
-            if cost is not None:
-                arcs.append(Arc(key, SINK, movable, cost, 0, ArcKind.PREEMPT))
+        # The arcs out exist even while nothing may move (capacity 0), so that a
+        # group's arcs keep their slots and change in place.
+        arcs = [Arc(key, ("M", mid), count, stay, count - movable, ArcKind.STAY)]
+        if migrate is not None:
+            arcs.append(Arc(key, ("E", gk.shape), movable, migrate, 0, ArcKind.MIGRATE))
+        if preempt is not None:
+            arcs.append(Arc(key, SINK, movable, preempt, 0, ArcKind.PREEMPT))
         self.net.set_arcs(key, arcs)
-        self.net.set_supply(key, g.count)
+        self.net.set_supply(key, count)
 
     def _shape_arcs(self, s: Shape) -> None:
         if not self.model.uses_racks:

@@ -238,7 +238,8 @@ class FlowNetwork:
         return len(self._node_index)
 
     def arrays(self) -> Arrays:
-        slots = np.flatnonzero(self._live)
+        """The live arcs that can carry flow (an arc of capacity 0 cannot)."""
+        slots = np.flatnonzero(self._live & (self._cap > 0))
         n = len(self._node_keys)
         return Arrays(n, self._supply[:n].copy(), self._tail[slots], self._head[slots],
                       self._lower[slots], self._cap[slots], self._cost[slots],
@@ -247,9 +248,11 @@ class FlowNetwork:
     def canonical(self) -> tuple[list[tuple[str, int]],
                                  list[tuple[str, str, int, int, int, int]]]:
         """The network as sorted keys and numbers, independent of slot order: two
-        networks are the same network exactly when these are equal."""
+        networks are the same network exactly when these are equal. Arcs of capacity
+        0 carry nothing and are left out."""
         supplies = sorted((repr(k), v) for k, v in self._supplies.items())
         arcs = sorted(
             (repr(a.tail), repr(a.head), a.capacity, a.cost, a.lower, a.kind)
-            for slots in self._owned.values() for a in map(self.arc, slots))
+            for slots in self._owned.values() for a in map(self.arc, slots)
+            if a.capacity > 0)
         return supplies, arcs
