@@ -165,13 +165,31 @@ def _tiers(slots: int, others: float, scale: float, max_tiers: int = 16
     return out
 
 
+class _MovesTasks(CostModel):
+    """Running tasks of this scheduler may move (``migrate_cost``) and running tasks may
+    be preempted (``preempt_cost`` plus their precedence's worth), and arrivals may
+    count on the room they would leave: what load-spreading and Quincy share."""
+
+    def reclaim(self, load: MachineLoad) -> int | None:
+        return 0
+
+    def preempt(self, group: Group, waited: float) -> int | None:
+        o = self.options
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence)
+
+    def migrate(self, group: Group) -> int | None:
+        # Running tasks are grouped by shape, not job: a move pays a flat cost, and the
+        # solver moves a task only where that buys more than it costs.
+        return round(self.options["migrate_cost"]) if group.own else None
+
+
 class TrivialCostModel(CostModel):
     """Firmament's trivial model: place anywhere it fits, never move. A test fixture."""
 
     name = "trivial"
 
 
-class LoadSpreadingCostModel(CostModel):
+class LoadSpreadingCostModel(_MovesTasks):
     """Spread tasks: a machine costs more the fuller it is (Firmament's load-spreading
     policy, with a convex rather than linear cost so one round spreads too). Running
     tasks move when the spread improves by more than ``migrate_cost`` (in thousandths
@@ -198,18 +216,8 @@ class LoadSpreadingCostModel(CostModel):
     def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
         return _tiers(load.slots, load.others, 1000, int(self.options["tiers"]))
 
-    def reclaim(self, load: MachineLoad) -> int | None:
-        return 0
 
-    def preempt(self, group: Group, waited: float) -> int | None:
-        o = self.options
-        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence)
-
-    def migrate(self, group: Group) -> int | None:
-        return round(self.options["migrate_cost"]) if group.own else None
-
-
-class QuincyCostModel(CostModel):
+class QuincyCostModel(_MovesTasks):
     """Quincy (Isard et al., SOSP 2009, as Firmament has it): the cost of a placement is
     the data its task would read over the network, dearer across racks than within
     one; tasks get preference arcs to the machines and racks that hold at least
@@ -272,19 +280,6 @@ class QuincyCostModel(CostModel):
 
     def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
         return ((load.slots, 0),) if load.slots > 0 else ()
-
-    def reclaim(self, load: MachineLoad) -> int | None:
-        return 0
-
-    def preempt(self, group: Group, waited: float) -> int | None:
-        o = self.options
-        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence)
-
-    def migrate(self, group: Group) -> int | None:
-        # Running tasks are grouped by shape, not job, so a move cannot know which
-        # data it would read: it pays the migration cost alone, and the solver moves
-        # a task only to make room where waiting tasks' data lies.
-        return round(self.options["migrate_cost"]) if group.own else None
 
 
 class NetworkAwareCostModel(LoadSpreadingCostModel):
