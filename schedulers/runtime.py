@@ -413,10 +413,15 @@ class SchedulerInstance:
         if not due:
             self._keep_seen(seen)
             waits = [self._state(j).next_try_at - now for j in self._queue]
+            # An idle instance still wakes for its next proposal (a simulator's idle
+            # wait is infinite: it would otherwise sleep until a job arrives).
+            until_propose = (self._next_propose - now if self.policy.propose_interval
+                             is not None else float("inf"))
             if not waits:
-                return self.config.idle_wait
+                return min(self.config.idle_wait, max(until_propose, 0.0))
             # A job's backoff (up to max_retry_delay) may be longer than the lease.
-            return min(max(min(waits), 0.0), self._until_keep_alive(now))
+            return min(max(min(waits), 0.0), self._until_keep_alive(now),
+                       max(until_propose, 0.0))
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
 

@@ -61,9 +61,12 @@ class SchedulerSpec:
 
 @attrs.frozen
 class CellSpec:
+    """Identical machines, ``rack_size`` to a rack (racks matter to data locality)."""
+
     machines: int = 10_000
     cpu: float = 4.0
     mem: float = 16.0
+    rack_size: int = 40
 
 
 @attrs.frozen
@@ -106,6 +109,7 @@ class SimConfig:
     two_level: TwoLevelSpec = TwoLevelSpec()
     sample_interval: float = 60.0  # utilization samples
     day: float = 86_400.0  # the period of busyness values (shorter for short runs)
+    warmup: float = 0.0  # placement measures count jobs submitted from then on
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

@@ -144,7 +144,7 @@ class GraphManager:
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
         self._members: tuple[str, ...] = ()
         self._moved_at: dict[str, float] = {}  # task -> when this scheduler moved it
-        self._guards: list[tuple[float, str, str]] = []  # (expiry, job, machine)
+        self._guards: list[tuple[float, str, str]] = []  # (expiry, task or "", machine)
         # (shape, machine) -> until when arrivals there may not count on reclaimed room
         self._blocked: dict[tuple[Shape, str], float] = {}
         self._stale_machines: set[str] = set()  # to reload at the next update
@@ -196,7 +196,7 @@ class GraphManager:
         moved again for ``move_guard`` seconds (the flapping guard)."""
         for tid, mid in tasks:
             self._moved_at[tid] = now
-            heapq.heappush(self._guards, (now + self.move_guard, tid.rpartition("/")[0], mid))
+            heapq.heappush(self._guards, (now + self.move_guard, tid, mid))
 
     def block(self, jid: str, mid: str, now: float) -> None:
         """An arrival of ``jid`` on ``mid`` counted on room its re-offered tasks hold
@@ -257,8 +257,12 @@ class GraphManager:
                 self.net.drop(("E", s))
         # Guards that expire make their groups movable again.
         while self._guards and self._guards[0][0] <= now:
-            _, jid, mid = heapq.heappop(self._guards)
+            _, tid, mid = heapq.heappop(self._guards)
             machines.add(mid)
+            # A moved task is guarded where it runs now, not on the machine it left.
+            rec = snap.tasks.get(tid) if tid else None
+            if rec is not None and rec.machine:
+                machines.add(rec.machine)
         for key in [k for k, until in self._blocked.items() if until <= now]:
             del self._blocked[key]
         machines |= self._stale_machines
