@@ -18,7 +18,10 @@ And what Firmament §7 measures (``Placements``), over the jobs submitted after 
 * job response time: submission to the end of the job's last task (placement latency
   plus run time), for jobs whose tasks all got placed;
 * data locality: of the data the placed tasks read, the fraction held on the machine
-  they run on (local) and in its rack (rack-local, local included);
+  they run on (local) and in its rack (rack-local, local included). A task reads an
+  even share of every block of its job's input (the flow network's view: a job's
+  waiting tasks are one node); the *ceiling* is what the tasks would read locally on
+  the machine (rack) holding most of their job's input, capacity aside;
 * load spread: at each utilization sample after the warmup, the coefficient of
   variation (standard deviation / mean) and the max / mean of the machines' CPU use;
 * each flow scheduler's rounds: the time of their parts and the network's size.
@@ -76,9 +79,12 @@ def quantiles(values: Sequence[float], points: int = 101) -> list[float]:
 class Placements:
     latencies: list[float] = attrs.field(factory=list)
     responses: list[float] = attrs.field(factory=list)
+    runtimes: list[float] = attrs.field(factory=list)  # of the jobs in ``responses``
     data: float = 0.0  # GB the placed tasks read
     local: float = 0.0  # of which on their machine
     rack_local: float = 0.0  # of which in their rack (local included)
+    best_local: float = 0.0  # what they would read locally on the best machine
+    best_rack_local: float = 0.0  # and in the best rack
     input_tasks: int = 0
     spread_cv: list[float] = attrs.field(factory=list)
     spread_max: list[float] = attrs.field(factory=list)
@@ -172,17 +178,24 @@ class Recorder:
         """A task of ``job`` was placed for the first time at ``at``."""
         self.placements.latencies.append(max(at - job.submitted_at, 0.0))
 
-    def read(self, data: float, local: float, rack_local: float) -> None:
+    def read(self, data: float, local: float, rack_local: float, best_local: float,
+             best_rack_local: float) -> None:
         """A placed task reads ``data`` GB, ``local`` of it on its machine and
-        ``rack_local`` in its rack."""
+        ``rack_local`` in its rack; on the machine (rack) holding most of its job's
+        input it would read ``best_local`` (``best_rack_local``)."""
         p = self.placements
         p.input_tasks += 1
         p.data += data
         p.local += local
         p.rack_local += rack_local
+        p.best_local += best_local
+        p.best_rack_local += best_rack_local
 
-    def job_response(self, seconds: float) -> None:
+    def job_response(self, seconds: float, runtime: float) -> None:
+        """A job's response time, and how long its tasks run (an ideal scheduler's
+        response time)."""
         self.placements.responses.append(seconds)
+        self.placements.runtimes.append(runtime)
 
     def spread(self, t: float, used: Sequence[float]) -> None:
         """Machines' utilization (0..1) at ``t``."""
@@ -229,12 +242,15 @@ class Recorder:
         resp = quantiles(p.responses)
         out["jobs_measured"] = len(p.responses)
         out["job_response_mean_s"] = statistics.fmean(p.responses) if resp else 0.0
+        out["job_runtime_mean_s"] = statistics.fmean(p.runtimes) if p.runtimes else 0.0
         for q in (50, 99):
             out[f"job_response_p{q}_s"] = resp[q] if resp else 0.0
         out["input_tasks"] = p.input_tasks
         out["data_read_gb"] = p.data
         out["data_local_fraction"] = p.local / p.data if p.data else 0.0
         out["data_rack_local_fraction"] = p.rack_local / p.data if p.data else 0.0
+        out["data_local_ceiling"] = p.best_local / p.data if p.data else 0.0
+        out["data_rack_local_ceiling"] = p.best_rack_local / p.data if p.data else 0.0
         out["load_cv_mean"] = statistics.fmean(p.spread_cv) if p.spread_cv else 0.0
         out["load_max_over_mean"] = statistics.fmean(p.spread_max) if p.spread_max else 0.0
         for name, r in sorted(self.rounds.items()):
@@ -294,5 +310,7 @@ class Recorder:
             out[f"{name}_fallbacks_taken"] = s.fell_back
         if self.utilization:
             out["cpu_utilization_mean"] = statistics.fmean(u[1] for u in self.utilization)
+            late = [u[1] for u in self.utilization if u[0] >= self.warmup]
+            out["cpu_utilization_measured"] = statistics.fmean(late) if late else 0.0
         self._placement_summary(out)
         return out

@@ -66,13 +66,19 @@ class _Locality:
             for r in {rack_of[m] for m in copies}:
                 self.on_rack[r] = self.on_rack.get(r, 0) + 1
 
-    def read(self, machine: str, rack: str) -> tuple[float, float, float]:
-        """(data, local data, rack-local data) of a task running on ``machine``."""
+        # The most any one machine or rack holds: the best a placement can read locally.
+        self.best_machine = max(self.on_machine.values(), default=0)
+        self.best_rack = max(self.on_rack.values(), default=0)
+
+    def read(self, machine: str, rack: str) -> tuple[float, float, float, float, float]:
+        """(data, local data, rack-local data) of a task running on ``machine``, and
+        the local and rack-local data on the best machine and rack for it."""
         if not self.blocks:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0, 0.0
         share = self.per_task / self.blocks
         return (self.per_task, share * self.on_machine.get(machine, 0),
-                share * self.on_rack.get(rack, 0))
+                share * self.on_rack.get(rack, 0), share * self.best_machine,
+                share * self.best_rack)
 
 
 class Driver(Protocol):
@@ -286,7 +292,7 @@ class Simulation:
                 self.recorder.read(*loc.read(c.machine, self._rack_of[c.machine]))
         if len(first) >= job.task_count and job.duration is not None:
             # Tasks of a job run equally long: the last placed ends last.
-            self.recorder.job_response(now + job.duration - job.submitted_at)
+            self.recorder.job_response(now + job.duration - job.submitted_at, job.duration)
 
     def _end(self, job_id: str, tids: list[str], placed_at: int) -> None:
         released = self.cell.release_tasks(tids, TaskState.FINISHED, placed_at)

@@ -232,6 +232,7 @@ class GraphManager:
                 e.waiting.discard(index)
                 rearc.add(jid)
         shapes = {e.shape for e in self.jobs.values()}
+        new_shapes = shapes - set(self.shapes)
         if shapes != set(self.shapes):
             # A new shape needs its arcs into every machine; a gone one leaves them.
             machines = set(snap.machines.keys()) | set(self.machines)
@@ -252,6 +253,9 @@ class GraphManager:
             self._rack_set = set(self.racks.values())
             for s in self.shapes:
                 self._shape_arcs(s)
+        else:
+            for s in new_shapes:
+                self._shape_arcs(s)  # its aggregator's arcs to the racks
         for s in list(self._shaped_owners()):
             if s not in self.shapes:
                 self.net.drop(("E", s))

@@ -73,9 +73,11 @@ def _registry() -> Registry:
 
 
 def _config(policy: str, **kw: Any) -> SimConfig:
+    # A shape of their own (less memory than the prefill's tasks): the network gains
+    # and loses a shape as jobs come and go.
     batch = JobClass("batch", JobKind.BATCH, Distribution.exponential(4.0),
                      Distribution.exponential(6.0), Distribution.exponential(40.0),
-                     input=InputSpec(blocks_per_task=2))
+                     mem=Distribution.fixed(1.0), input=InputSpec(blocks_per_task=2))
     flow = SchedulerSpec("flow", ("batch",), policy="flow", instances=kw.pop("instances", 1),
                          default=DecisionTime(0.2, 0.001),
                          options={"policy": policy, "move_guard": 5.0, "interval": 2.0})
@@ -86,8 +88,9 @@ def _config(policy: str, **kw: Any) -> SimConfig:
 
 @pytest.mark.parametrize("policy", ["quincy", "load-spread"])
 def test_the_flow_network_equals_a_rebuild_after_every_update_of_a_run(policy: str) -> None:
-    """Jobs arrive with input blocks, prefilled tasks owned by the flow scheduler end
-    and their jobs are forgotten, rounds migrate: after every incremental update the
+    """Jobs arrive with input blocks and a shape the prefill does not have, prefilled
+    tasks owned by the flow scheduler end and their jobs are forgotten, rounds
+    migrate: after every incremental update the
     network equals one built from scratch, so the change sets the instance sees
     (Context.changes) name everything that changed."""
     sim = Simulation(_config(policy), registry=_registry())
@@ -198,6 +201,8 @@ def test_quincy_places_tasks_with_their_data_and_first_fit_does_not() -> None:
     assert first_fit["data_local_fraction"] < 0.15
     assert 0.1 < first_fit["data_rack_local_fraction"] < 0.45
     assert quincy["data_rack_local_fraction"] >= quincy["data_local_fraction"]
+    # One copy of one block: the best machine holds all of a task's data.
+    assert quincy["data_local_ceiling"] == first_fit["data_local_ceiling"] == 1.0
 
 
 # -- input blocks -----------------------------------------------------------------------
