@@ -40,7 +40,9 @@ class SchedulerSpec:
     its jobs by hashing job ids. ``serves`` names the workload classes whose jobs it
     gets. ``decision`` maps a job kind to its decision time; a kind not named takes
     ``default``. With ``measured`` set, the policy's real decision time is charged
-    (times ``measured_scale``) instead of the model. ``options`` go to the policy
+    (times ``measured_scale``) instead of the model, as measured by ``measured_clock``:
+    ``cpu`` (the process's CPU time, which other processes on the machine do not
+    inflate) or ``wall``. ``options`` go to the policy
     (``Context.options``), e.g. ``fallbacks`` for the batch policy."""
 
     name: str
@@ -54,6 +56,7 @@ class SchedulerSpec:
     mode: TxnMode = TxnMode.INCREMENTAL
     detection: Detection = Detection.FINE
     options: dict[str, object] = attrs.field(factory=dict)
+    measured_clock: str = "cpu"
 
     def decision_for(self, kind: JobKind) -> DecisionTime:
         return self.decision.get(kind, self.default)

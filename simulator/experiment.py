@@ -36,6 +36,7 @@ from simulator.workload import (
 
 Doc = dict[str, Any]
 Path_ = tuple[str | int, ...]
+CLOCKS = ("cpu", "wall")  # what measured decision times are measured with
 # Arrays of tables whose entries a path picks by their ``name``.
 _NAMED_ARRAYS = ("workload", "scheduler")
 
@@ -369,7 +370,7 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
     at: Path_ = ("scheduler", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "serves", "policy", "instances", "decision", "measured",
-                         "measured_scale", "mode", "detection", "options"})
+                         "measured_scale", "measured_clock", "mode", "detection", "options"})
     policy = _str(where, (*at, "policy"), t.get("policy", "batch"))
     name = _str(where, (*at, "name"), t.get("name"))
     serves = tuple(_str(where, (*at, "serves"), s) for s in _list(where, (*at, "serves"),
@@ -390,6 +391,10 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
     measured = t.get("measured", policy == "flow")
     if not isinstance(measured, bool):
         raise where.error((*at, "measured"), f"must be true or false, got {_show(measured)}")
+    clock = t.get("measured_clock", "cpu")
+    if clock not in CLOCKS:
+        raise where.error((*at, "measured_clock"), f"{_show(clock)} is not one of "
+                          f"{', '.join(CLOCKS)}")
     options = _options(where, (*at, "options"), t.get("options", {}))
     if policy == "flow":
         _check_flow(where, (*at, "options"), options)
@@ -398,7 +403,7 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
         _num(where, (*at, "measured_scale"), t.get("measured_scale", 1.0), True),
         _enum(where, (*at, "mode"), t.get("mode", "incremental"), TxnMode),
         _enum(where, (*at, "detection"), t.get("detection", "fine"), Detection),
-        options)
+        options, str(clock))
 
 
 def _options(where: _Where, at: Path_, raw: object, nested: bool = True

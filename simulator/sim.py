@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -150,12 +151,15 @@ class Simulation:
                     source = OfferView(self.cell)
                 policy = self.registry.create(spec.policy, **spec.options)
                 self.policies[(spec.name, name)] = policy
+                timer = time.process_time if spec.measured_clock == "cpu" else time.perf_counter
+                if isinstance(policy, FlowPolicy):
+                    policy.timer = timer
                 inst = SchedulerInstance(
                     policy, self.cell, source, scheduler=spec.name,
                     instance=name, clock=self.loop.clock,
                     rng=stream(self.config.seed, f"scheduler/{spec.name}/{name}"),
                     config=self._runtime_config(spec),
-                    decision_cost=self._charge(spec, name, policy))
+                    decision_cost=self._charge(spec, name, policy), timer=timer)
                 inst.start()
                 driver: Driver
                 if isinstance(source, OfferView) and self.allocator is not None:

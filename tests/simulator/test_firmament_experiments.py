@@ -67,6 +67,8 @@ FIG15 = (ROOT / "experiments" / "firmament" / "fig15_locality_threshold.toml").r
      "boolean, got dict"),
     ('policy = "flow"', 'policy = "flow"\nmeasured = "yes"',
      "field 'scheduler.0.measured': must be true or false"),
+    ('policy = "flow"', 'policy = "flow"\nmeasured_clock = "sun"',
+     "field 'scheduler.0.measured_clock': str 'sun' is not one of cpu, wall"),
     ("block_size = 0.25}", 'block_size = 0.25, placement = "rack"}',
      "field 'workload.0.input.placement': str 'rack' is not one of hdfs, random"),
     ("blocks_per_task = 2", "blocks_per_task = 1.5",
@@ -88,3 +90,4 @@ def test_bad_flow_experiment_names_line_and_field(tmp_path: Path, old: str, new:
     message = str(e.value)
     assert message.startswith(f"{exp}, line ")
     assert expected in message
+
