@@ -170,6 +170,7 @@ class SchedulerInstance:
         rng: random.Random | None = None,
         config: RuntimeConfig | None = None,
         decision_cost: Callable[[Sequence[Job], Plan, float], float] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -181,6 +182,9 @@ class SchedulerInstance:
         self.config = config or RuntimeConfig()
         # How much (virtual) time a decision costs: by default what it really took.
         self.decision_cost = decision_cost or (lambda jobs, plan, measured: measured)
+        # What a decision is measured with: wall time, or (a simulator on a shared
+        # machine) the process's CPU time, which other processes do not inflate.
+        self.timer = timer
         self.metrics = SchedulerMetrics(self.scheduler, instance, clock())
         self._lock = threading.Lock()
         self._dirty: set[str] | None = None  # jobs to re-examine; None: all of them
@@ -437,10 +441,15 @@ class SchedulerInstance:
         if not due:
             self._keep_seen(seen)
             waits = [self._state(j).next_try_at - now for j in self._queue]
+            # An idle instance still wakes for its next proposal (a simulator's idle
+            # wait is infinite: it would otherwise sleep until a job arrives).
+            until_propose = (self._next_propose - now if self.policy.propose_interval
+                             is not None else float("inf"))
             if not waits:
-                return self.config.idle_wait
+                return min(self.config.idle_wait, max(until_propose, 0.0))
             # A job's backoff (up to max_retry_delay) may be longer than the lease.
-            return min(max(min(waits), 0.0), self._until_keep_alive(now))
+            return min(max(min(waits), 0.0), self._until_keep_alive(now),
+                       max(until_propose, 0.0))
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
 
@@ -461,14 +470,14 @@ class SchedulerInstance:
             if st.first_attempt_at is None:
                 st.first_attempt_at = now
                 self.metrics.record_wait(now - job.submitted_at)
-        started = time.perf_counter()
+        started = self.timer()
         if propose:
             plan = self.policy.propose(ctx)
         elif self.policy.batches_jobs():
             plan = self.policy.schedule_jobs(ctx, jobs)
         else:
             plan = self.policy.schedule_job(ctx, jobs[0])
-        cost = self.decision_cost(jobs, plan, time.perf_counter() - started)
+        cost = self.decision_cost(jobs, plan, self.timer() - started)
         return Attempt(tuple(jobs), plan, cost, now, snap, ctx.now)
 
     def finish(self, attempt: Attempt) -> dict[str, CommitResult]:

@@ -40,7 +40,9 @@ class SchedulerSpec:
     its jobs by hashing job ids. ``serves`` names the workload classes whose jobs it
     gets. ``decision`` maps a job kind to its decision time; a kind not named takes
     ``default``. With ``measured`` set, the policy's real decision time is charged
-    (times ``measured_scale``) instead of the model. ``options`` go to the policy
+    (times ``measured_scale``) instead of the model, as measured by ``measured_clock``:
+    ``cpu`` (the process's CPU time, which other processes on the machine do not
+    inflate) or ``wall``. ``options`` go to the policy
     (``Context.options``), e.g. ``fallbacks`` for the batch policy."""
 
     name: str
@@ -54,6 +56,7 @@ class SchedulerSpec:
     mode: TxnMode = TxnMode.INCREMENTAL
     detection: Detection = Detection.FINE
     options: dict[str, object] = attrs.field(factory=dict)
+    measured_clock: str = "cpu"
 
     def decision_for(self, kind: JobKind) -> DecisionTime:
         return self.decision.get(kind, self.default)
@@ -61,9 +64,12 @@ class SchedulerSpec:
 
 @attrs.frozen
 class CellSpec:
+    """Identical machines, ``rack_size`` to a rack (racks matter to data locality)."""
+
     machines: int = 10_000
     cpu: float = 4.0
     mem: float = 16.0
+    rack_size: int = 40
 
 
 @attrs.frozen
@@ -106,6 +112,7 @@ class SimConfig:
     two_level: TwoLevelSpec = TwoLevelSpec()
     sample_interval: float = 60.0  # utilization samples
     day: float = 86_400.0  # the period of busyness values (shorter for short runs)
+    warmup: float = 0.0  # placement measures count jobs submitted from then on
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

@@ -25,10 +25,18 @@ from simulator.config import (
     SimConfig,
     TwoLevelSpec,
 )
-from simulator.workload import Distribution, InputError, JobClass, Prefill
+from simulator.workload import (
+    PLACEMENTS,
+    Distribution,
+    InputError,
+    InputSpec,
+    JobClass,
+    Prefill,
+)
 
 Doc = dict[str, Any]
 Path_ = tuple[str | int, ...]
+CLOCKS = ("cpu", "wall")  # what measured decision times are measured with
 # Arrays of tables whose entries a path picks by their ``name``.
 _NAMED_ARRAYS = ("workload", "scheduler")
 
@@ -50,8 +58,15 @@ class Axis:
         return [(p, value) for p in self.paths]
 
 
+PLOT_KINDS = ("line", "cdf")
+
+
 @attrs.frozen
 class PlotSpec:
+    """``line``: metrics (y) over a sweep axis (x), one line per value of ``series``.
+    ``cdf``: the distributions named in y (e.g. ``placement_latency_s``), one line
+    per run (labelled by its ``series`` value, or by its whole sweep point)."""
+
     x: str
     y: tuple[str, ...]
     series: str = ""  # a sweep axis: one line per value
@@ -60,6 +75,7 @@ class PlotSpec:
     logx: bool = False
     logy: bool = False
     file: str = ""
+    kind: str = "line"
 
 
 @attrs.frozen
@@ -146,8 +162,8 @@ def load(path: Path) -> Experiment:
         raise InputError(f"{path}: not valid TOML: {e}") from e
     where = _Where(path, text)
     _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
-                           "sample_interval", "trace", "cell", "prefill", "workload",
-                           "scheduler", "retry", "two_level", "sweep", "plot"})
+                           "sample_interval", "warmup", "trace", "cell", "prefill",
+                           "workload", "scheduler", "retry", "two_level", "sweep", "plot"})
     name = _str(where, ("name",), doc.get("name", path.stem))
     axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
                                                                   doc.get("sweep", []))))
@@ -213,9 +229,13 @@ def _set(where: _Where, doc: Doc, axis: Axis, dotted: str, value: Any) -> None:
 def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpec:
     at: Path_ = ("plot", i)
     t = _table(where, at, raw)
-    _only(where, at, t, {"x", "y", "series", "title", "ylabel", "logx", "logy", "file"})
+    _only(where, at, t, {"x", "y", "series", "title", "ylabel", "logx", "logy", "file",
+                         "kind"})
     names = {a.name for a in axes}
-    x = _str(where, (*at, "x"), t.get("x"))
+    kind = t.get("kind", "line")
+    if kind not in PLOT_KINDS:
+        raise where.error((*at, "kind"), f"{_show(kind)} is not one of {', '.join(PLOT_KINDS)}")
+    x = _str(where, (*at, "x"), t.get("x")) if kind == "line" or "x" in t else ""
     series = _str(where, (*at, "series"), t["series"]) if "series" in t else ""
     for field, value in (("x", x), ("series", series)):
         if value and value not in names:
@@ -224,7 +244,7 @@ def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpe
     ys = tuple(_str(where, (*at, "y"), y) for y in _list(where, (*at, "y"), t.get("y")))
     return PlotSpec(x, ys, series, str(t.get("title", "")), str(t.get("ylabel", "")),
                     bool(t.get("logx", False)), bool(t.get("logy", False)),
-                    str(t.get("file", "")) or f"plot{i + 1}.png")
+                    str(t.get("file", "")) or f"plot{i + 1}.png", kind)
 
 
 # -- one run's configuration ---------------------------------------------------------------
@@ -249,46 +269,52 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
             raise where.error(("workload", i, "name"), f"no [[scheduler]] serves {k.name!r}")
     seed = _num(where, ("seed",), doc.get("seed", 0))
     trace = doc.get("trace")
+    prefill = _prefill(where, doc.get("prefill", {"utilization": 0.0}))
+    if prefill is not None and prefill.scheduler is not None and prefill.scheduler not in {
+            s.name for s in schedulers}:
+        raise where.error(("prefill", "scheduler"), f"{prefill.scheduler!r} is not a "
+                          "[[scheduler]] of this experiment")
     return SimConfig(
-        arch, schedulers, classes, _cell(where, doc.get("cell", {})),
-        _prefill(where, doc.get("prefill", {"utilization": 0.0})), horizon,
+        arch, schedulers, classes, _cell(where, doc.get("cell", {})), prefill, horizon,
         int(seed), _str(where, ("trace",), trace) if trace is not None else None,
         _retry(where, doc.get("retry", {})), _two_level(where, doc.get("two_level", {})),
         _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
-        _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True))
+        _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True),
+        _num(where, ("warmup",), doc.get("warmup", 0.0)))
 
 
 def _cell(where: _Where, raw: object) -> CellSpec:
     t = _table(where, ("cell",), raw)
-    _only(where, ("cell",), t, {"machines", "cpu", "mem"})
-    machines = _num(where, ("cell", "machines"), t.get("machines", 10_000), positive=True)
-    if machines != int(machines):
-        raise where.error(("cell", "machines"), "must be a whole number")
-    return CellSpec(int(machines), _num(where, ("cell", "cpu"), t.get("cpu", 4.0), True),
-                    _num(where, ("cell", "mem"), t.get("mem", 16.0), True))
+    _only(where, ("cell",), t, {"machines", "cpu", "mem", "rack_size"})
+    machines = _whole(where, ("cell", "machines"), t.get("machines", 10_000))
+    return CellSpec(machines, _num(where, ("cell", "cpu"), t.get("cpu", 4.0), True),
+                    _num(where, ("cell", "mem"), t.get("mem", 16.0), True),
+                    _whole(where, ("cell", "rack_size"), t.get("rack_size", 40)))
 
 
 def _prefill(where: _Where, raw: object) -> Prefill | None:
     at: Path_ = ("prefill",)
     t = _table(where, at, raw)
-    _only(where, at, t, {"utilization", "tasks", "cpu", "mem", "duration"})
+    _only(where, at, t, {"utilization", "tasks", "cpu", "mem", "duration", "scheduler"})
     util = _num(where, (*at, "utilization"), t.get("utilization", 0.6))
     if util > 1:
         raise where.error((*at, "utilization"), f"{util:g} is above 1 (a fraction of the CPUs)")
     if util == 0:
         return None
     duration = t.get("duration")
+    owner = t.get("scheduler")
     return Prefill(util, int(_num(where, (*at, "tasks"), t.get("tasks", 100), True)),
                    _num(where, (*at, "cpu"), t.get("cpu", 1.0), True),
                    _num(where, (*at, "mem"), t.get("mem", 2.0)),
-                   None if duration is None else _num(where, (*at, "duration"), duration))
+                   None if duration is None else _num(where, (*at, "duration"), duration),
+                   None if owner is None else _str(where, (*at, "scheduler"), owner))
 
 
 def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     at: Path_ = ("workload", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
-                         "rate_scale"})
+                         "rate_scale", "input"})
     name = _str(where, (*at, "name"), t.get("name"))
     kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
     for field in ("interarrival", "tasks", "duration"):
@@ -300,7 +326,23 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
 
     return JobClass(name, kind, dist("interarrival", 0), dist("tasks", 0), dist("duration", 0),
                     dist("cpu", 1.0), dist("mem", 2.0),
-                    _num(where, (*at, "rate_scale"), t.get("rate_scale", 1.0), positive=True))
+                    _num(where, (*at, "rate_scale"), t.get("rate_scale", 1.0), positive=True),
+                    _input(where, (*at, "input"), t["input"]) if "input" in t else None)
+
+
+def _input(where: _Where, at: Path_, raw: object) -> InputSpec:
+    t = _table(where, at, raw)
+    _only(where, at, t, {"blocks_per_task", "replicas", "block_size", "placement"})
+    d = InputSpec()
+    placement = t.get("placement", d.placement)
+    if placement not in PLACEMENTS:
+        raise where.error((*at, "placement"), f"{_show(placement)} is not one of "
+                          f"{', '.join(PLACEMENTS)}")
+    return InputSpec(_whole(where, (*at, "blocks_per_task"),
+                            t.get("blocks_per_task", d.blocks_per_task)),
+                     _whole(where, (*at, "replicas"), t.get("replicas", d.replicas)),
+                     _num(where, (*at, "block_size"), t.get("block_size", d.block_size), True),
+                     str(placement))
 
 
 def _dist(where: _Where, at: Path_, raw: object) -> Distribution:
@@ -328,7 +370,8 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
     at: Path_ = ("scheduler", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "serves", "policy", "instances", "decision", "measured",
-                         "measured_scale", "mode", "detection", "options"})
+                         "measured_scale", "measured_clock", "mode", "detection", "options"})
+    policy = _str(where, (*at, "policy"), t.get("policy", "batch"))
     name = _str(where, (*at, "name"), t.get("name"))
     serves = tuple(_str(where, (*at, "serves"), s) for s in _list(where, (*at, "serves"),
                                                                     t.get("serves", [name])))
@@ -344,23 +387,48 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
             default = d
         else:
             per_kind[_enum(where, (*at, "decision", key), key, JobKind)] = d
+    # A flow scheduler's decision time is its solver's: measured unless told otherwise.
+    measured = t.get("measured", policy == "flow")
+    if not isinstance(measured, bool):
+        raise where.error((*at, "measured"), f"must be true or false, got {_show(measured)}")
+    clock = t.get("measured_clock", "cpu")
+    if clock not in CLOCKS:
+        raise where.error((*at, "measured_clock"), f"{_show(clock)} is not one of "
+                          f"{', '.join(CLOCKS)}")
+    options = _options(where, (*at, "options"), t.get("options", {}))
+    if policy == "flow":
+        _check_flow(where, (*at, "options"), options)
     return SchedulerSpec(
-        name, serves, _str(where, (*at, "policy"), t.get("policy", "batch")), int(instances),
-        per_kind, default, bool(t.get("measured", False)),
+        name, serves, policy, int(instances), per_kind, default, measured,
         _num(where, (*at, "measured_scale"), t.get("measured_scale", 1.0), True),
         _enum(where, (*at, "mode"), t.get("mode", "incremental"), TxnMode),
         _enum(where, (*at, "detection"), t.get("detection", "fine"), Detection),
-        _options(where, (*at, "options"), t.get("options", {})))
+        options, str(clock))
 
 
-def _options(where: _Where, at: Path_, raw: object) -> dict[str, object]:
-    """Policy options: a table of plain values (the policy checks their meaning)."""
+def _options(where: _Where, at: Path_, raw: object, nested: bool = True
+             ) -> dict[str, object]:
+    """Policy options: a table of plain values, or of tables of them (the flow
+    scheduler's ``costs``); the policy checks their meaning."""
     t = _table(where, at, raw)
     for key, value in t.items():
-        if not isinstance(value, str | int | float | bool):
-            raise where.error((*at, key), f"must be a string, number or boolean, got "
+        if nested and isinstance(value, dict):
+            _options(where, (*at, key), value, nested=False)
+        elif not isinstance(value, str | int | float | bool):
+            raise where.error((*at, key), f"must be a string, number or boolean"
+                              f"{' or a table of them' if nested else ''}, got "
                               f"{type(value).__name__}")
     return dict(t)
+
+
+def _check_flow(where: _Where, at: Path_, options: dict[str, object]) -> None:
+    """The flow scheduler's options, checked now rather than at its first round."""
+    from schedulers.flow.policy import FlowOptionError, FlowPolicy
+
+    try:
+        FlowPolicy(**options)
+    except FlowOptionError as e:
+        raise where.error(at, str(e)) from None
 
 
 def _decision(where: _Where, at: Path_, raw: object) -> DecisionTime:
@@ -427,6 +495,14 @@ def _num(where: _Where, at: Path_, raw: object, positive: bool = False) -> float
         raise where.error(at, f"must be {'positive' if positive else 'non-negative'}, "
                           f"got {raw!r}")
     return float(raw)
+
+
+def _whole(where: _Where, at: Path_, raw: object) -> int:
+    """A whole number of at least 1."""
+    value = _num(where, at, raw, positive=True)
+    if value != int(value):
+        raise where.error(at, f"must be a whole number, got {raw!r}")
+    return int(value)
 
 
 E = TypeVar("E", Architecture, JobKind, TxnMode, Detection)

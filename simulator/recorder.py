@@ -9,6 +9,22 @@
 * conflict fraction: conflicted transactions per successful transaction (may exceed
   1); wasted busyness is the part of busyness spent on attempts that conflicted;
 * jobs abandoned, jobs left unscheduled at the end, utilization sampled over time.
+
+And what Firmament §7 measures (``Placements``), over the jobs submitted after the
+``warmup``:
+
+* placement latency: a task's submission to the commit that first placed it (a task
+  placed again after a preemption, or moved, is not counted again);
+* job response time: submission to the end of the job's last task (placement latency
+  plus run time), for jobs whose tasks all got placed;
+* data locality: of the data the placed tasks read, the fraction held on the machine
+  they run on (local) and in its rack (rack-local, local included). A task reads an
+  even share of every block of its job's input (the flow network's view: a job's
+  waiting tasks are one node); the *ceiling* is what the tasks would read locally on
+  the machine (rack) holding most of their job's input, capacity aside;
+* load spread: at each utilization sample after the warmup, the coefficient of
+  variation (standard deviation / mean) and the max / mean of the machines' CPU use;
+* each flow scheduler's rounds: the time of their parts and the network's size.
 """
 
 from __future__ import annotations
@@ -44,8 +60,53 @@ def median_abs_deviation(values: Sequence[float]) -> float:
     return statistics.median(abs(v - mid) for v in values)
 
 
+def quantiles(values: Sequence[float], points: int = 101) -> list[float]:
+    """``points`` evenly spaced quantiles from 0 to 1 (linear interpolation), for a
+    CDF; an empty list when there are no values."""
+    if not values:
+        return []
+    ordered = sorted(values)
+    out = []
+    for i in range(points):
+        pos = i / (points - 1) * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        out.append(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+    return out
+
+
+@attrs.define
+class Placements:
+    latencies: list[float] = attrs.field(factory=list)
+    responses: list[float] = attrs.field(factory=list)
+    runtimes: list[float] = attrs.field(factory=list)  # of the jobs in ``responses``
+    data: float = 0.0  # GB the placed tasks read
+    local: float = 0.0  # of which on their machine
+    rack_local: float = 0.0  # of which in their rack (local included)
+    best_local: float = 0.0  # what they would read locally on the best machine
+    best_rack_local: float = 0.0  # and in the best rack
+    input_tasks: int = 0
+    spread_cv: list[float] = attrs.field(factory=list)
+    spread_max: list[float] = attrs.field(factory=list)
+
+
+@attrs.define
+class Rounds:
+    """A flow scheduler's rounds, wall-clock seconds of each part."""
+
+    update: list[float] = attrs.field(factory=list)
+    solve: list[float] = attrs.field(factory=list)
+    extract: list[float] = attrs.field(factory=list)
+    arcs: list[int] = attrs.field(factory=list)
+    nodes: list[int] = attrs.field(factory=list)
+    placed: int = 0
+    migrated: int = 0
+    preempted: int = 0
+    repaired: int = 0
+
+
 class Recorder:
-    def __init__(self, horizon: float, day: float) -> None:
+    def __init__(self, horizon: float, day: float, warmup: float = 0.0) -> None:
         self.horizon = horizon
         self.day = day
         self.days = max(1, math.ceil(horizon / day - 1e-9))
@@ -55,6 +116,9 @@ class Recorder:
         self.abandoned: dict[str, int] = {}
         self.submitted: dict[str, int] = {}
         self.utilization: list[tuple[float, float, float]] = []
+        self.warmup = warmup
+        self.placements = Placements()
+        self.rounds: dict[str, Rounds] = {}
 
     def scheduler(self, name: str, instances: int) -> None:
         self.schedulers[name] = SchedulerStats(instances)
@@ -104,6 +168,113 @@ class Recorder:
     def sample(self, t: float, cpu: float, mem: float) -> None:
         self.utilization.append((t, cpu, mem))
 
+    # -- Firmament's measures ---------------------------------------------------------------
+
+    def measured(self, job: Job) -> bool:
+        """Whether ``job`` counts for the placement measures (submitted after warmup)."""
+        return job.submitted_at >= self.warmup
+
+    def placed(self, job: Job, at: float) -> None:
+        """A task of ``job`` was placed for the first time at ``at``."""
+        self.placements.latencies.append(max(at - job.submitted_at, 0.0))
+
+    def read(self, data: float, local: float, rack_local: float, best_local: float,
+             best_rack_local: float) -> None:
+        """A placed task reads ``data`` GB, ``local`` of it on its machine and
+        ``rack_local`` in its rack; on the machine (rack) holding most of its job's
+        input it would read ``best_local`` (``best_rack_local``)."""
+        p = self.placements
+        p.input_tasks += 1
+        p.data += data
+        p.local += local
+        p.rack_local += rack_local
+        p.best_local += best_local
+        p.best_rack_local += best_rack_local
+
+    def job_response(self, seconds: float, runtime: float) -> None:
+        """A job's response time, and how long its tasks run (an ideal scheduler's
+        response time)."""
+        self.placements.responses.append(seconds)
+        self.placements.runtimes.append(runtime)
+
+    def spread(self, t: float, used: Sequence[float]) -> None:
+        """Machines' utilization (0..1) at ``t``."""
+        if t < self.warmup or not used:
+            return
+        mean = statistics.fmean(used)
+        if mean <= 0:
+            return
+        self.placements.spread_cv.append(statistics.pstdev(used, mean) / mean)
+        self.placements.spread_max.append(max(used) / mean)
+
+    def flow_round(self, scheduler: str, update: float, solve: float, extract: float,
+                   nodes: int, arcs: int, placed: int, migrated: int, preempted: int,
+                   repaired: int) -> None:
+        r = self.rounds.setdefault(scheduler, Rounds())
+        r.update.append(update)
+        r.solve.append(solve)
+        r.extract.append(extract)
+        r.nodes.append(nodes)
+        r.arcs.append(arcs)
+        r.placed += placed
+        r.migrated += migrated
+        r.preempted += preempted
+        r.repaired += repaired
+
+    def distributions(self) -> dict[str, list[float]]:
+        """CDFs (101 quantiles) of the distributions the placement measures keep."""
+        out = {"placement_latency_s": quantiles(self.placements.latencies),
+               "job_response_s": quantiles(self.placements.responses)}
+        for name, r in sorted(self.rounds.items()):
+            out[f"{name}_solve_s"] = quantiles(r.solve)
+            out[f"{name}_round_s"] = quantiles(
+                [a + b + c for a, b, c in zip(r.update, r.solve, r.extract, strict=True)])
+        return out
+
+    def _placement_summary(self, out: dict[str, Any]) -> None:
+        p = self.placements
+        lat = quantiles(p.latencies)
+        out["tasks_measured"] = len(p.latencies)
+        out["placement_latency_mean_s"] = statistics.fmean(p.latencies) if lat else 0.0
+        for q in (50, 90, 99):
+            out[f"placement_latency_p{q}_s"] = lat[q] if lat else 0.0
+        out["placement_latency_max_s"] = lat[-1] if lat else 0.0
+        resp = quantiles(p.responses)
+        out["jobs_measured"] = len(p.responses)
+        out["job_response_mean_s"] = statistics.fmean(p.responses) if resp else 0.0
+        out["job_runtime_mean_s"] = statistics.fmean(p.runtimes) if p.runtimes else 0.0
+        for q in (50, 99):
+            out[f"job_response_p{q}_s"] = resp[q] if resp else 0.0
+        out["input_tasks"] = p.input_tasks
+        out["data_read_gb"] = p.data
+        out["data_local_fraction"] = p.local / p.data if p.data else 0.0
+        out["data_rack_local_fraction"] = p.rack_local / p.data if p.data else 0.0
+        out["data_local_ceiling"] = p.best_local / p.data if p.data else 0.0
+        out["data_rack_local_ceiling"] = p.best_rack_local / p.data if p.data else 0.0
+        out["load_cv_mean"] = statistics.fmean(p.spread_cv) if p.spread_cv else 0.0
+        out["load_max_over_mean"] = statistics.fmean(p.spread_max) if p.spread_max else 0.0
+        for name, r in sorted(self.rounds.items()):
+            total = [a + b + c for a, b, c in zip(r.update, r.solve, r.extract, strict=True)]
+            solve = quantiles(r.solve)
+            rnd = quantiles(total)
+            out[f"{name}_rounds"] = len(r.solve)
+            out[f"{name}_round_mean_s"] = statistics.fmean(total) if total else 0.0
+            out[f"{name}_round_p50_s"] = rnd[50] if rnd else 0.0
+            out[f"{name}_round_p99_s"] = rnd[99] if rnd else 0.0
+            out[f"{name}_update_mean_s"] = statistics.fmean(r.update) if r.update else 0.0
+            out[f"{name}_solve_mean_s"] = statistics.fmean(r.solve) if r.solve else 0.0
+            out[f"{name}_solve_p50_s"] = solve[50] if solve else 0.0
+            out[f"{name}_solve_p99_s"] = solve[99] if solve else 0.0
+            out[f"{name}_solve_max_s"] = solve[-1] if solve else 0.0
+            out[f"{name}_extract_mean_s"] = statistics.fmean(r.extract) if r.extract else 0.0
+            out[f"{name}_arcs_mean"] = statistics.fmean(r.arcs) if r.arcs else 0.0
+            out[f"{name}_arcs_max"] = max(r.arcs, default=0)
+            out[f"{name}_nodes_mean"] = statistics.fmean(r.nodes) if r.nodes else 0.0
+            out[f"{name}_round_placements"] = r.placed
+            out[f"{name}_migrated"] = r.migrated
+            out[f"{name}_preempted"] = r.preempted
+            out[f"{name}_repaired"] = r.repaired
+
     def daily(self, name: str, wasted: bool = False) -> list[float]:
         s = self.schedulers[name]
         table = s.wasted if wasted else s.busy
@@ -139,4 +310,7 @@ class Recorder:
             out[f"{name}_fallbacks_taken"] = s.fell_back
         if self.utilization:
             out["cpu_utilization_mean"] = statistics.fmean(u[1] for u in self.utilization)
+            late = [u[1] for u in self.utilization if u[0] >= self.warmup]
+            out["cpu_utilization_measured"] = statistics.fmean(late) if late else 0.0
+        self._placement_summary(out)
         return out

@@ -5,17 +5,24 @@ Jobs arrive from their class's generator (or a trace), are submitted to the cell
 poke the scheduler instance that owns them (rendezvous hashing, as the runtime does).
 When an attempt commits, each job's committed tasks run for the job's duration and
 then end (one event per job and commit: the tasks of one commit end together).
+
+A job of a class with ``input`` gets its data blocks when it arrives, on machines
+drawn from the class's own random stream; every first placement of a task is
+measured (latency, and the data it reads locally), and a flow scheduler's rounds are
+recorded as they are decided (see ``simulator/recorder.py``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from cellstate.cell import CellSnapshot
+from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
@@ -27,7 +34,9 @@ from cellstate.model import (
     TaskState,
     task_id,
 )
+from schedulers.api import Plan, Policy
 from schedulers.batch import BatchPolicy
+from schedulers.flow import FlowPolicy
 from schedulers.registry import Registry
 from schedulers.runtime import Attempt, RuntimeConfig, SchedulerInstance, owner_of
 from simulator.cell import Changes, SimCell, capacity_of
@@ -36,10 +45,41 @@ from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
 from simulator.recorder import Recorder
 from simulator.twolevel import Allocator, Framework, OfferView
-from simulator.workload import JobSpec, generate, load_trace
+from simulator.workload import JobClass, JobSpec, generate, input_of, load_trace
 
 # Leases never lapse in virtual time; an instance with no work sleeps until poked.
 _NEVER = 10**9
+
+
+class _Locality:
+    """Where a job's input blocks are: how many of them each machine and each rack
+    holds a copy of, and the data each task reads (its even share of them all)."""
+
+    def __init__(self, blocks: list[tuple[str, ...]], rack_of: dict[str, str],
+                 per_task: float) -> None:
+        self.blocks = len(blocks)
+        self.per_task = per_task
+        self.on_machine: dict[str, int] = {}
+        self.on_rack: dict[str, int] = {}
+        for copies in blocks:
+            for m in copies:
+                self.on_machine[m] = self.on_machine.get(m, 0) + 1
+            for r in {rack_of[m] for m in copies}:
+                self.on_rack[r] = self.on_rack.get(r, 0) + 1
+
+        # The most any one machine or rack holds: the best a placement can read locally.
+        self.best_machine = max(self.on_machine.values(), default=0)
+        self.best_rack = max(self.on_rack.values(), default=0)
+
+    def read(self, machine: str, rack: str) -> tuple[float, float, float, float, float]:
+        """(data, local data, rack-local data) of a task running on ``machine``, and
+        the local and rack-local data on the best machine and rack for it."""
+        if not self.blocks:
+            return 0.0, 0.0, 0.0, 0.0, 0.0
+        share = self.per_task / self.blocks
+        return (self.per_task, share * self.on_machine.get(machine, 0),
+                share * self.on_rack.get(rack, 0), share * self.best_machine,
+                share * self.best_rack)
 
 
 class Driver(Protocol):
@@ -54,7 +94,7 @@ class Simulation:
         self.config = config
         self.loop = EventLoop()
         self.cell = SimCell()
-        self.recorder = Recorder(config.horizon, config.day)
+        self.recorder = Recorder(config.horizon, config.day, config.warmup)
         self.registry = registry or Registry.from_entry_points()
         self.base_dir = base_dir or Path.cwd()
         self._running: dict[str, int] = {}  # job -> tasks running
@@ -63,7 +103,20 @@ class Simulation:
         self._instances: dict[str, list[str]] = {}
         self._drivers: dict[tuple[str, str], Driver] = {}
         self._abandoned: set[str] = set()
-        self.cell.add_machines(self._machines())
+        self._input_rngs: dict[str, random.Random] = {}
+        self._prefilled: set[str] = set()  # jobs of the prefill (not measured)
+        self._classes: dict[str, JobClass] = {c.name: c for c in config.classes}
+        self._first: dict[str, set[int]] = {}  # job -> tasks placed at least once
+        self._locality: dict[str, _Locality] = {}
+        self.policies: dict[tuple[str, str], Policy] = {}
+        self._last_round: dict[tuple[str, str], object] = {}
+        machines = list(self._machines())
+        self._machine_ids = [m.id for m in machines]
+        self._rack_of = {m.id: m.rack for m in machines}
+        self._racks: dict[str, list[str]] = {}
+        for m in machines:
+            self._racks.setdefault(m.rack, []).append(m.id)
+        self.cell.add_machines(machines)
         self.capacity = capacity_of(self.cell.snapshot())
         self.allocator: Allocator | None = None
         if config.architecture is Architecture.TWO_LEVEL:
@@ -76,15 +129,16 @@ class Simulation:
         c = self.config.cell
         cap = Resources.of(cpu=c.cpu, mem=c.mem)
         for i in range(c.machines):
-            yield Machine(f"m{i:05d}", cap, rack=f"r{i // 40:03d}",
-                          failure_domain=f"fd{i // 400:02d}")
+            yield Machine(f"m{i:05d}", cap, rack=f"r{i // c.rack_size:03d}",
+                          failure_domain=f"fd{i // (10 * c.rack_size):02d}")
 
     def _runtime_config(self, spec: SchedulerSpec) -> RuntimeConfig:
         r = self.config.retry
         return RuntimeConfig(mode=spec.mode, detection=spec.detection,
                              max_attempts=r.max_attempts, max_fruitless_attempts=r.max_fruitless,
                              retry_delay=r.delay, max_retry_delay=r.max_delay,
-                             lease_ttl=_NEVER, idle_wait=math.inf, options=dict(spec.options))
+                             lease_ttl=_NEVER, idle_wait=math.inf,
+                             options=dict(spec.options))
 
     def _add_schedulers(self) -> None:
         for spec in self.config.schedulers:
@@ -95,11 +149,17 @@ class Simulation:
                 source: SimCell | OfferView = self.cell
                 if self.allocator is not None:
                     source = OfferView(self.cell)
+                policy = self.registry.create(spec.policy, **spec.options)
+                self.policies[(spec.name, name)] = policy
+                timer = time.process_time if spec.measured_clock == "cpu" else time.perf_counter
+                if isinstance(policy, FlowPolicy):
+                    policy.timer = timer
                 inst = SchedulerInstance(
-                    self.registry.create(spec.policy), self.cell, source, scheduler=spec.name,
+                    policy, self.cell, source, scheduler=spec.name,
                     instance=name, clock=self.loop.clock,
                     rng=stream(self.config.seed, f"scheduler/{spec.name}/{name}"),
-                    config=self._runtime_config(spec), decision_cost=decision_cost(spec))
+                    config=self._runtime_config(spec),
+                    decision_cost=self._charge(spec, name, policy), timer=timer)
                 inst.start()
                 driver: Driver
                 if isinstance(source, OfferView) and self.allocator is not None:
@@ -108,20 +168,45 @@ class Simulation:
                 else:
                     driver = InstanceDriver(self.loop, self.recorder, inst, self._committed)
                 self._drivers[(spec.name, name)] = driver
+                if policy.propose_interval is not None:
+                    driver.poke()  # proposes from the start, not from the first job
+
+    def _charge(self, spec: SchedulerSpec, instance: str, policy: Policy
+                ) -> Callable[[Sequence[Job], Plan, float], float]:
+        """The decision-cost hook of one instance; it also records a flow policy's
+        round (the hook runs right after each decision)."""
+        cost = decision_cost(spec)
+        key = (spec.name, instance)
+
+        def charge(jobs: Sequence[Job], plan: Plan, measured: float) -> float:
+            if isinstance(policy, FlowPolicy) and policy.rounds:
+                r = policy.rounds[-1]
+                if r is not self._last_round.get(key):
+                    self._last_round[key] = r
+                    self.recorder.flow_round(spec.name, r.update, r.solve, r.extract,
+                                             r.nodes, r.arcs, r.placed, r.migrated,
+                                             r.preempted, r.repaired)
+            return cost(jobs, plan, measured)
+
+        return charge
 
     def _prefill(self) -> None:
         """Fill the cell at time 0, with no decision time, by randomized first fit."""
         p = self.config.prefill
         if p is None:
             return
-        inst = SchedulerInstance(BatchPolicy(), self.cell, self.cell, scheduler="prefill",
-                                 clock=self.loop.clock,
+        # Placed by an instance under the owner's name, so that the tasks are the
+        # owner's (a flow scheduler re-offers them); it leaves before the owner starts.
+        owner = p.scheduler or "prefill"
+        inst = SchedulerInstance(BatchPolicy(), self.cell, self.cell, scheduler=owner,
+                                 instance="prefill", clock=self.loop.clock,
                                  rng=stream(self.config.seed, "prefill"),
                                  config=RuntimeConfig(lease_ttl=_NEVER, idle_wait=math.inf,
                                                       max_fruitless_attempts=1))
         inst.start()
         for spec in p.jobs(self.capacity.get("cpu")):
-            self._submit(spec.job("prefill"))
+            self._prefilled.add(spec.id)
+            self._submit(spec.job(owner))
         while True:
             attempt = inst.decide()
             if not isinstance(attempt, Attempt):
@@ -149,7 +234,7 @@ class Simulation:
 
         def arrive() -> None:
             sched = self.config.scheduler_of(spec.cls)
-            job = spec.job(sched.name)
+            job = spec.job(sched.name, self._input(spec))
             self._submit(job)
             owner = owner_of(job.id, self._instances[sched.name])
             if owner is not None:
@@ -158,10 +243,24 @@ class Simulation:
 
         self.loop.at(spec.submit, ARRIVAL, arrive)
 
+    def _input(self, spec: JobSpec) -> tuple[tuple[str, float], ...]:
+        """Input blocks for a job of a class that has them (``Job.input``)."""
+        cls = self._classes.get(spec.cls)
+        if cls is None or cls.input is None:
+            return ()
+        rng = self._input_rngs.get(cls.name)
+        if rng is None:
+            rng = self._input_rngs[cls.name] = stream(self.config.seed, f"input/{cls.name}")
+        blocks = cls.input.blocks(spec.tasks, rng, self._machine_ids, self._rack_of,
+                                  self._racks)
+        self._locality[spec.id] = _Locality(
+            blocks, self._rack_of, cls.input.blocks_per_task * cls.input.block_size)
+        return input_of(blocks, cls.input.block_size)
+
     def _submit(self, job: Job) -> None:
         self._jobs[job.id] = job
         self.cell.submit_job(job)
-        if job.scheduler != "prefill":
+        if job.id not in self._prefilled:
             self.recorder.submitted_job(job)
 
     def _committed(self, attempt: Attempt, results: dict[str, CommitResult]) -> None:
@@ -174,10 +273,30 @@ class Simulation:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
+            if job_id not in self._prefilled and self.recorder.measured(job):
+                self._measure(job, res, now)
             if job.duration is not None:
                 tids = [c.task for c in res.committed]
                 self.loop.at(now + job.duration, END,
                              _bind(self._end, job_id, tids, res.revision))
+
+    def _measure(self, job: Job, res: CommitResult, now: float) -> None:
+        """Latency and data locality of the tasks this commit placed for the first
+        time; the job's response time once all its tasks have been placed."""
+        first = self._first.setdefault(job.id, set())
+        if len(first) >= job.task_count:
+            return
+        loc = self._locality.get(job.id)
+        for c in res.committed:
+            if c.moves_from or c.index in first:
+                continue
+            first.add(c.index)
+            self.recorder.placed(job, now)
+            if loc is not None:
+                self.recorder.read(*loc.read(c.machine, self._rack_of[c.machine]))
+        if len(first) >= job.task_count and job.duration is not None:
+            # Tasks of a job run equally long: the last placed ends last.
+            self.recorder.job_response(now + job.duration - job.submitted_at, job.duration)
 
     def _end(self, job_id: str, tids: list[str], placed_at: int) -> None:
         released = self.cell.release_tasks(tids, TaskState.FINISHED, placed_at)
@@ -192,7 +311,7 @@ class Simulation:
                 if status is not None and status.state is JobState.ABANDONED:
                     self._abandoned.add(ident)
                     job = self._jobs[ident]
-                    if job.scheduler != "prefill":
+                    if ident not in self._prefilled:
                         self.recorder.abandoned_job(job)
                     # Not from inside the store's publish: at once, as its own event.
                     self.loop.at(self.loop.now, END, _bind(self._maybe_forget, ident))
@@ -205,6 +324,9 @@ class Simulation:
             self.cell.forget_job(job_id)
             self.recorder.forget(job_id)
             del self._jobs[job_id]
+            self._prefilled.discard(job_id)
+            self._first.pop(job_id, None)
+            self._locality.pop(job_id, None)
             self._running.pop(job_id, None)
             self._ended.pop(job_id, None)
             self._abandoned.discard(job_id)
@@ -213,6 +335,11 @@ class Simulation:
         cpu = self.cell.used("cpu") / max(self.capacity.get("cpu"), 1e-9)
         mem = self.cell.used("mem") / max(self.capacity.get("mem"), 1e-9)
         self.recorder.sample(self.loop.now, cpu, mem)
+        if self.loop.now >= self.config.warmup:
+            snap = self.cell.snapshot()
+            self.recorder.spread(self.loop.now, [
+                machine_used(m, snap.gangs).get("cpu") / cap
+                for m in snap.machines.values() if (cap := m.capacity.get("cpu")) > 0])
         nxt = self.loop.now + self.config.sample_interval
         if nxt <= self.config.horizon:
             self.loop.at(nxt, SAMPLE, self._sample)
@@ -237,7 +364,7 @@ class Simulation:
         snap = self.cell.snapshot()
         out: dict[str, int] = {}
         for job in snap.jobs.values():
-            if job.scheduler == "prefill" or job.id in snap.statuses:
+            if job.id in self._prefilled or job.id in snap.statuses:
                 continue
             if any(_state(snap, task_id(job.id, i)) in PLACEABLE for i in range(job.task_count)):
                 out[job.kind.value] = out.get(job.kind.value, 0) + 1
@@ -245,10 +372,20 @@ class Simulation:
 
     def summary(self) -> dict[str, Any]:
         out = self.recorder.summary(self.unscheduled())
+        out["tasks_unplaced"] = self.tasks_unplaced()
         out["events"] = self.loop.processed
         if self.allocator is not None:
             out["offers"] = self.allocator.offers_made
         return out
+
+
+    def tasks_unplaced(self) -> int:
+        """Tasks of live jobs (not abandoned) still waiting at the end of the run."""
+        snap = self.cell.snapshot()
+        return sum(1 for job in snap.jobs.values()
+                   if job.id not in self._prefilled and job.id not in snap.statuses
+                   for i in range(job.task_count)
+                   if _state(snap, task_id(job.id, i)) in PLACEABLE)
 
 
 def _state(snap: CellSnapshot, tid: str) -> TaskState:

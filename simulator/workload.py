@@ -65,6 +65,69 @@ class Distribution:
         return cls("empirical", 0.0, tuple(quantiles))
 
 
+PLACEMENTS = ("hdfs", "random")
+
+
+@attrs.frozen
+class InputSpec:
+    """Input data for a class's jobs, stored as a distributed file system stores it:
+    each task of a job reads ``blocks_per_task`` blocks of ``block_size`` (GB), and
+    each block has ``replicas`` copies on distinct machines. ``hdfs`` placement is
+    HDFS's default: the first copy on a random machine, the second on a machine of
+    another rack, the third on another machine of the second's rack, any further ones
+    on random machines; ``random`` puts every copy on a random machine."""
+
+    blocks_per_task: int = 2
+    replicas: int = 3
+    block_size: float = 0.25
+    placement: str = "hdfs"
+
+    def blocks(self, job_tasks: int, rng: random.Random, machines: Sequence[str],
+               rack_of: dict[str, str], racks: dict[str, list[str]]
+               ) -> list[tuple[str, ...]]:
+        """Where each block of a job of ``job_tasks`` tasks is stored: for each block,
+        the machines holding a copy (as many as there are machines, at most)."""
+        copies = min(self.replicas, len(machines))
+        return [self._place(rng, copies, machines, rack_of, racks)
+                for _ in range(job_tasks * self.blocks_per_task)]
+
+    def _place(self, rng: random.Random, copies: int, machines: Sequence[str],
+               rack_of: dict[str, str], racks: dict[str, list[str]]) -> tuple[str, ...]:
+        chosen: list[str] = []
+        if self.placement == "hdfs" and copies >= 2 and len(racks) >= 2:
+            first = machines[rng.randrange(len(machines))]
+            chosen.append(first)
+            # Other racks: draw machines until one is off the first's rack.
+            while True:
+                second = machines[rng.randrange(len(machines))]
+                if rack_of[second] != rack_of[first]:
+                    break
+            chosen.append(second)
+            mates = racks[rack_of[second]]
+            if copies >= 3 and len(mates) >= 2:
+                while True:
+                    third = mates[rng.randrange(len(mates))]
+                    if third != second:
+                        break
+                chosen.append(third)
+        while len(chosen) < copies:
+            m = machines[rng.randrange(len(machines))]
+            if m not in chosen:
+                chosen.append(m)
+        return tuple(chosen)
+
+
+def input_of(blocks: Sequence[tuple[str, ...]], block_size: float
+             ) -> tuple[tuple[str, float], ...]:
+    """``Job.input`` for these blocks: the data each machine holds (every copy
+    counted where it is), sorted by machine."""
+    held: dict[str, float] = {}
+    for copies in blocks:
+        for m in copies:
+            held[m] = held.get(m, 0.0) + block_size
+    return tuple(sorted(held.items()))
+
+
 @attrs.frozen
 class JobClass:
     """One stream of jobs. ``rate_scale`` multiplies its arrival rate."""
@@ -77,6 +140,7 @@ class JobClass:
     cpu: Distribution = attrs.field(factory=lambda: Distribution.fixed(1.0))
     mem: Distribution = attrs.field(factory=lambda: Distribution.fixed(2.0))
     rate_scale: float = 1.0
+    input: InputSpec | None = None  # input data blocks of each job (data locality)
 
     def mean_tasks(self) -> float:
         return self.tasks.mean()
@@ -95,10 +159,11 @@ class JobSpec:
     cpu: float
     mem: float
 
-    def job(self, scheduler: str) -> Job:
+    def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = ()) -> Job:
+        """The job to submit; ``data`` is its input (``Job.input``)."""
         return Job(self.id, "sim", scheduler, self.tasks,
                    Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
-                   duration=self.duration, submitted_at=self.submit)
+                   duration=self.duration, submitted_at=self.submit, input=data)
 
 
 def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[JobSpec]:
@@ -116,13 +181,16 @@ def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[
 @attrs.frozen
 class Prefill:
     """Fill the cell before time 0 to ``utilization`` of its CPUs, with jobs of
-    ``tasks`` tasks of the given shape that run ``duration`` seconds (None: all run)."""
+    ``tasks`` tasks of the given shape that run ``duration`` seconds (None: all run).
+    ``scheduler``: the scheduler that owns the prefilled jobs once placed (a flow
+    scheduler then has their running tasks in its network); None: no scheduler."""
 
     utilization: float = 0.6
     tasks: int = 100
     cpu: float = 1.0
     mem: float = 2.0
     duration: float | None = None
+    scheduler: str | None = None
 
     def jobs(self, total_cpu: float) -> list[JobSpec]:
         target = self.utilization * total_cpu

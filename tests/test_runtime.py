@@ -293,3 +293,16 @@ def test_batch_policy_proposes_fallbacks_that_can_host_the_task_when_asked() -> 
     for bad in (MAX_FALLBACKS + 1, -1, "two", True):
         with pytest.raises(ValueError, match="option fallbacks must be a whole number"):
             plan(bad)
+
+
+def test_an_idle_instance_asks_to_wake_for_its_next_proposal() -> None:
+    """With nothing queued, a policy that proposes is woken when the next proposal is
+    due, however long the idle wait (the simulator's is infinite)."""
+    from tests.policies import ElasticGrower
+
+    h = Harness()
+    h.admin.add_machines([machine("m0")])
+    inst = h.add(ElasticGrower(), config=RuntimeConfig(idle_wait=float("inf"),
+                                                       lease_ttl=10**9))
+    assert inst.step() == 0.0  # the first proposal, at once
+    assert inst.step() == ElasticGrower.propose_interval

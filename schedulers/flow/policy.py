@@ -34,7 +34,7 @@ import itertools
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -85,6 +85,8 @@ class FlowPolicy(Policy):
         self._configured = False
         self._configure(options)
         self.rounds: deque[Round] = deque(maxlen=1000)
+        # The clock a round's parts are timed with (a simulator injects CPU time).
+        self.timer: Callable[[], float] = time.perf_counter
         self._graph: GraphManager | None = None
         self._totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
         self._report: Mapping[str, float | int] = {}
@@ -161,18 +163,18 @@ class FlowPolicy(Policy):
 
     def _round(self, ctx: Context, due: Sequence[Job]) -> Plan:
         graph = self.graph(ctx)
-        t0 = time.perf_counter()
+        t0 = self.timer()
         stats = graph.update(ctx.view.snap, ctx.changes, ctx.now)
-        t1 = time.perf_counter()
+        t1 = self.timer()
         net = graph.net.arrays()
         solution = self.solver.solve(net)
-        t2 = time.perf_counter()
+        t2 = self.timer()
         latest = ctx.latest() if ctx.latest is not None else None
         ex = extract(graph, net, solution.flow, ctx.view, latest)
         graph.note_moved(ex.moved, ctx.now)
         for jid, mid in ex.turned_back:
             graph.block(jid, mid, ctx.now)
-        t3 = time.perf_counter()
+        t3 = self.timer()
         self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
