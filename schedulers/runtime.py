@@ -54,8 +54,10 @@ from cellstate.model import (
     Job,
     JobState,
     JobStatus,
+    TaskState,
     Transaction,
     TxnMode,
+    required_tasks,
     task_id,
 )
 from cellstate.replica import Replica
@@ -375,8 +377,7 @@ class SchedulerInstance:
         if owner_of(jid, self._members or (self.instance,)) != self.instance:
             self._jobs.pop(jid, None)
             return
-        if any(task_view(snap, task_id(jid, i)).state in PLACEABLE
-               for i in range(job.task_count)):
+        if _waiting(snap, job):
             self._queue[jid] = (job.submitted_at, jid)
 
     # -- metrics -------------------------------------------------------------------------
@@ -437,10 +438,15 @@ class SchedulerInstance:
         if not due:
             self._keep_seen(seen)
             waits = [self._state(j).next_try_at - now for j in self._queue]
+            # An idle instance still wakes for its next proposal (a simulator's idle
+            # wait is infinite: it would otherwise sleep until a job arrives).
+            until_propose = (self._next_propose - now if self.policy.propose_interval
+                             is not None else float("inf"))
             if not waits:
-                return self.config.idle_wait
+                return min(self.config.idle_wait, max(until_propose, 0.0))
             # A job's backoff (up to max_retry_delay) may be longer than the lease.
-            return min(max(min(waits), 0.0), self._until_keep_alive(now))
+            return min(max(min(waits), 0.0), self._until_keep_alive(now),
+                       max(until_propose, 0.0))
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
 
@@ -625,6 +631,20 @@ def policy_report(report: object) -> tuple[dict[str, float | int], str]:
             return {}, f"{key}: {value!r} is not a finite number"
         out[key] = value
     return out, ""
+
+
+def _waiting(snap: CellSnapshot, job: Job) -> bool:
+    """Whether a task the job's scheduler must place is waiting: any of its tasks, but
+    only the requested workers of a MapReduce job (its extra workers are the elastic
+    policy's to place), and none once one of its workers finished (the job's work is
+    done: its workers end together)."""
+    if job.mapreduce is None:
+        return any(task_view(snap, task_id(job.id, i)).state in PLACEABLE
+                   for i in range(job.task_count))
+    states = [task_view(snap, task_id(job.id, i)).state for i in range(job.task_count)]
+    if TaskState.FINISHED in states:
+        return False
+    return any(s in PLACEABLE for s in states[:required_tasks(job)])
 
 
 def _why(unplaced: Iterable[Unplaced], job: Job, res: CommitResult | None) -> str:

@@ -27,6 +27,8 @@ class RunResult:
     point: dict[str, Any]
     metrics: dict[str, Any]
     utilization: tuple[tuple[float, float, float], ...]
+    # CDFs: 101 quantiles (0, 1%, ..., 100%) of each distribution the run measured
+    distributions: dict[str, list[float]] = attrs.field(factory=dict)
 
 
 def write_data(exp: Experiment, results: Sequence[RunResult], out: Path) -> list[Path]:
@@ -36,7 +38,8 @@ def write_data(exp: Experiment, results: Sequence[RunResult], out: Path) -> list
         "description": exp.description,
         "axes": [a.name for a in exp.axes],
         "runs": [{"point": r.point, "metrics": r.metrics,
-                  "utilization": [list(u) for u in r.utilization]} for r in results],
+                  "utilization": [list(u) for u in r.utilization],
+                  "distributions": r.distributions} for r in results],
     }
     json_path = out / "results.json"
     json_path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -60,6 +63,10 @@ def write_plots(exp: Experiment, results: Sequence[RunResult], out: Path) -> lis
 
 
 def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Path) -> Path:
+    if spec.kind == "cdf":
+        return _cdf(exp, spec, results, out)
+    if spec.kind == "utilization":
+        return _panels(exp, spec, results, out)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     groups: dict[Any, list[RunResult]] = {}
     for r in results:
@@ -87,6 +94,61 @@ def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Pa
     ax.set_title(spec.title or exp.name)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / spec.file
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def _cdf(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in results:
+        for y in spec.y:
+            qs = r.distributions.get(y, [])
+            if not qs:
+                continue
+            run = (str(r.point.get(spec.series)) if spec.series
+                   else ", ".join(f"{k}={v}" for k, v in r.point.items()))
+            label = " ".join(p for p in (run, y if len(spec.y) > 1 else "") if p)
+            fractions = [i / (len(qs) - 1) for i in range(len(qs))]
+            ax.plot(qs, fractions, label=label or y)
+    ax.set_xlabel(spec.ylabel or ", ".join(spec.y))
+    ax.set_ylabel("fraction")
+    ax.set_ylim(0, 1)
+    if spec.logx:
+        ax.set_xscale("log")
+    ax.set_title(spec.title or exp.name)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / spec.file
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+_SAMPLED = {"cpu": 1, "mem": 2}  # resource -> its column in a utilization sample
+
+
+def _panels(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Path) -> Path:
+    """Utilization over time, one panel per run (Omega's Fig. 16)."""
+    fig, axes = plt.subplots(len(results), 1, figsize=(6.4, 2.2 * len(results) + 0.6),
+                             sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results, strict=True):
+        hours = [u[0] / 3600 for u in r.utilization]
+        for y in spec.y:
+            ax.plot(hours, [u[_SAMPLED[y]] for u in r.utilization], linewidth=0.8,
+                    label=y.upper() if y == "cpu" else "RAM")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(spec.ylabel or "utilization")
+        ax.set_title(str(r.point.get(spec.series)) if spec.series
+                     else ", ".join(f"{k}={v}" for k, v in r.point.items()), fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("simulated hours")
+    fig.suptitle(spec.title or exp.name, fontsize=10)
     fig.tight_layout()
     path = out / spec.file
     fig.savefig(path, dpi=100, metadata={"Software": None})

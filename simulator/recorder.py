@@ -44,6 +44,21 @@ def median_abs_deviation(values: Sequence[float]) -> float:
     return statistics.median(abs(v - mid) for v in values)
 
 
+def quantiles(values: Sequence[float], points: int = 101) -> list[float]:
+    """``points`` evenly spaced quantiles from 0 to 1 (linear interpolation), for a
+    CDF; an empty list when there are no values."""
+    if not values:
+        return []
+    ordered = sorted(values)
+    out = []
+    for i in range(points):
+        pos = i / (points - 1) * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        out.append(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+    return out
+
+
 class Recorder:
     def __init__(self, horizon: float, day: float) -> None:
         self.horizon = horizon
@@ -55,6 +70,8 @@ class Recorder:
         self.abandoned: dict[str, int] = {}
         self.submitted: dict[str, int] = {}
         self.utilization: list[tuple[float, float, float]] = []
+        # Per-job values of other parts of a run (a MapReduce job's speedup), by name.
+        self.values: dict[str, list[float]] = {}
 
     def scheduler(self, name: str, instances: int) -> None:
         self.schedulers[name] = SchedulerStats(instances)
@@ -103,6 +120,14 @@ class Recorder:
 
     def sample(self, t: float, cpu: float, mem: float) -> None:
         self.utilization.append((t, cpu, mem))
+
+    def value(self, name: str, value: float) -> None:
+        """One more value of distribution ``name`` (kept for its CDF)."""
+        self.values.setdefault(name, []).append(value)
+
+    def distributions(self) -> dict[str, list[float]]:
+        """CDFs (101 quantiles) of every distribution recorded."""
+        return {name: quantiles(v) for name, v in sorted(self.values.items())}
 
     def daily(self, name: str, wasted: bool = False) -> list[float]:
         s = self.schedulers[name]

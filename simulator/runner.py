@@ -26,7 +26,8 @@ def run_one(point: dict[str, object], config_index: int, exp: Experiment,
     # A simulated cell is a few hundred thousand long-lived objects; the collector
     # scanning them again and again cost about a quarter of the run time.
     metrics = sim.run(progress, after_prefill=tune_for_large_heap)
-    return RunResult(point, metrics, tuple(sim.recorder.utilization))
+    return RunResult(point, metrics, tuple(sim.recorder.utilization),
+                     sim.recorder.distributions())
 
 
 def _worker(exp: Experiment, index: int) -> tuple[int, RunResult, float]:
@@ -74,8 +75,8 @@ def replot(exp: Experiment, out: Path) -> list[RunResult]:
     """Draw an experiment's plots again from its results.json (after editing only the
     [[plot]] tables, no need to run it again)."""
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    results = [RunResult(r["point"], r["metrics"], tuple(tuple(u) for u in r["utilization"]))
-               for r in doc["runs"]]
+    results = [RunResult(r["point"], r["metrics"], tuple(tuple(u) for u in r["utilization"]),
+                         r.get("distributions", {})) for r in doc["runs"]]
     write_plots(exp, results, out)
     return results
 

@@ -4,7 +4,9 @@ runs the event loop to the horizon, and returns the metrics.
 Jobs arrive from their class's generator (or a trace), are submitted to the cell and
 poke the scheduler instance that owns them (rendezvous hashing, as the runtime does).
 When an attempt commits, each job's committed tasks run for the job's duration and
-then end (one event per job and commit: the tasks of one commit end together).
+then end (one event per job and commit: the tasks of one commit end together). A
+MapReduce job's workers run until its work is done by the speedup model, which the
+workers placed and evicted over time decide (``simulator/mapreduce.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cellstate.model import (
     Machine,
     Resources,
     TaskState,
+    required_tasks,
     task_id,
 )
 from schedulers.batch import BatchPolicy
@@ -34,6 +37,7 @@ from simulator.cell import Changes, SimCell, capacity_of
 from simulator.config import Architecture, SchedulerSpec, SimConfig
 from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
+from simulator.mapreduce import MapReduceRuns
 from simulator.recorder import Recorder
 from simulator.twolevel import Allocator, Framework, OfferView
 from simulator.workload import JobSpec, generate, load_trace
@@ -63,6 +67,7 @@ class Simulation:
         self._instances: dict[str, list[str]] = {}
         self._drivers: dict[tuple[str, str], Driver] = {}
         self._abandoned: set[str] = set()
+        self.mapreduce = MapReduceRuns(self.loop, self.cell, self.recorder, self._completed)
         self.cell.add_machines(self._machines())
         self.capacity = capacity_of(self.cell.snapshot())
         self.allocator: Allocator | None = None
@@ -95,8 +100,9 @@ class Simulation:
                 source: SimCell | OfferView = self.cell
                 if self.allocator is not None:
                     source = OfferView(self.cell)
+                policy = self.registry.create(spec.policy, **spec.options)
                 inst = SchedulerInstance(
-                    self.registry.create(spec.policy), self.cell, source, scheduler=spec.name,
+                    policy, self.cell, source, scheduler=spec.name,
                     instance=name, clock=self.loop.clock,
                     rng=stream(self.config.seed, f"scheduler/{spec.name}/{name}"),
                     config=self._runtime_config(spec), decision_cost=decision_cost(spec))
@@ -108,6 +114,8 @@ class Simulation:
                 else:
                     driver = InstanceDriver(self.loop, self.recorder, inst, self._committed)
                 self._drivers[(spec.name, name)] = driver
+                if policy.propose_interval is not None:
+                    driver.poke()  # proposes from the start, not from the first job
 
     def _prefill(self) -> None:
         """Fill the cell at time 0, with no decision time, by randomized first fit."""
@@ -170,11 +178,14 @@ class Simulation:
             for victim in res.evicted:
                 vjob = victim.rpartition("/")[0]
                 self._running[vjob] -= 1
+                self.mapreduce.workers(self._jobs[vjob], self._running[vjob])
             if not res.committed:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
-            if job.duration is not None:
+            if job.mapreduce is not None:
+                self.mapreduce.workers(job, self._running[job_id])
+            elif job.duration is not None:
                 tids = [c.task for c in res.committed]
                 self.loop.at(now + job.duration, END,
                              _bind(self._end, job_id, tids, res.revision))
@@ -184,6 +195,12 @@ class Simulation:
         self._running[job_id] -= len(released)
         self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
         self._maybe_forget(job_id)
+
+    def _completed(self, job: Job, released: list[str]) -> None:
+        """A MapReduce job's work is done and its running workers ended."""
+        self._running[job.id] = self._running.get(job.id, 0) - len(released)
+        self._ended[job.id] = self._ended.get(job.id, 0) + len(released)
+        self._maybe_forget(job.id)
 
     def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
         for kind, ident in changes or ():
@@ -201,7 +218,9 @@ class Simulation:
         job = self._jobs.get(job_id)
         if job is None or self._running.get(job_id, 0) > 0:
             return
-        if self._ended.get(job_id, 0) >= job.task_count or job_id in self._abandoned:
+        if (self._ended.get(job_id, 0) >= job.task_count or job_id in self._abandoned
+                or job_id in self.mapreduce.finished):
+            self.mapreduce.forget(job_id)
             self.cell.forget_job(job_id)
             self.recorder.forget(job_id)
             del self._jobs[job_id]
@@ -239,12 +258,15 @@ class Simulation:
         for job in snap.jobs.values():
             if job.scheduler == "prefill" or job.id in snap.statuses:
                 continue
-            if any(_state(snap, task_id(job.id, i)) in PLACEABLE for i in range(job.task_count)):
+            if any(_state(snap, task_id(job.id, i)) in PLACEABLE
+                   for i in range(required_tasks(job))):
                 out[job.kind.value] = out.get(job.kind.value, 0) + 1
         return out
 
     def summary(self) -> dict[str, Any]:
         out = self.recorder.summary(self.unscheduled())
+        if any(c.mapreduce is not None for c in self.config.classes):
+            out.update(self.mapreduce.summary(self.recorder.utilization))
         out["events"] = self.loop.processed
         if self.allocator is not None:
             out["offers"] = self.allocator.offers_made
