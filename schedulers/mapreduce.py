@@ -227,6 +227,10 @@ class MapReducePolicy(Policy):
                 gain = self._gain(s, cell, ctx.now)
                 if gain > 0:
                     heapq.heappush(heap, (-gain, jid))
+        for jid, s in jobs.items():
+            if s.added:  # predicted on from here with the workers claimed (the next
+                # round counts again what actually runs)
+                self.tracker.workers(jid, s.spec, s.running, ctx.now)
         return added
 
     def _gain(self, s: JobState, cell: _Cell, now: float) -> float:
