@@ -45,7 +45,7 @@ def mr(jid: str, maps: int, workers: int, *, map_seconds: float = 1e4, reduces: 
 def cell(machines: int, **options: object) -> tuple[Harness, SchedulerInstance]:
     h = Harness()
     h.admin.add_machines([machine(f"m{i}", cpu=4, mem=16) for i in range(machines)])
-    inst = h.add(MapReducePolicy(interval=INTERVAL, **options), scheduler="mapreduce",  # type: ignore[arg-type]
+    inst = h.add(MapReducePolicy(interval=INTERVAL, **options), scheduler="mapreduce",
                  config=LONG_LEASE)
     return h, inst
 
