@@ -105,9 +105,10 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
     scheds.append(("flow-0", ["scheduler", "flow", "--policy", opts.flow_policy,
                               "--cellstate", cellstate, "--instance", "f0",
                               "--seed", str(opts.seed * 100 + 98)]))
+    # A growth round a second: the demo's MapReduce jobs take tens of seconds.
     scheds.append(("mapreduce-0", ["scheduler", "mapreduce", "--policy", opts.mapreduce_policy,
-                                   "--cellstate", cellstate, "--instance", "mr0",
-                                   "--seed", str(opts.seed * 100 + 97)]))
+                                   "--option", "interval=1", "--cellstate", cellstate,
+                                   "--instance", "mr0", "--seed", str(opts.seed * 100 + 97)]))
     workload = ("workload", ["workload", "--cellstate", cellstate, "--jobs-per-second",
                              str(opts.jobs_per_second), "--seed", str(opts.seed)])
     return Topology(servers, agents, scheds, workload)
