@@ -95,26 +95,39 @@ class Reclaimer:
         if self._loaned is None:
             self._loaned = loaned_machines(self.view)
         best: tuple[str, list[str]] | None = None
-        for mid in self._loaned:
+        emptied = False
+        for i, mid in enumerate(self._loaned):
             m = self.view.machine(mid)
-            if m is None or fit.machine_up(m) or fit.selector(job, m) or fit.resources(
+            loaned = self._on_loan(m) if m is not None else []
+            if m is None or not loaned:
+                # Taken back earlier in this decision: not worth a look again.
+                self._loaned[i] = ""
+                emptied = True
+                continue
+            if fit.machine_up(m) or fit.selector(job, m) or fit.resources(
                     job.task_resources, m, Resources()):
                 continue  # no eviction can change these
-            victims = self._victims(job, m)
+            victims = self._victims(job, m, loaned)
             if victims is not None and (best is None or len(victims) < len(best[1])):
                 best = (mid, [a.task for a in victims])
                 if len(victims) == 1:
                     break  # none can do with fewer
+        if emptied:
+            self._loaned = [mid for mid in self._loaned if mid]
         return best
 
-    def _victims(self, job: Job, m: Machine) -> list[Allocation] | None:
-        """The fewest opportunistic tasks of ``m`` whose leaving lets the task in,
-        largest first; None if all of them leaving is not enough."""
+    def _on_loan(self, m: Machine) -> list[Allocation]:
+        """The opportunistic tasks running on ``m``, largest first."""
         gangs = self.view.gangs
-        loaned = sorted((a for a in m.allocations.values()
-                         if a.precedence <= OPPORTUNISTIC_PRECEDENCE and not a.evicted_by
-                         and alloc_placed(a, gangs)),
-                        key=lambda a: (-sum(a.resources.as_dict().values()), a.task))
+        return sorted((a for a in m.allocations.values()
+                       if a.precedence <= OPPORTUNISTIC_PRECEDENCE and not a.evicted_by
+                       and alloc_placed(a, gangs)),
+                      key=lambda a: (-sum(a.resources.as_dict().values()), a.task))
+
+    def _victims(self, job: Job, m: Machine, loaned: list[Allocation]
+                 ) -> list[Allocation] | None:
+        """The fewest of ``loaned`` (on ``m``) whose leaving lets the task in, largest
+        first; None if all of them leaving is not enough."""
         chosen: list[Allocation] = []
         for a in loaned:
             chosen.append(a)
