@@ -42,6 +42,7 @@ workers added and running, jobs grown and sped up, the last round's time).
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -299,16 +300,19 @@ class _Cell:
 
     @classmethod
     def of(cls, view: CellView) -> _Cell:
-        capacity: dict[str, float] = {}
-        used: dict[str, float] = {}
+        capacity: dict[str, list[float]] = {}
+        used: dict[str, list[float]] = {}
         for m in view.machines():
             if m.state is not MachineState.UP:
                 continue
             for name, amount in m.capacity.amounts:
-                capacity[name] = capacity.get(name, 0.0) + amount
+                capacity.setdefault(name, []).append(amount)
             for name, amount in view.used(m.id).amounts:
-                used[name] = used.get(name, 0.0) + amount
-        return cls(capacity, used)
+                used.setdefault(name, []).append(amount)
+        # fsum: the same total in whatever order the machines come (a map's order
+        # follows the process's string hash), so the same decisions.
+        return cls({n: math.fsum(v) for n, v in capacity.items()},
+                   {n: math.fsum(v) for n, v in used.items()})
 
     def utilization(self) -> float:
         """The busiest dimension's share in use."""

@@ -344,12 +344,14 @@ class SchedulerInstance:
     def _refresh(self, snap: CellSnapshot, dirty: set[str] | None,
                  touched: set[str] | None) -> None:
         if touched is None:
-            self._machine_ids = list(snap.machines.keys())
+            self._machine_ids = sorted(snap.machines.keys())
             self._machine_set = set(self._machine_ids)
         elif touched:
             for mid in touched:
                 if (mid in snap.machines) != (mid in self._machine_set):
-                    self._machine_ids = list(snap.machines.keys())
+                    # Sorted: a map's order follows the string hash, which differs from
+                    # process to process, and a policy's random picks index this list.
+                    self._machine_ids = sorted(snap.machines.keys())
                     self._machine_set = set(self._machine_ids)
                     break
         members = tuple(snap.live_instances(self.scheduler))

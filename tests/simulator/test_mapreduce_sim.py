@@ -4,6 +4,10 @@ the workers it had (decision times 0; rounds every 5 s from time 0)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,69 @@ def test_the_committed_experiment_files_load(name: str) -> None:
     exp = load(ROOT / "experiments" / "omega" / f"{name}.toml")
     assert exp.runs and all(
         any(c.mapreduce is not None for c in r.config.classes) for r in exp.runs)
+
+
+TINY = """\
+name = "tiny_mapreduce"
+horizon = 1200
+seed = 5
+sample_interval = 60
+
+[cell]
+machines = 40
+
+[prefill]
+utilization = 0.5
+tasks = 10
+
+[[workload]]
+name = "batch"
+interarrival = {dist = "exponential", mean = 10}
+tasks = {dist = "exponential", mean = 10}
+duration = {dist = "exponential", mean = 100}
+
+[[workload]]
+name = "mapreduce"
+kind = "mapreduce"
+interarrival = {dist = "exponential", mean = 30}
+tasks = {dist = "choice", values = [2, 5, 11], weights = [1, 1, 1]}
+
+[workload.mapreduce]
+maps_per_worker = {dist = "exponential", mean = 8}
+reduces_per_worker = 1
+map_seconds = {dist = "exponential", mean = 30}
+reduce_seconds = 20
+
+[[scheduler]]
+name = "batch"
+serves = ["batch"]
+
+[[scheduler]]
+name = "mapreduce"
+serves = ["mapreduce"]
+policy = "mapreduce"
+options = {interval = 10}
+
+[[plot]]
+kind = "cdf"
+y = ["mapreduce_speedup"]
+"""
+
+
+def test_mapreduce_runs_give_the_same_data_whatever_the_hash_seed(tmp_path: Path) -> None:
+    """Which machines a randomized first fit draws, and so which extra workers a batch
+    job evicts, must not depend on the process's string hashing."""
+    exp = tmp_path / "tiny.toml"
+    exp.write_text(TINY)
+    out = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-m", "simulator", str(exp), "--out",
+                        str(tmp_path / seed), "--no-progress"], check=True, cwd=ROOT, env=env,
+                       capture_output=True)
+        out.append((tmp_path / seed / "tiny_mapreduce" / "results.json").read_bytes())
+    assert out[0] == out[1]
+    runs = json.loads(out[0])["runs"]
+    assert runs[0]["metrics"]["mapreduce_jobs_grown"] > 0
+    assert len(runs[0]["distributions"]["mapreduce_speedup"]) == 101
+    assert (tmp_path / "1" / "tiny_mapreduce" / "plot1.png").stat().st_size > 1000
