@@ -170,13 +170,16 @@ class MapReducePolicy(Policy):
         running = 0
         waiting = False
         free: list[int] = []
-        snap = view.snap
+        tasks = view.snap.tasks
         for i in range(job.task_count):
             tid = task_id(job.id, i)
             if view.claimed(tid):
                 running += 1
                 continue
-            state = task_view(snap, tid).state
+            rec = tasks.get(tid)
+            # A MapReduce job is never a gang: its task records say it all.
+            state = TaskState.PENDING if rec is None else (
+                rec.state if not rec.gang else task_view(view.snap, tid).state)
             if state is TaskState.FINISHED:
                 return None
             if state is TaskState.RUNNING:
@@ -208,8 +211,11 @@ class MapReducePolicy(Policy):
         while heap:
             _, jid = heapq.heappop(heap)
             s = jobs[jid]
-            if self.mode == "global-cap" and not cell.within(s.job.task_resources, self.target):
-                continue  # this job's worker would cross the target; a smaller one may not
+            need = s.job.task_resources
+            if not cell.within(need, self.target if self.mode == "global-cap" else 1.0):
+                # Past the target, or no room left in the whole cell: not for this job's
+                # worker (a smaller one may still go).
+                continue
             mid = finder.machine_for(s.job)
             if mid is None:
                 continue  # nowhere to put one more of this job's workers this round
