@@ -35,6 +35,7 @@ from cellstate.model import (
     Labels,
     Machine,
     MachineState,
+    MapReduceSpec,
     ModelError,
     Requirement,
     Resources,
@@ -161,6 +162,11 @@ def job_to_doc(job: Job) -> dict[str, Any]:
         doc["detection"] = job.detection.value
     if job.input:
         doc["input"] = dict(job.input)
+    if job.mapreduce is not None:
+        mr = job.mapreduce
+        doc["mapreduce"] = {"maps": mr.maps, "reduces": mr.reduces,
+                            "map_seconds": mr.map_seconds, "reduce_seconds": mr.reduce_seconds,
+                            "workers": mr.workers, "max_workers": mr.max_workers}
     return doc
 
 
@@ -274,7 +280,8 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     """A job from a user document (JSON object), checked field by field."""
     f = _Fields(doc, where)
     job_id = check_name(f.string("id", required=True), f.path("id"))
-    kind_name = f.string("kind", default="batch")
+    mapreduce = _parse_mapreduce(f.get("mapreduce"), f.path("mapreduce"))
+    kind_name = f.string("kind", default="mapreduce" if mapreduce is not None else "batch")
     try:
         kind = JobKind(kind_name)
     except ValueError:
@@ -307,14 +314,22 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     if isinstance(submitted_at, bool) or not isinstance(submitted_at, int | float):
         raise ModelError(f"{f.path('submitted_at')} must be a number")
     input_ = _parse_input(f.get("input"), f.path("input"))
+    if mapreduce is None:
+        task_count = f.integer("task_count", 1, 1, MAX_TASKS_PER_JOB)
+    else:
+        # The workers it runs now: those it asked for until an elastic scheduler grows it.
+        task_count = f.integer("task_count", mapreduce.workers, mapreduce.workers,
+                               mapreduce.max_workers)
+    gang = f.boolean("gang", False)
+    _check_kind(f, kind, mapreduce, gang, duration, command)
     job = Job(
         id=job_id,
         owner=check_name(f.string("owner", default="nobody"), f.path("owner")),
         scheduler=check_name(f.string("scheduler", required=True), f.path("scheduler")),
-        task_count=f.integer("task_count", 1, 1, MAX_TASKS_PER_JOB),
+        task_count=task_count,
         task_resources=resources,
         kind=kind,
-        gang=f.boolean("gang", False),
+        gang=gang,
         precedence=f.integer("precedence", 0, 0, MAX_PRECEDENCE),
         constraints=parse_constraints(f.get("constraints"), f.path("constraints")),
         labels=labels_from(f.get("labels"), f.path("labels")),
@@ -324,9 +339,71 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
         detection=detection,
         revision=revision,
         input=input_,
+        mapreduce=mapreduce,
     )
     f.no_unknown()
     return job
+
+
+# A MapReduce job's activity counts and durations: generous, but finite.
+MAX_ACTIVITIES = 10_000_000
+MAX_ACTIVITY_SECONDS = 1e7
+
+
+def _parse_mapreduce(value: object, where: str) -> MapReduceSpec | None:
+    """A MapReduce job's activities and workers (``mapreduce`` in a job spec)."""
+    if value is None:
+        return None
+    f = _Fields(value, where)
+    if "maps" not in f.doc:
+        raise ModelError(f"{f.path('maps')} is required (the number of map activities)")
+    maps = f.integer("maps", 0, 1, MAX_ACTIVITIES)
+    reduces = f.integer("reduces", 0, 0, MAX_ACTIVITIES)
+    map_seconds = _activity_seconds(f, "map_seconds", required=True)
+    reduce_seconds = _activity_seconds(f, "reduce_seconds", required=reduces > 0)
+    if "workers" not in f.doc:
+        raise ModelError(f"{f.path('workers')} is required (the workers the job asks for)")
+    workers = f.integer("workers", 1, 1, MAX_TASKS_PER_JOB)
+    # By default the job may grow until every activity of a phase runs at once: more
+    # workers than that never help.
+    useful = max(workers, min(max(maps, reduces), MAX_TASKS_PER_JOB))
+    max_workers = f.integer("max_workers", useful, 1, MAX_TASKS_PER_JOB)
+    if max_workers < workers:
+        raise ModelError(f"{f.path('max_workers')} ({max_workers}) is below "
+                         f"{f.path('workers')} ({workers}): the elastic upper bound cannot "
+                         "be less than what the job asks for")
+    f.no_unknown()
+    return MapReduceSpec(maps, reduces, map_seconds, reduce_seconds, workers, max_workers)
+
+
+def _activity_seconds(f: _Fields, name: str, *, required: bool) -> float:
+    v = f.get(name, 0.0, required=required)
+    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+            or not (0 < v <= MAX_ACTIVITY_SECONDS or (v == 0 and not required))):
+        raise ModelError(f"{f.path(name)} must be a number of seconds above 0 and at most "
+                         f"{MAX_ACTIVITY_SECONDS:g}, got {v!r}")
+    return float(v)
+
+
+def _check_kind(f: _Fields, kind: JobKind, mapreduce: MapReduceSpec | None, gang: bool,
+                duration: object, command: object) -> None:
+    """A MapReduce job, and only one, has a ``mapreduce`` table; its workers run for as
+    long as its activities take, grown one by one (never as a gang)."""
+    if kind is JobKind.MAPREDUCE and mapreduce is None:
+        raise ModelError(f"{f.path('mapreduce')} is required for a job of kind 'mapreduce' "
+                         "(maps, reduces, map_seconds, reduce_seconds, workers)")
+    if mapreduce is None:
+        return
+    if kind is not JobKind.MAPREDUCE:
+        raise ModelError(f"{f.path('kind')}: a job with a mapreduce table is of kind "
+                         f"'mapreduce', not {kind.value!r}")
+    if gang:
+        raise ModelError(f"{f.path('gang')}: a MapReduce job cannot be a gang (its workers "
+                         "are placed and grown one by one)")
+    for name, given in (("duration", duration is not None), ("command", bool(command))):
+        if given:
+            raise ModelError(f"{f.path(name)}: a MapReduce job runs as long as its map and "
+                             "reduce activities take; it takes no duration or command")
 
 
 def _parse_input(value: object, where: str) -> tuple[tuple[str, float], ...]:

@@ -317,6 +317,11 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
     job = cell.jobs.get(job_id)
     if job is None:
         raise NotFoundError(f"unknown job {job_id!r}")
+    mr = job.mapreduce
+    if mr is not None and not mr.workers <= task_count <= mr.max_workers:
+        raise StoreError(f"job {job_id}: a MapReduce job runs from the {mr.workers} workers it "
+                         f"asked for to its elastic upper bound of {mr.max_workers}, not "
+                         f"{task_count}")
     if task_count < job.task_count:
         used = max(placed, default=-1)
         if used >= task_count:

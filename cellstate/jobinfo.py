@@ -44,7 +44,11 @@ def _summary(job: Job, status: JobStatus | None, counts: Mapping[TaskState, int]
     states = {s.value: n for s, n in sorted(counts.items(), key=lambda kv: kv[0].value) if n}
     if status is not None:
         return JobSummary(job, status.state.value, status.reason, states)
-    if counts.get(TaskState.FINISHED, 0) == job.task_count:
+    if counts.get(TaskState.FINISHED, 0) == job.task_count or (
+            # A MapReduce job's workers end together when its work is done; extra
+            # workers evicted before then are not waited for.
+            job.mapreduce is not None and counts.get(TaskState.FINISHED, 0)
+            and not counts.get(TaskState.RUNNING, 0)):
         state = "finished"
     elif counts.get(TaskState.FAILED, 0) and not counts.get(TaskState.RUNNING, 0) and not any(
         counts.get(s, 0) for s in PLACEABLE

@@ -351,6 +351,30 @@ class Constraints:
     max_per_machine: int = 0
 
 
+# Extra workers of a MapReduce job (beyond those it asked for) hold idle resources on
+# loan: they run at this precedence, below any a job may have (0 and up), so that any
+# job may evict them, and before any task that runs at its job's own precedence.
+OPPORTUNISTIC_PRECEDENCE = -1
+
+
+@attrs.frozen(slots=True)
+class MapReduceSpec:
+    """What a MapReduce job is (Omega §6): ``maps`` map and ``reduces`` reduce
+    activities of ``map_seconds`` and ``reduce_seconds`` on average, run by the job's
+    tasks (its *workers*). It asked for ``workers`` of them; an elastic scheduler may
+    give it up to ``max_workers``. Its tasks ``0 .. workers - 1`` are the requested
+    workers; any beyond are extra workers, which run at
+    :data:`OPPORTUNISTIC_PRECEDENCE`. How long the job runs follows from the workers it
+    has over time (``cellstate/mapreduce.py``)."""
+
+    maps: int
+    reduces: int
+    map_seconds: float
+    reduce_seconds: float
+    workers: int
+    max_workers: int
+
+
 @attrs.frozen(slots=True)
 class Job:
     id: str
@@ -373,6 +397,24 @@ class Job:
     # the amount in any unit the job's owner likes (GB). Its tasks read it evenly; a
     # locality-aware policy (Quincy) prefers the machines and racks that hold most.
     input: tuple[tuple[str, float], ...] = ()
+    # A MapReduce job's activities and workers (kind MAPREDUCE); None for other jobs.
+    mapreduce: MapReduceSpec | None = None
+
+
+def task_precedence(job: Job, index: int) -> int:
+    """The precedence task ``index`` of ``job`` runs at (and evicts with): the job's,
+    except for a MapReduce job's extra workers, which are opportunistic."""
+    mr = job.mapreduce
+    if mr is not None and index >= mr.workers:
+        return OPPORTUNISTIC_PRECEDENCE
+    return job.precedence
+
+
+def required_tasks(job: Job) -> int:
+    """How many of the job's tasks (the first ones) its scheduler must place: all of
+    them, except that a MapReduce job's extra workers are optional (its elastic
+    scheduler places them when there is room)."""
+    return job.mapreduce.workers if job.mapreduce is not None else job.task_count
 
 
 class TaskState(enum.Enum):

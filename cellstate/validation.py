@@ -20,7 +20,8 @@ the reason):
 4. coarse detection only: the machine's sequence number is the one seen -> sequence_changed
 5. the machine is up                                                    -> machine_down
 6. the scheduler may use the job's precedence                           -> limit_exceeded
-7. every victim runs on the machine with lower precedence than the job  -> precedence_too_low
+7. every victim runs on the machine with lower precedence than the task -> precedence_too_low
+   (the job's, or for a MapReduce job's extra worker OPPORTUNISTIC_PRECEDENCE)
 8. selector, affinity, anti-affinity, tasks per machine                 -> constraint_violated
 9. the task fits in what is free after the victims leave                -> insufficient_resources
 10. the scheduler stays within its resource limit                       -> limit_exceeded
@@ -91,6 +92,7 @@ from cellstate.model import (
     split_task_id,
     sum_resources,
     task_id,
+    task_precedence,
 )
 
 MAX_CLAIMS_PER_TRANSACTION = 100_000
@@ -689,12 +691,13 @@ def _check_victims(
             return victims, _reject(
                 claim, Reason.INVALID, f"cannot evict {victim}: it does not run on {m.id!r}"
             )
-        if a.precedence >= job.precedence:
+        precedence = task_precedence(job, claim.index)
+        if a.precedence >= precedence:
             return victims, _reject(
                 claim,
                 Reason.PRECEDENCE_TOO_LOW,
-                f"cannot evict {victim} (precedence {a.precedence}) for job {job.id!r} "
-                f"(precedence {job.precedence}): victims must have lower precedence",
+                f"cannot evict {victim} (precedence {a.precedence}) for task {claim.task} "
+                f"(precedence {precedence}): victims must have lower precedence",
             )
         victims.append(a)
     return victims, None
@@ -770,7 +773,8 @@ def _apply(w: _Work, claim: Claim, mid: str) -> None:
         w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
         w.evicted.append(victim)
     allocs[claim.task] = Allocation(
-        claim.task, job.id, w.txn.scheduler, job.precedence, job.task_resources, w.gang
+        claim.task, job.id, w.txn.scheduler, task_precedence(job, claim.index),
+        job.task_resources, w.gang
     )
     if not w.gang:
         settled = settled + job.task_resources

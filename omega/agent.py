@@ -24,10 +24,19 @@ What it does, each :meth:`Agent.step`::
                placed elsewhere while the agent was away
     watch      a timer task ends at start + the job's duration; a command task ends when
                its process exits (0: FINISHED, else FAILED); a task with neither runs
-               until it is stopped (a service)
+               until it is stopped (a service); a MapReduce job's worker ends when the
+               job's work is done (below)
     report     send each outcome; one that fails is retried with backoff until it is
                sent, or until the task is no longer RUNNING here (then it is moot)
     reap       processes being stopped get SIGTERM, then SIGKILL after the grace period
+
+A MapReduce job runs by the linear speedup model (``cellstate/mapreduce.py``): the
+agent follows how many workers each MapReduce job of the cell runs (all of the cell's,
+from its copy, not only those on its machines) and integrates the work they do, so
+workers added or evicted anywhere move the finish of its own workers. When the work
+is done (or any agent reports one of the job's workers finished: all end together)
+each of its workers here ends FINISHED. An agent that starts while a job runs counts
+that job's work from its own start (it cannot know what was done before).
 
 A task of a job that a user killed is stopped and reported FAILED, which frees its
 resources (the store has no other path that releases a killed job's running tasks;
@@ -61,7 +70,8 @@ import attrs
 from cellstate.cell import CellSnapshot, alloc_placed, task_view
 from cellstate.keys import KeyKind
 from cellstate.kv.base import LeaseNotFoundError
-from cellstate.model import JobState, Machine, TaskState, check_name, split_task_id
+from cellstate.mapreduce import Tracker
+from cellstate.model import JobState, Machine, TaskState, check_name, split_task_id, task_id
 from cellstate.replica import ChangeListener
 from cellstate.store import CellStore, ContentionError, StoreError
 from omega.agent_state import AgentState
@@ -341,7 +351,7 @@ class _Run:
     job: str
     machine: str
     started_at: float
-    kind: str  # "timer", "command" or "service"
+    kind: str  # "timer", "command", "service" or "mapreduce"
     deadline: float | None = None  # timers
     process: TaskProcess | None = None  # commands
     outcome: TaskState | None = None  # set when it ended on its own (or its job was killed)
@@ -357,7 +367,7 @@ class TaskRun:
 
     task: str
     machine: str
-    kind: str  # "timer", "command" or "service"
+    kind: str  # "timer", "command", "service" or "mapreduce"
     started_at: float
     outcome: TaskState | None  # None while it runs
     ended_at: float | None
@@ -441,6 +451,9 @@ class Agent:
         # Task state.
         self._runs: dict[str, _Run] = {}
         self._timers: list[tuple[float, int, _Run]] = []  # heap of (deadline, seq, run)
+        # MapReduce jobs: the work of every one running in the cell, and our runs of each.
+        self._mapreduce = Tracker()
+        self._workers: dict[str, set[_Run]] = {}
         self._seq = 0
         self._unreported: dict[str, _Run] = {}  # runs with an outcome still to send
         self._procs: dict[str, _Run] = {}  # runs whose process may still run
@@ -526,6 +539,7 @@ class Agent:
                 self._deregister()
             self._runs.clear()
             self._timers.clear()
+            self._workers.clear()
             self._procs.clear()
             if self._state is not None:
                 self._state.close()
@@ -662,6 +676,7 @@ class Agent:
             by_machine.setdefault(r.machine, []).append(r)
         for mid in sorted(machines):
             self._reconcile(snap, mid, by_machine.get(mid, []), now, may_start)
+        self._follow_mapreduce(snap, None if full else changed, now)
 
     def _touched(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]]) -> set[str]:
         """Our machines whose tasks may have changed state."""
@@ -727,6 +742,54 @@ class Agent:
                 running.append(tid)
         return sorted(running), sorted(killed)
 
+    # -- MapReduce jobs ---------------------------------------------------------------------
+
+    def _follow_mapreduce(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None,
+                          now: float) -> None:
+        """Count the workers of every MapReduce job whose tasks changed (of every one,
+        after a reload)."""
+        if changed is None:
+            jobs = {j.id for j in snap.jobs.values() if j.mapreduce is not None}
+            jobs.update(self._mapreduce.jobs())
+        else:
+            jobs = set()
+            for kind, ident in changed:
+                if kind is KeyKind.TASK:
+                    jobs.add(ident.rpartition("/")[0])
+                elif kind in (KeyKind.JOB, KeyKind.STATUS):
+                    jobs.add(ident)
+        for job_id in sorted(jobs):
+            self._count_workers(snap, job_id, now)
+
+    def _count_workers(self, snap: CellSnapshot, job_id: str, now: float) -> None:
+        """Tell the tracker how many workers the job runs now; end our workers if its
+        work is done (by our count, or by another agent's: one of them finished)."""
+        job = snap.jobs.get(job_id)
+        if job is None or job.mapreduce is None:
+            self._mapreduce.forget(job_id)
+            return
+        running = 0
+        finished = False
+        for i in range(job.task_count):
+            state = task_view(snap, task_id(job_id, i)).state
+            running += state is TaskState.RUNNING
+            finished = finished or state is TaskState.FINISHED
+        self._mapreduce.workers(job_id, job.mapreduce, running, now)
+        if not self._mapreduce.tracks(job_id):
+            return
+        if finished or running == 0:
+            # Done, or none left (killed, every worker evicted): nothing to follow.
+            done_at = now if finished else None
+            self._mapreduce.forget(job_id)
+        else:
+            done_at = self._mapreduce.done_at(job_id)
+        for run in self._workers.get(job_id, ()):
+            if done_at is None or run.outcome is not None or run.deadline == done_at:
+                continue
+            run.deadline = done_at
+            self._seq += 1
+            heapq.heappush(self._timers, (done_at, self._seq, run))
+
     # -- starting and stopping runs -------------------------------------------------------
 
     def _start(self, snap: CellSnapshot, tid: str, mid: str, now: float) -> None:
@@ -737,7 +800,12 @@ class Agent:
                         self.agent_id, tid, mid)
             return
         self.stats.started += 1
-        if job.command:
+        if job.mapreduce is not None:
+            run = _Run(tid, job_id, mid, now, "mapreduce")
+            self._runs[tid] = run
+            self._workers.setdefault(job_id, set()).add(run)
+            self._count_workers(snap, job_id, now)
+        elif job.command:
             self._start_command(tid, job_id, mid, job.command, now)
         elif job.duration is not None:
             run = _Run(tid, job_id, mid, now, "timer", deadline=now + job.duration)
@@ -762,6 +830,13 @@ class Agent:
             return
         self._procs[tid] = run
 
+    def _forget_worker(self, run: _Run) -> None:
+        workers = self._workers.get(run.job)
+        if workers is not None:
+            workers.discard(run)
+            if not workers:
+                del self._workers[run.job]
+
     def _start_ended(self, tid: str, mid: str, outcome: TaskState, now: float) -> None:
         run = _Run(tid, split_task_id(tid)[0], mid, now, "service")
         self._runs[tid] = run
@@ -770,6 +845,7 @@ class Agent:
     def _drop(self, run: _Run, now: float) -> None:
         """Forget a run whose task is not running here any more; stop its process."""
         del self._runs[run.task]
+        self._forget_worker(run)
         self._unreported.pop(run.task, None)
         if run.outcome is None:
             self.stats.stopped += 1
@@ -805,8 +881,10 @@ class Agent:
 
     def _watch(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
-            _, _, run = heapq.heappop(self._timers)
-            if self._runs.get(run.task) is run and run.outcome is None:
+            at, _, run = heapq.heappop(self._timers)
+            # A MapReduce worker's deadline moves as workers come and go: a superseded
+            # entry is skipped.
+            if self._runs.get(run.task) is run and run.outcome is None and run.deadline == at:
                 self._ended(run, TaskState.FINISHED, now)
         for run in list(self._procs.values()):
             assert run.process is not None

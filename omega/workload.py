@@ -1,10 +1,13 @@
 """A stream of demo jobs for a running cell: batch jobs (many short tasks), service
-jobs (a few long, spread tasks at a higher precedence) and flow jobs (for the flow
+jobs (a few long, spread tasks at a higher precedence), flow jobs (for the flow
 scheduler; half of them read input data stored on a few machines, which Quincy
-places tasks near), at a Poisson rate.
+places tasks near) and MapReduce jobs (for the mapreduce scheduler, which grows them
+into idle machines), at a Poisson rate.
 
 The shape is the demo's, not a trace's (the simulator has the paper's workloads);
-every job declares a duration so agents end its tasks and the cell keeps turning over.
+every job declares a duration so agents end its tasks and the cell keeps turning over
+(a MapReduce job's is its activities' work, which its workers do faster the more
+there are).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from cellstate.model import Constraints, Job, JobKind, Resources
+from cellstate.model import Constraints, Job, JobKind, MapReduceSpec, Resources
 
 
 @attrs.frozen
@@ -24,11 +27,13 @@ class WorkloadOptions:
     jobs_per_second: float = 4.0
     service_fraction: float = 0.2
     flow_fraction: float = 0.2  # 0: no flow jobs (a cell without a flow scheduler)
+    mapreduce_fraction: float = 0.1  # 0: no MapReduce jobs
     seed: int = 1
     prefix: str = ""  # job ids start with it (several generators on one cell)
     batch_scheduler: str = "batch"
     service_scheduler: str = "service"
     flow_scheduler: str = "flow"
+    mapreduce_scheduler: str = "mapreduce"
 
 
 def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
@@ -45,6 +50,8 @@ def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
             duration=round(rng.uniform(20, 60), 3), submitted_at=now)
     if draw < opts.service_fraction + opts.flow_fraction:
         return _flow_job(rng, n, now, opts, hosts)
+    if draw < opts.service_fraction + opts.flow_fraction + opts.mapreduce_fraction:
+        return _mapreduce_job(rng, n, now, opts)
     return Job(
         f"{opts.prefix}batch-{n:06}", rng.choice(["alice", "bob", "carol"]),
         opts.batch_scheduler, rng.randint(1, 30),
@@ -66,6 +73,21 @@ def _flow_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
         Resources.of(cpu=rng.choice([0.5, 1]), mem=rng.choice([1, 2])),
         kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(4, 20), 3),
         submitted_at=now, input=data)
+
+
+def _mapreduce_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions) -> Job:
+    """A few workers asked for, 5-10 map activities of 2-5 s per worker and one reduce
+    per worker: 10-50 s with the workers asked for, a few seconds with every map at
+    once (so growing it pays within a demo)."""
+    workers = rng.choice([2, 3, 5])
+    spec = MapReduceSpec(maps=workers * rng.randint(5, 10), reduces=workers,
+                         map_seconds=round(rng.uniform(2, 5), 3),
+                         reduce_seconds=round(rng.uniform(1, 3), 3), workers=workers,
+                         max_workers=workers * 10)
+    return Job(
+        f"{opts.prefix}mr-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        opts.mapreduce_scheduler, workers, Resources.of(cpu=1, mem=rng.choice([1, 2])),
+        kind=JobKind.MAPREDUCE, precedence=1, submitted_at=now, mapreduce=spec)
 
 
 def generate(submit: Callable[[Job], object], opts: WorkloadOptions, stop: threading.Event,

@@ -42,6 +42,7 @@ from cellstate.model import (
     Machine,
     Resources,
     task_id,
+    task_precedence,
 )
 
 
@@ -210,7 +211,7 @@ class CellView:
     def _add(self, c: Claim, job: Job) -> None:
         self._overlays.pop(c.machine, None)
         self._extra.setdefault(c.machine, {})[c.task] = Allocation(
-            c.task, job.id, self.scheduler, job.precedence, job.task_resources)
+            c.task, job.id, self.scheduler, task_precedence(job, c.index), job.task_resources)
         self._placed.add(c.task)
         for victim in c.evict:
             self._gone.setdefault(c.machine, set()).add(victim)

@@ -6,6 +6,10 @@ off. Stop when every pending task is placed or no candidate is left; in the latt
 every machine was dropped once, so the counts say why nothing fits ("0/300 machines
 fit: 200 insufficient cpu, 100 selector mismatch") at no extra cost.
 
+What fits nowhere free may take room on loan: it evicts the fewest opportunistic
+tasks (a MapReduce job's extra workers, run on idle resources at a precedence below
+any job's) that make room, so elastic growth never keeps batch work out.
+
 Incremental transactions by default; a job that asks for gang scheduling is committed
 as a gang by the runtime.
 
@@ -22,7 +26,7 @@ from typing import Any
 from cellstate.fit import FitTally
 from cellstate.model import MAX_FALLBACKS, Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.placement import can_host, impossible, why_not
+from schedulers.placement import Reclaimer, can_host, impossible, why_not
 
 
 class BatchPolicy(Policy):
@@ -33,44 +37,53 @@ class BatchPolicy(Policy):
         if "fallbacks" in options:
             fallbacks_option(options["fallbacks"])  # a bad value fails at start-up
 
-    def schedule_job(self, ctx: Context, job: Job) -> Plan:
-        view = ctx.view
-        pending = view.pending_tasks(job)
-        if not pending:
-            return Plan()
-        candidates = view.machine_ids()
-        claims = []
-        tally = FitTally()
-        alternatives = self._fallbacks(ctx)
-        while pending and candidates:
-            i = ctx.rng.randrange(len(candidates))
-            mid = candidates[i]
-            m = view.machine(mid)
-            if m is not None:
-                miss = why_not(view, job, m)
-                if miss is None:
-                    alts = (_alternatives(ctx, job, candidates, mid, alternatives)
-                            if alternatives else ())
-                    claims.append(view.claim(job, pending.pop(0), mid, fallbacks=alts))
-                    continue
-                tally.add(miss)
-            # Swap-remove: O(1) and the order of the rest does not matter (random picks).
-            candidates[i] = candidates[-1]
-            candidates.pop()
-        if not pending:
-            return Plan(tuple(claims))
-        # Only now, when something did not fit, is it worth a pass over the whole cell
-        # to tell "not now" from "never".
-        why = impossible(view, job) if not claims else None
-        if why is not None:
-            return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
-        report = tally.report()
-        return Plan(tuple(claims), (Unplaced(
-            job.id, f"no machine has room for {len(pending)} more task(s) now: {report}",
-            len(pending), fit=report),))
-
     def _fallbacks(self, ctx: Context) -> int:
         return fallbacks_option(self.options.get("fallbacks", ctx.options.get("fallbacks", 0)))
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        return first_fit(ctx, job, ctx.view.pending_tasks(job), self._fallbacks(ctx))
+
+
+def first_fit(ctx: Context, job: Job, pending: list[int], alternatives: int = 0) -> Plan:
+    """Randomized first fit of tasks ``pending`` of ``job`` (the batch policy's
+    placement); what fits nowhere free then takes room held on loan by opportunistic
+    tasks (``schedulers.placement.Reclaimer``), if there is some."""
+    view = ctx.view
+    if not pending:
+        return Plan()
+    candidates = view.machine_ids()
+    claims = []
+    tally = FitTally()
+    while pending and candidates:
+        i = ctx.rng.randrange(len(candidates))
+        mid = candidates[i]
+        m = view.machine(mid)
+        if m is not None:
+            miss = why_not(view, job, m)
+            if miss is None:
+                alts = (_alternatives(ctx, job, candidates, mid, alternatives)
+                        if alternatives else ())
+                claims.append(view.claim(job, pending.pop(0), mid, fallbacks=alts))
+                continue
+            tally.add(miss)
+        # Swap-remove: O(1) and the order of the rest does not matter (random picks).
+        candidates[i] = candidates[-1]
+        candidates.pop()
+    if pending:
+        reclaimer = Reclaimer(view)
+        while pending and (found := reclaimer.find(job, pending[0])) is not None:
+            claims.append(view.claim(job, pending.pop(0), found[0], found[1]))
+    if not pending:
+        return Plan(tuple(claims))
+    # Only now, when something did not fit, is it worth a pass over the whole cell
+    # to tell "not now" from "never".
+    why = impossible(view, job) if not claims else None
+    if why is not None:
+        return Plan(unplaced=(Unplaced(job.id, why, len(pending), permanent=True),))
+    report = tally.report()
+    return Plan(tuple(claims), (Unplaced(
+        job.id, f"no machine has room for {len(pending)} more task(s) now: {report}",
+        len(pending), fit=report),))
 
 
 def fallbacks_option(raw: object) -> int:

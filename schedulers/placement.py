@@ -9,8 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cellstate import fit
+from cellstate.cell import alloc_placed, task_view
 from cellstate.fit import FitReport, FitTally, Misfit
-from cellstate.model import Allocation, Job, Machine, Resources
+from cellstate.model import (
+    OPPORTUNISTIC_PRECEDENCE,
+    Allocation,
+    Job,
+    Machine,
+    Resources,
+    TaskState,
+    task_id,
+    task_precedence,
+)
 from schedulers.api import CellView
 
 
@@ -61,3 +71,83 @@ def impossible(view: CellView, job: Job) -> str | None:
         return (f"each task needs {job.task_resources.get(short):g} {short}; the largest "
                 f"machine has {biggest.get(short, 0.0):g}")
     return None
+
+
+class Reclaimer:
+    """Finds room held on loan: a machine where one more task of a job fits once some
+    opportunistic tasks (a MapReduce job's extra workers, which run at
+    ``OPPORTUNISTIC_PRECEDENCE`` on idle resources) leave, and the fewest of them that
+    make room. Any task of a job may evict them (the store checks precedence), and a
+    policy that needs room takes them before anything else.
+
+    One per decision: the machines holding opportunistic tasks are listed at the first
+    look, and each look sees the decision's own claims (and evictions) so far."""
+
+    def __init__(self, view: CellView) -> None:
+        self.view = view
+        self._loaned: list[str] | None = None
+
+    def find(self, job: Job, index: int) -> tuple[str, list[str]] | None:
+        """(machine, victims) for task ``index`` of ``job``, or None if no machine has
+        enough room on loan (or the task is itself opportunistic)."""
+        if task_precedence(job, index) <= OPPORTUNISTIC_PRECEDENCE:
+            return None
+        if self._loaned is None:
+            self._loaned = loaned_machines(self.view)
+        best: tuple[str, list[str]] | None = None
+        emptied = False
+        for i, mid in enumerate(self._loaned):
+            m = self.view.machine(mid)
+            loaned = self._on_loan(m) if m is not None else []
+            if m is None or not loaned:
+                # Taken back earlier in this decision: not worth a look again.
+                self._loaned[i] = ""
+                emptied = True
+                continue
+            if fit.machine_up(m) or fit.selector(job, m) or fit.resources(
+                    job.task_resources, m, Resources()):
+                continue  # no eviction can change these
+            victims = self._victims(job, m, loaned)
+            if victims is not None and (best is None or len(victims) < len(best[1])):
+                best = (mid, [a.task for a in victims])
+                if len(victims) == 1:
+                    break  # none can do with fewer
+        if emptied:
+            self._loaned = [mid for mid in self._loaned if mid]
+        return best
+
+    def _on_loan(self, m: Machine) -> list[Allocation]:
+        """The opportunistic tasks running on ``m``, largest first."""
+        gangs = self.view.gangs
+        return sorted((a for a in m.allocations.values()
+                       if a.precedence <= OPPORTUNISTIC_PRECEDENCE and not a.evicted_by
+                       and alloc_placed(a, gangs)),
+                      key=lambda a: (-sum(a.resources.as_dict().values()), a.task))
+
+    def _victims(self, job: Job, m: Machine, loaned: list[Allocation]
+                 ) -> list[Allocation] | None:
+        """The fewest of ``loaned`` (on ``m``) whose leaving lets the task in, largest
+        first; None if all of them leaving is not enough."""
+        chosen: list[Allocation] = []
+        for a in loaned:
+            chosen.append(a)
+            if can_host(self.view, job, m, chosen):
+                return chosen
+        return None
+
+
+def loaned_machines(view: CellView) -> list[str]:
+    """The machines running opportunistic tasks, in a fixed order: found through the
+    MapReduce jobs that have extra workers (far fewer than machines), not a scan of
+    the cell."""
+    snap = view.snap
+    out: set[str] = set()
+    for job in view.jobs.values():
+        mr = job.mapreduce
+        if mr is None or job.task_count <= mr.workers:
+            continue
+        for i in range(mr.workers, job.task_count):
+            v = task_view(snap, task_id(job.id, i))
+            if v.state is TaskState.RUNNING and v.machine:
+                out.add(v.machine)
+    return sorted(out)

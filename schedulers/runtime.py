@@ -54,8 +54,10 @@ from cellstate.model import (
     Job,
     JobState,
     JobStatus,
+    TaskState,
     Transaction,
     TxnMode,
+    required_tasks,
     task_id,
 )
 from cellstate.replica import Replica
@@ -346,12 +348,14 @@ class SchedulerInstance:
     def _refresh(self, snap: CellSnapshot, dirty: set[str] | None,
                  touched: set[str] | None) -> None:
         if touched is None:
-            self._machine_ids = list(snap.machines.keys())
+            self._machine_ids = sorted(snap.machines.keys())
             self._machine_set = set(self._machine_ids)
         elif touched:
             for mid in touched:
                 if (mid in snap.machines) != (mid in self._machine_set):
-                    self._machine_ids = list(snap.machines.keys())
+                    # Sorted: a map's order follows the string hash, which differs from
+                    # process to process, and a policy's random picks index this list.
+                    self._machine_ids = sorted(snap.machines.keys())
                     self._machine_set = set(self._machine_ids)
                     break
         members = tuple(snap.live_instances(self.scheduler))
@@ -379,8 +383,7 @@ class SchedulerInstance:
         if owner_of(jid, self._members or (self.instance,)) != self.instance:
             self._jobs.pop(jid, None)
             return
-        if any(task_view(snap, task_id(jid, i)).state in PLACEABLE
-               for i in range(job.task_count)):
+        if _waiting(snap, job):
             self._queue[jid] = (job.submitted_at, jid)
 
     # -- metrics -------------------------------------------------------------------------
@@ -634,6 +637,20 @@ def policy_report(report: object) -> tuple[dict[str, float | int], str]:
             return {}, f"{key}: {value!r} is not a finite number"
         out[key] = value
     return out, ""
+
+
+def _waiting(snap: CellSnapshot, job: Job) -> bool:
+    """Whether a task the job's scheduler must place is waiting: any of its tasks, but
+    only the requested workers of a MapReduce job (its extra workers are the elastic
+    policy's to place), and none once one of its workers finished (the job's work is
+    done: its workers end together)."""
+    if job.mapreduce is None:
+        return any(task_view(snap, task_id(job.id, i)).state in PLACEABLE
+                   for i in range(job.task_count))
+    states = [task_view(snap, task_id(job.id, i)).state for i in range(job.task_count)]
+    if TaskState.FINISHED in states:
+        return False
+    return any(s in PLACEABLE for s in states[:required_tasks(job)])
 
 
 def _why(unplaced: Iterable[Unplaced], job: Job, res: CommitResult | None) -> str:

@@ -7,9 +7,12 @@ For each pending task, in order:
 2. the best of them by spreading: fewest of the job's tasks in the machine's failure
    domain, then in its rack, then by the ``score`` option: ``spread`` (most free
    resources after placing) or ``pack`` (least free, to keep whole machines empty);
-3. if none may host it, preemption: on each machine where it would fit once some
-   lower-precedence tasks leave, the smallest set of victims (fewest tasks, then the
-   lowest precedences), and the machine whose set is cheapest.
+3. if none may host it, room on loan: the fewest opportunistic tasks (a MapReduce
+   job's extra workers, ``schedulers.placement.Reclaimer``) whose leaving makes room,
+   taken back even with ``preempt`` off, as they hold idle resources on loan;
+4. else preemption: on each machine where it would fit once some lower-precedence
+   tasks leave, the smallest set of victims (fewest tasks, then the lowest
+   precedences), and the machine whose set is cheapest.
 
 Slow decisions are fine here: instances of this scheduler run beside the batch
 scheduler's, and never block them (no head-of-line blocking between schedulers).
@@ -26,7 +29,7 @@ from cellstate.cell import alloc_placed
 from cellstate.fit import FitReport, FitTally
 from cellstate.model import Allocation, Job, Machine, Resources
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
-from schedulers.placement import can_host, impossible, why_not
+from schedulers.placement import Reclaimer, can_host, impossible, why_not
 
 # Exact search for the fewest victims up to this many; beyond, greedy by precedence.
 _EXACT_VICTIMS = 3
@@ -59,12 +62,16 @@ class ServicePolicy(Policy):
         claims = []
         left = 0
         nowhere: FitReport | None = None  # the tally for the last task that fit nowhere
+        reclaimer = Reclaimer(view)
         for index in pending:
             m, report = self._best_machine(view, job, pack)
             if m is not None:
                 claims.append(view.claim(job, index, m.id))
                 continue
-            victims = self._cheapest_preemption(view, job) if preempt else None
+            # Room on loan (a MapReduce job's extra workers) goes before anything else.
+            victims = reclaimer.find(job, index)
+            if victims is None and preempt:
+                victims = self._cheapest_preemption(view, job)
             if victims is None:
                 left += 1
                 nowhere = report

@@ -31,6 +31,7 @@ from simulator.workload import (
     InputError,
     InputSpec,
     JobClass,
+    MapReduceClass,
     Prefill,
 )
 
@@ -58,14 +59,16 @@ class Axis:
         return [(p, value) for p in self.paths]
 
 
-PLOT_KINDS = ("line", "cdf")
+PLOT_KINDS = ("line", "cdf", "utilization")
 
 
 @attrs.frozen
 class PlotSpec:
     """``line``: metrics (y) over a sweep axis (x), one line per value of ``series``.
-    ``cdf``: the distributions named in y (e.g. ``placement_latency_s``), one line
-    per run (labelled by its ``series`` value, or by its whole sweep point)."""
+    ``cdf``: the distributions named in y (e.g. ``mapreduce_speedup``), one line
+    per run (labelled by its ``series`` value, or by its whole sweep point).
+    ``utilization``: the utilization of the resources named in y (``cpu``, ``mem``)
+    over time, one panel per run."""
 
     x: str
     y: tuple[str, ...]
@@ -242,6 +245,10 @@ def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpe
             raise where.error((*at, field), f"{value!r} is not a sweep axis (axes: "
                               f"{', '.join(sorted(names)) or 'none'})")
     ys = tuple(_str(where, (*at, "y"), y) for y in _list(where, (*at, "y"), t.get("y")))
+    if kind == "utilization":
+        for y in ys:
+            if y not in ("cpu", "mem"):
+                raise where.error((*at, "y"), f"{y!r} is not a sampled resource (cpu, mem)")
     return PlotSpec(x, ys, series, str(t.get("title", "")), str(t.get("ylabel", "")),
                     bool(t.get("logx", False)), bool(t.get("logy", False)),
                     str(t.get("file", "")) or f"plot{i + 1}.png", kind)
@@ -314,10 +321,18 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     at: Path_ = ("workload", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
-                         "rate_scale", "input"})
+                         "rate_scale", "input", "mapreduce"})
     name = _str(where, (*at, "name"), t.get("name"))
     kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
-    for field in ("interarrival", "tasks", "duration"):
+    mapreduce = _mapreduce(where, (*at, "mapreduce"), t["mapreduce"]) if "mapreduce" in t \
+        else None
+    if (kind is JobKind.MAPREDUCE) != (mapreduce is not None):
+        raise where.error((*at, "mapreduce" if mapreduce is None else "kind"),
+                          "a class of kind mapreduce, and only one, has a [mapreduce] table "
+                          "(its jobs' activities)")
+    # A MapReduce job runs as long as its activities take: no duration of its own.
+    for field in ("interarrival", "tasks") if mapreduce else ("interarrival", "tasks",
+                                                              "duration"):
         if field not in t:
             raise where.error((*at, field), "missing (a distribution)")
 
@@ -327,7 +342,8 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     return JobClass(name, kind, dist("interarrival", 0), dist("tasks", 0), dist("duration", 0),
                     dist("cpu", 1.0), dist("mem", 2.0),
                     _num(where, (*at, "rate_scale"), t.get("rate_scale", 1.0), positive=True),
-                    _input(where, (*at, "input"), t["input"]) if "input" in t else None)
+                    input=_input(where, (*at, "input"), t["input"]) if "input" in t else None,
+                    mapreduce=mapreduce)
 
 
 def _input(where: _Where, at: Path_, raw: object) -> InputSpec:
@@ -345,6 +361,20 @@ def _input(where: _Where, at: Path_, raw: object) -> InputSpec:
                      str(placement))
 
 
+def _mapreduce(where: _Where, at: Path_, raw: object) -> MapReduceClass:
+    t = _table(where, at, raw)
+    fields = ("maps_per_worker", "reduces_per_worker", "map_seconds", "reduce_seconds")
+    _only(where, at, t, {*fields, "max_workers"})
+    for field in fields:
+        if field not in t:
+            raise where.error((*at, field), "missing (a distribution)")
+    most = _num(where, (*at, "max_workers"), t.get("max_workers", 0))
+    if most != int(most):
+        raise where.error((*at, "max_workers"), "must be a whole number")
+    maps, reduces, map_s, reduce_s = (_dist(where, (*at, f), t[f]) for f in fields)
+    return MapReduceClass(maps, reduces, map_s, reduce_s, int(most))
+
+
 def _dist(where: _Where, at: Path_, raw: object) -> Distribution:
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         return Distribution.fixed(_num(where, at, raw))
@@ -356,6 +386,16 @@ def _dist(where: _Where, at: Path_, raw: object) -> Distribution:
     if kind == "exponential":
         _only(where, at, t, {"dist", "mean"})
         return Distribution.exponential(_num(where, (*at, "mean"), t.get("mean"), True))
+    if kind == "choice":
+        _only(where, at, t, {"dist", "values", "weights"})
+        values = [_num(where, (*at, "values"), v) for v in _list(where, (*at, "values"),
+                                                                 t.get("values"))]
+        weights = [_num(where, (*at, "weights"), w) for w in _list(
+            where, (*at, "weights"), t.get("weights", [1.0] * len(values)))]
+        if not values or len(weights) != len(values) or not sum(weights):
+            raise where.error((*at, "weights" if values else "values"),
+                              "needs a value, and as many weights (not all 0) as values")
+        return Distribution.choice(values, weights)
     if kind == "empirical":
         _only(where, at, t, {"dist", "quantiles"})
         q = [_num(where, (*at, "quantiles"), v) for v in _list(where, (*at, "quantiles"),
@@ -363,7 +403,8 @@ def _dist(where: _Where, at: Path_, raw: object) -> Distribution:
         if len(q) < 2 or any(b < a for a, b in itertools.pairwise(q)):
             raise where.error((*at, "quantiles"), "needs at least 2 values, in rising order")
         return Distribution.empirical(q)
-    raise where.error((*at, "dist"), f"{kind!r} is not one of fixed, exponential, empirical")
+    raise where.error((*at, "dist"), f"{kind!r} is not one of fixed, exponential, empirical, "
+                      "choice")
 
 
 def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:

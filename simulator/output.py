@@ -65,6 +65,8 @@ def write_plots(exp: Experiment, results: Sequence[RunResult], out: Path) -> lis
 def _plot(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Path) -> Path:
     if spec.kind == "cdf":
         return _cdf(exp, spec, results, out)
+    if spec.kind == "utilization":
+        return _panels(exp, spec, results, out)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     groups: dict[Any, list[RunResult]] = {}
     for r in results:
@@ -120,6 +122,33 @@ def _cdf(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Pat
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / spec.file
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+_SAMPLED = {"cpu": 1, "mem": 2}  # resource -> its column in a utilization sample
+
+
+def _panels(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult], out: Path) -> Path:
+    """Utilization over time, one panel per run (Omega's Fig. 16)."""
+    fig, axes = plt.subplots(len(results), 1, figsize=(6.4, 2.2 * len(results) + 0.6),
+                             sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results, strict=True):
+        hours = [u[0] / 3600 for u in r.utilization]
+        for y in spec.y:
+            ax.plot(hours, [u[_SAMPLED[y]] for u in r.utilization], linewidth=0.8,
+                    label=y.upper() if y == "cpu" else "RAM")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(spec.ylabel or "utilization")
+        ax.set_title(str(r.point.get(spec.series)) if spec.series
+                     else ", ".join(f"{k}={v}" for k, v in r.point.items()), fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("simulated hours")
+    fig.suptitle(spec.title or exp.name, fontsize=10)
     fig.tight_layout()
     path = out / spec.file
     fig.savefig(path, dpi=100, metadata={"Software": None})

@@ -119,6 +119,8 @@ class Recorder:
         self.warmup = warmup
         self.placements = Placements()
         self.rounds: dict[str, Rounds] = {}
+        # Per-job values of other parts of a run (a MapReduce job's speedup), by name.
+        self.values: dict[str, list[float]] = {}
 
     def scheduler(self, name: str, instances: int) -> None:
         self.schedulers[name] = SchedulerStats(instances)
@@ -167,6 +169,10 @@ class Recorder:
 
     def sample(self, t: float, cpu: float, mem: float) -> None:
         self.utilization.append((t, cpu, mem))
+
+    def value(self, name: str, value: float) -> None:
+        """One more value of distribution ``name`` (kept for its CDF)."""
+        self.values.setdefault(name, []).append(value)
 
     # -- Firmament's measures ---------------------------------------------------------------
 
@@ -225,6 +231,7 @@ class Recorder:
         """CDFs (101 quantiles) of the distributions the placement measures keep."""
         out = {"placement_latency_s": quantiles(self.placements.latencies),
                "job_response_s": quantiles(self.placements.responses)}
+        out.update((name, quantiles(v)) for name, v in sorted(self.values.items()))
         for name, r in sorted(self.rounds.items()):
             out[f"{name}_solve_s"] = quantiles(r.solve)
             out[f"{name}_round_s"] = quantiles(

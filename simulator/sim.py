@@ -10,6 +10,8 @@ A job of a class with ``input`` gets its data blocks when it arrives, on machine
 drawn from the class's own random stream; every first placement of a task is
 measured (latency, and the data it reads locally), and a flow scheduler's rounds are
 recorded as they are decided (see ``simulator/recorder.py``).
+A MapReduce job's workers run until its work is done by the speedup model, which the
+workers placed and evicted over time decide (``simulator/mapreduce.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from cellstate.model import (
     Machine,
     Resources,
     TaskState,
+    required_tasks,
     task_id,
 )
 from schedulers.api import Plan, Policy
@@ -43,6 +46,7 @@ from simulator.cell import Changes, SimCell, capacity_of
 from simulator.config import Architecture, SchedulerSpec, SimConfig
 from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
+from simulator.mapreduce import MapReduceRuns
 from simulator.recorder import Recorder
 from simulator.twolevel import Allocator, Framework, OfferView
 from simulator.workload import JobClass, JobSpec, generate, input_of, load_trace
@@ -116,6 +120,7 @@ class Simulation:
         self._racks: dict[str, list[str]] = {}
         for m in machines:
             self._racks.setdefault(m.rack, []).append(m.id)
+        self.mapreduce = MapReduceRuns(self.loop, self.cell, self.recorder, self._completed)
         self.cell.add_machines(machines)
         self.capacity = capacity_of(self.cell.snapshot())
         self.allocator: Allocator | None = None
@@ -269,13 +274,16 @@ class Simulation:
             for victim in res.evicted:
                 vjob = victim.rpartition("/")[0]
                 self._running[vjob] -= 1
+                self.mapreduce.workers(self._jobs[vjob], self._running[vjob])
             if not res.committed:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
             if job_id not in self._prefilled and self.recorder.measured(job):
                 self._measure(job, res, now)
-            if job.duration is not None:
+            if job.mapreduce is not None:
+                self.mapreduce.workers(job, self._running[job_id])
+            elif job.duration is not None:
                 tids = [c.task for c in res.committed]
                 self.loop.at(now + job.duration, END,
                              _bind(self._end, job_id, tids, res.revision))
@@ -304,6 +312,12 @@ class Simulation:
         self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
         self._maybe_forget(job_id)
 
+    def _completed(self, job: Job, released: list[str]) -> None:
+        """A MapReduce job's work is done and its running workers ended."""
+        self._running[job.id] = self._running.get(job.id, 0) - len(released)
+        self._ended[job.id] = self._ended.get(job.id, 0) + len(released)
+        self._maybe_forget(job.id)
+
     def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
         for kind, ident in changes or ():
             if kind is KeyKind.STATUS and ident not in self._abandoned:
@@ -320,7 +334,9 @@ class Simulation:
         job = self._jobs.get(job_id)
         if job is None or self._running.get(job_id, 0) > 0:
             return
-        if self._ended.get(job_id, 0) >= job.task_count or job_id in self._abandoned:
+        if (self._ended.get(job_id, 0) >= job.task_count or job_id in self._abandoned
+                or job_id in self.mapreduce.finished):
+            self.mapreduce.forget(job_id)
             self.cell.forget_job(job_id)
             self.recorder.forget(job_id)
             del self._jobs[job_id]
@@ -366,13 +382,16 @@ class Simulation:
         for job in snap.jobs.values():
             if job.id in self._prefilled or job.id in snap.statuses:
                 continue
-            if any(_state(snap, task_id(job.id, i)) in PLACEABLE for i in range(job.task_count)):
+            if any(_state(snap, task_id(job.id, i)) in PLACEABLE
+                   for i in range(required_tasks(job))):
                 out[job.kind.value] = out.get(job.kind.value, 0) + 1
         return out
 
     def summary(self) -> dict[str, Any]:
         out = self.recorder.summary(self.unscheduled())
         out["tasks_unplaced"] = self.tasks_unplaced()
+        if any(c.mapreduce is not None for c in self.config.classes):
+            out.update(self.mapreduce.summary(self.recorder.utilization))
         out["events"] = self.loop.processed
         if self.allocator is not None:
             out["offers"] = self.allocator.offers_made

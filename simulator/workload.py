@@ -17,7 +17,7 @@ from pathlib import Path
 
 import attrs
 
-from cellstate.model import Job, JobKind, Resources
+from cellstate.model import Job, JobKind, MapReduceSpec, Resources
 
 
 class InputError(ValueError):
@@ -26,18 +26,22 @@ class InputError(ValueError):
 
 @attrs.frozen
 class Distribution:
-    """``fixed`` (value), ``exponential`` (mean) or ``empirical`` (values at evenly
-    spaced quantiles 0..1, sampled by linear interpolation between neighbours)."""
+    """``fixed`` (value), ``exponential`` (mean), ``empirical`` (values at evenly
+    spaced quantiles 0..1, sampled by linear interpolation between neighbours) or
+    ``choice`` (one of ``quantiles``, drawn with the relative ``weights``)."""
 
     kind: str
     value: float = 0.0  # fixed value, or the exponential's mean
     quantiles: tuple[float, ...] = ()
+    weights: tuple[float, ...] = ()  # choice only
 
     def sample(self, rng: random.Random) -> float:
         if self.kind == "fixed":
             return self.value
         if self.kind == "exponential":
             return rng.expovariate(1.0 / self.value) if self.value > 0 else 0.0
+        if self.kind == "choice":
+            return rng.choices(self.quantiles, self.weights)[0]
         u = rng.random() * (len(self.quantiles) - 1)
         i = int(u)
         if i >= len(self.quantiles) - 1:
@@ -49,6 +53,9 @@ class Distribution:
     def mean(self) -> float:
         if self.kind in ("fixed", "exponential"):
             return self.value
+        if self.kind == "choice":
+            return sum(v * w for v, w in zip(self.quantiles, self.weights, strict=True)) / sum(
+                self.weights)
         q = self.quantiles
         return sum((a + b) / 2 for a, b in itertools.pairwise(q)) / (len(q) - 1)
 
@@ -63,6 +70,35 @@ class Distribution:
     @classmethod
     def empirical(cls, quantiles: Sequence[float]) -> Distribution:
         return cls("empirical", 0.0, tuple(quantiles))
+
+    @classmethod
+    def choice(cls, values: Sequence[float], weights: Sequence[float]) -> Distribution:
+        return cls("choice", 0.0, tuple(values), tuple(weights))
+
+
+@attrs.frozen
+class MapReduceClass:
+    """The MapReduce side of a class of MapReduce jobs: a job asks for the class's
+    ``tasks`` workers; it has ``ceil(workers x maps_per_worker)`` map activities (at
+    least 1) and ``ceil(workers x reduces_per_worker)`` reduce activities of
+    ``map_seconds`` and ``reduce_seconds``; it may grow to ``max_workers`` (0: until
+    every activity of a phase runs at once)."""
+
+    maps_per_worker: Distribution
+    reduces_per_worker: Distribution
+    map_seconds: Distribution
+    reduce_seconds: Distribution
+    max_workers: int = 0
+
+    def spec(self, workers: int, rng: random.Random) -> MapReduceSpec:
+        maps = max(1, math.ceil(workers * self.maps_per_worker.sample(rng)))
+        reduces = math.ceil(workers * self.reduces_per_worker.sample(rng))
+        map_s = max(self.map_seconds.sample(rng), 1e-3)
+        reduce_s = max(self.reduce_seconds.sample(rng), 1e-3)
+        most = max(workers, max(maps, reduces))
+        if self.max_workers:
+            most = max(workers, min(most, self.max_workers))
+        return MapReduceSpec(maps, reduces, map_s, reduce_s, workers, most)
 
 
 PLACEMENTS = ("hdfs", "random")
@@ -141,6 +177,7 @@ class JobClass:
     mem: Distribution = attrs.field(factory=lambda: Distribution.fixed(2.0))
     rate_scale: float = 1.0
     input: InputSpec | None = None  # input data blocks of each job (data locality)
+    mapreduce: MapReduceClass | None = None  # a class of MapReduce jobs
 
     def mean_tasks(self) -> float:
         return self.tasks.mean()
@@ -158,12 +195,14 @@ class JobSpec:
     duration: float | None  # None: runs until the end of the run
     cpu: float
     mem: float
+    mapreduce: MapReduceSpec | None = None  # its duration then follows from its workers
 
     def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = ()) -> Job:
         """The job to submit; ``data`` is its input (``Job.input``)."""
         return Job(self.id, "sim", scheduler, self.tasks,
                    Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
-                   duration=self.duration, submitted_at=self.submit, input=data)
+                   duration=self.duration if self.mapreduce is None else None,
+                   submitted_at=self.submit, input=data, mapreduce=self.mapreduce)
 
 
 def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[JobSpec]:
@@ -173,9 +212,12 @@ def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[
     while True:
         t += cls.interarrival.sample(rng) / cls.rate_scale
         n += 1
-        yield JobSpec(f"{cls.name}-{n:07d}", cls.name, cls.kind, t,
-                      max(1, math.ceil(cls.tasks.sample(rng))), cls.duration.sample(rng),
-                      cls.cpu.sample(rng), cls.mem.sample(rng))
+        spec = JobSpec(f"{cls.name}-{n:07d}", cls.name, cls.kind, t,
+                       max(1, math.ceil(cls.tasks.sample(rng))), cls.duration.sample(rng),
+                       cls.cpu.sample(rng), cls.mem.sample(rng))
+        if cls.mapreduce is not None:
+            spec = attrs.evolve(spec, mapreduce=cls.mapreduce.spec(spec.tasks, rng))
+        yield spec
 
 
 @attrs.frozen

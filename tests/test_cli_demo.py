@@ -43,7 +43,7 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert started, proc.stdout
     names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
     assert set(names) == {"cellstate-0", "agent-0", "agent-1", "batch-0", "batch-1",
-                          "service-0", "flow-0", "workload"}
+                          "service-0", "flow-0", "mapreduce-0", "workload"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
@@ -55,6 +55,12 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
                         proc.stdout, re.MULTILINE)
     assert rounds and int(rounds[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) flow rounds", last).group(1)) > 0  # type: ignore[union-attr]
+    # The mapreduce scheduler's growth, as the demo shows it: workers added, jobs sped up.
+    grown = re.findall(r"^    mapreduce/mr0 grows \d+ running MapReduce job\(s\): \d+ extra "
+                       r"workers .* in all (\d+) workers added, (\d+) jobs sped up",
+                       proc.stdout, re.MULTILINE)
+    assert grown and int(grown[-1][0]) > 0, proc.stdout
+    assert int(re.search(r"(\d+) MapReduce workers added", last).group(1)) > 0  # type: ignore[union-attr]
     etcd = re.search(r"^etcd .* \(pid (\d+)\)", proc.stdout, re.MULTILINE)
     assert etcd, proc.stdout
     pids = {**names, "etcd": etcd.group(1)}
@@ -80,7 +86,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 8, "".join(lines)
+        assert etcd and len(names) == 9, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -257,3 +263,10 @@ def test_check_on_a_live_cell(etcd_server, capsys: pytest.CaptureFixture[str]) -
     assert main(["check", "--etcd", etcd_server.endpoint, "--cell", "clitest"]) == 0
     assert "ok" in capsys.readouterr().out
 
+
+def test_a_bad_mapreduce_policy_stops_the_demo_before_it_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--mapreduce-policy", "eager", "--data-dir", str(tmp_path)]) == 2
+    assert ("--mapreduce-policy: 'eager' is not one of max-parallel, global-cap, "
+            "relative-size" in capsys.readouterr().err)
+    assert not (tmp_path / "etcd").exists()  # nothing was started

@@ -45,6 +45,8 @@ def _config(*argv: str) -> SchedulerProcessConfig:
          "flow", "flow", {"interval": 0.5, "move_guard": 30,
                           "costs": {"migrate_cost": 100, "wait_cost": 2.5}}),
         (["batch", "--option", "fallbacks=2"], "batch", "batch", {"fallbacks": 2}),
+        (["mapreduce", "--policy", "global-cap", "--option", "target=0.5"], "mapreduce",
+         "mapreduce", {"policy": "global-cap", "target": 0.5}),
         (["service", "--option", "score=pack", "--option", "preempt=false"], "service",
          "service", {"score": "pack", "preempt": False}),
     ],
@@ -121,6 +123,11 @@ def test_option_values_are_typed_where_they_look_like_it(text: str, value: objec
          "option score must be spread or pack, got 'best'"),
         (["scheduler", "service", "--option", "preempt=1"],
          "option preempt must be true or false, got 1"),
+        (["scheduler", "mapreduce", "--policy", "eager"],
+         "mapreduce scheduler: option policy must be one of max-parallel, global-cap, "
+         "relative-size, got 'eager'"),
+        (["scheduler", "mapreduce", "--option", "target=2"],
+         "mapreduce scheduler: option target must be a number from 0 to 1, got 2"),
     ],
 )
 def test_bad_options_stop_it_before_it_connects(argv: list[str], message: str,

@@ -139,8 +139,18 @@ def test_a_flow_scheduler_runs_beside_batch_and_service() -> None:
                if _args(n).command == "scheduler"]
     flow = [c for c in configs if c.policy == "flow"]
     assert [(c.name, c.runtime.options.get("policy")) for c in flow] == [("flow", "quincy")]
-    assert {c.name for c in configs} == {"batch", "service", "flow"}
+    assert {c.name for c in configs} == {"batch", "service", "flow", "mapreduce"}
     assert "flow-0" in SERVICES["workload"]["depends_on"]
+
+
+def test_a_mapreduce_scheduler_grows_the_workloads_mapreduce_jobs() -> None:
+    configs = [scheduler_process_config(_args(n)) for n in OMEGA
+               if _args(n).command == "scheduler"]
+    mapreduce = [c for c in configs if c.policy == "mapreduce"]
+    assert [(c.name, c.runtime.options.get("policy")) for c in mapreduce] == [
+        ("mapreduce", "max-parallel")]
+    assert "mapreduce-0" in SERVICES["workload"]["depends_on"]
+    assert _args("workload").mapreduce_fraction > 0
 
 
 def test_dockerfile_installs_every_package() -> None:

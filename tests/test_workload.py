@@ -19,12 +19,26 @@ def _jobs(n: int, opts: WorkloadOptions, hosts: tuple[str, ...] = HOSTS) -> list
     return [random_job(rng, i, 100.0, opts, hosts) for i in range(n)]
 
 
-def test_jobs_go_to_batch_service_and_flow() -> None:
-    jobs = _jobs(1000, WorkloadOptions(service_fraction=0.2, flow_fraction=0.3))
+def test_jobs_go_to_batch_service_flow_and_mapreduce() -> None:
+    jobs = _jobs(1000, WorkloadOptions(service_fraction=0.2, flow_fraction=0.3,
+                                       mapreduce_fraction=0.1))
     share = Counter(j.scheduler for j in jobs)
-    assert set(share) == {"batch", "service", "flow"}
+    assert set(share) == {"batch", "service", "flow", "mapreduce"}
     # Binomial(1000, p): far more than five standard deviations from these fails.
     assert 130 < share["service"] < 270 and 220 < share["flow"] < 380
+    assert 50 < share["mapreduce"] < 150
+
+
+def test_mapreduce_jobs_ask_for_a_few_workers_and_may_grow() -> None:
+    mr = [j for j in _jobs(400, WorkloadOptions(mapreduce_fraction=0.5))
+          if j.scheduler == "mapreduce"]
+    assert mr and not any(j.scheduler == "mapreduce" for j in _jobs(
+        300, WorkloadOptions(mapreduce_fraction=0)))
+    for j in mr:
+        spec = j.mapreduce
+        assert spec is not None and j.task_count == spec.workers in (2, 3, 5)
+        assert spec.max_workers == 10 * spec.workers and spec.maps >= 5 * spec.workers
+        assert j.duration is None and not j.gang
 
 
 def test_some_flow_jobs_read_input_stored_on_machines_of_the_cell() -> None:
@@ -43,7 +57,7 @@ def test_no_hosts_no_input_and_no_flow_fraction_no_flow_jobs() -> None:
 
 
 def test_every_job_is_one_the_service_accepts() -> None:
-    for j in _jobs(300, WorkloadOptions(flow_fraction=0.4)):
+    for j in _jobs(300, WorkloadOptions(flow_fraction=0.4, mapreduce_fraction=0.2)):
         doc = codec.job_to_doc(j)
         assert codec.parse_job(doc, "job") == j
 

@@ -30,6 +30,7 @@ from cellstate.model import (
     JobKind,
     Machine,
     MachineState,
+    MapReduceSpec,
     Requirement,
     Resources,
     SelectorOp,
@@ -167,6 +168,18 @@ class JobBuilder:
         """Affinity: only on machines already running a job labelled so."""
         req = Requirement(key, SelectorOp.IN if values else SelectorOp.EXISTS, values)
         return self._constrain(affinity=(*self._j.constraints.affinity, req))
+
+    def mapreduce(self, maps: int, map_seconds: float, *, reduces: int = 0,
+                  reduce_seconds: float = 0.0, workers: int = 1,
+                  max_workers: int | None = None) -> JobBuilder:
+        """A MapReduce job (kind mapreduce) asking for ``workers`` workers, which an
+        elastic scheduler may grow to ``max_workers`` (default: until every activity
+        of a phase runs at once)."""
+        most = max(workers, maps, reduces) if max_workers is None else max_workers
+        spec = MapReduceSpec(maps, reduces, float(map_seconds), float(reduce_seconds),
+                             workers, most)
+        return self._set(kind=JobKind.MAPREDUCE, mapreduce=spec, task_count=workers,
+                         duration=None)
 
     def build(self) -> Job:
         return attrs.evolve(self._j, task_resources=Resources.from_mapping(
