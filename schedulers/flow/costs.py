@@ -25,11 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from importlib import metadata
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import attrs
 
 from cellstate.model import Job, Machine, Resources
+
+if TYPE_CHECKING:
+    from schedulers.api import Context
+    from schedulers.flow.extract import Extraction
+    from schedulers.flow.solvers import Solver
 
 #: Wait-time costs stop growing after this many seconds, so that costs stay bounded.
 MAX_WAIT = 86_400.0
@@ -73,6 +78,34 @@ class CostModelError(ValueError):
     pass
 
 
+class RoundFigures(Protocol):
+    """What a planned round took (seconds) and how big its networks were."""
+
+    @property
+    def update(self) -> float: ...
+    @property
+    def solve(self) -> float: ...
+    @property
+    def extract(self) -> float: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def arcs(self) -> int: ...
+    @property
+    def regrouped(self) -> bool: ...
+
+
+class RoundPlanner(Protocol):
+    """A cost model whose network is not the graph manager's plans the flow
+    scheduler's rounds itself (:meth:`CostModel.planner`): Aladdin+H's passes."""
+
+    def plan(self, ctx: Context, solver: Solver) -> tuple[Extraction, RoundFigures]: ...
+
+    def idle(self, ctx: Context) -> bool:
+        """Whether a rescheduling round now would find nothing to do."""
+        ...
+
+
 class CostModel:
     """Base of cost models; the defaults price the trivial model: every placement
     costs nothing and leaving a task unscheduled costs a little, so that any fit is
@@ -86,6 +119,10 @@ class CostModel:
     #: Whether :meth:`sink_tiers` reads ``MachineLoad.used`` (else only ``slots`` and
     #: ``others``, so the graph manager remakes the tiers only when those change).
     tiers_use_usage: ClassVar[bool] = False
+    #: The resource dimensions the network counts room in (None: every dimension a
+    #: task asks for). A Firmament-style single-resource model names one; the
+    #: extraction's repair step still applies the store's rules in every dimension.
+    dimensions: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
@@ -106,6 +143,11 @@ class CostModel:
                 raise CostModelError(f"cost model {self.name}: option {key} must be from 0 "
                                      f"to 1e9, got {value!r}")
             self.options[key] = number
+
+    def planner(self, move_guard: float) -> RoundPlanner | None:
+        """A planner of whole rounds, for a model whose network is its own (None: the
+        graph manager keeps the network and this model prices its arcs)."""
+        return None
 
     def unscheduled(self, job: Job, waited: float) -> int:
         return 100 + 10 * job.precedence
@@ -310,9 +352,39 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
         return round(self.options["bandwidth_weight"] * min(used / cap, 1.0))
 
 
+class TrivialCpuCostModel(TrivialCostModel):
+    """Firmament's trivial model counting room in cpu only (Aladdin+H's baseline
+    "TRIVIAL_CPU": Firmament manages one resource)."""
+
+    name = "trivial-cpu"
+    dimensions = ("cpu",)
+
+
+class TrivialRamCostModel(TrivialCostModel):
+    """Firmament's trivial model counting room in memory only ("TRIVIAL_RAM")."""
+
+    name = "trivial-ram"
+    dimensions = ("mem",)
+
+
+class LoadSpreadingCpuCostModel(LoadSpreadingCostModel):
+    """Load-spreading (Firmament's Octopus) counting room in cpu only ("OCTOPUS_CPU")."""
+
+    name = "load-spread-cpu"
+    dimensions = ("cpu",)
+
+
+class LoadSpreadingRamCostModel(LoadSpreadingCostModel):
+    """Load-spreading counting room in memory only ("OCTOPUS_RAM")."""
+
+    name = "load-spread-ram"
+    dimensions = ("mem",)
+
+
 COST_MODELS: dict[str, type[CostModel]] = {
     m.name: m for m in (TrivialCostModel, LoadSpreadingCostModel, QuincyCostModel,
-                        NetworkAwareCostModel)
+                        NetworkAwareCostModel, TrivialCpuCostModel, TrivialRamCostModel,
+                        LoadSpreadingCpuCostModel, LoadSpreadingRamCostModel)
 }
 
 #: Entry-point group where other packages declare cost models
@@ -342,3 +414,9 @@ def make_cost_model(name: str, **options: Any) -> CostModel:
     if not (isinstance(cls, type) and issubclass(cls, CostModel)):
         raise CostModelError(f"cost model {name!r} ({found}) is not a CostModel class")
     return cls(**options)
+
+
+# Registered last: the Aladdin model's module imports the base classes above.
+from schedulers.flow.aladdin.model import AladdinCostModel  # noqa: E402
+
+COST_MODELS["aladdin"] = AladdinCostModel
