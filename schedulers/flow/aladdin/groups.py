@@ -4,9 +4,10 @@
 for every dimension other than cpu that the cell's machines have, the log2 of its
 amount per cpu (for a cpu/mem cell: log2 of RAM per core, the paper's RAM-to-CPU
 ratio). On a log scale twice and half a ratio are equally far apart, and the unit a
-cell counts memory in (GiB, MB) only shifts every point alike. Ratios are clamped to
-2^-10 .. 2^10, so that a task without a dimension some machines have (no GPU) lies
-far from those machines but still at a finite distance.
+cell counts memory in (GiB, MB) only shifts every point alike. Each feature is taken
+relative to the machines' median (so the unit drops out) and clamped to +-10, so that
+a task without a dimension some machines have (no GPU) lies far from those machines
+but still at a finite distance.
 
 **Clustering.** K-means (Eq. 6) over the machines' features, each distinct capacity
 one point weighted by how many machines have it (12,000 machines of 23 types are 23
@@ -59,20 +60,39 @@ def feature_dims(machines: Iterable[Machine]) -> tuple[str, ...]:
     return tuple(sorted(dims))
 
 
-def features(res: Resources, dims: Sequence[str]) -> Floats:
-    """log2(amount per cpu) of each dimension in ``dims``, clamped (see the module
-    docstring)."""
+def features(res: Resources, dims: Sequence[str], offset: Floats | None = None) -> Floats:
+    """log2(amount per cpu) of each dimension in ``dims``, less ``offset`` (the
+    machines' median), clamped (see the module docstring)."""
+    out = _raw(res, dims)
+    if offset is not None:
+        out = out - offset
+    return np.clip(out, -CLAMP, CLAMP)
+
+
+def _raw(res: Resources, dims: Sequence[str]) -> Floats:
     cpu = res.get("cpu")
     out = np.empty(len(dims))
     for i, d in enumerate(dims):
         a = res.get(d)
         if cpu <= 0:
-            out[i] = CLAMP if a > 0 else 0.0
+            out[i] = math.inf if a > 0 else 0.0
         elif a <= 0:
-            out[i] = -CLAMP
+            out[i] = -math.inf
         else:
-            out[i] = min(max(math.log2(a / cpu), -CLAMP), CLAMP)
+            out[i] = math.log2(a / cpu)
     return out
+
+
+def _median_offset(caps: Sequence[Resources], counts: Sequence[int],
+                   dims: Sequence[str]) -> Floats:
+    raw = np.array([_raw(c, dims) for c in caps]).reshape(len(caps), len(dims))
+    weights = np.asarray(counts)
+    out = np.zeros(len(dims))
+    for k in range(len(dims)):
+        order = np.argsort(raw[:, k], kind="stable")
+        cum = np.cumsum(weights[order])
+        out[k] = raw[order[int(np.searchsorted(cum, cum[-1] / 2))], k]
+    return np.where(np.isfinite(out), out, 0.0)
 
 
 def kmeans(points: Floats, weights: Floats, k: int) -> tuple[Floats, npt.NDArray[np.int64],
@@ -112,6 +132,7 @@ class MachineGroups:
     centres: Floats = attrs.field(eq=False)
     of: dict[Resources, int] = attrs.field(eq=False)
     error: float
+    offset: Floats = attrs.field(eq=False)
 
     @property
     def k(self) -> int:
@@ -120,7 +141,7 @@ class MachineGroups:
     def ranks(self, demand: Resources) -> list[int]:
         """The rank (1 = nearest, Eq. 7) of each group for a task needing ``demand``;
         ties go to the lower group number."""
-        f = features(demand, self.dims)
+        f = features(demand, self.dims, self.offset)
         dist = np.sqrt(((self.centres - f) ** 2).sum(axis=1))
         order = np.lexsort((np.arange(self.k), np.round(dist, 9)))
         ranks = [0] * self.k
@@ -152,8 +173,11 @@ def group_machines(capacities: Iterable[Resources], k: int,
         dims = tuple(sorted(names))
     caps = sorted(counts, key=lambda r: r.amounts)
     if not caps:
-        return MachineGroups(tuple(dims), np.zeros((1, len(dims))), {}, 0.0)
-    points = np.array([features(c, dims) for c in caps]).reshape(len(caps), len(dims))
+        return MachineGroups(tuple(dims), np.zeros((1, len(dims))), {}, 0.0,
+                             np.zeros(len(dims)))
+    offset = _median_offset(caps, [counts[c] for c in caps], dims)
+    points = np.array([features(c, dims, offset) for c in caps]).reshape(len(caps),
+                                                                         len(dims))
     weights = np.array([counts[c] for c in caps], dtype=np.float64)
     if k <= 0:
         k = choose_k(points, weights)
@@ -164,7 +188,7 @@ def group_machines(capacities: Iterable[Resources], k: int,
     renumber = {int(g): i for i, g in enumerate(order.tolist())}
     return MachineGroups(tuple(dims), centres[order],
                          {c: renumber[int(g)] for c, g in zip(caps, labels, strict=True)},
-                         error)
+                         error, offset)
 
 
 def choose_k(points: Floats, weights: Floats) -> int:
