@@ -116,7 +116,7 @@ def test_aladdin_is_a_registered_cost_model_with_checked_options() -> None:
     assert make_cost_model("aladdin", groups=8).options["groups"] == 8
     with pytest.raises(CostModelError, match="option srf must be 0 or 1, got 2"):
         make_cost_model("aladdin", srf=2)
-    with pytest.raises(CostModelError, match="option groups must be a whole number, got 2.5"):
+    with pytest.raises(CostModelError, match=r"option groups must be a whole number, got 2\.5"):
         make_cost_model("aladdin", groups=2.5)
     with pytest.raises(CostModelError, match="option walk must be at least 1"):
         make_cost_model("aladdin", walk=0)

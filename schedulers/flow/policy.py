@@ -45,8 +45,14 @@ import attrs
 
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.flow.costs import CostModel, CostModelError, RoundPlanner, make_cost_model
-from schedulers.flow.extract import Extraction, extract
+from schedulers.flow.costs import (
+    CostModel,
+    CostModelError,
+    RoundOutcome,
+    RoundPlanner,
+    make_cost_model,
+)
+from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.solvers import SOLVERS, Solver
 from schedulers.placement import impossible
@@ -237,7 +243,8 @@ class FlowPolicy(Policy):
             "median_extract_ms": 1000 * statistics.median(x.extract for x in recent),
         }
 
-    def _unplaced(self, ctx: Context, due: Sequence[Job], ex: Extraction) -> list[Unplaced]:
+    def _unplaced(self, ctx: Context, due: Sequence[Job], ex: RoundOutcome
+                  ) -> list[Unplaced]:
         out = []
         for job in due:
             n = ex.unscheduled.get(job.id, 0)

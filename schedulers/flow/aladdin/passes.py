@@ -23,7 +23,7 @@ dimension: no flow the solver returns exceeds any dimension of any machine, and 
 (a task, or a whole affinity group) is never split across machines. Passes run one
 demand after another on the room the previous ones left (``planner.py``).
 
-**Extraction.** Constrained units first (they have fewer places to go), then free
+**Outcome.** Constrained units first (they have fewer places to go), then free
 ones, handed out first in, first out from the class. Each becomes claims checked
 against the view with the store's fit rules, which also sees this pass's earlier
 claims; an arrival the rules refuse (two constrained jobs of the pass that keep each
@@ -47,8 +47,8 @@ from cellstate.model import Machine
 from schedulers.api import CellView
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups
+from schedulers.flow.aladdin.outcome import Outcome
 from schedulers.flow.aladdin.units import Unit, Work
-from schedulers.flow.extract import Extraction
 from schedulers.flow.network import MAX_CAPACITY, Arrays
 from schedulers.flow.solvers import Solver
 from schedulers.placement import why_not
@@ -79,7 +79,7 @@ def unscheduled_cost(work: Work) -> int:
 
 class Pass:
     def __init__(self, view: CellView, cell: CellArrays, groups: MachineGroups,
-                 works: Sequence[Work], options: PassOptions, ex: Extraction) -> None:
+                 works: Sequence[Work], options: PassOptions, ex: Outcome) -> None:
         self.view = view
         self.cell = cell
         self.works = list(works)
@@ -302,7 +302,6 @@ class Pass:
                 return True
         res.left.append(unit)
         if miss is not None and miss.rule is not Rule.RESOURCES:
-            self.ex.turned_back.add((unit.job.id, self.cell.mids[i]))
             self.ex.why.setdefault(unit.job.id, f"{miss.label} on {self.cell.mids[i]!r} once "
                                    "this round's other placements are counted")
         return False

@@ -28,10 +28,10 @@ from cellstate.model import Claim, Job, Resources, split_task_id
 from schedulers.api import Context
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups, group_machines
+from schedulers.flow.aladdin.outcome import Outcome
 from schedulers.flow.aladdin.passes import Pass, PassOptions
 from schedulers.flow.aladdin.repack import Repacker, RepackOptions, movable_by
 from schedulers.flow.aladdin.units import RuleIndex, Unit, Work, constrained, work_of
-from schedulers.flow.extract import Extraction
 from schedulers.flow.solvers import Solver
 from schedulers.runtime import owner_of
 
@@ -108,14 +108,14 @@ class AladdinPlanner:
 
     # -- the round -------------------------------------------------------------------------
 
-    def plan(self, ctx: Context, solver: Solver) -> tuple[Extraction, Figures]:
+    def plan(self, ctx: Context, solver: Solver) -> tuple[Outcome, Figures]:
         t0 = time.perf_counter()
         self.note_changes(ctx)
         view = ctx.view
         regrouped = self._regroup(ctx)
         assert self.groups is not None
         works = self.works(ctx)
-        ex = Extraction()
+        ex = Outcome()
         by_demand: dict[Resources, list[Work]] = {}
         for w in works:
             by_demand.setdefault(w.demand, []).append(w)
@@ -193,7 +193,7 @@ class AladdinPlanner:
         return guarded
 
 
-def _moves_first(ex: Extraction) -> list[Claim]:
+def _moves_first(ex: Outcome) -> list[Claim]:
     """The runtime commits one transaction per job, in the order of the jobs' first
     claims: the jobs whose tasks repacking moves go first, so the store frees the room
     before the claims that count on it."""

@@ -30,8 +30,8 @@ from cellstate.model import Allocation, Job
 from schedulers.api import CellView
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups
+from schedulers.flow.aladdin.outcome import Outcome
 from schedulers.flow.aladdin.units import Unit
-from schedulers.flow.extract import Extraction
 from schedulers.placement import why_not
 
 
@@ -45,7 +45,7 @@ class RepackOptions:
 class Repacker:
     def __init__(self, view: CellView, cell: CellArrays, groups: MachineGroups,
                  movable: Callable[[Allocation], bool], options: RepackOptions,
-                 ex: Extraction) -> None:
+                 ex: Outcome) -> None:
         self.view = view
         self.cell = cell
         self.groups = groups
