@@ -181,6 +181,20 @@ def test_figure_9b_anti_affinity_blacklists_the_machine_with_room() -> None:
     sound(h.snapshot())
 
 
+def test_affinity_to_another_application_finds_its_machines_anywhere() -> None:
+    """A sidecar with affinity to the database goes where a database task runs, even
+    when that machine's group is the sidecar's last choice and lies beyond the machines
+    a constrained job's walk looks at (walk = 1)."""
+    h = cell(("A1", 16, 16), ("A2", 16, 16), ("A3", 16, 16), ("DB", 16, 64))
+    h.submit([task("db", 8, 32).build()])
+    assert h.admin.commit(Transaction(FLOW, (Claim("db", 0, "DB"),))).ok
+    _, inst = aladdin(h, costs={"walk": 1})
+    h.submit([task("sidecar", 1, 1, affinity=app("db")).build()])
+    h.run(settled, max_time=30)
+    assert h.machines_of("sidecar") == ["DB"]
+    assert refused_for_rules(h, inst) == []
+
+
 # -- repacking -----------------------------------------------------------------------------
 
 

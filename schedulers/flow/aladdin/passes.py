@@ -43,7 +43,7 @@ import numpy as np
 from cellstate import fit
 from cellstate.cell import holding
 from cellstate.fit import Misfit, Rule
-from cellstate.model import Machine
+from cellstate.model import Machine, Selector, selector_matches_labels
 from schedulers.api import CellView
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups
@@ -204,7 +204,13 @@ class Pass:
             found: list[tuple[int, int]] = []
             covered = extra = looked = 0
             limit = w.job.constraints.max_per_machine
-            for i in self._order:
+            order = self._order
+            if w.job.constraints.affinity and not unit.founding:
+                # Only machines already running a task its affinity matches qualify:
+                # look at those alone, wherever they are in the preference order.
+                near = self._affine(w.job.constraints.affinity)
+                order = [i for i in order if i in near]
+            for i in order:
                 if looked >= self.opts.walk or extra >= self.opts.extra_candidates:
                     break
                 if tentative[i] <= 0 and covered < need:
@@ -226,6 +232,19 @@ class Pass:
                 else:
                     extra += 1
             out.append(found)
+        return out
+
+    def _affine(self, sel: Selector) -> set[int]:
+        """The machines (indexes) running a task of a job ``sel`` matches, in the view
+        (this round's claims included)."""
+        out = set()
+        jobs = self.view.jobs
+        for m in self.view.machines():
+            for a in holding(m, self.view.gangs):
+                j = jobs.get(a.job)
+                if j is not None and selector_matches_labels(sel, j.labels):
+                    out.add(self.cell.index[m.id])
+                    break
         return out
 
     # -- claims ------------------------------------------------------------------------------
