@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -63,7 +64,28 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+        (args.out / "results.md").write_text(table(rows))
     return 0
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The runs as a markdown table (docs/results/aladdin.md quotes it)."""
+    head = ("| scheduler | machines used | rs cpu (cores/machine) | rs RAM (GiB/machine) | "
+            "cpu eff. | RAM eff. | unplaced | refused (rule) | audit | moved | "
+            "latency median / p99 (s) | Eq. 12 (ms/task) | one app median / p99 (ms) (placed) |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+            "---: | ---: |\n")
+    out = []
+    for r in rows:
+        done = "" if r["finished"] else " (budget spent)"
+        out.append(
+            f"| {r['scheduler']}{done} | {r['machines_used']:,} | {r['rs_cpu']:.1f} | "
+            f"{r['rs_mem']:.1f} | {100 * float(r['cpu_eff']):.1f}% | "
+            f"{100 * float(r['mem_eff']):.1f}% | {r['unplaced']:,} | "
+            f"{r['refused']:,} | {r['audit']} | {r['moved']:,} | "
+            f"{r['latency_median_s']:.2f} / {r['latency_p99_s']:.2f} | {r['eq12_ms']:.2f} | "
+            f"{r['stream_median_ms']:.0f} / {r['stream_p99_ms']:.0f} ({r['streamed']}) |")
+    return head + "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ class Pass:
         order = cell.order(self.gcost.tolist(), self.pack)
         self.order = order[self.fit[order] > 0]
         self._order = self.order.tolist()
+        self._near: dict[Selector, set[int]] = {}
 
     # -- the network ---------------------------------------------------------------------
 
@@ -236,8 +237,12 @@ class Pass:
 
     def _affine(self, sel: Selector) -> set[int]:
         """The machines (indexes) running a task of a job ``sel`` matches, in the view
-        (this round's claims included)."""
-        out = set()
+        (this round's claims included; asked before this pass claims anything, so kept
+        per selector for the pass)."""
+        known = self._near.get(sel)
+        if known is not None:
+            return known
+        out: set[int] = set()
         jobs = self.view.jobs
         for m in self.view.machines():
             for a in holding(m, self.view.gangs):
@@ -245,6 +250,7 @@ class Pass:
                 if j is not None and selector_matches_labels(sel, j.labels):
                     out.add(self.cell.index[m.id])
                     break
+        self._near[sel] = out
         return out
 
     # -- claims ------------------------------------------------------------------------------
