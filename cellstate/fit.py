@@ -15,6 +15,8 @@ names the reason):
 1. the machine is up (not draining or down)                -> machine_down
 2. the machine's labels match the job's selector            -> constraint_violated
 3. tasks per machine, anti-affinity both ways, affinity     -> constraint_violated
+   (a claim that *founds* an affinity group meets its affinity: see
+   :func:`self_affine`)
 4. the task fits, in every dimension, in what is free once
    the victims leave                                         -> insufficient_resources
 
@@ -135,10 +137,25 @@ def anti_affinity(job: Job, m: Machine, neighbours: Sequence[Job]) -> Misfit | N
     return None
 
 
-def affinity(job: Job, m: Machine, neighbours: Sequence[Job]) -> Misfit | None:
-    """The machine runs a task of a job the affinity matches (the job's own count)."""
+def self_affine(job: Job) -> bool:
+    """Whether the job's own labels match its affinity selector: its tasks form an
+    *affinity group* that must share machines. The rule "the machine already runs a
+    matching task" alone could never place such a group's first task, so a claim may
+    *found* the group: the first claim of a transaction that claims every one of the
+    job's tasks (none of them runs anywhere then) meets the job's affinity on any
+    machine, and the transaction's later claims meet it through that one."""
+    sel = job.constraints.affinity
+    return bool(sel) and selector_matches_labels(sel, job.labels)
+
+
+def affinity(job: Job, m: Machine, neighbours: Sequence[Job],
+             founding: bool = False) -> Misfit | None:
+    """The machine runs a task of a job the affinity matches (the job's own count), or
+    the claim founds the job's affinity group (``founding``, see :func:`self_affine`)."""
     sel = job.constraints.affinity
     if not sel or any(selector_matches_labels(sel, o.labels) for o in neighbours):
+        return None
+    if founding and self_affine(job):
         return None
     return Misfit(Rule.AFFINITY, "affinity unmet",
                   "affinity: machine {0!r} runs no task of a matching job", (m.id,))
@@ -204,9 +221,11 @@ def constraints(
     jobs: Mapping[str, Job],
     victims: Sequence[Allocation] = (),
     own_gang: str = "",
+    founding: bool = False,
 ) -> Misfit | None:
     """Selector, tasks per machine, anti-affinity both ways, affinity (in that order).
-    ``own_gang`` is the gang being staged, whose evictions count as done."""
+    ``own_gang`` is the gang being staged, whose evictions count as done; ``founding``:
+    the claim founds the job's affinity group (see :func:`self_affine`)."""
     miss = selector(job, m)
     if miss is not None:
         return miss
@@ -222,7 +241,7 @@ def constraints(
     if not (c.anti_affinity or c.affinity) and not keeps_others_off(jobs, (a.job for a in stay)):
         return None
     others = neighbour_jobs(stay, jobs)
-    return anti_affinity(job, m, others) or affinity(job, m, others)
+    return anti_affinity(job, m, others) or affinity(job, m, others, founding)
 
 
 def misfit(
@@ -232,13 +251,15 @@ def misfit(
     jobs: Mapping[str, Job],
     victims: Sequence[Allocation] = (),
     own_gang: str = "",
+    founding: bool = False,
 ) -> Misfit | None:
     """The first rule that keeps one more task of ``job`` off ``m`` once ``victims``
     leave, or None if it may go there. ``jobs`` are the cell's jobs (neighbours' rules
-    and labels), ``gangs`` its gang records (which staged holds count)."""
+    and labels), ``gangs`` its gang records (which staged holds count); ``founding``:
+    the claim founds the job's affinity group (see :func:`self_affine`)."""
     return (
         machine_up(m)
-        or constraints(job, m, gangs, jobs, victims, own_gang)
+        or constraints(job, m, gangs, jobs, victims, own_gang, founding)
         or resources(job.task_resources, m, machine_used(m, gangs, own_gang),
                      sum_resources(v.resources for v in victims) if victims else _NOTHING)
     )

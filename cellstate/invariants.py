@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cellstate.cell import CellReader, alloc_holds, alloc_placed, scheduler_usage, task_view
-from cellstate.model import TaskState, UsageRecord, sum_resources
+from cellstate.model import TaskState, UsageRecord, selector_matches_labels, sum_resources
 
 
 def violations(cell: CellReader) -> list[str]:
@@ -59,3 +59,37 @@ def placed_tasks_of(cell: CellReader, job: str) -> int:
         for a in m.allocations.values()
         if a.job == job and alloc_placed(a, cell.gangs)
     )
+
+
+def constraint_violations(cell: CellReader) -> list[str]:
+    """Placement rules the running tasks break as they stand now: a machine selector,
+    tasks per machine, anti-affinity (both ways) and affinity (each machine holding a
+    task of a job with an affinity rule holds a task of a job it matches, the job's
+    own included). Not an invariant of the store, which checks the rules when a task
+    is placed: a task an affinity rule relied on may end later. An audit for placement
+    experiments and tests, where tasks do not end."""
+    out: list[str] = []
+    for m in cell.machines.values():
+        count: dict[str, int] = {}
+        for a in m.allocations.values():
+            if alloc_placed(a, cell.gangs):
+                count[a.job] = count.get(a.job, 0) + 1
+        jobs = [cell.jobs[j] for j in sorted(count) if j in cell.jobs]
+        for job in jobs:
+            c = job.constraints
+            if c.machine_selector and not all(r.matches(m.label(r.key))
+                                              for r in c.machine_selector):
+                out.append(f"job {job.id} runs on {m.id}, which its selector does not match")
+            if c.max_per_machine and count[job.id] > c.max_per_machine:
+                out.append(f"job {job.id} runs {count[job.id]} tasks on {m.id} "
+                           f"(max_per_machine {c.max_per_machine})")
+            if c.affinity and not any(selector_matches_labels(c.affinity, o.labels)
+                                      for o in jobs):
+                out.append(f"job {job.id} runs on {m.id} with no task of a job its "
+                           "affinity matches")
+            if c.anti_affinity:
+                for o in jobs:
+                    if o.id != job.id and selector_matches_labels(c.anti_affinity, o.labels):
+                        out.append(f"job {job.id} runs on {m.id} beside job {o.id}, which "
+                                   "its anti-affinity matches")
+    return out

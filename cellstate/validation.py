@@ -23,6 +23,8 @@ the reason):
 7. every victim runs on the machine with lower precedence than the task -> precedence_too_low
    (the job's, or for a MapReduce job's extra worker OPPORTUNISTIC_PRECEDENCE)
 8. selector, affinity, anti-affinity, tasks per machine                 -> constraint_violated
+   (the first claim of a transaction claiming every task of a job whose
+   labels match its own affinity founds the group: ``fit.self_affine``)
 9. the task fits in what is free after the victims leave                -> insufficient_resources
 10. the scheduler stays within its resource limit                       -> limit_exceeded
 
@@ -328,6 +330,7 @@ class _Work:
         self.read_usage: set[str] = set()
         self.read_statuses: set[str] = set()
         self.claim_reads: set[str] = set()  # machines read by the claim being decided
+        self.founders: frozenset[str] = frozenset()  # claims that found affinity groups
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -353,6 +356,7 @@ def validate(
     seq_rewrites: Mapping[str, tuple[int, int]] | None = None,
     shape_checked: bool = False,
     gang_coverage: bool = True,
+    founders: frozenset[str] | None = None,
 ) -> Decision:
     """Decide ``txn`` against ``cell``. Raises TransactionError for a malformed one.
 
@@ -366,10 +370,12 @@ def validate(
 
     ``gang_coverage=False`` skips the check that a gang job's claims cover all its
     placeable tasks: the store sets it when it validates one part of a gang it split,
-    having checked the whole transaction first."""
+    having checked the whole transaction first, and passes ``founders`` (the claims that
+    found affinity groups, :func:`founding_claims`) as the whole transaction has them."""
     if not shape_checked:
         check_shape(txn)
     w = _Work(cell, txn, staging_gang, seq_rewrites or {})
+    w.founders = founding_claims(cell, txn) if founders is None else founders
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
     claim_machines: dict[str, frozenset[str]] = {}
@@ -523,6 +529,23 @@ def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool) -> dict[
         for c in claims:
             out[c.task] = _reject(c, Reason.INVALID, detail)
     return out
+
+
+def founding_claims(cell: CellReader, txn: Transaction) -> frozenset[str]:
+    """The claims (task ids) that found an affinity group (``fit.self_affine``): for each
+    job whose labels match its own affinity selector and whose every task this
+    transaction claims, its first claim. Each claimed task must be pending (check 2),
+    so no task of such a job runs anywhere: the group starts where that claim lands."""
+    by_job: dict[str, list[Claim]] = {}
+    for c in txn.claims:
+        by_job.setdefault(c.job, []).append(c)
+    out = []
+    for jid, claims in by_job.items():
+        job = cell.jobs.get(jid)
+        if (job is not None and fit.self_affine(job) and len(claims) == job.task_count
+                and {c.index for c in claims} == set(range(job.task_count))):
+            out.append(claims[0].task)
+    return frozenset(out)
 
 
 def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
@@ -706,7 +729,8 @@ def _check_victims(
 def _check_constraints(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang)
+    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang,
+                           claim.task in w.founders)
     return None if miss is None else _reject(claim, miss.reason, miss.detail)
 
 

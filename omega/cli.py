@@ -30,14 +30,12 @@ import shlex
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from cellstate.model import ModelError, check_name
+from omega.jobfile import load_job_file
 
 if TYPE_CHECKING:
     from schedulers.process import SchedulerProcessConfig
@@ -161,10 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
     d.add_argument("--flow-policy", default="quincy",
                    help="the flow scheduler's cost model: quincy (default), load-spread, "
-                        "network or trivial")
+                        "network, trivial or aladdin (Aladdin+H, e.g. with --spec alibaba)")
     d.add_argument("--mapreduce-policy", default="max-parallel",
                    help="the mapreduce scheduler's policy: max-parallel (default), "
                         "global-cap or relative-size")
+    d.add_argument("--jobs", help="a job file (JSON or TOML, as omega submit --file) to "
+                                  "submit once the schedulers run; the demo checks at the "
+                                  "end that their placement rules hold")
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
     d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
@@ -342,7 +343,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             duration=args.duration, spec=args.spec, agents=args.agents, servers=args.servers,
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
-            flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy), sys.stdout)
+            flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
+            jobs=args.jobs), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
@@ -559,25 +561,6 @@ def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
     if command:
         doc["command"] = command
     return [doc]
-
-
-def load_job_file(path: Path) -> list[dict[str, Any]]:
-    """Job specs from a JSON or TOML file: one job, or ``{"jobs": [...]}``. The specs
-    are checked by the server (with the field at fault named); here only the shape."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        doc: Any = (tomllib.loads(raw.decode()) if path.suffix == ".toml"
-                    else orjson.loads(raw))
-    except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as e:
-        kind = "TOML" if path.suffix == ".toml" else "JSON"
-        raise ValueError(f"{path}: not valid {kind} ({e})") from None
-    jobs = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else [doc]
-    if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs) or not jobs:
-        raise ValueError(f"{path}: expected a job object or {{\"jobs\": [objects]}}")
-    return jobs
 
 
 # -- output --------------------------------------------------------------------------

@@ -12,9 +12,14 @@ and checks the cell's invariants on etcd. The same topology is docker-compose.ym
 The flow scheduler runs the Quincy cost model by default: the workload gives some of
 its jobs input data on chosen machines, and Quincy is the model that places tasks
 near their data (load-spread would ignore it), so the demo shows what the flow
-scheduler adds. ``--flow-policy`` picks another. The mapreduce scheduler runs the
+scheduler adds. ``--flow-policy`` picks another (``aladdin``: Aladdin+H, for the
+``alibaba`` cell). The mapreduce scheduler runs the
 max-parallelism policy (``--mapreduce-policy`` picks another): the workload's MapReduce
 jobs ask for a few workers and it grows them into the cell's idle machines.
+``--jobs FILE`` submits the jobs of a job file (as ``omega submit
+--file`` reads it) once the schedulers run, and at the end says how many of their
+tasks were placed and whether their placement rules (affinity, anti-affinity, tasks
+per machine, selectors) hold.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from typing import Any, TextIO
 import attrs
 
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
-from cellstate.invariants import violations
+from cellstate.codec import parse_job
+from cellstate.invariants import constraint_violations, placed_tasks_of, violations
 from cellstate.kv.etcd import EtcdKV
+from cellstate.model import ModelError
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from omega.etcd_launcher import LocalEtcd, free_ports
+from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
 from omega.statusfmt import policy_text, status_text
 
@@ -56,6 +64,7 @@ class DemoOptions:
     data_dir: str | None = None
     flow_policy: str = "quincy"  # the flow scheduler's cost model
     mapreduce_policy: str = "max-parallel"  # the mapreduce scheduler's policy
+    jobs: str | None = None  # a job file submitted once the schedulers run
 
 
 @attrs.define
@@ -70,10 +79,14 @@ class DemoStats:
     jobs_sped_up: int = 0  # MapReduce jobs that finished with extra workers
     crashed: list[str] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
+    file_tasks: int = 0  # tasks of the job file's jobs
+    file_placed: int = 0  # of which running at the end
+    broken_rules: list[str] = attrs.field(factory=list)  # placement rules they break
 
     @property
     def ok(self) -> bool:
-        return self.placed > 0 and not self.crashed and not self.violations
+        return (self.placed > 0 and not self.crashed and not self.violations
+                and not self.broken_rules)
 
 
 @attrs.frozen
@@ -136,6 +149,7 @@ class Demo:
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
         _check_flow_policy(o.flow_policy)
         _check_mapreduce_policy(o.mapreduce_policy)
+        self.file_jobs = _job_file(Path(o.jobs)) if o.jobs else []
         with self._data_dir() as data:
             logs = data / "logs"
             # etcd is a Go binary and cannot ask to die with us: it runs under the
@@ -193,6 +207,10 @@ class Demo:
             for name, args in topo.schedulers:
                 self._start(name, args, logs)
             self._start(*topo.workload, logs)
+            for doc in self.file_jobs:
+                client.submit_job(doc)
+            if self.file_jobs:
+                self.say(f"job file {o.jobs}: submitted {len(self.file_jobs)} jobs")
             self.say(f"{len(self.children)} processes: "
                      + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
             deadline = self.clock() + o.duration
@@ -287,6 +305,15 @@ class Demo:
             kv.close()
         self.stats.violations = violations(snap)
         s = self.stats
+        if self.file_jobs:
+            ids = {str(d["id"]) for d in self.file_jobs}
+            s.file_tasks = sum(int(d["task_count"]) for d in self.file_jobs)
+            s.file_placed = sum(placed_tasks_of(snap, j) for j in ids)
+            s.broken_rules = [v for v in constraint_violations(snap)
+                              if v.split(" ")[1] in ids]
+            rules = ("placement rules hold" if not s.broken_rules
+                     else "BROKEN: " + "; ".join(s.broken_rules[:3]))
+            self.say(f"job file: {s.file_placed}/{s.file_tasks} tasks placed; {rules}")
         verdict = "hold" if not s.violations else "BROKEN: " + "; ".join(s.violations[:3])
         self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
                  f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned, "
@@ -308,6 +335,18 @@ def _check_mapreduce_policy(name: str) -> None:
 
     if name not in POLICIES:
         raise ValueError(f"--mapreduce-policy: {name!r} is not one of {', '.join(POLICIES)}")
+
+
+def _job_file(path: Path) -> list[dict[str, Any]]:
+    """The job file's specs, each checked as the server would (a bad one stops the demo
+    before anything starts, naming the job and the field)."""
+    docs = load_job_file(path)
+    for i, doc in enumerate(docs):
+        try:
+            parse_job(doc)
+        except ModelError as e:
+            raise ValueError(f"{path}: job {i} ({doc.get('id', '?')}): {e}") from None
+    return docs
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

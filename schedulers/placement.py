@@ -25,17 +25,27 @@ from schedulers.api import CellView
 
 
 def why_not(view: CellView, job: Job, m: Machine,
-            victims: Sequence[Allocation] = ()) -> Misfit | None:
+            victims: Sequence[Allocation] = (), founding: bool = False) -> Misfit | None:
     """The first fit rule that keeps one more task of ``job`` off ``m`` now, once
-    ``victims`` (allocations on ``m``) leave; None if it may go there."""
-    return fit.misfit(job, m, view.gangs, view.jobs, victims)
+    ``victims`` (allocations on ``m``) leave; None if it may go there. ``founding``:
+    the claim is the first of a plan claiming every task of an affinity group
+    (:func:`founds_group`), which meets the group's affinity anywhere."""
+    return fit.misfit(job, m, view.gangs, view.jobs, victims, founding=founding)
 
 
 def can_host(view: CellView, job: Job, m: Machine,
-             victims: Sequence[Allocation] = ()) -> bool:
+             victims: Sequence[Allocation] = (), founding: bool = False) -> bool:
     """Whether one more task of ``job`` may go on ``m`` now (once ``victims`` leave):
     machine up, selector, tasks per machine, affinity, anti-affinity, resources."""
-    return why_not(view, job, m, victims) is None
+    return why_not(view, job, m, victims, founding) is None
+
+
+def founds_group(view: CellView, job: Job) -> bool:
+    """Whether ``job`` is an affinity group (``cellstate.fit.self_affine``) none of
+    whose tasks runs or is claimed in this view: a plan that claims all of them in one
+    transaction founds the group with its first claim, which the store accepts on any
+    machine; the others must join it."""
+    return fit.self_affine(job) and len(view.pending_tasks(job)) == job.task_count
 
 
 def hosts(view: CellView, job: Job) -> tuple[list[Machine], FitReport]:

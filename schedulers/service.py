@@ -29,7 +29,7 @@ from cellstate.cell import alloc_placed
 from cellstate.fit import FitReport, FitTally
 from cellstate.model import Allocation, Job, Machine, Resources
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
-from schedulers.placement import Reclaimer, can_host, impossible, why_not
+from schedulers.placement import Reclaimer, can_host, founds_group, impossible, why_not
 
 # Exact search for the fewest victims up to this many; beyond, greedy by precedence.
 _EXACT_VICTIMS = 3
@@ -63,8 +63,12 @@ class ServicePolicy(Policy):
         left = 0
         nowhere: FitReport | None = None  # the tally for the last task that fit nowhere
         reclaimer = Reclaimer(view)
+        # An affinity group's first claim founds it (where the whole group fits); the
+        # others must join it.
+        group = founds_group(view, job)
         for index in pending:
-            m, report = self._best_machine(view, job, pack)
+            m, report = self._best_machine(view, job, pack, group)
+            group = False
             if m is not None:
                 claims.append(view.claim(job, index, m.id))
                 continue
@@ -85,10 +89,13 @@ class ServicePolicy(Policy):
                                  fit=nowhere),)
         return Plan(tuple(claims), unplaced)
 
-    def _best_machine(self, view: CellView, job: Job,
-                      pack: bool) -> tuple[Machine | None, FitReport]:
+    def _best_machine(self, view: CellView, job: Job, pack: bool,
+                      group: bool = False) -> tuple[Machine | None, FitReport]:
         """The best machine for one more task, and the tally of why the others may not
-        take it."""
+        take it. ``group``: the task founds its job's affinity group, so the machine
+        must have room for every task of it."""
+        whole = Resources(tuple((d, a * job.task_count)
+                                for d, a in job.task_resources.amounts))
         per_domain: dict[str, int] = {}
         per_rack: dict[str, int] = {}
         machines = {m.id: m for m in view.machines()}
@@ -100,7 +107,9 @@ class ServicePolicy(Policy):
         best: tuple[tuple[float, ...], Machine] | None = None
         tally = FitTally()
         for m in machines.values():
-            miss = why_not(view, job, m)
+            miss = why_not(view, job, m, founding=group)
+            if miss is None and group and not view.fits(m.id, whole):
+                miss = fit.resources(whole, m, view.used(m.id))
             tally.add(miss)
             if miss is not None:
                 continue

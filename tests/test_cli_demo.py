@@ -121,9 +121,44 @@ def test_bad_flags_say_what_is_wrong(argv: list[str], message: str,
 def test_a_bad_flow_policy_stops_the_demo_before_it_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--flow-policy", "fastest", "--data-dir", str(tmp_path)]) == 2
-    assert ("--flow-policy: 'fastest' is not one of load-spread, network, quincy, trivial"
+    assert ("--flow-policy: 'fastest' is not one of aladdin, load-spread, load-spread-cpu, "
+            "load-spread-ram, network, quincy, trivial, trivial-cpu, trivial-ram"
             in capsys.readouterr().err)
     assert not (tmp_path / "etcd").exists()  # nothing was started
+
+
+def test_a_bad_job_file_stops_the_demo_before_it_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "jobs.toml"
+    bad.write_text('[[jobs]]\nid = "ok"\nscheduler = "flow"\ntask_count = 1\n'
+                   'task_resources = { cpu = 1 }\n\n[[jobs]]\nid = "bad"\n'
+                   'scheduler = "flow"\ntask_count = 1\ntask_resources = { cpu = -1 }\n')
+    data = tmp_path / "data"
+    assert main(["demo", "--jobs", str(bad), "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "job 1 (bad)" in err and "task_resources.cpu is negative" in err
+    assert not (data / "etcd").exists()
+
+
+ALADDIN_JOBS = Path(__file__).resolve().parent.parent / "examples" / "aladdin" / "jobs.toml"
+
+
+@pytest.mark.etcd
+def test_the_alibaba_cell_runs_the_aladdin_policy_with_a_job_file(tmp_path: Path) -> None:
+    """The shipped Alibaba cell (13,764 machines), the flow scheduler in the Aladdin
+    policy, and a job file of long-running applications with affinity and
+    anti-affinity: every task of the file is placed and every rule holds."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "omega.cli", "demo", "--spec", "alibaba", "--flow-policy",
+         "aladdin", "--jobs", str(ALADDIN_JOBS), "--duration", "10", "--no-fsync",
+         "--jobs-per-second", "2", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "job file" in proc.stdout and "submitted 6 jobs" in proc.stdout
+    assert "job file: 30/30 tasks placed; placement rules hold" in proc.stdout, proc.stdout
+    last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
+    assert "invariants hold" in last, proc.stdout
 
 
 def test_no_server_says_how_to_fix_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,8 +99,9 @@ def test_option_values_are_typed_where_they_look_like_it(text: str, value: objec
         (["scheduler", "--name", "flow", "--policy", "quincy"],
          "quincy is a cost model of the flow scheduler: omega scheduler flow --policy quincy"),
         (["scheduler", "flow", "--policy", "nope"],
-         "option policy: no cost model named 'nope' (known: load-spread, network, quincy, "
-         "trivial)"),
+         "option policy: no cost model named 'nope' (known: aladdin, load-spread, "
+         "load-spread-cpu, load-spread-ram, network, quincy, trivial, trivial-cpu, "
+         "trivial-ram)"),
         (["scheduler", "flow", "--option", "interval=soon"],
          "option interval must be a number from 0 to 3600, got 'soon'"),
         (["scheduler", "flow", "--option", "interval=inf"],

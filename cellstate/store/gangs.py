@@ -42,6 +42,7 @@ from cellstate.store.base import (
 from cellstate.store.claims import ClaimCommits, _accumulate, _Outcome, _too_big
 from cellstate.validation import (
     Decision,
+    founding_claims,
     validate,
 )
 
@@ -61,6 +62,7 @@ class LargeGangs(ClaimCommits):
         hold; after it, anyone can finish the clean-up (``recover``)."""
         self._ensure_loaded(txn.claims, [txn.scheduler])
         whole = validate(self.view, txn, shape_checked=True)
+        founders = founding_claims(self.view, txn)
         if whole.rejected:
             return CommitResult((), whole.rejected, self.view.revision, (), 1)
         gid = uuid.uuid4().hex
@@ -96,7 +98,7 @@ class LargeGangs(ClaimCommits):
                         return self._gang_lost(txn, attempts)
                     decision = validate(self.view, sub, staging_gang=gid,
                                         seq_rewrites=seen.rewrites, shape_checked=True,
-                                        gang_coverage=False)
+                                        gang_coverage=False, founders=founders)
                     if decision.rejected:
                         self._abort_gang(gid, staged_machines, staged_tasks)
                         return self._gang_failed(txn, decision.rejected, attempts)

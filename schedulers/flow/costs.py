@@ -25,11 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from importlib import metadata
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import attrs
 
-from cellstate.model import Job, Machine, Resources
+from cellstate.model import Claim, Job, Machine, Resources
+
+if TYPE_CHECKING:
+    from schedulers.api import Context
+    from schedulers.flow.aladdin.planner import AladdinPlanner
+    from schedulers.flow.solvers import Solver
 
 #: Wait-time costs stop growing after this many seconds, so that costs stay bounded.
 MAX_WAIT = 86_400.0
@@ -73,6 +78,58 @@ class CostModelError(ValueError):
     pass
 
 
+class RoundOutcome(Protocol):
+    """What a planned round decided, as the flow scheduler's policy reads it (the flow
+    core's ``extract.Extraction`` has these fields too)."""
+
+    @property
+    def claims(self) -> Sequence[Claim]: ...
+    @property
+    def unscheduled(self) -> Mapping[str, int]: ...
+    @property
+    def why(self) -> Mapping[str, str]: ...
+    @property
+    def placed(self) -> int: ...
+    @property
+    def migrated(self) -> int: ...
+    @property
+    def preempted(self) -> int: ...
+    @property
+    def repaired(self) -> int: ...
+    @property
+    def spilled(self) -> int: ...
+    @property
+    def stale(self) -> int: ...
+
+
+class RoundFigures(Protocol):
+    """What a planned round took (seconds) and how big its networks were."""
+
+    @property
+    def update(self) -> float: ...
+    @property
+    def solve(self) -> float: ...
+    @property
+    def extract(self) -> float: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def arcs(self) -> int: ...
+    @property
+    def regrouped(self) -> bool: ...
+
+
+class RoundPlanner(Protocol):
+    """A cost model whose network is not the graph manager's plans the flow
+    scheduler's rounds itself (:meth:`CostModel.planner`): Aladdin+H's passes."""
+
+    def plan(self, ctx: Context, solver: Solver) -> tuple[RoundOutcome, RoundFigures]: ...
+
+    def idle(self, ctx: Context) -> bool:
+        """Whether a rescheduling round now would find nothing to do."""
+        ...
+
+
 class CostModel:
     """Base of cost models; the defaults price the trivial model: every placement
     costs nothing and leaving a task unscheduled costs a little, so that any fit is
@@ -89,6 +146,10 @@ class CostModel:
     #: Whether :meth:`stay`, :meth:`migrate` or :meth:`preempt` read a group's
     #: ``count`` or ``movable`` (else their costs are asked once per group and kept).
     group_costs_use_counts: ClassVar[bool] = False
+    #: The resource dimensions the network counts room in (None: every dimension a
+    #: task asks for). A Firmament-style single-resource model names one; the
+    #: extraction's repair step still applies the store's rules in every dimension.
+    dimensions: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
@@ -109,6 +170,11 @@ class CostModel:
                 raise CostModelError(f"cost model {self.name}: option {key} must be from 0 "
                                      f"to 1e9, got {value!r}")
             self.options[key] = number
+
+    def planner(self, move_guard: float) -> RoundPlanner | None:
+        """A planner of whole rounds, for a model whose network is its own (None: the
+        graph manager keeps the network and this model prices its arcs)."""
+        return None
 
     def unscheduled(self, job: Job, waited: float) -> int:
         return 100 + 10 * job.precedence
@@ -308,9 +374,92 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
         return round(self.options["bandwidth_weight"] * min(used / cap, 1.0))
 
 
+class AladdinCostModel(CostModel):
+    """Aladdin+H (seed 002): K-means machine groups with preference cost 100^(x-1),
+    multi-dimensional capacities, affinity groups and anti-affinity blacklists,
+    repacking. Unlike the models above it plans its rounds itself (its network is
+    built per round, one pass per demand: ``schedulers/flow/aladdin/planner.py``).
+    Options, all numbers (the flow scheduler's ``costs`` table, or
+    ``--option costs.groups=8``):
+
+    * ``groups`` (4): K, the number of machine groups; 0 chooses it by the elbow rule;
+    * ``srf`` (0): 1 places the smallest demands first (the paper's SRF), 0 the largest;
+    * ``repack`` (1): 0 turns repacking off; ``max_moves`` (4) tasks moved per unit,
+      ``repack_units`` (50) units repacked per round;
+    * ``candidates`` (4): machines past those covering a constrained job's units;
+      ``walk`` (2000): machines looked at per constrained job; ``spill`` (16): machines
+      tried for an arrival the fit rules refused."""
+
+    name = "aladdin"
+    defaults: ClassVar[Mapping[str, float]] = {
+        "groups": 4, "srf": 0, "repack": 1, "max_moves": 4, "repack_units": 50,
+        "candidates": 4, "walk": 2000, "spill": 16,
+    }
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        for key in ("srf", "repack"):
+            if self.options[key] not in (0, 1):
+                raise CostModelError(f"cost model {self.name}: option {key} must be 0 or 1, "
+                                     f"got {options[key]!r}")
+        for key in ("groups", "max_moves", "repack_units", "candidates", "walk", "spill"):
+            if self.options[key] != int(self.options[key]):
+                raise CostModelError(f"cost model {self.name}: option {key} must be a whole "
+                                     f"number, got {options[key]!r}")
+        for key in ("walk", "spill"):
+            if self.options[key] < 1:
+                raise CostModelError(f"cost model {self.name}: option {key} must be at "
+                                     f"least 1, got {options[key]!r}")
+
+    def planner(self, move_guard: float) -> AladdinPlanner:
+        # Imported when asked for: the planner's numpy-heavy modules are of no use to
+        # the other models.
+        from schedulers.flow.aladdin.passes import PassOptions
+        from schedulers.flow.aladdin.planner import AladdinPlanner, PlannerOptions
+        from schedulers.flow.aladdin.repack import RepackOptions
+
+        o = {k: int(v) for k, v in self.options.items()}
+        return AladdinPlanner(PlannerOptions(
+            groups=o["groups"], srf=bool(o["srf"]), repack=bool(o["repack"]),
+            move_guard=move_guard,
+            passes=PassOptions(o["candidates"], o["walk"], o["spill"]),
+            repacking=RepackOptions(o["max_moves"], o["repack_units"])))
+
+
+class TrivialCpuCostModel(TrivialCostModel):
+    """Firmament's trivial model counting room in cpu only (Aladdin+H's baseline
+    "TRIVIAL_CPU": Firmament manages one resource)."""
+
+    name = "trivial-cpu"
+    dimensions = ("cpu",)
+
+
+class TrivialRamCostModel(TrivialCostModel):
+    """Firmament's trivial model counting room in memory only ("TRIVIAL_RAM")."""
+
+    name = "trivial-ram"
+    dimensions = ("mem",)
+
+
+class LoadSpreadingCpuCostModel(LoadSpreadingCostModel):
+    """Load-spreading (Firmament's Octopus) counting room in cpu only ("OCTOPUS_CPU")."""
+
+    name = "load-spread-cpu"
+    dimensions = ("cpu",)
+
+
+class LoadSpreadingRamCostModel(LoadSpreadingCostModel):
+    """Load-spreading counting room in memory only ("OCTOPUS_RAM")."""
+
+    name = "load-spread-ram"
+    dimensions = ("mem",)
+
+
 COST_MODELS: dict[str, type[CostModel]] = {
     m.name: m for m in (TrivialCostModel, LoadSpreadingCostModel, QuincyCostModel,
-                        NetworkAwareCostModel)
+                        NetworkAwareCostModel, TrivialCpuCostModel, TrivialRamCostModel,
+                        LoadSpreadingCpuCostModel, LoadSpreadingRamCostModel,
+                        AladdinCostModel)
 }
 
 #: Entry-point group where other packages declare cost models
@@ -340,3 +489,4 @@ def make_cost_model(name: str, **options: Any) -> CostModel:
     if not (isinstance(cls, type) and issubclass(cls, CostModel)):
         raise CostModelError(f"cost model {name!r} ({found}) is not a CostModel class")
     return cls(**options)
+

@@ -36,7 +36,7 @@ from cellstate.model import PLACEABLE, Allocation, Claim, TaskState, split_task_
 from schedulers.api import CellView
 from schedulers.flow.graph import ArcKind, GraphManager
 from schedulers.flow.network import Arrays, NodeKey
-from schedulers.placement import why_not
+from schedulers.placement import founds_group, why_not
 
 _LAYER = np.zeros(max(ArcKind) + 1, dtype=np.int8)
 _LAYER[ArcKind.TO_RACK] = 1
@@ -262,7 +262,10 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
     if job is None or m is None:
         ex.stale += 1
         return True
-    miss = why_not(view, job, m)
+    # The first claim of an affinity group the view has none of founds it (the store's
+    # rule); without it the repair step would refuse what the store accepts.
+    founding = founds_group(view, job)
+    miss = why_not(view, job, m, founding=founding)
     chosen: list[Allocation] = []
     if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0 and evict:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
@@ -270,7 +273,7 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
             if v.precedence >= job.precedence:
                 continue
             chosen.append(v)
-            miss = why_not(view, job, m, chosen)
+            miss = why_not(view, job, m, chosen, founding)
             if miss is None:
                 break
     if miss is not None:

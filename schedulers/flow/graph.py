@@ -80,8 +80,10 @@ def shape_of(job: Job) -> Shape:
     return Shape(job.task_resources, job.constraints.machine_selector)
 
 
-def fit_count(avail: Resources, shape: Shape, m: Machine) -> int:
-    """How many tasks of ``shape`` fit in ``avail`` on ``m`` (0 where one does not)."""
+def fit_count(avail: Resources, shape: Shape, m: Machine,
+              dims: tuple[str, ...] | None = None) -> int:
+    """How many tasks of ``shape`` fit in ``avail`` on ``m`` (0 where one does not),
+    counting the dimensions ``dims`` only (None: all; ``CostModel.dimensions``)."""
     if m.state is not MachineState.UP:
         return 0
     # The same test as cellstate.fit.selector, on the shape rather than a job.
@@ -89,7 +91,7 @@ def fit_count(avail: Resources, shape: Shape, m: Machine) -> int:
         return 0
     n = MAX_FIT
     for dim, amount in shape.resources.amounts:
-        if amount <= 0:
+        if amount <= 0 or (dims is not None and dim not in dims):
             continue
         n = min(n, math.floor(avail.get(dim) / amount + 1e-9))
         if n <= 0:
@@ -430,9 +432,10 @@ class GraphManager:
         reoffered = sum(len(t) for t in me.groups.values())
         free = me.free()
         used = m.capacity - free
-        fits = {s: fit_count(free, s, m) for s in self.shapes}
+        dims = self.model.dimensions
+        fits = {s: fit_count(free, s, m, dims) for s in self.shapes}
         # Room the re-offered tasks hold, usable only when some of them leave.
-        reclaim = {s: max(fit_count(avail, s, m) - fits[s], 0) for s in self.shapes}
+        reclaim = {s: max(fit_count(avail, s, m, dims) - fits[s], 0) for s in self.shapes}
         slots = max([0, *(reoffered + n for n in fits.values()),
                      *(fits[s] + reclaim[s] for s in self.shapes)])
         load = me.load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
@@ -605,7 +608,8 @@ class GraphManager:
         for p in self.model.preferences(job, self.racks):
             if p.machine:
                 me = self.machines.get(p.machine)
-                n = fit_count(me.avail, e.shape, me.machine) if me is not None else 0
+                n = (fit_count(me.avail, e.shape, me.machine, self.model.dimensions)
+                     if me is not None else 0)
                 if n > 0:
                     arcs.append(Arc(w, ("M", p.machine), min(k, n), p.cost, 0,
                                     ArcKind.PREFERENCE))

@@ -14,9 +14,13 @@ again for ``move_guard`` seconds, so costs that see-saw cannot start a migration
 
 Options (constructor keywords or the scheduler's ``[options]`` table):
 
-* ``policy``: the cost model, ``quincy`` (default), ``load-spread``, ``network`` or
-  ``trivial`` (``schedulers/flow/costs.py``), one an installed package declares in
-  the ``omega.flow_cost_models`` entry-point group, or a ``CostModel`` instance;
+* ``policy``: the cost model, ``quincy`` (default), ``load-spread``, ``network``,
+  ``trivial`` (and their single-resource forms ``trivial-cpu``, ``load-spread-ram``,
+  ...) or ``aladdin`` (``schedulers/flow/costs.py``, ``schedulers/flow/aladdin/``),
+  one an installed package declares in the ``omega.flow_cost_models`` entry-point
+  group, or a ``CostModel`` instance. A model with a planner of its own
+  (``CostModel.planner``: Aladdin+H) plans the rounds; the others price the arcs of
+  the graph manager's network;
 * ``solver``: ``ortools`` (default) or ``networkx`` (exact and slow: tests);
 * ``interval`` (1.0 s), ``move_guard`` (60 s);
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
@@ -41,8 +45,14 @@ import attrs
 
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
-from schedulers.flow.costs import CostModel, CostModelError, make_cost_model
-from schedulers.flow.extract import Extraction, extract
+from schedulers.flow.costs import (
+    CostModel,
+    CostModelError,
+    RoundOutcome,
+    RoundPlanner,
+    make_cost_model,
+)
+from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.solvers import SOLVERS, Solver
 from schedulers.placement import impossible
@@ -125,15 +135,19 @@ class FlowPolicy(Policy):
             raise FlowOptionError("flow scheduler: option preempt_below must be a "
                                   f"non-negative whole number (a precedence), got {below!r}")
         self.preempt_below: int | None = below
+        self.planner: RoundPlanner | None = self.model.planner(self.move_guard)
+
+    def _setup(self, ctx: Context) -> None:
+        if not self._configured and ctx.options:
+            # Options from the scheduler's config file (Context.options) complete
+            # those given to the constructor.
+            # (and are checked as strictly).
+            self._configure({**ctx.options, **self.options})
+        self._configured = True
 
     def graph(self, ctx: Context) -> GraphManager:
         if self._graph is None:
-            if not self._configured and ctx.options:
-                # Options from the scheduler's config file (Context.options) complete
-                # those given to the constructor.
-                # (and are checked as strictly).
-                self._configure({**ctx.options, **self.options})
-            self._configured = True
+            self._setup(ctx)
             self._graph = GraphManager(self.model, ctx.scheduler, ctx.instance,
                                        move_guard=self.move_guard,
                                        preempt_below=self.preempt_below)
@@ -148,6 +162,11 @@ class FlowPolicy(Policy):
         return self._round(ctx, [job])
 
     def propose(self, ctx: Context) -> Plan:
+        self._setup(ctx)
+        if self.planner is not None:
+            if self.planner.idle(ctx) or ctx.view.inflight:
+                return Plan()  # nothing to do, or claims not in the snapshot yet
+            return self._round(ctx, [])
         graph = self.graph(ctx)
         if graph.built and ctx.changes is not None and not ctx.changes and not graph.due(
                 ctx.now) and not any(e.waiting for e in graph.jobs.values()):
@@ -162,6 +181,9 @@ class FlowPolicy(Policy):
     # -- a round ---------------------------------------------------------------------------
 
     def _round(self, ctx: Context, due: Sequence[Job]) -> Plan:
+        self._setup(ctx)
+        if self.planner is not None:
+            return self._planned_round(ctx, due, self.planner)
         graph = self.graph(ctx)
         t0 = self.timer()
         stats = graph.update(ctx.view.snap, ctx.changes, ctx.now)
@@ -178,6 +200,14 @@ class FlowPolicy(Policy):
         self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
+                           ex.spilled))
+        return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
+
+    def _planned_round(self, ctx: Context, due: Sequence[Job], planner: RoundPlanner) -> Plan:
+        ex, fig = planner.plan(ctx, self.solver)
+        self._record(Round(ctx.now, fig.update, fig.solve, fig.extract, fig.nodes, fig.arcs,
+                           ex.placed, ex.migrated, ex.preempted,
+                           sum(ex.unscheduled.values()), ex.repaired, ex.stale, fig.regrouped,
                            ex.spilled))
         return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
 
@@ -215,7 +245,8 @@ class FlowPolicy(Policy):
             "median_extract_ms": 1000 * statistics.median(x.extract for x in recent),
         }
 
-    def _unplaced(self, ctx: Context, due: Sequence[Job], ex: Extraction) -> list[Unplaced]:
+    def _unplaced(self, ctx: Context, due: Sequence[Job], ex: RoundOutcome
+                  ) -> list[Unplaced]:
         out = []
         for job in due:
             n = ex.unscheduled.get(job.id, 0)

@@ -13,6 +13,7 @@ from cellstate.model import (
     CellConfig,
     Claim,
     Constraints,
+    Job,
     MachineState,
     Reason,
     Requirement,
@@ -173,6 +174,56 @@ def test_anti_affinity_and_affinity(kv: KV) -> None:
     res = store.commit(txn([Claim("noisy", 0, "m1"), Claim("cache", 0, "m2")]))
     assert [r.reason for r in res.rejected] == [Reason.CONSTRAINT_VIOLATED] * 2
     assert store.commit(txn([Claim("noisy", 0, "m2"), Claim("cache", 0, "m1")])).ok
+
+
+APP_T1 = (Requirement("app", SelectorOp.IN, ("t1",)),)
+
+
+def _affinity_group(tasks: int = 2, gang: bool = True, cpu: float = 1) -> Job:
+    return job("t1", tasks=tasks, cpu=cpu, labels=[("app", "t1")], gang=gang,
+               constraints=Constraints(affinity=APP_T1))
+
+
+def test_a_transaction_claiming_a_whole_affinity_group_founds_it(kv: KV) -> None:
+    """A job whose labels match its own affinity: its first task could never meet the
+    rule "the machine runs a matching task"; a transaction claiming every task of it
+    founds the group with its first claim, and the others must join that machine."""
+    store = make_cell(kv, [machine("m1", cpu=4), machine("m2", cpu=4)],
+                      [_affinity_group(3), job("solo", labels=[("app", "t1")],
+                                              constraints=Constraints(affinity=APP_T1))])
+    split = store.commit(txn(claims(store.read_snapshot(), "t1", [(0, "m1"), (1, "m1"),
+                                                                    (2, "m2")]), gang=True))
+    assert [r.reason for r in split.rejected] == [
+        Reason.GANG_ABORTED, Reason.GANG_ABORTED, Reason.CONSTRAINT_VIOLATED]
+    assert "affinity" in split.rejected[2].detail
+    whole = store.commit(txn(claims(store.read_snapshot(), "t1", [(0, "m2"), (1, "m2"),
+                                                                    (2, "m2")]), gang=True))
+    assert whole.ok
+    after = store.read_snapshot()
+    assert [task_view(after, f"t1/{i}").machine for i in range(3)] == ["m2"] * 3
+    # A one-task job matching its own rule claims all of itself: it founds a group
+    # too; it may also join the running one.
+    assert store.commit(txn([Claim("solo", 0, "m1")])).ok
+    assert violations(store.read_snapshot()) == []
+
+
+def test_a_partial_claim_of_an_affinity_group_founds_nothing(kv: KV) -> None:
+    store = make_cell(kv, [machine("m1", cpu=4)], [_affinity_group(3, gang=False)])
+    res = store.commit(txn([Claim("t1", 0, "m1"), Claim("t1", 1, "m1")]))
+    assert [r.reason for r in res.rejected] == [Reason.CONSTRAINT_VIOLATED] * 2
+    # Founded by a whole claim, a lost task later rejoins its group's machine only.
+    assert store.commit(txn([Claim("t1", i, "m1") for i in range(3)])).ok
+
+
+def test_a_large_gang_founds_its_affinity_group(kv: KV) -> None:
+    """A gang too large for one etcd transaction (the memory backend's limit) is
+    validated in parts: the founding claim is the whole transaction's first, whichever
+    part it falls in."""
+    store = make_cell(kv, [machine("big", cpu=400, mem=400)],
+                      [_affinity_group(100, cpu=1)])
+    res = store.commit(txn([Claim("t1", i, "big") for i in range(100)], gang=True))
+    assert res.ok and len(res.committed) == 100
+    assert violations(store.read_snapshot()) == []
 
 
 def test_precedence_limit_per_scheduler(kv: KV) -> None:

@@ -1,0 +1,167 @@
+"""Repacking (Aladdin+H §2.3, §3.5): moving this scheduler's running tasks so that a
+constrained unit the passes could not place fits.
+
+The paper repacks through the flow's negative cycles; here it is an explicit step
+after the passes, for the constrained units (and affinity groups) left over. For each,
+in the round's pass order, it walks the machines in the unit's preference order and
+takes the first one where only resources keep the unit off (its rules allow it there)
+and moving at most ``max_moves`` of this scheduler's *movable* tasks away frees
+enough room: tasks of free jobs (no rules of their own, no live rule keeps them off
+anything: moving them can break nothing), placed and not moved within the flapping
+guard. Movers are chosen greedily by how much of the missing room they free, and each
+needs a destination its own rules allow on another machine, found in its own
+preference order; only if every mover has one are the moves claimed (``moves_from``:
+the store releases the old allocation in the same write) and then the unit. The plan
+puts the movers' transactions first, so the store sees the room freed before the
+unit's claims; if a move loses a race, the unit's claims fail on resources and it is
+tried again next round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+
+from cellstate.cell import alloc_placed
+from cellstate.fit import Rule
+from cellstate.model import Allocation, Job
+from schedulers.api import CellView
+from schedulers.flow.aladdin.cellarrays import CellArrays
+from schedulers.flow.aladdin.groups import MachineGroups
+from schedulers.flow.aladdin.outcome import Outcome
+from schedulers.flow.aladdin.units import Unit
+from schedulers.placement import why_not
+
+
+@attrs.frozen
+class RepackOptions:
+    max_moves: int = 4  # tasks moved for one unit
+    max_units: int = 50  # units repacked per round
+    walk: int = 200  # machines looked at per unit, and per mover's destination
+
+
+class Repacker:
+    def __init__(self, view: CellView, cell: CellArrays, groups: MachineGroups,
+                 movable: Callable[[Allocation], bool], options: RepackOptions,
+                 ex: Outcome) -> None:
+        self.view = view
+        self.cell = cell
+        self.groups = groups
+        self.movable = movable
+        self.opts = options
+        self.ex = ex
+
+    def run(self, units: Sequence[Unit]) -> list[Unit]:
+        """Repack for ``units`` (in order); returns those still not placed."""
+        left = []
+        for n, unit in enumerate(units):
+            if n >= self.opts.max_units or not self._repack(unit):
+                left.append(unit)
+        return left
+
+    def _repack(self, unit: Unit) -> bool:
+        job = unit.job
+        need = self.cell.vector(unit.demand)
+        order = self.cell.order(self.groups.costs(unit.demand))
+        order = order[self.cell.up[order] & (self.cell.cap[order] + 1e-9 >= need).all(axis=1)]
+        for i in order[:self.opts.walk].tolist():
+            mid = self.cell.mids[i]
+            m = self.view.machine(mid)
+            if m is None:
+                continue
+            miss = why_not(self.view, job, m, founding=unit.founding)
+            if miss is not None and miss.rule is not Rule.RESOURCES:
+                continue
+            lacking = np.maximum(need - self.cell.free[i], 0.0)
+            if not (lacking > 1e-9).any():
+                continue  # room enough: not a repacking case (the passes saw it differently)
+            plan = self._movers(i, lacking)
+            if plan is None:
+                continue
+            for a, dest in plan:
+                mover = self.view.jobs[a.job]
+                index = int(a.task.rpartition("/")[2])
+                self.ex.claims.append(self.view.claim(mover, index, self.cell.mids[dest],
+                                                      moves_from=mid))
+                self.cell.take(dest, a.resources)
+                self.cell.give(i, a.resources)
+                self.ex.moved.append((a.task, mid))
+                self.ex.migrated += 1
+            m = self.view.machine(mid)
+            assert m is not None
+            if why_not(self.view, job, m, founding=unit.founding) is not None or not (
+                    self.cell.free[i] + 1e-9 >= need).all():
+                return False  # cannot happen unless the fit rules disagree with the arrays
+            for index in unit.indices:
+                self.ex.claims.append(self.view.claim(job, index, mid))
+            self.cell.take(i, unit.demand)
+            self.ex.placed += len(unit.indices)
+            return True
+        return False
+
+    def _movers(self, i: int, lacking: np.ndarray) -> list[tuple[Allocation, int]] | None:
+        """Tasks to move off machine ``i`` and where to, freeing ``lacking``; None if
+        no such set of at most ``max_moves`` exists."""
+        m = self.view.machine(self.cell.mids[i])
+        assert m is not None
+        scale = np.where(self.cell.cap[i] > 0, self.cell.cap[i], 1.0)
+        candidates = [a for a in m.allocations.values()
+                      if alloc_placed(a, self.view.gangs) and not self.view.claimed(a.task)
+                      and self.movable(a)]
+        if not candidates:
+            return None
+        vec = {a.task: self.cell.vector(a.resources) for a in candidates}
+        total = sum(vec.values(), np.zeros(len(self.cell.dims)))
+        if ((total + 1e-9) < lacking).any():
+            return None
+        weight = lacking / scale
+        candidates.sort(key=lambda a: (-float((np.minimum(vec[a.task], lacking) / scale)
+                                              @ weight), a.task))
+        chosen: list[Allocation] = []
+        freed = np.zeros(len(self.cell.dims))
+        for a in candidates:
+            if ((freed + 1e-9) >= lacking).all() or len(chosen) >= self.opts.max_moves:
+                break
+            chosen.append(a)
+            freed += vec[a.task]
+        if ((freed + 1e-9) < lacking).any():
+            return None
+        out: list[tuple[Allocation, int]] = []
+        room: dict[int, np.ndarray] = {}
+        for a in chosen:
+            dest = self._destination(a, i, room)
+            if dest is None:
+                return None
+            out.append((a, dest))
+            room[dest] = room.get(dest, np.zeros(len(self.cell.dims))) + vec[a.task]
+        return out
+
+    def _destination(self, a: Allocation, away: int, room: dict[int, np.ndarray]
+                     ) -> int | None:
+        job: Job = self.view.jobs[a.job]
+        need = self.cell.vector(a.resources)
+        order = self.cell.order(self.groups.costs(a.resources))
+        free = self.cell.free[order]
+        ok = self.cell.up[order] & (free + 1e-9 >= need).all(axis=1) & (order != away)
+        for j in order[ok][:self.opts.walk].tolist():
+            if j in room and not (self.cell.free[j] - room[j] + 1e-9 >= need).all():
+                continue
+            dest = self.view.machine(self.cell.mids[j])
+            if dest is not None and why_not(self.view, job, dest) is None:
+                return int(j)
+        return None
+
+
+def movable_by(scheduler: str, view: CellView, free_job: Callable[[Job], bool],
+               guarded: Callable[[str], bool]) -> Callable[[Allocation], bool]:
+    """Which running allocations repacking may move: this scheduler's, of free jobs,
+    not staged by a gang and not under the flapping guard."""
+    def movable(a: Allocation) -> bool:
+        if a.scheduler != scheduler or a.gang or a.evicted_by or guarded(a.task):
+            return False
+        job = view.jobs.get(a.job)
+        return job is not None and free_job(job)
+
+    return movable
