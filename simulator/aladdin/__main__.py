@@ -1,5 +1,5 @@
-"""python -m simulator.aladdin EXPERIMENT.toml --out DIR [--scale S] [--only a,b]
-[--budget SECONDS]: run the Aladdin+H placement experiment, one scheduler after
+"""python -m simulator.aladdin EXPERIMENT.toml --out DIR [--scale S] [--load L]
+[--only a,b] [--budget SECONDS]: run the Aladdin+H placement experiment, one scheduler after
 another, and write DIR/results.json and DIR/results.csv."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--scale", type=float, help="override the file's scale")
+    p.add_argument("--load", type=float, help="override the file's load")
     p.add_argument("--only", help="comma-separated scheduler names to run")
     p.add_argument("--budget", type=float, default=600.0,
                    help="wall-clock seconds per run (default 600)")
@@ -37,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
             print("python -m simulator.aladdin: --scale must be in (0, 1]", file=sys.stderr)
             return 2
         exp = attrs.evolve(exp, scale=args.scale)
+    if args.load is not None:
+        if not 0 < args.load <= 1:
+            print("python -m simulator.aladdin: --load must be in (0, 1]", file=sys.stderr)
+            return 2
+        exp = attrs.evolve(exp, load=args.load)
     only = set(args.only.split(",")) if args.only else None
     cell = machines(exp)
     apps = jobs(exp, sum(m.capacity.get("cpu") for m in cell))
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
               f"median {res.latency_median_s:7.2f}s stream {res.stream_median_ms:8.1f}ms "
               f"({time.perf_counter() - t0:.0f}s)", flush=True)
         (args.out / "results.json").write_text(json.dumps(
-            {"experiment": exp.name, "scale": exp.scale, "machines": len(cell),
+            {"experiment": exp.name, "scale": exp.scale, "load": exp.load,
+             "machines": len(cell),
              "applications": len(apps), "tasks": tasks, "runs": rows}, indent=1))
     if rows:
         with (args.out / "results.csv").open("w", newline="") as f:

@@ -111,6 +111,7 @@ def test_a_small_run_places_everything_and_measures_it() -> None:
         assert r.rs_cpu * r.machines_used == pytest.approx(asked)
         assert 0 < r.cpu_eff <= 1 and 0 < r.mem_eff <= 1
         assert r.latency_median_s <= r.latency_p99_s <= r.wall_s + 1e-9
+        assert r.streamed > 0 and r.stream_median_ms <= r.stream_p99_ms
     # Aladdin proposes no violation; the blind Tetris proposes some, which the store
     # refuses, and places everything once it respects the rules.
     assert results["aladdin-4"].refused == 0

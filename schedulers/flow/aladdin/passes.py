@@ -141,10 +141,9 @@ class Pass:
                 caps.append(c)
                 costs.append(int(self.gcost[self.cell.group[i]] + self.pack[i]))
                 cand_arcs.append((x, i))
-        fits = np.flatnonzero(self.fit > 0) if free_units else np.zeros(0, dtype=np.int64)
-        into = np.zeros(0, dtype=np.int64)
-        if free_units:
-            into = fits
+        # Every machine a free unit fits on, through its group's vertex.
+        into = (np.flatnonzero(self.fit > 0) if free_units
+                else np.zeros(0, dtype=np.int64))
         used = np.union1d(into, np.array([i for _, i in cand_arcs], dtype=np.int64))
         supply[s] = -int(supply.sum())
         t = np.concatenate([np.array(tails, dtype=np.int64), a0 + self.cell.group[into],
