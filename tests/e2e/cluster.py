@@ -13,8 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cellstate.api.client import CellClient, wait_until_serving
+from cellstate.kv.base import EventType, KeyValue, prefix_end
+from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import free_ports
 from omega.proc import Child, omega
+from tests.faults.checker import History, walk
 
 
 class Cluster:
@@ -118,3 +121,39 @@ def wait_for(what: str, done: Callable[[], bool], cluster: Cluster, timeout: flo
         assert not dead, f"{dead} exited while waiting for {what}\n{cluster.logs()}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}\n{cluster.logs()}"
         time.sleep(0.2)
+
+
+def etcd_history(endpoint: str, cell: str = "default") -> History:
+    """Every revision of the cell in etcd's history, checked (``tests/faults``)."""
+    kv = EtcdKV([endpoint])
+    try:
+        return walk(kv, cell, [], until=kv.range(b"\x00").revision)
+    finally:
+        kv.close()
+
+
+def kill_at_first_put(c: Cluster, endpoint: str, prefix: bytes, victim: str,
+                      counts: Callable[[KeyValue], bool] = lambda kv: True,
+                      timeout: float = 40.0) -> tuple[int, int]:
+    """SIGKILL ``victim`` the moment etcd shows the first write under ``prefix`` that
+    ``counts`` (its commit under way). Returns that write's revision and how many
+    such keys it wrote (the rest of the commit was still to come)."""
+    kv = EtcdKV([endpoint])
+    try:
+        watcher = kv.watch(prefix, prefix_end(prefix),
+                           start_revision=kv.range(b"\x00").revision + 1)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                assert time.monotonic() < deadline, f"nothing under {prefix!r}\n{c.logs()}"
+                response = watcher.next(timeout=1.0)
+                puts = [e for e in (response.events if response is not None else ())
+                        if e.type is EventType.PUT and counts(e.kv)]
+                if puts:
+                    c.signal(victim, signal.SIGKILL)
+                    first = min(e.kv.mod_revision for e in puts)
+                    return first, sum(1 for e in puts if e.kv.mod_revision == first)
+        finally:
+            watcher.cancel()
+    finally:
+        kv.close()

@@ -7,7 +7,6 @@ and each task was placed exactly once."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,10 @@ from typing import Any
 import pytest
 
 from cellstate.keys import Keyspace
-from cellstate.kv.base import EventType, prefix_end
-from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcd
-from tests.e2e.cluster import Cluster, cluster, wait_for
+from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
 from tests.etcd_fixture import make_local_etcd
-from tests.faults.checker import History, walk
+from tests.faults.checker import History
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -71,14 +68,6 @@ def _all_running(c: Cluster, jobs: dict[str, int]) -> bool:
     return all(listed.get(j) == {"running": n} for j, n in jobs.items())
 
 
-def _history(endpoint: str) -> History:
-    kv = EtcdKV([endpoint])
-    try:
-        return walk(kv, CELL, [], until=kv.range(b"\x00").revision)
-    finally:
-        kv.close()
-
-
 def _placed_once(history: History, jobs: dict[str, int]) -> None:
     assert history.problems() == []
     tasks = {f"{j}/{i}" for j, n in jobs.items() for i in range(n)}
@@ -120,33 +109,7 @@ def test_batch_and_flow_place_their_jobs_side_by_side(etcd: LocalEtcd, tmp_path:
         assert flow["policy"]["rounds"] >= 1
         assert flow["policy"]["placed"] >= 96  # claims made; 96 of them committed
         assert flow["policy"]["median_solve_ms"] > 0
-    _placed_once(_history(etcd.endpoint), jobs)
-
-
-def _kill_at_first_placement(c: Cluster, endpoint: str, prefix: bytes, victim: str,
-                             ) -> tuple[int, int]:
-    """SIGKILL ``victim`` the moment etcd shows the first task key under ``prefix``
-    (its commit under way). Returns the revision of that first write and how many
-    tasks under ``prefix`` it wrote (the rest were still to come)."""
-    kv = EtcdKV([endpoint])
-    try:
-        watcher = kv.watch(prefix, prefix_end(prefix),
-                           start_revision=kv.range(b"\x00").revision + 1)
-        try:
-            deadline = time.monotonic() + 40
-            while True:
-                assert time.monotonic() < deadline, f"nothing under {prefix!r}\n{c.logs()}"
-                response = watcher.next(timeout=1.0)
-                puts = [e for e in response.events
-                        if e.type is EventType.PUT] if response is not None else []
-                if puts:
-                    c.signal(victim, signal.SIGKILL)
-                    first = min(e.kv.mod_revision for e in puts)
-                    return first, sum(1 for e in puts if e.kv.mod_revision == first)
-        finally:
-            watcher.cancel()
-    finally:
-        kv.close()
+    _placed_once(etcd_history(etcd.endpoint, CELL), jobs)
 
 
 def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_path: Path,
@@ -169,7 +132,7 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_pat
                 client.submit_job(_job(f"b-{i:02}", "batch", 10, cpu=0.25))
                 jobs[f"b-{i:02}"] = 10
             _flow(c, tmp_path)
-            first, written = _kill_at_first_placement(
+            first, written = kill_at_first_put(
                 c, etcd.endpoint, KEYS.root + b"tasks/f-", "flow-0")
             assert c.children["flow-0"].wait(10) == -signal.SIGKILL
             # Work that arrives while it is down, for both schedulers.
@@ -185,4 +148,4 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_pat
         log = c.children["flow-0"].log_path.read_text()
         print(f"killed at revision {first} ({written} flow tasks written there); "
               f"restart waited for the old lease: {'waiting up to' in log}")
-    _placed_once(_history(etcd.endpoint), jobs)
+    _placed_once(etcd_history(etcd.endpoint, CELL), jobs)

@@ -9,7 +9,6 @@ invariant at every revision and places each task once."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,9 @@ from typing import Any
 import pytest
 
 from cellstate.keys import Keyspace
-from cellstate.kv.base import EventType, prefix_end
-from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcd
-from tests.e2e.cluster import Cluster, cluster, wait_for
+from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
 from tests.etcd_fixture import make_local_etcd
-from tests.faults.checker import History, walk
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -57,41 +53,6 @@ def _batch(jid: str, tasks: int) -> dict[str, Any]:
 def _states(c: Cluster) -> dict[str, dict[str, int]]:
     with c.client() as client:
         return {j["spec"]["id"]: j["task_states"] for j in client.list_jobs()}
-
-
-def _kill_at_first_extra_worker(c: Cluster, endpoint: str, workers: int) -> tuple[int, int]:
-    """SIGKILL the mapreduce scheduler the moment etcd shows the first extra worker's
-    task (index ``workers`` or more) of a job ``mr-*``: its growth commit under way.
-    Returns that write's revision and how many extra workers it placed."""
-    kv = EtcdKV([endpoint])
-    prefix = TASKS + b"mr-"
-    try:
-        watcher = kv.watch(prefix, prefix_end(prefix),
-                           start_revision=kv.range(b"\x00").revision + 1)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert time.monotonic() < deadline, f"no growth seen\n{c.logs()}"
-                response = watcher.next(timeout=1.0)
-                extra = [e for e in (response.events if response is not None else ())
-                         if e.type is EventType.PUT
-                         and int(e.kv.key.rsplit(b"/", 1)[1]) >= workers]
-                if extra:
-                    c.signal("mapreduce-0", signal.SIGKILL)
-                    first = min(e.kv.mod_revision for e in extra)
-                    return first, sum(1 for e in extra if e.kv.mod_revision == first)
-        finally:
-            watcher.cancel()
-    finally:
-        kv.close()
-
-
-def _history(endpoint: str) -> History:
-    kv = EtcdKV([endpoint])
-    try:
-        return walk(kv, CELL, [], until=kv.range(b"\x00").revision)
-    finally:
-        kv.close()
 
 
 def _mapreduce_report(c: Cluster) -> dict[str, Any]:
@@ -134,7 +95,10 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
             config.write_text("[scheduler]\nlease_ttl = 3\n[options]\ninterval = 1.0\n")
             c.start("mapreduce-0", "scheduler", "mapreduce", "--policy", "max-parallel",
                     "--config", str(config), "--cellstate", c.cellstate, "--instance", "mr0")
-            first, written = _kill_at_first_extra_worker(c, etcd.endpoint, workers=5)
+            first, written = kill_at_first_put(
+                c, etcd.endpoint, TASKS + b"mr-", "mapreduce-0",
+                # an extra worker: task index past the 5 each job asked for
+                lambda kv: int(kv.key.rsplit(b"/", 1)[1]) >= 5, timeout=60)
             assert c.children["mapreduce-0"].wait(10) == -signal.SIGKILL
             for i in range(5):
                 client.submit_job(_mapreduce(f"mr-new-{i}", 2, 4))
@@ -147,7 +111,7 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
         log = c.children["mapreduce-0"].log_path.read_text()
         print(f"killed at revision {first} ({written} extra workers written there); "
               f"restart waited for the old lease: {'waiting up to' in log}")
-    history = _history(etcd.endpoint)
+    history = etcd_history(etcd.endpoint, CELL)
     assert history.problems() == []
     tasks = {f"{j}/{i}" for j, s in expected.items() for i in range(s["running"])}
     assert set(history.placements) == tasks
