@@ -53,6 +53,7 @@ from cellstate.model import (
 
 MAX_TASKS_PER_JOB = 1_000_000
 MAX_PRECEDENCE = 1_000_000
+MAX_PRIORITY = 1_000_000  # either way: a job may rank below its owner's default
 
 
 def _res(r: Resources) -> dict[str, float]:
@@ -162,6 +163,8 @@ def job_to_doc(job: Job) -> dict[str, Any]:
         doc["detection"] = job.detection.value
     if job.input:
         doc["input"] = dict(job.input)
+    if job.priority:
+        doc["priority"] = job.priority
     if job.mapreduce is not None:
         mr = job.mapreduce
         doc["mapreduce"] = {"maps": mr.maps, "reduces": mr.reduces,
@@ -340,6 +343,7 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
         revision=revision,
         input=input_,
         mapreduce=mapreduce,
+        priority=f.integer("priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
     )
     f.no_unknown()
     return job

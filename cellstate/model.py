@@ -399,6 +399,9 @@ class Job:
     input: tuple[tuple[str, float], ...] = ()
     # A MapReduce job's activities and workers (kind MAPREDUCE); None for other jobs.
     mapreduce: MapReduceSpec | None = None
+    # The owner's own order among their jobs (higher first). Only a fair-share
+    # scheduler reads it; unlike precedence it says nothing across owners.
+    priority: int = 0
 
 
 def task_precedence(job: Job, index: int) -> int:

@@ -20,8 +20,10 @@ the reason):
 4. coarse detection only: the machine's sequence number is the one seen -> sequence_changed
 5. the machine is up                                                    -> machine_down
 6. the scheduler may use the job's precedence                           -> limit_exceeded
-7. every victim runs on the machine with lower precedence than the task -> precedence_too_low
-   (the job's, or for a MapReduce job's extra worker OPPORTUNISTIC_PRECEDENCE)
+7. every victim runs on the machine with lower precedence than the task, -> precedence_too_low
+   or with the same precedence and placed by the transaction's scheduler
+   (the task's precedence is the job's, or for a MapReduce job's extra
+   worker OPPORTUNISTIC_PRECEDENCE)
 8. selector, affinity, anti-affinity, tasks per machine                 -> constraint_violated
    (the first claim of a transaction claiming every task of a job whose
    labels match its own affinity founds the group: ``fit.self_affine``)
@@ -715,12 +717,16 @@ def _check_victims(
                 claim, Reason.INVALID, f"cannot evict {victim}: it does not run on {m.id!r}"
             )
         precedence = task_precedence(job, claim.index)
-        if a.precedence >= precedence:
+        # A scheduler may reorder its own work at one precedence (fair share among its
+        # users); what others placed it may only evict from below.
+        own = a.scheduler == w.txn.scheduler
+        if a.precedence > precedence or (a.precedence == precedence and not own):
             return victims, _reject(
                 claim,
                 Reason.PRECEDENCE_TOO_LOW,
-                f"cannot evict {victim} (precedence {a.precedence}) for task {claim.task} "
-                f"(precedence {precedence}): victims must have lower precedence",
+                f"cannot evict {victim} (precedence {a.precedence}, scheduler "
+                f"{a.scheduler!r}) for task {claim.task} (precedence {precedence}): victims "
+                "must have lower precedence, or the same and be the scheduler's own",
             )
         victims.append(a)
     return victims, None

@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--mem", type=_positive(float), default=1.0)
     sm.add_argument("--kind", choices=["batch", "service"], default="batch")
     sm.add_argument("--precedence", type=_non_negative_int, default=0)
+    sm.add_argument("--priority", type=int, default=0,
+                    help="the job's rank among its owner's own jobs, higher first (a fair "
+                         "scheduler orders each owner's jobs by it; default 0)")
     sm.add_argument("--gang", action="store_true", help="all tasks or none")
     sm.add_argument("--owner", default=os.environ.get("USER", "nobody"))
     sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
@@ -556,6 +559,8 @@ def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
         "task_count": args.tasks, "task_resources": {"cpu": args.cpu, "mem": args.mem},
         "kind": args.kind, "precedence": args.precedence, "gang": args.gang,
     }
+    if args.priority:
+        doc["priority"] = args.priority
     if args.duration is not None:
         doc["duration"] = args.duration
     if command:

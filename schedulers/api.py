@@ -208,6 +208,24 @@ class CellView:
     def claims(self) -> tuple[Claim, ...]:
         return tuple(self._claims)
 
+    def mark(self) -> int:
+        """A point to :meth:`rollback` to: a policy that tries a gang claim by claim
+        takes back the claims of one that did not fit whole."""
+        return len(self._claims)
+
+    def rollback(self, mark: int) -> None:
+        """Forget the claims made since ``mark``, as if they had never been made."""
+        while len(self._claims) > mark:
+            c = self._claims.pop()
+            self._overlays.pop(c.machine, None)
+            self._extra[c.machine].pop(c.task, None)
+            self._placed.discard(c.task)
+            for victim in c.evict:
+                self._gone[c.machine].discard(victim)
+            if c.moves_from:
+                self._overlays.pop(c.moves_from, None)
+                self._gone[c.moves_from].discard(c.task)
+
     def _add(self, c: Claim, job: Job) -> None:
         self._overlays.pop(c.machine, None)
         self._extra.setdefault(c.machine, {})[c.task] = Allocation(
@@ -248,6 +266,11 @@ class Policy:
     #: Seconds between calls of :meth:`propose`; None: never. A policy may set its
     #: own from its options.
     propose_interval: float | None = None
+    #: A policy that keeps its waiting jobs in an order of its own (fair share) sets
+    #: this: a job it could not place is due again after this many seconds, so every
+    #: decision sees the whole queue, and waiting for its turn is not failing: the
+    #: runtime gives up on such a job only for a permanent reason.
+    requeue_interval: float | None = None
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)

@@ -550,11 +550,12 @@ class SchedulerInstance:
         if permanent:
             self._abandon(job, permanent[0].reason, now)
             return
-        if st.attempts >= self.config.max_attempts:
+        patient = self.policy.requeue_interval
+        if patient is None and st.attempts >= self.config.max_attempts:
             self._abandon(job, f"gave up after {st.attempts} attempts"
                           + _why(plan.unplaced, job, res), now)
             return
-        if st.fruitless >= self.config.max_fruitless_attempts:
+        if patient is None and st.fruitless >= self.config.max_fruitless_attempts:
             self._abandon(job, f"gave up after {st.fruitless} attempts in a row placed nothing"
                           + _why(plan.unplaced, job, res), now)
             return
@@ -563,6 +564,8 @@ class SchedulerInstance:
         if done:
             # Off the queue until its task records change (the replica re-examines it).
             self._queue.pop(job.id, None)
+        elif patient is not None:
+            st.next_try_at = now + patient
         else:
             delay = self.config.retry_delay * (2 ** min(st.fruitless, 5) if not placed else 1)
             st.next_try_at = now + min(delay, self.config.max_retry_delay)

@@ -126,7 +126,9 @@ class MModel:
         for v in victims:
             if on.get(v) != m:
                 return "invalid"
-            if self.precedence[v.split("/")[0]] >= self.precedence[job]:
+            victim, mine = self.precedence[v.split("/")[0]], self.precedence[job]
+            own = self.owner[v.split("/")[0]] == self.owner[job]
+            if victim > mine or (victim == mine and not own):
                 return "precedence_too_low"
         used = sum(self.need[t.split("/")[0]] for t, mm in on.items() if mm == m)
         freed = sum(self.need[v.split("/")[0]] for v in victims)

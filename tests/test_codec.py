@@ -35,6 +35,8 @@ def test_a_good_job_round_trips() -> None:
     j = parse_job(GOOD_JOB)
     assert j.task_resources.get("gpu") == 1 and j.constraints.max_per_machine == 1
     assert decode_job("j1", encode_job(j), 7) == parse_job(GOOD_JOB, revision=7)
+    ranked = parse_job({**GOOD_JOB, "priority": -3})
+    assert ranked.priority == -3 and decode_job("j1", encode_job(ranked), 0) == ranked
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,8 @@ def test_a_good_job_round_trips() -> None:
         ({"task_resources": {}}, "must ask for some resource"),
         ({"kind": "daemon"}, "job.kind: 'daemon' is not one of"),
         ({"precedence": -1}, "job.precedence must be between 0"),
+        ({"priority": 1.5}, "job.priority must be an integer"),
+        ({"priority": 10**7}, "job.priority must be between -1000000 and 1000000"),
         ({"constraints": {"machine_selector": [{"key": "rack", "op": "near"}]}},
          "job.constraints.machine_selector[0].op: 'near'"),
         ({"constraints": {"affinity": [{"key": "app", "op": "in", "values": []}]}},

@@ -95,8 +95,13 @@ CASES: dict[str, Case] = {
     "precedence above the scheduler's limit": (
         lambda: cell([M1], BASE_JOBS, config=CellConfig({"batch": SchedulerLimits(4)})),
         Transaction("batch", (Claim("hi", 0, "m1"),)), Reason.LIMIT_EXCEEDED),
-    "victim of equal precedence": (
-        lambda: cell([running(M1, "low/0", "low", 4, precedence=5)], BASE_JOBS),
+    "victim of equal precedence, another scheduler's": (
+        lambda: cell([running(M1, "low/0", "low", 4, precedence=5, scheduler="svc")],
+                     BASE_JOBS),
+        Transaction("batch", (Claim("hi", 0, "m1", evict=("low/0",)),)),
+        Reason.PRECEDENCE_TOO_LOW),
+    "victim of higher precedence, the scheduler's own": (
+        lambda: cell([running(M1, "low/0", "low", 4, precedence=6)], BASE_JOBS),
         Transaction("batch", (Claim("hi", 0, "m1", evict=("low/0",)),)),
         Reason.PRECEDENCE_TOO_LOW),
     "selector": (
@@ -145,6 +150,14 @@ def test_eviction_frees_room_and_marks_the_victim_preempted() -> None:
     assert d.tasks["hi/0"].state is TaskState.RUNNING and d.tasks["hi/0"].machine == "m1"
     assert d.reads.machines == {"m1"} and d.reads.tasks == {"hi/0", "low/0"}
     assert d.removed == {"batch": Resources.of(cpu=2, mem=1)}
+
+
+def test_a_scheduler_may_evict_its_own_task_of_equal_precedence() -> None:
+    # A fair-share scheduler reorders its own users' work at one precedence.
+    snap = cell([running(M1, "low/0", "low", 4, precedence=5)], BASE_JOBS)
+    d = validate(snap, Transaction("batch", (Claim("hi", 0, "m1", evict=("low/0",)),)))
+    assert d.rejected == () and d.evicted == ("low/0",)
+    assert d.tasks["low/0"].state is TaskState.PREEMPTED
 
 
 def test_staging_tags_placements_and_marks_victims() -> None:

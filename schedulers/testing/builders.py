@@ -126,6 +126,10 @@ class JobBuilder:
     def precedence(self, value: int) -> JobBuilder:
         return self._set(precedence=value)
 
+    def priority(self, value: int) -> JobBuilder:
+        """Its rank among its owner's jobs (higher first), for a fair scheduler."""
+        return self._set(priority=value)
+
     def gang(self, on: bool = True) -> JobBuilder:
         """All tasks commit together or none does."""
         return self._set(gang=on)

@@ -119,6 +119,29 @@ def test_eviction_needs_lower_precedence(kv: KV) -> None:
     assert again.ok
 
 
+def test_a_scheduler_reorders_its_own_work_at_one_precedence(kv: KV) -> None:
+    store = make_cell(
+        kv,
+        [machine("m1", cpu=2)],
+        [job("first", cpu=2, precedence=1), job("second", cpu=2, precedence=1),
+         job("theirs", cpu=2, precedence=1, scheduler="svc")],
+    )
+    assert store.commit(txn(claims(store.read_snapshot(), "first", [(0, "m1")]))).ok
+    snap = store.read_snapshot()
+    # Another scheduler may not take the task at its own precedence ...
+    theirs = Claim("theirs", 0, "m1", snap.machines["m1"].seq, evict=("first/0",))
+    res = store.commit(Transaction("svc", (theirs,)))
+    assert res.rejected[0].reason is Reason.PRECEDENCE_TOO_LOW
+    assert store.read_snapshot().revision == snap.revision
+    # ... the scheduler that placed it may.
+    second = Claim("second", 0, "m1", snap.machines["m1"].seq, evict=("first/0",))
+    res = store.commit(txn((second,)))
+    assert res.ok and res.evicted == ("first/0",)
+    after = store.read_snapshot()
+    assert task_view(after, "first/0").state is TaskState.PREEMPTED
+    assert violations(after) == []
+
+
 def test_rejection_reasons_name_the_problem(kv: KV) -> None:
     store = make_cell(
         kv,

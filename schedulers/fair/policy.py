@@ -1,0 +1,384 @@
+"""The fair scheduler: Cook's fair preemptive scheduling on the shared cell.
+
+Each decision takes every waiting job of its queue (the runtime hands it the whole
+queue at every ``interval``: see ``Policy.requeue_interval``). Each user's waiting
+tasks form a queue in the user's own order (``shares.task_order``); the scheduler
+repeatedly serves the user whose next task would have the lowest CRS, so resources go
+first to the users who hold least. A task goes where there is free room (randomized
+first fit); where there is none, it may preempt running tasks of this scheduler's
+users whose CRS exceeds its own by more than ``delta`` (``victims.choose``), within the
+guards against preemption storms (``guard.PreemptionGuard``). A gang job is one unit:
+all its waiting tasks are placed, or none.
+
+Preemptions are claims with evictions, which the store judges like any other: it
+accepts victims of lower precedence than the task, or of equal precedence that this
+scheduler placed itself, and the scheduler's precedence limit caps what its jobs
+carry. So work of other schedulers at the same or higher precedence is out of reach.
+
+Options (``--option NAME=VALUE``; ``weights.alice=2``):
+
+* ``weights``: a table of user -> weight (default ``default_weight``, 1): a user of
+  weight 2 is entitled to twice the share; their CRS is halved.
+* ``delta`` (0.05): how much unfairness to tolerate, in CRS (a share of the cell).
+* ``min_runtime`` (60 s), ``max_preemptions_per_round`` (10),
+  ``max_preemptions_per_minute`` (60): the storm guards.
+* ``preempt`` (true): false makes it a fair queue that never preempts (the baseline
+  Cook's experiment compares against).
+* ``interval`` (1 s): how often waiting jobs are reconsidered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from cellstate.cell import alloc_placed
+from cellstate.fit import FitTally, machine_up
+from cellstate.model import Job, Resources, split_task_id, sum_resources, task_precedence
+from schedulers.api import CellView, Context, Plan, Policy, Unplaced
+from schedulers.fair.guard import PreemptionGuard
+from schedulers.fair.shares import OrderKey, ShareBook, task_order
+from schedulers.fair.victims import Victim, choose
+from schedulers.options import OptionError, Options
+from schedulers.placement import impossible, why_not
+
+OPTIONS = ("weights", "default_weight", "delta", "min_runtime", "max_preemptions_per_round",
+           "max_preemptions_per_minute", "preempt", "interval")
+_REPORTED_USERS = 20  # per-user entries in the report (its size is capped)
+
+
+class FairOptionError(OptionError):
+    pass
+
+
+@attrs.frozen
+class FairConfig:
+    weights: Mapping[str, float] = attrs.field(factory=dict)
+    default_weight: float = 1.0
+    delta: float = 0.05
+    min_runtime: float = 60.0
+    max_preemptions_per_round: int = 10
+    max_preemptions_per_minute: int = 60
+    preempt: bool = True
+    interval: float = 1.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> FairConfig:
+        o = Options(options, "fair scheduler", OPTIONS, FairOptionError)
+        weights = {}
+        for user, w in o.table("weights").items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w <= 1e6:
+                raise FairOptionError(f"fair scheduler: option weights.{user} must be a "
+                                      f"number above 0 and at most 1e6, got {w!r}")
+            weights[str(user)] = float(w)
+        return cls(
+            weights=weights,
+            default_weight=o.number("default_weight", 1.0, 1e-6, 1e6),
+            delta=o.number("delta", 0.05, 0.0, 1e6),
+            min_runtime=o.number("min_runtime", 60.0, 0.0, 1e7),
+            max_preemptions_per_round=o.integer("max_preemptions_per_round", 10, 0, 10**6),
+            max_preemptions_per_minute=o.integer("max_preemptions_per_minute", 60, 0, 10**6),
+            preempt=o.boolean("preempt", True),
+            interval=o.number("interval", 1.0, 0.01, 3600.0),
+        )
+
+
+@attrs.define
+class CellShares:
+    """The fair scheduler's running tasks as a share book, with where each runs."""
+
+    book: ShareBook
+    where: dict[str, str]  # task -> machine
+    gang_sizes: dict[str, int]  # gang job -> its running tasks
+
+
+def read_shares(view: CellView, scheduler: str, config: FairConfig) -> CellShares:
+    """The share book of ``scheduler``'s users: every task it placed that runs (or
+    that this decision claimed), against the resources of the machines that are up."""
+    totals = sum_resources(m.capacity for m in view.machines() if machine_up(m) is None)
+    book = ShareBook(totals, config.weights, config.default_weight)
+    where: dict[str, str] = {}
+    gangs: Counter[str] = Counter()
+    for m in view.machines():
+        for a in m.allocations.values():
+            if a.scheduler != scheduler or a.evicted_by:
+                continue
+            if not (view.claimed(a.task) or alloc_placed(a, view.gangs)):
+                continue
+            job = view.jobs.get(a.job)
+            if job is None:
+                continue
+            book.add(job.owner, task_order(job, split_task_id(a.task)[1]), a.task, a.resources)
+            where[a.task] = m.id
+            if job.gang:
+                gangs[job.id] += 1
+    return CellShares(book, where, dict(gangs))
+
+
+@attrs.define
+class _Unit:
+    """What is placed whole: one task, or every waiting task of a gang job."""
+
+    job: Job
+    indexes: list[int]
+
+    @property
+    def key(self) -> OrderKey:
+        return task_order(self.job, self.indexes[0])
+
+    @property
+    def need(self) -> Resources:
+        return sum_resources([self.job.task_resources] * len(self.indexes))
+
+
+@attrs.define
+class _Round:
+    placed: int = 0
+    preemptions: int = 0  # claims that evict
+    preempted: int = 0  # tasks whose work a preemption ended
+    capped: int = 0  # units refused a preemption by a storm guard
+
+
+class FairPolicy(Policy):
+    name = "fair"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.config = FairConfig.from_options(options)
+        self.requeue_interval = self.config.interval
+        c = self.config
+        self.guard = PreemptionGuard(c.min_runtime, c.max_preemptions_per_round,
+                                     c.max_preemptions_per_minute)
+        self._totals: Counter[str] = Counter()
+        self._report: Mapping[str, float | int] = {}
+
+    def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
+        view = ctx.view
+        shares = read_shares(view, ctx.scheduler, self.config)
+        self.guard.begin_round(ctx.now, shares.where)
+        queues = _queues(view, jobs)
+        r = _Round()
+        failed: dict[str, str] = {}  # job -> why its next task could not be placed
+        no_victims: set[str] = set()  # users whose CRS is already too high to preempt
+        unplaced: Counter[str] = Counter()
+        free: dict[str, list[str]] = {}  # job -> machines not yet found full for it
+        tallies: dict[str, FitTally] = defaultdict(FitTally)
+        while (head := self._next(shares.book, queues)) is not None:
+            unit = queues[head].popleft()
+            if not queues[head]:
+                del queues[head]
+            jid = unit.job.id
+            if jid in failed:
+                unplaced[jid] += len(unit.indexes)
+                continue
+            why = self._place(ctx, shares, unit, r, free, tallies[jid], no_victims)
+            if why is not None:
+                failed[jid] = why
+                unplaced[jid] += len(unit.indexes)
+        out = []
+        for jid, n in sorted(unplaced.items()):
+            job = view.jobs[jid]
+            never = impossible(view, job) if not view.placed_tasks(jid) else None
+            if never is not None:
+                out.append(Unplaced(jid, never, n, permanent=True))
+            else:
+                out.append(Unplaced(jid, failed[jid], n, fit=tallies[jid].report()))
+        self._record(r, shares.book)
+        return Plan(view.claims, tuple(out))
+
+    def _next(self, book: ShareBook, queues: Mapping[str, deque[_Unit]]) -> str | None:
+        """The user whose next waiting unit would have the lowest CRS."""
+        best: tuple[float, str] | None = None
+        for user, q in queues.items():
+            unit = q[0]
+            crs = book.crs_waiting(user, unit.key, unit.need)
+            if best is None or (crs, user) < best:
+                best = (crs, user)
+        return None if best is None else best[1]
+
+    def _place(self, ctx: Context, shares: CellShares, unit: _Unit, r: _Round,
+               free: dict[str, list[str]], tally: FitTally, no_victims: set[str]
+               ) -> str | None:
+        """Claim every task of the unit (or none); None if it was placed, else why not."""
+        view, job, book = ctx.view, unit.job, shares.book
+        user = job.owner
+        mark = view.mark()
+        added: list[str] = []
+        removed: list[tuple[str, OrderKey, str, Resources, str]] = []
+        spent = 0
+        why: str | None = None
+        for index in unit.indexes:
+            mid = self._free_fit(ctx, job, free, tally)
+            evict: tuple[Victim, ...] = ()
+            if mid is None:
+                found, why = self._preemption(ctx, shares, job, index, no_victims)
+                if found is None:
+                    break
+                mid, evict = found.machine, found.victims
+                on = view.machine(mid)
+                assert on is not None  # the victims were found on it
+                for v in evict:
+                    removed.append((view.jobs[v.job].owner,
+                                    task_order(view.jobs[v.job], split_task_id(v.task)[1]),
+                                    v.task, on.allocations[v.task].resources,
+                                    shares.where.pop(v.task)))
+                    book.remove(v.task)
+                self.guard.spend(found.lost)
+                spent += found.lost
+                r.preemptions += 1
+                r.preempted += found.lost
+                for machines in free.values():
+                    if mid not in machines:
+                        machines.append(mid)  # the victims may leave room over
+            c = view.claim(job, index, mid, [v.task for v in evict])
+            book.add(user, task_order(job, index), c.task, job.task_resources)
+            shares.where[c.task] = mid
+            added.append(c.task)
+        else:
+            r.placed += len(unit.indexes)
+            return None
+        # A gang that did not fit whole: take back what it claimed and preempted.
+        view.rollback(mark)
+        for task in added:
+            book.remove(task)
+            shares.where.pop(task, None)
+        for owner, key, task, need, mid in removed:
+            book.add(owner, key, task, need)
+            shares.where[task] = mid
+        if spent:
+            self.guard.refund(spent)
+            r.preempted -= spent
+        return why
+
+    def _free_fit(self, ctx: Context, job: Job, free: dict[str, list[str]],
+                  tally: FitTally) -> str | None:
+        view = ctx.view
+        candidates = free.get(job.id)
+        if candidates is None:
+            candidates = free[job.id] = view.machine_ids()
+        while candidates:
+            i = ctx.rng.randrange(len(candidates))
+            m = view.machine(candidates[i])
+            if m is not None:
+                miss = why_not(view, job, m)
+                if miss is None:
+                    return m.id
+                tally.add(miss)
+            candidates[i] = candidates[-1]
+            candidates.pop()
+        return None
+
+    def _preemption(self, ctx: Context, shares: CellShares, job: Job, index: int,
+                    no_victims: set[str]) -> tuple[Any, str]:
+        c, book = self.config, shares.book
+        if not c.preempt:
+            return None, "no machine has room now (this fair scheduler does not preempt)"
+        user = job.owner
+        crs = book.crs_waiting(user, task_order(job, index), job.task_resources)
+        threshold = crs + c.delta
+        if user in no_victims:
+            return None, _waiting(crs, c.delta, "no running task's CRS is above that")
+        budget = self.guard.left()
+        if budget <= 0:
+            return None, (f"no machine has room now, and the preemption cap is reached "
+                          f"({c.max_preemptions_per_round} per round, "
+                          f"{c.max_preemptions_per_minute} per minute)")
+        by_machine, young = self._eligible(ctx, shares, task_precedence(job, index), threshold)
+        if not by_machine:
+            if not young:
+                no_victims.add(user)  # the user's later tasks have a CRS no lower
+                return None, _waiting(crs, c.delta, "no running task's CRS is above that")
+            return None, _waiting(crs, c.delta, f"the {young} task(s) above it have run less "
+                                  f"than the minimum run time ({c.min_runtime:g} s)")
+        found = choose(ctx.view, job, by_machine, budget)
+        if found is None:
+            return None, _waiting(crs, c.delta, "no machine frees enough room by preempting "
+                                  f"only tasks above it (within the cap of {budget})")
+        return found, ""
+
+    def _eligible(self, ctx: Context, shares: CellShares, precedence: int, threshold: float
+                  ) -> tuple[dict[str, list[Victim]], int]:
+        """Victims per machine (highest CRS first) and how many more the minimum run
+        time protects. A gang job is taken whole or not at all: every running task of
+        it must qualify, and each stands for the gang at its most important task's CRS
+        (the gang's work ends whichever of its tasks goes)."""
+        view, book = ctx.view, shares.book
+        out: dict[str, list[Victim]] = defaultdict(list)
+        young = 0
+        for user in book.users():
+            if book.share(user) <= threshold:
+                continue  # no task of this user is above the threshold
+            listing = book.crs_of_all(user)
+            gang_floor: dict[str, float] = {}
+            gang_ok: dict[str, bool] = {}
+            found: list[tuple[str, float, str]] = []  # (task, crs, machine)
+            for task, crs in listing:
+                jid = split_task_id(task)[0]
+                mid = shares.where[task]
+                m = view.machine(mid)
+                a = m.allocations.get(task) if m is not None else None
+                ok = a is not None and a.precedence <= precedence and crs > threshold
+                if ok and not self.guard.old_enough(task):
+                    young += 1
+                    ok = False
+                if jid in shares.gang_sizes:
+                    gang_floor.setdefault(jid, crs)  # listed in the user's order
+                    gang_ok[jid] = gang_ok.get(jid, True) and ok
+                if ok:
+                    found.append((task, crs, mid))
+            for task, crs, mid in found:
+                jid = split_task_id(task)[0]
+                size = shares.gang_sizes.get(jid, 0)
+                if size:
+                    if not gang_ok[jid]:
+                        continue
+                    crs = gang_floor[jid]
+                out[mid].append(Victim(task, jid, mid, crs, size))
+        for victims in out.values():
+            victims.sort(key=lambda v: (-v.crs, v.task))
+        return dict(out), young
+
+    def _record(self, r: _Round, book: ShareBook) -> None:
+        t = self._totals
+        t["rounds"] += 1
+        t["placed"] += r.placed
+        t["preemptions"] += r.preemptions
+        t["preempted"] += r.preempted
+        report: dict[str, float | int] = {
+            **t, "last_placed": r.placed, "last_preempted": r.preempted,
+            "delta": self.config.delta, "min_runtime": self.config.min_runtime}
+        users = sorted(book.users(), key=lambda u: -book.share(u))[:_REPORTED_USERS]
+        for u in users:
+            report[f"share.{u}"] = round(book.share(u), 6)
+        for u, w in sorted(self.config.weights.items())[:_REPORTED_USERS]:
+            report[f"weight.{u}"] = w
+        self._report = report  # a new mapping: report() is read from another thread
+
+    def report(self) -> Mapping[str, float | int]:
+        """Totals since the start (``rounds``, ``placed``, ``preemptions``: claims that
+        evict, ``preempted``: tasks whose work they end, gangs counted whole), the last
+        round's, the configured ``delta``, ``min_runtime`` and ``weight.USER``, and
+        each user's weighted dominant share (``share.USER``)."""
+        return self._report
+
+
+def _waiting(crs: float, delta: float, rest: str) -> str:
+    return (f"waiting for its fair share: its CRS would be {crs:.3f}; it preempts only "
+            f"tasks above {crs + delta:.3f} (delta {delta:g}), and {rest}")
+
+
+def _queues(view: CellView, jobs: Iterable[Job]) -> dict[str, deque[_Unit]]:
+    """Each user's waiting units in the user's own order."""
+    units: dict[str, list[_Unit]] = defaultdict(list)
+    for job in jobs:
+        pending = view.pending_tasks(job)
+        if not pending:
+            continue
+        if job.gang:
+            units[job.owner].append(_Unit(job, pending))
+        else:
+            units[job.owner].extend(_Unit(job, [i]) for i in pending)
+    return {u: deque(sorted(us, key=lambda x: x.key)) for u, us in units.items()}

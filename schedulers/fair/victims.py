@@ -1,0 +1,79 @@
+"""Choosing whom a waiting task preempts: the running tasks of the fair scheduler's
+users whose CRS is highest, on the machine where the fewest such tasks, each above the
+waiting task's CRS plus delta, make room."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from cellstate.model import Job
+from schedulers.api import CellView
+from schedulers.placement import can_host
+
+
+@attrs.frozen
+class Victim:
+    task: str
+    job: str
+    machine: str
+    crs: float
+    gang_size: int = 0  # running tasks of its gang job (0: not a gang): all lose their work
+
+
+@attrs.frozen
+class Preemption:
+    machine: str
+    victims: tuple[Victim, ...]
+
+    @property
+    def floor(self) -> float:
+        """The lowest CRS among the victims: the higher, the less it costs fairness."""
+        return min(v.crs for v in self.victims)
+
+    @property
+    def lost(self) -> int:
+        """Tasks whose work this ends: preempting one task of a gang ends the gang, so a
+        gang counts whole (once, however many of its tasks are victims)."""
+        gangs = {v.job: v.gang_size for v in self.victims if v.gang_size}
+        return sum(gangs.values()) + sum(1 for v in self.victims if not v.gang_size)
+
+
+def choose(view: CellView, job: Job, by_machine: Mapping[str, Sequence[Victim]],
+           budget: int) -> Preemption | None:
+    """The preemption that makes room for one task of ``job``: on each machine, victims
+    taken in order of CRS (highest first) until the task fits; of those machines, the
+    one whose victims' lowest CRS is highest, then the one losing fewest tasks. None if
+    no machine can be freed within ``budget`` lost tasks.
+
+    ``by_machine``: the eligible victims per machine, highest CRS first."""
+    best: Preemption | None = None
+    for mid in sorted(by_machine):
+        victims = by_machine[mid]
+        m = view.machine(mid)
+        if m is None or not victims:
+            continue
+        if not can_host(view, job, m, [m.allocations[v.task] for v in victims]):
+            continue  # not even all of them make room
+        p = _greedy(view, job, victims, budget)
+        if p is not None and (best is None or (p.floor, -p.lost) > (best.floor, -best.lost)):
+            best = p
+    return best
+
+
+def _greedy(view: CellView, job: Job, victims: Sequence[Victim], budget: int
+            ) -> Preemption | None:
+    """Victims of one machine taken highest CRS first, passing over any that would
+    lose more tasks than ``budget`` allows (a large gang), until the task fits."""
+    m = view.machine(victims[0].machine)
+    assert m is not None
+    chosen: list[Victim] = []
+    for v in victims:
+        trial = Preemption(v.machine, (*chosen, v))
+        if trial.lost > budget:
+            continue
+        chosen.append(v)
+        if can_host(view, job, m, [m.allocations[c.task] for c in chosen]):
+            return trial
+    return None

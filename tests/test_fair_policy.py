@@ -1,0 +1,313 @@
+"""The fair scheduler on small cells with hand-computed shares: whom it preempts and
+in what order, the delta boundary, the storm guards (minimum run time, caps per round
+and per minute), gangs counted whole, and the store refusing what the scheduler's
+precedence does not allow.
+
+The cells have two machines of 4 cpu and 16 GiB (8 cpu in all) and 1-cpu tasks, so a
+user's CRS is the cpus their tasks hold up to that task, over 8. The real runtime,
+store and replica run underneath (schedulers.testing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from cellstate.cell import CellSnapshot, task_view
+from cellstate.invariants import violations
+from cellstate.model import (
+    CellConfig,
+    Claim,
+    Job,
+    Reason,
+    Resources,
+    SchedulerLimits,
+    TaskState,
+    Transaction,
+)
+from schedulers.api import CellView
+from schedulers.fair import FairPolicy
+from schedulers.fair.policy import FairOptionError
+from schedulers.runtime import RuntimeConfig, SchedulerInstance
+from schedulers.testing import Harness, JobBuilder, claims, machine, txn
+
+LONG_LEASE = RuntimeConfig(lease_ttl=10**6)  # the clock jumps minutes at once
+
+
+def fair_job(jid: str, owner: str, tasks: int, *, priority: int = 0, gang: bool = False,
+             precedence: int = 0, at: float = 0.0) -> Job:
+    b = (JobBuilder(jid).scheduler("fair").owner(owner).tasks(tasks).cpu(1).mem(1)
+         .priority(priority).gang(gang).precedence(precedence))
+    if at:
+        b.submitted_at(at)
+    return b.build()
+
+
+def cell(**options: object) -> tuple[Harness, SchedulerInstance]:
+    h = Harness()
+    h.admin.add_machines([machine("m1", cpu=4, mem=16), machine("m2", cpu=4, mem=16)])
+    opts: dict[str, object] = {"min_runtime": 0.0, **options}
+    inst = h.add(FairPolicy(**opts), scheduler="fair", config=LONG_LEASE)
+    return h, inst
+
+
+def state(snap: CellSnapshot, tid: str) -> TaskState:
+    return task_view(snap, tid).state
+
+
+def running(snap: CellSnapshot, jid: str) -> list[str]:
+    return [f"{jid}/{i}" for i in range(snap.jobs[jid].task_count)
+            if state(snap, f"{jid}/{i}") is TaskState.RUNNING]
+
+
+def evicted(h: Harness, inst: SchedulerInstance) -> list[str]:
+    """Every task the instance's committed claims evicted, in order."""
+    return [v for r in Harness.committer(inst).results for v in r.evicted]
+
+
+def settle(h: Harness, rounds: int = 30, seconds: float = 1.0) -> None:
+    """Step the instance through rounds, moving the clock on each time."""
+    for _ in range(rounds):
+        h.pump()
+        for inst in h.instances:
+            inst.step()
+        h.clock.now += seconds
+
+
+def fill(h: Harness, owner: str = "alice", jid: str = "a", mem: float = 1) -> None:
+    """``owner`` takes the whole cell with one job of 8 tasks."""
+    h.submit([attrs.evolve(fair_job(jid, owner, 8),
+                           task_resources=Resources.of(cpu=1, mem=mem))])
+    h.run(lambda s: len(running(s, jid)) == 8)
+
+
+def until_running(tid: str) -> Callable[[CellSnapshot], bool]:
+    return lambda s: state(s, tid) is TaskState.RUNNING
+
+
+def test_a_light_user_preempts_the_heaviest_users_least_important_task() -> None:
+    h, inst = cell(delta=0.05)
+    fill(h)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+    snap = h.snapshot()
+    # alice's last task in her own order has the highest CRS (8/8): it goes first.
+    assert evicted(h, inst) == ["a/7"]
+    assert state(snap, "a/7") is TaskState.PREEMPTED
+    # No ping-pong: a/7 waiting again has CRS 1.0, bob's task 1/8 < 1.0 - delta.
+    settle(h)
+    assert evicted(h, inst) == ["a/7"]
+    assert violations(h.snapshot()) == []
+
+
+def test_victims_go_in_order_of_crs_until_the_shares_are_within_delta() -> None:
+    h, inst = cell(delta=0.05)
+    fill(h)
+    h.submit([fair_job("b", "bob", 5)])
+    settle(h, rounds=20)
+    snap = h.snapshot()
+    # bob's k-th task has CRS k/8; alice's victims 8/8, 7/8, 6/8, 5/8. bob's 5th
+    # (5/8 + 0.05) would need a victim above 0.675: alice's top is then 4/8.
+    assert evicted(h, inst) == ["a/7", "a/6", "a/5", "a/4"]
+    assert len(running(snap, "b")) == 4 and len(running(snap, "a")) == 4
+    assert violations(snap) == []
+
+
+def test_the_users_own_order_decides_which_of_their_tasks_go() -> None:
+    h, inst = cell(delta=0.05)
+    # alice ranks "late" above "early" although she submitted it later.
+    h.submit([fair_job("early", "alice", 4, priority=0, at=10.0),
+              fair_job("late", "alice", 4, priority=5, at=20.0)])
+    h.run(lambda s: len(running(s, "early")) + len(running(s, "late")) == 8)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+    assert evicted(h, inst) == ["early/3"]
+
+
+@pytest.mark.parametrize(("delta", "preempts"), [(0.875, False), (0.87, True)])
+def test_equal_crs_plus_delta_does_not_preempt(delta: float, preempts: bool) -> None:
+    h, inst = cell(delta=delta)
+    fill(h)
+    h.submit([fair_job("b", "bob", 1)])
+    settle(h)
+    # bob's task: CRS 1/8; alice's top: 8/8 = 1/8 + 0.875 exactly.
+    assert (state(h.snapshot(), "b/0") is TaskState.RUNNING) is preempts
+    assert evicted(h, inst) == (["a/7"] if preempts else [])
+
+
+def test_weights_change_who_is_over_their_share() -> None:
+    # alice at weight 4 holding 8/8 has CRS 0.25 at her top task; bob's first task is
+    # at 1/8: 0.125 + 0.05 < 0.25, so one preemption; his second at 2/8 is not below
+    # alice's next (7/8 / 4 = 0.219) by more than delta.
+    h, inst = cell(delta=0.05, weights={"alice": 4})
+    fill(h)
+    h.submit([fair_job("b", "bob", 3)])
+    settle(h)
+    assert evicted(h, inst) == ["a/7"]
+    assert inst.policy.report()["weight.alice"] == 4
+
+
+def test_two_resources_combine_by_the_dominant_share() -> None:
+    # carol's tasks take 1 cpu but 8 GiB: each is 1/4 of the cell's memory, so her k-th
+    # task has CRS k/4 where a cpu-bound user's has k/8. Against alice holding all 8
+    # cpus: her 1st (0.25) and 2nd (0.5) preempt; her 3rd (0.75 + delta) would need a
+    # victim above 0.8 and alice's top is then 6/8. (A 1-cpu, 1-GiB user gets 4: the
+    # test above.) alice's tasks need no memory, so each of carol's fits once one goes.
+    h, inst = cell(delta=0.05)
+    fill(h, mem=0)
+    h.submit([JobBuilder("c").scheduler("fair").owner("carol").tasks(3).cpu(1).mem(8)
+              .build()])
+    settle(h)
+    snap = h.snapshot()
+    assert len(running(snap, "c")) == 2
+    assert evicted(h, inst) == ["a/7", "a/6"] and len(running(snap, "a")) == 6
+    assert inst.policy.report()["share.carol"] == 0.5
+    assert inst.policy.report()["share.alice"] == 0.75
+    assert violations(snap) == []
+
+
+def test_the_minimum_run_time_protects_young_tasks() -> None:
+    h, inst = cell(delta=0.05, min_runtime=60.0)
+    fill(h)
+    started = h.clock.now
+    h.submit([fair_job("b", "bob", 1)])
+    settle(h, rounds=20)  # 20 s later: alice's tasks are younger than a minute
+    assert state(h.snapshot(), "b/0") is TaskState.PENDING
+    assert evicted(h, inst) == []
+    h.run(until_running("b/0"))
+    assert evicted(h, inst) == ["a/7"]
+    assert h.clock.now - started >= 60.0
+
+
+def test_caps_per_round_and_per_minute() -> None:
+    h, inst = cell(delta=0.05, max_preemptions_per_round=2, max_preemptions_per_minute=3)
+    fill(h)
+    start = h.clock.now
+    h.submit([fair_job("b", "bob", 5)])
+    settle(h, rounds=1)
+    assert len(evicted(h, inst)) == 2  # the round's cap
+    settle(h, rounds=30)
+    assert len(evicted(h, inst)) == 3  # the minute's cap
+    while h.clock.now < start + 62:
+        settle(h, rounds=1)
+    settle(h, rounds=3)
+    assert evicted(h, inst) == ["a/7", "a/6", "a/5", "a/4"]
+
+
+def test_a_gang_counts_whole_against_the_cap_and_its_tasks_must_all_qualify() -> None:
+    # alice runs "solo" (ranked first) on m1 and the gang "g" on m2: the gang's tasks
+    # are her least important, CRS 5/8 to 8/8. Preempting any ends the whole gang,
+    # which counts 4 against the cap; with a cap of 3 the scheduler takes solo/3
+    # (CRS 4/8) instead.
+    h, inst = cell(delta=0.05, max_preemptions_per_round=3)
+    h.submit([fair_job("solo", "alice", 4, priority=1)])
+    h.run(lambda s: len(running(s, "solo")) == 4)
+    h.submit([fair_job("g", "alice", 4, gang=True)])
+    h.run(lambda s: len(running(s, "g")) == 4)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+    assert evicted(h, inst) == ["solo/3"]
+
+
+def test_a_gang_is_preempted_for_whole_when_the_cap_allows() -> None:
+    h, inst = cell(delta=0.05)
+    h.submit([fair_job("solo", "alice", 4, priority=1)])
+    h.run(lambda s: len(running(s, "solo")) == 4)
+    h.submit([fair_job("g", "alice", 4, gang=True)])
+    h.run(lambda s: len(running(s, "g")) == 4)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+    # The gang's most important task has CRS 5/8, above solo's 4/8: the gang goes,
+    # one task evicted, and the round counts 4 tasks of work lost.
+    (victim,) = evicted(h, inst)
+    assert victim.startswith("g/")
+    assert inst.policy.report()["preempted"] == 4
+
+
+def test_a_waiting_gang_is_placed_whole_or_not_at_all() -> None:
+    h, inst = cell(delta=0.05)
+    fill(h)
+    # bob's gang of 5: its CRS would be 5/8 and alice's victims above 0.675 are only
+    # 3 (8/8, 7/8, 6/8 ... once 3 go, her top is 5/8): it cannot fit whole.
+    h.submit([fair_job("bg", "bob", 5, gang=True)])
+    settle(h)
+    snap = h.snapshot()
+    assert running(snap, "bg") == [] and evicted(h, inst) == []
+    assert len(running(snap, "a")) == 8
+
+
+def test_other_schedulers_work_is_out_of_reach() -> None:
+    # The service scheduler's tasks fill the cell at the fair jobs' precedence: the fair
+    # scheduler does not propose evicting them, and its jobs wait with a reason.
+    h, inst = cell(delta=0.05)
+    svc = JobBuilder("svc").scheduler("service").owner("ops").tasks(8).cpu(1).mem(1).build()
+    h.submit([svc])
+    h.admin.commit(txn(claims(h.snapshot(), "svc", [(i, f"m{1 + i % 2}") for i in range(8)]),
+                       scheduler="service"))
+    h.submit([fair_job("b", "bob", 1)])
+    settle(h)
+    assert state(h.snapshot(), "b/0") is TaskState.PENDING
+    assert Harness.committer(inst).transactions == []
+
+
+def test_the_store_refuses_preempting_above_the_schedulers_precedence() -> None:
+    # A fair scheduler limited to precedence 2: the store refuses a job above it, and
+    # refuses evicting another scheduler's work of higher precedence.
+    h = Harness()
+    h.admin.add_machines([machine("m1", cpu=1, mem=16)])
+    h.admin.set_config(CellConfig({"fair": SchedulerLimits(max_precedence=2)}))
+    svc = JobBuilder("svc").scheduler("service").precedence(5).cpu(1).build()
+    h.submit([svc, fair_job("b", "bob", 1, precedence=2),
+              fair_job("hi", "bob", 1, precedence=6)])
+    h.admin.commit(txn(claims(h.snapshot(), "svc", [(0, "m1")]), scheduler="service"))
+    before = h.snapshot()
+    seq = before.machines["m1"].seq
+    res = h.admin.commit(Transaction("fair", (Claim("b", 0, "m1", seq, ("svc/0",)),)))
+    assert res.rejected[0].reason is Reason.PRECEDENCE_TOO_LOW
+    res = h.admin.commit(Transaction("fair", (Claim("hi", 0, "m1", seq, ("svc/0",)),)))
+    assert res.rejected[0].reason is Reason.LIMIT_EXCEEDED
+    assert h.snapshot().revision == before.revision
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"delta": -1}, "option delta must be a number from 0"),
+    ({"weights": {"alice": 0}}, "option weights.alice must be a number above 0"),
+    ({"weights": 3}, "option weights must be a table"),
+    ({"max_preemptions_per_round": 1.5}, "must be a whole number"),
+    ({"preempt": "yes"}, "option preempt must be true or false"),
+    ({"speed": 1}, "unknown option(s) speed"),
+])
+def test_bad_options_are_refused_with_what_is_wrong(options: dict[str, object],
+                                                     message: str) -> None:
+    with pytest.raises(FairOptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        FairPolicy(**options)
+
+
+def test_without_preemption_it_is_a_fair_queue() -> None:
+    h, inst = cell(preempt=False)
+    fill(h)
+    h.submit([fair_job("b", "bob", 1)])
+    settle(h)
+    assert state(h.snapshot(), "b/0") is TaskState.PENDING
+    assert evicted(h, inst) == []
+    # Waiting is not failing: the job is still queued, not abandoned, after many rounds.
+    settle(h, rounds=200)
+    assert "b" not in h.snapshot().statuses
+
+
+def test_a_rolled_back_claim_leaves_the_view_as_it_was() -> None:
+    h, _ = cell()
+    fill(h)
+    h.submit([fair_job("b", "bob", 2)])
+    view = CellView(h.snapshot(), "fair")
+    b = view.jobs["b"]
+    before = (view.free("m1"), view.pending_tasks(b), view.claimed("a/7"))
+    mark = view.mark()
+    victim = next(t for t in view.machine("m1").allocations)  # type: ignore[union-attr]
+    view.claim(b, 0, "m1", [victim])
+    assert view.pending_tasks(b) == [1] and view.claims
+    view.rollback(mark)
+    assert (view.free("m1"), view.pending_tasks(b), view.claimed("a/7")) == before
+    assert victim in view.machine("m1").allocations  # type: ignore[union-attr]
+    assert view.claims == ()
