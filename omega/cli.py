@@ -69,6 +69,30 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of at least 0")
+    return v
+
+
+def _user_weight(text: str) -> tuple[str, float]:
+    user, sep, raw = text.partition("=")
+    if not sep or not user:
+        raise argparse.ArgumentTypeError(f"{text!r} is not USER=WEIGHT")
+    try:
+        w = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the weight {raw!r} is not a number"
+                                         ) from None
+    if not math.isfinite(w) or w <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the weight must be above 0")
+    return user, w
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -260,6 +284,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a command each task runs, e.g. --command 'sleep 30' (split like a "
                          "shell would, but run without one)")
 
+    sh = sub.add_parser("shares", help="each user's share of a fair scheduler and what "
+                                       "their next waiting task would do now")
+    _cellstate_flag(sh)
+    _json_flag(sh)
+    sh.add_argument("--scheduler", default="fair", help="the fair scheduler's name (default "
+                                                         "fair)")
+    sh.add_argument("--cell", default="default")
+    sh.add_argument("--delta", type=_non_negative_float, default=None,
+                    help="the tolerance in CRS (default: what a live instance reports, "
+                         "else 0.05)")
+    sh.add_argument("--weight", type=_user_weight, action="append", default=[],
+                    metavar="USER=W", help="a user's weight (default: what a live instance "
+                                           "reports, else 1); repeatable")
+
     j = sub.add_parser("jobs", help="list jobs")
     _cellstate_flag(j)
     _json_flag(j)
@@ -397,6 +435,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         elif cmd == "machines":
             machines = client.list_machines(args.state, args.limit)
             _emit(args, machines, _machines_table(machines))
+        elif cmd == "shares":
+            from omega.shares import shares, shares_text
+
+            doc = shares(client, args.scheduler, args.cell, args.delta, args.weight)
+            _emit(args, doc, shares_text(doc))
         elif cmd == "status":
             from omega.statusfmt import status_text
 

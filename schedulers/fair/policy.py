@@ -35,13 +35,12 @@ from typing import Any
 
 import attrs
 
-from cellstate.cell import alloc_placed
-from cellstate.fit import FitTally, machine_up
+from cellstate.fit import FitTally
 from cellstate.model import Job, Resources, split_task_id, sum_resources, task_precedence
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.fair.guard import PreemptionGuard
-from schedulers.fair.shares import OrderKey, ShareBook, task_order
-from schedulers.fair.victims import Victim, choose
+from schedulers.fair.shares import CellShares, OrderKey, ShareBook, read_shares, task_order
+from schedulers.fair.victims import Victim, choose, eligible
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible, why_not
 
@@ -87,38 +86,6 @@ class FairConfig:
 
 
 @attrs.define
-class CellShares:
-    """The fair scheduler's running tasks as a share book, with where each runs."""
-
-    book: ShareBook
-    where: dict[str, str]  # task -> machine
-    gang_sizes: dict[str, int]  # gang job -> its running tasks
-
-
-def read_shares(view: CellView, scheduler: str, config: FairConfig) -> CellShares:
-    """The share book of ``scheduler``'s users: every task it placed that runs (or
-    that this decision claimed), against the resources of the machines that are up."""
-    totals = sum_resources(m.capacity for m in view.machines() if machine_up(m) is None)
-    book = ShareBook(totals, config.weights, config.default_weight)
-    where: dict[str, str] = {}
-    gangs: Counter[str] = Counter()
-    for m in view.machines():
-        for a in m.allocations.values():
-            if a.scheduler != scheduler or a.evicted_by:
-                continue
-            if not (view.claimed(a.task) or alloc_placed(a, view.gangs)):
-                continue
-            job = view.jobs.get(a.job)
-            if job is None:
-                continue
-            book.add(job.owner, task_order(job, split_task_id(a.task)[1]), a.task, a.resources)
-            where[a.task] = m.id
-            if job.gang:
-                gangs[job.id] += 1
-    return CellShares(book, where, dict(gangs))
-
-
-@attrs.define
 class _Unit:
     """What is placed whole: one task, or every waiting task of a gang job."""
 
@@ -157,7 +124,8 @@ class FairPolicy(Policy):
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
         view = ctx.view
-        shares = read_shares(view, ctx.scheduler, self.config)
+        shares = read_shares(view, ctx.scheduler, self.config.weights,
+                             self.config.default_weight)
         self.guard.begin_round(ctx.now, shares.where)
         queues = _queues(view, jobs)
         r = _Round()
@@ -286,7 +254,8 @@ class FairPolicy(Policy):
             return None, (f"no machine has room now, and the preemption cap is reached "
                           f"({c.max_preemptions_per_round} per round, "
                           f"{c.max_preemptions_per_minute} per minute)")
-        by_machine, young = self._eligible(ctx, shares, task_precedence(job, index), threshold)
+        by_machine, young = eligible(ctx.view, shares, task_precedence(job, index), threshold,
+                                     self.guard.old_enough)
         if not by_machine:
             if not young:
                 no_victims.add(user)  # the user's later tasks have a CRS no lower
@@ -298,48 +267,6 @@ class FairPolicy(Policy):
             return None, _waiting(crs, c.delta, "no machine frees enough room by preempting "
                                   f"only tasks above it (within the cap of {budget})")
         return found, ""
-
-    def _eligible(self, ctx: Context, shares: CellShares, precedence: int, threshold: float
-                  ) -> tuple[dict[str, list[Victim]], int]:
-        """Victims per machine (highest CRS first) and how many more the minimum run
-        time protects. A gang job is taken whole or not at all: every running task of
-        it must qualify, and each stands for the gang at its most important task's CRS
-        (the gang's work ends whichever of its tasks goes)."""
-        view, book = ctx.view, shares.book
-        out: dict[str, list[Victim]] = defaultdict(list)
-        young = 0
-        for user in book.users():
-            if book.share(user) <= threshold:
-                continue  # no task of this user is above the threshold
-            listing = book.crs_of_all(user)
-            gang_floor: dict[str, float] = {}
-            gang_ok: dict[str, bool] = {}
-            found: list[tuple[str, float, str]] = []  # (task, crs, machine)
-            for task, crs in listing:
-                jid = split_task_id(task)[0]
-                mid = shares.where[task]
-                m = view.machine(mid)
-                a = m.allocations.get(task) if m is not None else None
-                ok = a is not None and a.precedence <= precedence and crs > threshold
-                if ok and not self.guard.old_enough(task):
-                    young += 1
-                    ok = False
-                if jid in shares.gang_sizes:
-                    gang_floor.setdefault(jid, crs)  # listed in the user's order
-                    gang_ok[jid] = gang_ok.get(jid, True) and ok
-                if ok:
-                    found.append((task, crs, mid))
-            for task, crs, mid in found:
-                jid = split_task_id(task)[0]
-                size = shares.gang_sizes.get(jid, 0)
-                if size:
-                    if not gang_ok[jid]:
-                        continue
-                    crs = gang_floor[jid]
-                out[mid].append(Victim(task, jid, mid, crs, size))
-        for victims in out.values():
-            victims.sort(key=lambda v: (-v.crs, v.task))
-        return dict(out), young
 
     def _record(self, r: _Round, book: ShareBook) -> None:
         t = self._totals

@@ -17,11 +17,15 @@ share looks fair; the dominant share charges each user for what they most deny o
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import attrs
 
-from cellstate.model import Job, Resources
+from cellstate.cell import alloc_placed
+from cellstate.fit import machine_up
+from cellstate.model import Job, Resources, split_task_id, sum_resources
+from schedulers.api import CellView
 
 #: A task's place in its owner's own order (smaller comes first).
 OrderKey = tuple[int, float, str, int]
@@ -139,3 +143,36 @@ class ShareBook:
                 out.append(run)
             ut.cum = out
         return ut.cum
+
+
+@attrs.define
+class CellShares:
+    """The fair scheduler's running tasks as a share book, with where each runs."""
+
+    book: ShareBook
+    where: dict[str, str]  # task -> machine
+    gang_sizes: dict[str, int]  # gang job -> its running tasks
+
+
+def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | None = None,
+                default_weight: float = 1.0) -> CellShares:
+    """The share book of ``scheduler``'s users: every task it placed that runs (or
+    that this decision claimed), against the resources of the machines that are up."""
+    totals = sum_resources(m.capacity for m in view.machines() if machine_up(m) is None)
+    book = ShareBook(totals, weights, default_weight)
+    where: dict[str, str] = {}
+    gangs: Counter[str] = Counter()
+    for m in view.machines():
+        for a in m.allocations.values():
+            if a.scheduler != scheduler or a.evicted_by:
+                continue
+            if not (view.claimed(a.task) or alloc_placed(a, view.gangs)):
+                continue
+            job = view.jobs.get(a.job)
+            if job is None:
+                continue
+            book.add(job.owner, task_order(job, split_task_id(a.task)[1]), a.task, a.resources)
+            where[a.task] = m.id
+            if job.gang:
+                gangs[job.id] += 1
+    return CellShares(book, where, dict(gangs))

@@ -4,12 +4,14 @@ waiting task's CRS plus delta, make room."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from cellstate.model import Job
+from cellstate.model import Job, split_task_id
 from schedulers.api import CellView
+from schedulers.fair.shares import CellShares
 from schedulers.placement import can_host
 
 
@@ -77,3 +79,47 @@ def _greedy(view: CellView, job: Job, victims: Sequence[Victim], budget: int
         if can_host(view, job, m, [m.allocations[c.task] for c in chosen]):
             return trial
     return None
+
+
+def eligible(view: CellView, shares: CellShares, precedence: int, threshold: float,
+             old_enough: Callable[[str], bool]) -> tuple[dict[str, list[Victim]], int]:
+    """Victims per machine (highest CRS first): running tasks of the scheduler's users
+    with a CRS above ``threshold`` and a precedence no higher than ``precedence``, that
+    ``old_enough`` lets go; and how many more it protects. A gang job is taken whole
+    or not at all: every running task of it must qualify, and each stands for the gang
+    at its most important task's CRS (the gang's work ends whichever of its tasks
+    goes)."""
+    book = shares.book
+    out: dict[str, list[Victim]] = defaultdict(list)
+    young = 0
+    for user in book.users():
+        if book.share(user) <= threshold:
+            continue  # no task of this user is above the threshold
+        gang_floor: dict[str, float] = {}
+        gang_ok: dict[str, bool] = {}
+        found: list[tuple[str, float, str]] = []  # (task, crs, machine)
+        for task, crs in book.crs_of_all(user):
+            jid = split_task_id(task)[0]
+            mid = shares.where[task]
+            m = view.machine(mid)
+            a = m.allocations.get(task) if m is not None else None
+            ok = a is not None and a.precedence <= precedence and crs > threshold
+            if ok and not old_enough(task):
+                young += 1
+                ok = False
+            if jid in shares.gang_sizes:
+                gang_floor.setdefault(jid, crs)  # listed in the user's order
+                gang_ok[jid] = gang_ok.get(jid, True) and ok
+            if ok:
+                found.append((task, crs, mid))
+        for task, crs, mid in found:
+            jid = split_task_id(task)[0]
+            size = shares.gang_sizes.get(jid, 0)
+            if size:
+                if not gang_ok[jid]:
+                    continue
+                crs = gang_floor[jid]
+            out[mid].append(Victim(task, jid, mid, crs, size))
+    for victims in out.values():
+        victims.sort(key=lambda v: (-v.crs, v.task))
+    return dict(out), young

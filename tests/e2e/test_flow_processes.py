@@ -7,7 +7,6 @@ and each task was placed exactly once."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +15,12 @@ import pytest
 from cellstate.keys import Keyspace
 from omega.etcd_launcher import LocalEtcd
 from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
-from tests.etcd_fixture import make_local_etcd
 from tests.faults.checker import History
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 CELL = "default"
 KEYS = Keyspace(CELL)
-
-
-@pytest.fixture
-def etcd() -> Iterator[LocalEtcd]:
-    """An etcd of this test's own that keeps its whole history (nothing compacted),
-    for the walk."""
-    server = make_local_etcd(extra_args=["--auto-compaction-retention=0"])
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 def _job(jid: str, scheduler: str, tasks: int, cpu: float = 0.5, **extra: Any,
@@ -82,9 +68,9 @@ def _flow_report(c: Cluster) -> dict[str, Any]:
     return mine[0] if mine else {}
 
 
-def test_batch_and_flow_place_their_jobs_side_by_side(etcd: LocalEtcd, tmp_path: Path,
+def test_batch_and_flow_place_their_jobs_side_by_side(history_etcd: LocalEtcd, tmp_path: Path,
                                                       ) -> None:
-    with cluster(etcd.endpoint, tmp_path) as c:
+    with cluster(history_etcd.endpoint, tmp_path) as c:
         _start_cell(c, 24)
         c.start("batch-0", "scheduler", "batch", "--cellstate", c.cellstate,
                 "--instance", "b0")
@@ -109,16 +95,16 @@ def test_batch_and_flow_place_their_jobs_side_by_side(etcd: LocalEtcd, tmp_path:
         assert flow["policy"]["rounds"] >= 1
         assert flow["policy"]["placed"] >= 96  # claims made; 96 of them committed
         assert flow["policy"]["median_solve_ms"] > 0
-    _placed_once(etcd_history(etcd.endpoint, CELL), jobs)
+    _placed_once(etcd_history(history_etcd.endpoint, CELL), jobs)
 
 
-def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_path: Path,
+def test_flow_scheduler_killed_mid_commit_and_restarted(history_etcd: LocalEtcd, tmp_path: Path,
                                                         ) -> None:
     """Killed while a large plan commits (300 tasks: more than one etcd transaction),
     then started again with the same command: the new run waits for the old
     registration to lapse, places what is left and what came meanwhile, and nothing
     is placed twice or lost."""
-    with cluster(etcd.endpoint, tmp_path) as c:
+    with cluster(history_etcd.endpoint, tmp_path) as c:
         _start_cell(c, 40)
         c.start("batch-0", "scheduler", "batch", "--cellstate", c.cellstate,
                 "--instance", "b0")
@@ -133,7 +119,7 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_pat
                 jobs[f"b-{i:02}"] = 10
             _flow(c, tmp_path)
             first, written = kill_at_first_put(
-                c, etcd.endpoint, KEYS.root + b"tasks/f-", "flow-0")
+                c, history_etcd.endpoint, KEYS.root + b"tasks/f-", "flow-0")
             assert c.children["flow-0"].wait(10) == -signal.SIGKILL
             # Work that arrives while it is down, for both schedulers.
             for i in range(30, 40):
@@ -148,4 +134,4 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(etcd: LocalEtcd, tmp_pat
         log = c.children["flow-0"].log_path.read_text()
         print(f"killed at revision {first} ({written} flow tasks written there); "
               f"restart waited for the old lease: {'waiting up to' in log}")
-    _placed_once(etcd_history(etcd.endpoint, CELL), jobs)
+    _placed_once(etcd_history(history_etcd.endpoint, CELL), jobs)

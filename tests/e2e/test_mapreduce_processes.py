@@ -9,7 +9,6 @@ invariant at every revision and places each task once."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,12 @@ import pytest
 from cellstate.keys import Keyspace
 from omega.etcd_launcher import LocalEtcd
 from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
-from tests.etcd_fixture import make_local_etcd
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 CELL = "default"
 KEYS = Keyspace(CELL)
 TASKS = KEYS.root + b"tasks/"
-
-
-@pytest.fixture
-def etcd() -> Iterator[LocalEtcd]:
-    """An etcd of this test's own that keeps its whole history, for the walk."""
-    server = make_local_etcd(extra_args=["--auto-compaction-retention=0"])
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 def _mapreduce(jid: str, workers: int, most: int) -> dict[str, Any]:
@@ -61,7 +48,7 @@ def _mapreduce_report(c: Cluster) -> dict[str, Any]:
     return mine[0].get("policy", {}) if mine else {}
 
 
-def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
+def test_mapreduce_scheduler_killed_mid_growth_and_restarted(history_etcd: LocalEtcd,
                                                              tmp_path: Path) -> None:
     """60 machines of 8 cpus (480). Batch takes 50; 20 MapReduce jobs ask for 5
     workers each and may grow to 19: a growth round of 280 extra workers, more than
@@ -70,7 +57,7 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
     arrive. Restarted, it places the new jobs' workers and grows every job to its
     bound (470 of 480 cpus: nothing needs evicting), and each task was placed exactly
     once in all of etcd's history."""
-    with cluster(etcd.endpoint, tmp_path) as c:
+    with cluster(history_etcd.endpoint, tmp_path) as c:
         c.server("cellstate-0")
         spec = c.spec("cell", 60, cpu=8)
         c.start("agent-0", "agent", "--cellstate", c.cellstate, "--spec", str(spec),
@@ -96,7 +83,7 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
             c.start("mapreduce-0", "scheduler", "mapreduce", "--policy", "max-parallel",
                     "--config", str(config), "--cellstate", c.cellstate, "--instance", "mr0")
             first, written = kill_at_first_put(
-                c, etcd.endpoint, TASKS + b"mr-", "mapreduce-0",
+                c, history_etcd.endpoint, TASKS + b"mr-", "mapreduce-0",
                 # an extra worker: task index past the 5 each job asked for
                 lambda kv: int(kv.key.rsplit(b"/", 1)[1]) >= 5, timeout=60)
             assert c.children["mapreduce-0"].wait(10) == -signal.SIGKILL
@@ -111,7 +98,7 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(etcd: LocalEtcd,
         log = c.children["mapreduce-0"].log_path.read_text()
         print(f"killed at revision {first} ({written} extra workers written there); "
               f"restart waited for the old lease: {'waiting up to' in log}")
-    history = etcd_history(etcd.endpoint, CELL)
+    history = etcd_history(history_etcd.endpoint, CELL)
     assert history.problems() == []
     tasks = {f"{j}/{i}" for j, s in expected.items() for i in range(s["running"])}
     assert set(history.placements) == tasks
