@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.api.tls import TlsFiles
 from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
 from omega.agent_state import AgentState
@@ -32,6 +33,7 @@ class AgentProcessConfig:
     workdir: Path | None = None
     log_dir: Path | None = None
     state_dir: Path | None = None  # records task processes; a restart kills leftovers
+    tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -45,7 +47,7 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     # Taken before connecting: a second agent on the same folder fails at once, and the
     # first step kills what a previous run left before anything is registered.
     state = AgentState(config.state_dir) if config.state_dir is not None else None
-    client = CellClient(config.cellstate)
+    client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
     try:
         replica.start()

@@ -1,0 +1,112 @@
+"""TLS on the command line, the same for every kind of process.
+
+Every ``omega`` command that talks to (or is) a cellstate server takes ``--ca``,
+``--cert``, ``--key`` (or $OMEGA_CA, $OMEGA_CERT, $OMEGA_KEY) and ``--insecure`` (or
+$OMEGA_INSECURE=1). :func:`add_tls_flags` adds them to a subcommand and
+:func:`tls_from_args` turns them into the :class:`~cellstate.api.tls.TlsFiles` that
+the server, :class:`~cellstate.api.client.CellClient` and every process config take.
+Plaintext is never a default: without credentials a command stops and says what to
+give; with ``--insecure`` it runs and says loudly, on stderr, what that gives up.
+
+:func:`process_identity` tells which identity a process started with an ``omega``
+command line runs as (the demo and the end-to-end tests issue its certificate), read
+with the command line's own parser, so a new process kind or scheduler is covered
+without a list kept here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cellstate.api.auth import Identity, Kind
+from cellstate.api.tls import TlsFiles
+from cellstate.errors import ConfigError
+
+NO_CREDENTIALS = ("no TLS credentials: give --ca, --cert and --key (or $OMEGA_CA, "
+                  "$OMEGA_CERT, $OMEGA_KEY; `omega certs` makes them), or --insecure for "
+                  "plaintext without identities")
+
+
+def add_tls_flags(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    g = p.add_argument_group("TLS (docs/security.md)")
+    g.add_argument("--ca", default=env("OMEGA_CA"),
+                   help="the cell's CA certificate (default $OMEGA_CA)")
+    g.add_argument("--cert", default=env("OMEGA_CERT"),
+                   help="this process's certificate; its common name is the identity "
+                        "(default $OMEGA_CERT)")
+    g.add_argument("--key", default=env("OMEGA_KEY"),
+                   help="the certificate's private key (default $OMEGA_KEY, else the "
+                        "certificate's path with .key for .pem)")
+    g.add_argument("--insecure", action="store_true",
+                   default=env("OMEGA_INSECURE", "") not in ("", "0"),
+                   help="plaintext gRPC: no encryption, no identities, anyone who can "
+                        "reach a server may do anything (default $OMEGA_INSECURE)")
+
+
+def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files the flags name, or None with --insecure (warned about on stderr)."""
+    if args.insecure:
+        if args.cert:
+            raise ConfigError("--insecure and --cert: give one (unset $OMEGA_CERT or "
+                              "$OMEGA_INSECURE)")
+        print(f"WARNING: omega {args.command}: --insecure: PLAINTEXT gRPC, no identities; "
+              "anyone who can reach the cellstate server may do anything, including "
+              "running commands on agents that allow it", file=sys.stderr, flush=True)
+        return None
+    if not args.cert:
+        raise ConfigError(NO_CREDENTIALS)
+    if not args.ca:
+        raise ConfigError("--cert without --ca: give the cell's CA certificate too")
+    cert = Path(args.cert)
+    key = Path(args.key) if args.key else cert.with_suffix(".key")
+    return TlsFiles(Path(args.ca), cert, key)
+
+
+def process_identity(argv: Sequence[str]) -> Identity:
+    """The identity of the process ``omega ARGV`` starts: ``server:<--name>``,
+    ``agent:<--id>``, ``scheduler:<its name>`` (however given: positional, --name or
+    its config file), ``user:workload`` for the workload generator, else
+    ``operator:admin``."""
+    from omega.cli import build_parser, scheduler_process_config
+
+    args = build_parser().parse_args(list(argv))
+    if args.command == "server":
+        return Identity(Kind.SERVER, args.name or "cellstate")
+    if args.command == "agent":
+        if not args.id:
+            raise ConfigError("an agent with TLS needs --id (its certificate's name)")
+        return Identity(Kind.AGENT, args.id)
+    if args.command == "scheduler":
+        return Identity(Kind.SCHEDULER, scheduler_process_config(args).name)
+    if args.command == "workload":
+        return Identity(Kind.USER, "workload")
+    return Identity(Kind.OPERATOR, "admin")
+
+
+def tls_argv(tls: TlsFiles | None) -> list[str]:
+    """The flags that hand ``tls`` to an ``omega`` command (``--insecure`` for None)."""
+    if tls is None:
+        return ["--insecure"]
+    return ["--ca", str(tls.ca), "--cert", str(tls.cert), "--key", str(tls.key)]
+
+
+def certificate_identity(path: Path) -> Identity:
+    """The identity a certificate file names (its common name)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from cellstate.api.auth import parse_identity
+
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable PEM certificate ({e})") from None
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise ConfigError(f"{path}: the certificate has no common name")
+    return parse_identity(str(names[0].value), f"{path}: common name")
