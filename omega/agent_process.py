@@ -17,6 +17,7 @@ from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
 from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
+from omega.command_policy import CommandPolicy
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class AgentProcessConfig:
     log_dir: Path | None = None
     state_dir: Path | None = None  # records task processes; a restart kills leftovers
     tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
+    # Which jobs' commands run here (omega/command_policy.py); the default: none.
+    commands: CommandPolicy = attrs.field(factory=CommandPolicy)
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -54,7 +57,7 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
         tune_for_large_heap()  # the agent holds a copy of the whole cell
         runner = SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir, state=state)
         agent = Agent(RemoteAgentBackend(client), replica, agent_id, machines, ttl=config.ttl,
-                      runner=runner, state=state)
+                      runner=runner, state=state, commands=config.commands)
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec)
         agent.run(stop)

@@ -139,8 +139,9 @@ def _san(host: str) -> x509.GeneralName:
 
 def cell_identities(schedulers: Sequence[str], agents: int) -> list[Identity]:
     """Every identity a cell like the demo's needs: its server, each scheduler, each
-    agent (``agent-0``...), the workload generator's user and an operator."""
+    agent (``agent-0``...), the workload generator (an operator: it submits for
+    many owners) and an operator."""
     return [Identity(Kind.SERVER, "cellstate"),
             *(Identity(Kind.SCHEDULER, s) for s in schedulers),
             *(Identity(Kind.AGENT, f"agent-{i}") for i in range(agents)),
-            Identity(Kind.USER, "workload"), Identity(Kind.OPERATOR, "admin")]
+            Identity(Kind.OPERATOR, "workload"), Identity(Kind.OPERATOR, "admin")]

@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir",
                    help="the agent's own folder (one per agent): records its task processes, "
                         "so that a restart kills what a crashed run left behind")
+    a.add_argument("--allow-command-from", action="append", default=[], metavar="OWNER",
+                   help="run the commands of jobs this owner submitted (repeatable; '*' "
+                        "any owner). Default: no job's command runs (jobs with a duration "
+                        "need nothing)")
+    a.add_argument("--allow-command", action="append", default=[], metavar="PATH",
+                   help="an executable, or a folder ending in '/', that allowed owners' "
+                        "commands may run (repeatable; resolved to a real path)")
 
     c = sub.add_parser(
         "scheduler", help="run one scheduler instance",
@@ -392,6 +399,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _server(args)
     if cmd == "agent":
         from omega.agent_process import AgentProcessConfig, run_agent
+        from omega.command_policy import CommandPolicy
         from omega.signals import stop_event_on_signals
 
         tls = tls_from_args(args)
@@ -400,7 +408,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.id or _cert_name(tls, "agent"),
             args.cell, args.ttl, Path(args.workdir) if args.workdir else None,
             Path(args.log_dir) if args.log_dir else None,
-            Path(args.state_dir) if args.state_dir else None, tls=tls)
+            Path(args.state_dir) if args.state_dir else None, tls=tls,
+            commands=CommandPolicy(frozenset(args.allow_command_from),
+                                   tuple(args.allow_command)))
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":

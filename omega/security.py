@@ -70,7 +70,8 @@ def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
 def process_identity(argv: Sequence[str]) -> Identity:
     """The identity of the process ``omega ARGV`` starts: ``server:<--name>``,
     ``agent:<--id>``, ``scheduler:<its name>`` (however given: positional, --name or
-    its config file), ``user:workload`` for the workload generator, else
+    its config file), ``operator:workload`` for the workload generator (it submits
+    jobs on behalf of many owners, which only an operator may), else
     ``operator:admin``."""
     from omega.cli import build_parser, scheduler_process_config
 
@@ -84,7 +85,7 @@ def process_identity(argv: Sequence[str]) -> Identity:
     if args.command == "scheduler":
         return Identity(Kind.SCHEDULER, scheduler_process_config(args).name)
     if args.command == "workload":
-        return Identity(Kind.USER, "workload")
+        return Identity(Kind.OPERATOR, "workload")
     return Identity(Kind.OPERATOR, "admin")
 
 
@@ -110,3 +111,38 @@ def certificate_identity(path: Path) -> Identity:
     if not names:
         raise ConfigError(f"{path}: the certificate has no common name")
     return parse_identity(str(names[0].value), f"{path}: common name")
+
+
+class CellCredentials:
+    """A local cell's development CA (``omega certs``' kind) and the TLS flags of each
+    ``omega`` process started in it: the demo's and the end-to-end tests' cells.
+
+    With TLS, only the schedulers the cell's configuration lists have any rights, so
+    its servers get a configuration (``server.toml`` beside the certificates) listing
+    ``schedulers``, without limits."""
+
+    def __init__(self, folder: Path, schedulers: Sequence[str]) -> None:
+        from omega.certs import DevCA
+
+        self.ca = DevCA(folder)
+        self.server_config = folder / "server.toml"
+        self.server_config.write_text("".join(f"[limits.{n}]\n" for n in sorted(schedulers)))
+
+    def files(self, identity: Identity) -> TlsFiles:
+        return self.ca.ensure(identity)
+
+    @property
+    def operator(self) -> TlsFiles:
+        return self.files(Identity(Kind.OPERATOR, "admin"))
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        """``omega ARGS`` with the TLS flags of the identity it runs as (and, for a
+        server, the configuration that lists the cell's schedulers)."""
+        extra = tls_argv(self.files(process_identity(args)))
+        if args and args[0] == "server":
+            extra += ["--config", str(self.server_config)]
+        return [*args, *extra]
+
+
+def insecure_argv(args: Sequence[str]) -> list[str]:
+    return [*args, "--insecure"]

@@ -24,7 +24,7 @@ from tests.api.service_fixture import running_server
 
 # Nothing listens on port 1: a process that tried to connect would not exit with 2
 # (it would retry, then exit with 3).
-NOWHERE = ["--cellstate", "127.0.0.1:1"]
+NOWHERE = ["--cellstate", "127.0.0.1:1", "--insecure"]
 
 
 def _config(*argv: str) -> SchedulerProcessConfig:
