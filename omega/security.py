@@ -10,7 +10,7 @@ give; with ``--insecure`` it runs and says loudly, on stderr, what that gives up
 
 :func:`process_identity` tells which identity a process started with an ``omega``
 command line runs as (the demo and the end-to-end tests issue its certificate), read
-with the command line's own parser, so a new process kind or scheduler is covered
+from the flags that name it, so a new scheduler (``omega scheduler fair``) is covered
 without a list kept here.
 """
 
@@ -69,24 +69,46 @@ def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
 
 def process_identity(argv: Sequence[str]) -> Identity:
     """The identity of the process ``omega ARGV`` starts: ``server:<--name>``,
-    ``agent:<--id>``, ``scheduler:<its name>`` (however given: positional, --name or
-    its config file), ``operator:workload`` for the workload generator (it submits
-    jobs on behalf of many owners, which only an operator may), else
-    ``operator:admin``."""
-    from omega.cli import build_parser, scheduler_process_config
-
-    args = build_parser().parse_args(list(argv))
-    if args.command == "server":
-        return Identity(Kind.SERVER, args.name or "cellstate")
-    if args.command == "agent":
-        if not args.id:
+    ``agent:<--id>``, ``scheduler:<its name>`` (``--name``, else the policy given first,
+    else its config file's), ``operator:workload`` for the workload generator (it
+    submits jobs on behalf of many owners, which only an operator may), else
+    ``operator:admin``. (Read here, not with the CLI's parser, which imports the
+    demo that calls this.)"""
+    command = argv[0] if argv else ""
+    if command == "server":
+        return Identity(Kind.SERVER, _flag(argv, "--name") or "cellstate")
+    if command == "agent":
+        agent = _flag(argv, "--id")
+        if not agent:
             raise ConfigError("an agent with TLS needs --id (its certificate's name)")
-        return Identity(Kind.AGENT, args.id)
-    if args.command == "scheduler":
-        return Identity(Kind.SCHEDULER, scheduler_process_config(args).name)
-    if args.command == "workload":
+        return Identity(Kind.AGENT, agent)
+    if command == "scheduler":
+        name = _flag(argv, "--name")
+        if not name and len(argv) > 1 and not argv[1].startswith("-"):
+            name = argv[1]
+        config = _flag(argv, "--config")
+        if not name and config:
+            from cellstate.api.config import read_toml
+
+            section = read_toml(config).get("scheduler")
+            name = str(section.get("name", "")) if isinstance(section, dict) else ""
+        if not name:
+            raise ConfigError(f"cannot tell the scheduler's name from {' '.join(argv)}")
+        return Identity(Kind.SCHEDULER, name)
+    if command == "workload":
         return Identity(Kind.OPERATOR, "workload")
     return Identity(Kind.OPERATOR, "admin")
+
+
+def _flag(argv: Sequence[str], flag: str) -> str:
+    """The value of ``flag`` (``--flag V`` or ``--flag=V``; the last one wins), or ""."""
+    value = ""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
 
 
 def tls_argv(tls: TlsFiles | None) -> list[str]:
