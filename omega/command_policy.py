@@ -36,7 +36,7 @@ class CommandPolicy:
                 cwd: str | None = None) -> str:
         """Why ``owner``'s ``command`` may not run here, or "" if it may."""
         if ANY not in self.owners and owner not in self.owners:
-            allowed = ", ".join(sorted(self.owners)) or "nobody"
+            allowed = ", ".join(sorted(self.owners)) or "none"
             return (f"owner {owner!r} may not run commands on this agent (allowed: "
                     f"{allowed}; the agent's --allow-command-from)")
         resolved = _resolve(command[0], search_path, cwd)
