@@ -12,6 +12,7 @@ must not know about them.
       WireError           a gRPC message that cannot become a model object
       ConfigError         a server or client configuration that cannot be used
       ClientError         the service refused a request as malformed
+        AccessDenied      the service refused the caller (PERMISSION_DENIED, UNAUTHENTICATED)
     StoreError            a store operation that cannot be done; nothing changed
       NotFoundError, AlreadyExistsError
       ContentionError     the records kept changing past the retry budget
@@ -42,6 +43,11 @@ class ConfigError(ValueError):
 
 class ClientError(ValueError):
     """The server refused a request as malformed (INVALID_ARGUMENT)."""
+
+
+class AccessDenied(ClientError):
+    """The service refused the caller: no identity it accepts (UNAUTHENTICATED), or an
+    identity not allowed this operation (PERMISSION_DENIED). Retrying cannot help."""
 
 
 class StoreError(Exception):

@@ -75,6 +75,7 @@ from cellstate.model import JobState, Machine, TaskState, check_name, split_task
 from cellstate.replica import ChangeListener
 from cellstate.store import CellStore, ContentionError, StoreError
 from omega.agent_state import AgentState
+from omega.command_policy import CommandPolicy
 from omega.proc import supervised
 
 log = logging.getLogger(__name__)
@@ -384,6 +385,7 @@ class AgentStats:
     report_errors: int = 0  # report attempts that failed and were retried
     registrations: int = 0
     lease_losses: int = 0  # keep-alives that found the lease gone
+    refused: int = 0  # commands the agent's command policy did not allow (also failed)
 
 
 @attrs.define(eq=False)
@@ -421,6 +423,7 @@ class Agent:
         grace: float = 5.0,
         poll_interval: float = 0.1,
         state: AgentState | None = None,
+        commands: CommandPolicy | None = None,
     ) -> None:
         check_name(agent_id, "agent id")
         if ttl < 1:
@@ -433,6 +436,9 @@ class Agent:
         self._clock = clock
         self._ttl = ttl
         self._runner: Runner = runner or SubprocessRunner(state=state, grace=grace)
+        # The library runs what its caller trusts; `omega agent` passes a policy that
+        # allows nothing unless its operator says so (omega/command_policy.py).
+        self._commands = commands if commands is not None else CommandPolicy.allow_all()
         self._state = state
         self._leftovers_killed = state is None
         self._grace = grace
@@ -806,7 +812,7 @@ class Agent:
             self._workers.setdefault(job_id, set()).add(run)
             self._count_workers(snap, job_id, now)
         elif job.command:
-            self._start_command(tid, job_id, mid, job.command, now)
+            self._start_command(tid, job_id, mid, job.command, now, job.owner)
         elif job.duration is not None:
             run = _Run(tid, job_id, mid, now, "timer", deadline=now + job.duration)
             self._runs[tid] = run
@@ -817,10 +823,20 @@ class Agent:
         log.debug("agent %s: started %s on %s", self.agent_id, tid, mid)
 
     def _start_command(
-        self, tid: str, job_id: str, mid: str, command: tuple[str, ...], now: float
+        self, tid: str, job_id: str, mid: str, command: tuple[str, ...], now: float,
+        owner: str = "",
     ) -> None:
         run = _Run(tid, job_id, mid, now, "command")
         self._runs[tid] = run
+        workdir = getattr(self._runner, "workdir", None)
+        refused = self._commands.refusal(owner, command, os.environ.get("PATH", os.defpath),
+                                         str(workdir) if workdir is not None else None)
+        if refused:
+            log.warning("agent %s: task %s: not running %r: %s", self.agent_id, tid,
+                        command[0], refused)
+            self.stats.refused += 1
+            self._ended(run, TaskState.FAILED, now)
+            return
         try:
             run.process = self._runner.start(TaskLaunch(tid, mid, self.agent_id, command))
         except OSError as e:

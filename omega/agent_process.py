@@ -12,10 +12,12 @@ from pathlib import Path
 import attrs
 
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.api.tls import TlsFiles
 from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
 from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
+from omega.command_policy import CommandPolicy
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ class AgentProcessConfig:
     workdir: Path | None = None
     log_dir: Path | None = None
     state_dir: Path | None = None  # records task processes; a restart kills leftovers
+    tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
+    # Which jobs' commands run here (omega/command_policy.py); the default: none.
+    commands: CommandPolicy = attrs.field(factory=CommandPolicy)
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -45,14 +50,14 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     # Taken before connecting: a second agent on the same folder fails at once, and the
     # first step kills what a previous run left before anything is registered.
     state = AgentState(config.state_dir) if config.state_dir is not None else None
-    client = CellClient(config.cellstate)
+    client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
     try:
         replica.start()
         tune_for_large_heap()  # the agent holds a copy of the whole cell
         runner = SubprocessRunner(workdir=config.workdir, log_dir=config.log_dir, state=state)
         agent = Agent(RemoteAgentBackend(client), replica, agent_id, machines, ttl=config.ttl,
-                      runner=runner, state=state)
+                      runner=runner, state=state, commands=config.commands)
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec)
         agent.run(stop)

@@ -9,6 +9,7 @@ Processes::
                                         one scheduler instance (also: --name batch)
     omega workload                      a stream of demo jobs
     omega demo                          all of the above, locally, with a live summary
+    omega certs DIR                     a development CA and certificates for a cell
 
 Using a cell (through any cellstate server; ``--cellstate`` or $OMEGA_CELLSTATE)::
 
@@ -16,6 +17,10 @@ Using a cell (through any cellstate server; ``--cellstate`` or $OMEGA_CELLSTATE)
     omega jobs | job ID | kill ID | machines | status      (--json for scripts)
 
 Administration straight on etcd: ``omega check`` and ``omega recover``.
+
+Every command that talks to a cellstate server uses mutual TLS: ``--ca``, ``--cert``,
+``--key`` (or $OMEGA_CA...), or plaintext with an explicit ``--insecure``
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from cellstate.model import ModelError, check_name
 from omega.jobfile import load_job_file
+from omega.security import add_tls_flags, tls_from_args
 
 if TYPE_CHECKING:
     from schedulers.process import SchedulerProcessConfig
@@ -194,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
     d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
                                       "(default: a temp dir)")
+    d.add_argument("--insecure", action="store_true",
+                   help="run every process over plaintext gRPC, without identities "
+                        "(default: mutual TLS with certificates made in the data dir)")
+
+    cs = sub.add_parser("certs", help="make a development CA and certificates for a cell")
+    cs.add_argument("dir", metavar="DIR", help="folder of the CA and the certificates "
+                                               "(the CA is made once and reused)")
+    cs.add_argument("identities", nargs="*", metavar="KIND:NAME",
+                    help="identities to issue (operator, user, scheduler, agent or server "
+                         ":NAME); default: every process of the demo or compose cell")
+    cs.add_argument("--host", action="append", default=[],
+                    help="a name or address clients dial servers by (repeatable; default "
+                         "localhost, 127.0.0.1 and cellstate-0..2)")
+    cs.add_argument("--agents", type=_positive(int), default=2,
+                    help="agents of the default set (agent-0...; default 2)")
+    cs.add_argument("--days", type=_positive(int), default=365,
+                    help="days the certificates are valid (default 365)")
 
     e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
     e.add_argument("--data-dir")
@@ -223,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir",
                    help="the agent's own folder (one per agent): records its task processes, "
                         "so that a restart kills what a crashed run left behind")
+    a.add_argument("--allow-command-from", action="append", default=[], metavar="OWNER",
+                   help="run the commands of jobs this owner submitted (repeatable; '*' "
+                        "any owner). Default: no job's command runs (jobs with a duration "
+                        "need nothing)")
+    a.add_argument("--allow-command", action="append", default=[], metavar="PATH",
+                   help="an executable, or a folder ending in '/', that allowed owners' "
+                        "commands may run (repeatable; resolved to a real path)")
 
     c = sub.add_parser(
         "scheduler", help="run one scheduler instance",
@@ -278,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the job's rank among its owner's own jobs, higher first (a fair "
                          "scheduler orders each owner's jobs by it; default 0)")
     sm.add_argument("--gang", action="store_true", help="all tasks or none")
-    sm.add_argument("--owner", default=os.environ.get("USER", "nobody"))
+    sm.add_argument("--owner", help="the job's owner (default: the name of a user:NAME "
+                                    "certificate, else $USER)")
     sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
     sm.add_argument("--command", dest="task_command", default="",
                     help="a command each task runs, e.g. --command 'sleep 30' (split like a "
@@ -333,7 +364,17 @@ def build_parser() -> argparse.ArgumentParser:
         _json_flag(x)
 
     _add_simulator(sub)
+    # Every command that talks to (or is) a cellstate server takes the TLS flags,
+    # commands added later included.
+    for name, parser in sub.choices.items():
+        if name not in NO_TLS_COMMANDS:
+            add_tls_flags(parser)
     return p
+
+
+# Commands that talk to no cellstate server (etcd, files, the simulator), or take
+# their own TLS choice (the demo makes its certificates).
+NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate"})
 
 
 def _add_simulator(sub: Any) -> None:
@@ -360,8 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServiceUnavailable as e:
         where = getattr(args, "cellstate", "")
         print(f"omega {args.command}: no cellstate server answered at {where} ({e}). Is "
-              "`omega server` running? Give its address with --cellstate HOST:PORT.",
-              file=sys.stderr)
+              "`omega server` running? Give its address with --cellstate HOST:PORT. (A "
+              "TLS server refuses plaintext clients and certificates of another CA the "
+              "same way: check --ca, --cert, --insecure.)", file=sys.stderr)
         return 3
     except (ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
             ValueError) as e:
@@ -385,24 +427,31 @@ def _dispatch(args: argparse.Namespace) -> int:
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
-            jobs=args.jobs), sys.stdout)
+            jobs=args.jobs, insecure=args.insecure), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
 
         return etcd_main([*(["--data-dir", args.data_dir] if args.data_dir else []),
                           *(["--unsafe-no-fsync"] if args.no_fsync else [])])
+    if cmd == "certs":
+        return _certs(args)
     if cmd == "server":
         return _server(args)
     if cmd == "agent":
         from omega.agent_process import AgentProcessConfig, run_agent
+        from omega.command_policy import CommandPolicy
         from omega.signals import stop_event_on_signals
 
+        tls = tls_from_args(args)
         config = AgentProcessConfig(
-            _endpoints(args.cellstate), Path(args.spec), args.index, args.count, args.id,
+            _endpoints(args.cellstate), Path(args.spec), args.index, args.count,
+            args.id or _cert_name(tls, "agent"),
             args.cell, args.ttl, Path(args.workdir) if args.workdir else None,
             Path(args.log_dir) if args.log_dir else None,
-            Path(args.state_dir) if args.state_dir else None)
+            Path(args.state_dir) if args.state_dir else None, tls=tls,
+            commands=CommandPolicy(frozenset(args.allow_command_from),
+                                   tuple(args.allow_command)))
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":
@@ -416,9 +465,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return runner(args)
     from cellstate.api.client import CellClient
 
-    with CellClient(_endpoints(args.cellstate), retry_for=5.0) as client:
+    tls = tls_from_args(args)
+    with CellClient(_endpoints(args.cellstate), retry_for=5.0, tls=tls) as client:
         if cmd == "submit":
-            jobs = _job_docs(args)
+            jobs = _job_docs(args, _cert_name(tls, "user") or os.environ.get("USER", "nobody"))
             for doc in jobs:
                 client.submit_job(doc)
             ids = [str(d.get("id")) for d in jobs]
@@ -469,6 +519,10 @@ def _server(args: argparse.Namespace) -> int:
         config = attrs.evolve(config, cell=check_name(args.cell, "--cell"))
     if args.name:
         config = attrs.evolve(config, name=args.name)
+    if args.cert or args.insecure or config.tls is None:
+        if args.insecure and config.tls is not None:
+            raise ValueError(f"--insecure, but {args.config} has a [tls] table: give one")
+        config = attrs.evolve(config, tls=tls_from_args(args))
     stop = stop_event_on_signals()
     kv = EtcdKV(list(config.etcd))
     try:
@@ -476,7 +530,8 @@ def _server(args: argparse.Namespace) -> int:
         port = server.start()
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
-              f"(etcd {','.join(config.etcd)})", flush=True)
+              f"(etcd {','.join(config.etcd)}; "
+              f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
         try:
             stop.wait()
         finally:
@@ -520,6 +575,46 @@ def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig
     return scheduler_config(doc, overrides, args.config or "", options)
 
 
+def _scheduler_tls(args: argparse.Namespace, config: SchedulerProcessConfig,
+                   ) -> SchedulerProcessConfig:
+    """The scheduler's TLS files; its certificate must name it (``scheduler:NAME``)."""
+    import attrs
+
+    tls = tls_from_args(args)
+    name = _cert_name(tls, "scheduler")
+    if tls is not None and name != config.name:
+        raise ValueError(f"--cert {tls.cert} names scheduler {name!r}, not {config.name!r}: "
+                         "the server would refuse every call")
+    return attrs.evolve(config, tls=tls)
+
+
+def _cert_name(tls: Any, kind: str) -> str:
+    """The name of a ``kind:NAME`` certificate, or "" (no TLS, or another kind)."""
+    from omega.security import certificate_identity
+
+    if tls is None:
+        return ""
+    who = certificate_identity(tls.cert)
+    return who.name if who.kind.value == kind else ""
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from cellstate.api.auth import parse_identity
+    from omega.certs import DEFAULT_HOSTS, DevCA, cell_identities
+    from schedulers.registry import Registry
+
+    who = ([parse_identity(i, "KIND:NAME") for i in args.identities] if args.identities else
+           cell_identities(sorted(Registry.from_entry_points().names()), args.agents))
+    hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
+    ca = DevCA(Path(args.dir))
+    for identity in who:
+        files = ca.issue(identity, hosts, args.days)
+        print(f"{identity}: {files.cert} {files.key}")
+    print(f"CA: {ca.ca_path} (its key {ca.ca_path.with_suffix('.key')} signs new "
+          "certificates: keep it private)")
+    return 0
+
+
 def _hint_flow_form(policy: str) -> None:
     """`--policy quincy` without SCHEDULER names a registered policy; a flow cost model
     there is the newer form mistyped: say which command was meant."""
@@ -538,7 +633,7 @@ def _scheduler(args: argparse.Namespace) -> int:
     from omega.signals import stop_event_on_signals
     from schedulers.process import run_scheduler
 
-    config = scheduler_process_config(args)
+    config = _scheduler_tls(args, scheduler_process_config(args))
     run_scheduler(config, stop_event_on_signals())  # bad options stop it before it connects
     return 0
 
@@ -555,7 +650,7 @@ def _workload(args: argparse.Namespace) -> int:
     stop = stop_event_on_signals()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
-    with CellClient(_endpoints(args.cellstate)) as client:
+    with CellClient(_endpoints(args.cellstate), tls=tls_from_args(args)) as client:
         opts = WorkloadOptions(args.jobs_per_second, flow_fraction=args.flow_fraction,
                                mapreduce_fraction=args.mapreduce_fraction, seed=args.seed,
                                prefix=args.prefix)
@@ -589,7 +684,7 @@ def _admin(args: argparse.Namespace) -> int:
 # -- job specs from files and flags ----------------------------------------------------
 
 
-def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _job_docs(args: argparse.Namespace, owner: str) -> list[dict[str, Any]]:
     command = shlex.split(args.task_command) if args.task_command else []
     if args.file:
         if args.id or command:
@@ -598,7 +693,7 @@ def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not args.id:
         raise ValueError("give a job spec with --file, or at least --id (see omega submit -h)")
     doc: dict[str, Any] = {
-        "id": args.id, "owner": args.owner, "scheduler": args.scheduler,
+        "id": args.id, "owner": args.owner or owner, "scheduler": args.scheduler,
         "task_count": args.tasks, "task_resources": {"cpu": args.cpu, "mem": args.mem},
         "kind": args.kind, "precedence": args.precedence, "gang": args.gang,
     }

@@ -20,6 +20,12 @@ jobs ask for a few workers and it grows them into the cell's idle machines.
 --file`` reads it) once the schedulers run, and at the end says how many of their
 tasks were placed and whether their placement rules (affinity, anti-affinity, tasks
 per machine, selectors) hold.
+
+Every process talks mutual TLS: the demo makes a development CA and a certificate for
+each process (its identity read from its command line, omega/security.py) under
+``<data dir>/certs``, and lists the cell's schedulers in the server's configuration
+(with TLS only listed schedulers have any rights). ``--insecure`` runs everything over
+plaintext instead.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from omega.etcd_launcher import LocalEtcd, free_ports
 from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
+from omega.security import CellCredentials, insecure_argv, process_identity, tls_argv
 from omega.statusfmt import policy_text, status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
@@ -65,6 +72,7 @@ class DemoOptions:
     flow_policy: str = "quincy"  # the flow scheduler's cost model
     mapreduce_policy: str = "max-parallel"  # the mapreduce scheduler's policy
     jobs: str | None = None  # a job file submitted once the schedulers run
+    insecure: bool = False  # plaintext gRPC, no identities (default: mutual TLS)
 
 
 @attrs.define
@@ -135,6 +143,7 @@ class Demo:
         self.clock = clock
         self.stats = DemoStats()
         self.children: list[Child] = []
+        self.certs: CellCredentials | None = None  # None with --insecure
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -181,7 +190,8 @@ class Demo:
                 yield Path(tmp)
 
     def _start(self, name: str, args: list[str], logs: Path) -> Child:
-        child = Child(name, omega(*args), logs / f"{name}.log")
+        argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
+        child = Child(name, omega(*argv), logs / f"{name}.log")
         self.children.append(child)
         return child
 
@@ -190,16 +200,23 @@ class Demo:
         o = self.opts
         ports = free_ports(o.servers)
         topo = topology(o, etcd, ports, spec_path, data / "agents")
+        if not o.insecure:
+            schedulers = {process_identity(args).name for _, args in topo.schedulers}
+            self.certs = CellCredentials(data / "certs", sorted(schedulers))
+        else:
+            self.say("WARNING: --insecure: every process talks PLAINTEXT gRPC without "
+                     "identities; anyone who can reach the servers may do anything")
+        me = self.certs.operator if self.certs is not None else None
         for (name, args), port in zip(topo.servers, ports, strict=True):
             child = self._start(name, args, logs)
             try:
-                wait_until_serving(f"127.0.0.1:{port}", 30.0, child.running)
+                wait_until_serving(f"127.0.0.1:{port}", 30.0, child.running, tls=me)
             except ServiceUnavailable:
                 raise RuntimeError(f"{name} did not start:\n{child.log_tail()}") from None
         endpoints = [f"127.0.0.1:{p}" for p in ports]
         self.say(f"cellstate at {', '.join(endpoints)} (try: omega status --cellstate "
-                 f"{endpoints[0]})")
-        with CellClient(endpoints, retry_for=10.0) as client:
+                 f"{endpoints[0]} {' '.join(tls_argv(me))})")
+        with CellClient(endpoints, retry_for=10.0, tls=me) as client:
             for name, args in topo.agents:
                 self._start(name, args, logs)
             self._wait(lambda: client.status()["machines_up"] >= machines, 60.0,

@@ -40,6 +40,7 @@ import attrs
 
 from cellstate.api.client import CellClient, RemoteStore, remote_replica
 from cellstate.api.config import ConfigError, _Section, addresses
+from cellstate.api.tls import TlsFiles
 from cellstate.errors import AlreadyExistsError, KVError, StoreError
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import Detection, ModelError, TxnMode, check_name
@@ -60,6 +61,7 @@ class SchedulerProcessConfig:
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     metrics_interval: float = 2.0
     seed: int | None = None
+    tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
 
 
 def default_instance() -> str:
@@ -170,7 +172,7 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
     registry = registry or Registry.from_entry_points()
     policy = make_policy(registry, config)  # bad names and options fail before connecting
     tune_for_large_heap()
-    client = CellClient(config.cellstate)
+    client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
     try:
         replica.start()

@@ -207,7 +207,7 @@ def test_timer_task_runs_for_its_duration_and_frees_the_machine(
     assert rig.agent.tasks() == {}
     assert attrs.asdict(rig.agent.stats) == {
         "started": 1, "finished": 1, "failed": 0, "stopped": 0, "reports": 1,
-        "report_errors": 0, "registrations": 1, "lease_losses": 0}
+        "report_errors": 0, "registrations": 1, "lease_losses": 0, "refused": 0}
 
 
 def test_report_is_retried_while_the_cell_state_is_unavailable(make_rig: RigFactory) -> None:

@@ -85,7 +85,9 @@ def _start_agent(server: CellStateServer, tmp_path: Path, state_dir: Path) -> Ch
     spec.write_text(SPEC_TEXT)
     return Child("agent", omega("agent", "--cellstate", f"127.0.0.1:{server.port}",
                                 "--spec", str(spec), "--id", AGENT, "--ttl", "2",
-                                "--state-dir", str(state_dir)), tmp_path / "agent.log")
+                                "--state-dir", str(state_dir), "--insecure",
+                                "--allow-command-from", "*", "--allow-command", "/"),
+                 tmp_path / "agent.log")
 
 
 def _run_command(store: CellStore, command: tuple[str, ...]) -> None:

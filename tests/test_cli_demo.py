@@ -164,7 +164,7 @@ def test_the_alibaba_cell_runs_the_aladdin_policy_with_a_job_file(tmp_path: Path
 def test_no_server_says_how_to_fix_it(capsys: pytest.CaptureFixture[str]) -> None:
     from omega.etcd_launcher import free_ports
 
-    assert main(["jobs", "--cellstate", f"127.0.0.1:{free_ports(1)[0]}"]) == 3
+    assert main(["jobs", "--cellstate", f"127.0.0.1:{free_ports(1)[0]}", "--insecure"]) == 3
     err = capsys.readouterr().err
     assert "no cellstate server answered" in err and "--cellstate HOST:PORT" in err
 
@@ -180,7 +180,7 @@ def live(kv: KV) -> Iterator[tuple[CellStateServer, CellStore]]:
 
 def _run(server: CellStateServer, capsys: pytest.CaptureFixture[str], *argv: str,
          ) -> tuple[int, str, str]:
-    code = main([argv[0], "--cellstate", f"127.0.0.1:{server.port}", *argv[1:]])
+    code = main([argv[0], "--cellstate", f"127.0.0.1:{server.port}", "--insecure", *argv[1:]])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -279,7 +279,7 @@ def test_bad_server_config_stops_it_with_a_message(
 )
 def test_bad_scheduler_config_says_what_is_wrong(argv: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
+    assert main([*argv, "--insecure"]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -42,7 +42,9 @@ import orjson
 from cellstate import codec
 from cellstate.api import convert
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
+from cellstate.api.tls import TlsFiles, channel_credentials
 from cellstate.errors import (
+    AccessDenied as AccessDenied,
     AlreadyExistsError,
     ClientError as ClientError,
     ContentionError,
@@ -94,8 +96,9 @@ def _raise_for(e: grpc.RpcError, what: str, invalid: type[Exception] = ClientErr
         raise (ResentAlreadyExists if resent else AlreadyExistsError)(msg) from None
     if code is grpc.StatusCode.ABORTED:
         raise ContentionError(msg) from None
-    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
-                grpc.StatusCode.RESOURCE_EXHAUSTED):
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        raise AccessDenied(msg) from None
+    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
         raise StoreError(msg) from None
     raise ServiceUnavailable(msg) from None
 
@@ -124,7 +127,9 @@ class CellClient:
     more); ``retry_for``: how long a call keeps trying other endpoints;
     ``stream_idle_timeout``: a sync stream that sends nothing (not even progress) for
     this long is taken for dead and resumed elsewhere (a live server sends a heartbeat
-    every second, so four silent seconds mean it is hung)."""
+    every second, so four silent seconds mean it is hung); ``tls``: this process's
+    certificate, key and the cell's CA, for mutual TLS (None: plaintext, which a TLS
+    server refuses)."""
 
     def __init__(
         self,
@@ -134,6 +139,7 @@ class CellClient:
         retry_for: float = 30.0,
         stream_idle_timeout: float = 4.0,
         sleep: Callable[[float], None] = time.sleep,
+        tls: TlsFiles | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("no cellstate endpoints given")
@@ -149,7 +155,8 @@ class CellClient:
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000)]
-        self._channels = [grpc.insecure_channel(e, options=opts) for e in self.endpoints]
+        self.tls = tls
+        self._channels = [_channel(e, tls, opts) for e in self.endpoints]
         self._stubs = [pb_grpc.CellStateStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
         self._current = 0
         self._lock = threading.Lock()
@@ -252,8 +259,10 @@ class CellClient:
         except (StoreError, ValueError):
             return None
         theirs = dict(stored["spec"])
-        if "submitted_at" not in mine:
-            theirs.pop("submitted_at", None)  # the server stamps it
+        for stamped in ("submitted_at", "owner"):  # the server fills them in if missing
+            if stamped not in doc:
+                theirs.pop(stamped, None)
+                mine.pop(stamped, None)
         return int(stored["revision"]) if theirs == mine else None
 
     def get_job(self, job: str) -> dict[str, Any]:
@@ -296,6 +305,13 @@ class CellClient:
         attempt, budget = keep_alive_deadlines(ttl)
         return int(self.call("KeepAlive", pb.KeepAliveRequest(lease=lease), what="keep-alive",
                              timeout=attempt, retry_for=budget).ttl)
+
+
+def _channel(endpoint: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = (),
+             ) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(endpoint, options=options)
+    return grpc.secure_channel(endpoint, channel_credentials(tls), options=options)
 
 
 def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
@@ -599,13 +615,14 @@ class RemoteAgentBackend:
 
 
 def wait_until_serving(address: str, timeout: float = 30.0,
-                       alive: Callable[[], bool] = lambda: True) -> None:
+                       alive: Callable[[], bool] = lambda: True,
+                       tls: TlsFiles | None = None) -> None:
     """Block until the server at ``address`` answers the standard health check with
     SERVING; raises ServiceUnavailable after ``timeout`` or once ``alive()`` is false."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    with _channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 
 from cellstate import codec
+from cellstate.api.auth import DEFAULT_USER_MAX_PRECEDENCE, AuthPolicy
+from cellstate.api.tls import TlsFiles
 from cellstate.errors import (
     ConfigError as ConfigError,
 )
@@ -99,13 +101,38 @@ class ServerConfig:
     committers: int = 4  # concurrent commits (one store handle each)
     max_message_bytes: int = 4 * 1024 * 1024
     grace_seconds: float = 5.0
+    # Mutual TLS, and with it identities and the authorization matrix; None: plaintext,
+    # everybody may do anything (cellstate/api/auth.py).
+    tls: TlsFiles | None = None
+    user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
+
+    @property
+    def auth(self) -> AuthPolicy:
+        return AuthPolicy(self.tls is not None, self.user_max_precedence)
+
+
+def tls_files(doc: object, where: str, base: Path | None = None) -> TlsFiles:
+    """A ``[tls]`` table: ``ca``, ``cert`` and ``key`` file paths (relative ones from
+    ``base``, the config file's folder)."""
+    sec = _Section(doc, where)
+    paths = []
+    for name in ("ca", "cert", "key"):
+        value = sec.get(name, str, None)
+        if not value:
+            raise ConfigError(f"{sec.path(name)}: missing (a PEM file path)")
+        path = Path(value)
+        paths.append(base / path if base is not None and not path.is_absolute() else path)
+    sec.no_unknown()
+    return TlsFiles(*paths)
 
 
 def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     """A server configuration from a parsed file (or {}): top-level ``listen``, ``cell``,
     ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``, an ``[etcd]``
-    table with ``endpoints``, and ``[limits.<scheduler>]`` tables as in the cell config
-    (``max_precedence``, ``max_resources``)."""
+    table with ``endpoints``, ``[limits.<scheduler>]`` tables as in the cell config
+    (``max_precedence``, ``max_resources``; with TLS, the schedulers listed are the
+    cell's only ones), a ``[tls]`` table (``ca``, ``cert``, ``key``) and an ``[auth]``
+    table (``user_max_precedence``)."""
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
@@ -137,8 +164,17 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
                 limits = codec.parse_config({"limits": limits_doc}, "")
             except ModelError as e:
                 raise ConfigError(str(e).lstrip(".")) from None
+        tls_doc = top.get("tls", dict, None)
+        base = Path(source).parent if source else None
+        tls = tls_files(tls_doc, "tls", base) if tls_doc is not None else None
+        auth = _Section(top.get("auth", dict, {}), "auth")
+        user_max = auth.get("user_max_precedence", int, DEFAULT_USER_MAX_PRECEDENCE)
+        if not 0 <= user_max <= codec.MAX_PRECEDENCE:
+            raise ConfigError(f"auth.user_max_precedence: {user_max} is not between 0 and "
+                              f"{codec.MAX_PRECEDENCE}")
+        auth.no_unknown()
         top.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
-                        float(grace))
+                        float(grace), tls, user_max)

@@ -27,8 +27,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cellstate import codec
 from cellstate.api import convert
+from cellstate.api.auth import (
+    Authorizer,
+    PermissionDenied,
+    Unauthenticated,
+    check_changeable,
+)
 from cellstate.api.config import ServerConfig
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
+from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.jobinfo import StatusIndex, StatusView
@@ -94,6 +101,8 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
 
 # The store's and model's errors, most specific first, and the status each becomes.
 _STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     ((convert.WireError, ModelError, TransactionError), grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
@@ -157,6 +166,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
+        self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
 
     @property
     def snap(self) -> CellSnapshot:
@@ -168,6 +178,8 @@ class CellStateService(pb_grpc.CellStateServicer):
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
                ) -> pb.CommitResponse:
         txns = convert.transactions_from(request)
+        for scheduler in dict.fromkeys(t.scheduler for t in txns):
+            self.auth.as_scheduler(context, scheduler, "commit")
         if request.HasField("transaction"):
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
@@ -207,6 +219,10 @@ class CellStateService(pb_grpc.CellStateServicer):
 
     def Sync(self, request: pb.SyncRequest, context: grpc.ServicerContext,
              ) -> Iterator[pb.SyncResponse]:
+        try:
+            self.auth.read(context)
+        except Unauthenticated as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
         if request.start_revision < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start_revision must be >= 0")
         future = self._future_revision(request.start_revision)
@@ -242,8 +258,9 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.ServicerContext,
                   ) -> pb.SubmitJobResponse:
-        doc = convert.json_doc(request.spec_json, "spec_json")
+        doc = self.auth.with_owner(context, convert.json_doc(request.spec_json, "spec_json"))
         job = codec.parse_job(doc, "job")
+        self.auth.submit(context, job)
         if not job.submitted_at:
             job = attrs.evolve(job, submitted_at=self.clock())
         size, limit = len(codec.encode_job(job)), self._job_spec_limit()
@@ -254,6 +271,14 @@ class CellStateService(pb_grpc.CellStateServicer):
         with self.stores.get() as store:
             revision = store.submit_job(job)
         return pb.SubmitJobResponse(job=job.id, revision=revision)
+
+    def _may_change(self, context: grpc.ServicerContext, job_id: str, what: str,
+                    scheduler_may: bool) -> None:
+        self.auth.change_job(context, job_id, what, scheduler_may)
+        view = self.status.view()
+        job = view.snap.jobs.get(job_id)
+        if job is not None:
+            check_changeable(view.job(job).state, job_id, what)
 
     def _job_spec_limit(self) -> int:
         return min(MAX_JOB_SPEC_BYTES, self.kv.max_request_bytes - 4096)
@@ -270,6 +295,7 @@ class CellStateService(pb_grpc.CellStateServicer):
 
     @rpc
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.JobInfo:
+        self.auth.read(context)
         view = self.status.view()
         if request.job not in view.snap.jobs:
             raise NotFoundError(f"unknown job {request.job!r}")
@@ -278,6 +304,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext,
                  ) -> pb.ListJobsResponse:
+        self.auth.read(context)
         view = self.status.view()
         snap = view.snap
         out = pb.ListJobsResponse(revision=snap.revision)
@@ -297,6 +324,7 @@ class CellStateService(pb_grpc.CellStateServicer):
                 ) -> pb.KillJobResponse:
         """Mark the job killed (its scheduler stops placing it) and end its running
         tasks, which frees their resources; their agents stop them."""
+        self._may_change(context, request.job, "kill", scheduler_may=False)
         status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
                            request.by or "user", self.clock())
         with self.stores.get() as store:
@@ -311,6 +339,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         except ValueError:
             raise convert.WireError(
                 f"state: {request.state!r} is not one of abandoned, killed") from None
+        self._may_change(context, request.job, "set the status of", scheduler_may=True)
         with self.stores.get() as store:
             revision = store.set_job_status(
                 JobStatus(request.job, state, request.reason, request.by, request.at))
@@ -319,6 +348,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def ResizeJob(self, request: pb.ResizeJobRequest, context: grpc.ServicerContext,
                   ) -> pb.ResizeJobResponse:
+        self._may_change(context, request.job, "resize", scheduler_may=True)
         with self.stores.get() as store:
             revision = store.resize_job(request.job, request.task_count)
         return pb.ResizeJobResponse(revision=revision)
@@ -328,6 +358,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def ListMachines(self, request: pb.ListMachinesRequest, context: grpc.ServicerContext,
                      ) -> pb.ListMachinesResponse:
+        self.auth.read(context)
         if request.state:
             try:
                 wanted = MachineState(request.state)
@@ -350,6 +381,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
+        self.auth.read(context)
         totals = self.status.view().totals()
         out = pb.CellStatus(
             revision=totals["revision"], machines_up=totals["machines_up"],
@@ -374,6 +406,7 @@ class CellStateService(pb_grpc.CellStateServicer):
                          context: grpc.ServicerContext) -> pb.RegisterInstanceResponse:
         check_name(request.scheduler, "scheduler")
         check_name(request.instance, "instance")
+        self.auth.as_scheduler(context, request.scheduler, "register an instance")
         if not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
         record = InstanceRecord(request.scheduler, request.instance, request.policy,
@@ -385,6 +418,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def DeregisterInstance(self, request: pb.DeregisterInstanceRequest,
                            context: grpc.ServicerContext) -> pb.DeregisterInstanceResponse:
+        self.auth.as_scheduler(context, request.scheduler, "deregister an instance")
         if not request.lease:
             raise convert.WireError("lease: 0 is no lease; deregistering needs the lease the "
                                     "instance registered with")
@@ -395,6 +429,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def KeepAlive(self, request: pb.KeepAliveRequest, context: grpc.ServicerContext,
                   ) -> pb.KeepAliveResponse:
+        self.auth.keep_alive(context)
         try:
             ttl = self.kv.lease_keepalive(request.lease)
         except LeaseNotFoundError:
@@ -410,6 +445,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         who = f"instance {request.scheduler}/{request.instance}"
         check_name(request.scheduler, "scheduler")
         check_name(request.instance, "instance")
+        self.auth.as_scheduler(context, request.scheduler, "report metrics")
         if len(request.metrics_json) > MAX_METRICS_BYTES:
             raise convert.WireError(f"metrics_json: {len(request.metrics_json)} bytes, above "
                                     f"the limit of {MAX_METRICS_BYTES} bytes")
@@ -442,6 +478,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         ]
         if not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
+        self.auth.register_agent(context, request.agent, machines)
         with self.stores.get() as store:
             lease, revision = store.register_agent(request.agent, machines, request.ttl,
                                                    self.clock())
@@ -459,6 +496,7 @@ class CellStateService(pb_grpc.CellStateServicer):
                 f"outcome: {request.outcome!r} is not one of finished, failed, lost")
         assert outcome is not None
         split_task_id(request.task)  # a malformed id is the caller's error
+        self.auth.report_task(context, request.agent, request.task, request.machine)
         with self.stores.get() as store:
             revision = store.release_task(request.task, outcome, request.machine or None)
         return pb.ReportTaskResponse(revision=revision)
@@ -567,7 +605,14 @@ class CellStateServer:
         self.reaper.start()
         if self.maintainer is not None:
             self.maintainer.start()
-        self.port = self.grpc.add_insecure_port(self.config.listen)
+        if self.config.tls is not None:
+            self.port = self.grpc.add_secure_port(self.config.listen,
+                                                  server_credentials(self.config.tls))
+        else:
+            log.warning("cellstate %s serves PLAINTEXT gRPC on %s: no TLS, no identities, "
+                        "every caller may do anything (--insecure)", self.config.name,
+                        self.config.listen)
+            self.port = self.grpc.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         self.grpc.start()

@@ -55,7 +55,8 @@ def test_a_paused_server_does_not_hold_up_keep_alives_commits_or_sync(
     with cluster(fresh_etcd.endpoint, tmp_path) as c:
         port_a = c.server("cellstate-a")
         port_b = c.server("cellstate-b")
-        client = CellClient([f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"], retry_for=30.0)
+        client = CellClient([f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"], retry_for=30.0,
+                            tls=c.tls("scheduler:batch"))
         copy = remote_replica(client).start()
         try:
             store = RemoteStore(client)

@@ -1,6 +1,11 @@
 """A cluster of real processes for end-to-end tests: cellstate servers, agents and
 schedulers, each started with the `omega` command line on free loopback ports. Fault
-tests (tests/faults/) signal, kill and restart them by name."""
+tests (tests/faults/) signal, kill and restart them by name.
+
+Like the demo, the cluster talks mutual TLS unless made with ``tls=False``: every
+process gets a certificate for the identity its command line gives it (a
+development CA under ``workdir/certs``), and the servers list every registered
+scheduler policy's name as the cell's schedulers."""
 
 from __future__ import annotations
 
@@ -12,17 +17,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from cellstate.api.auth import parse_identity
 from cellstate.api.client import CellClient, wait_until_serving
+from cellstate.api.tls import TlsFiles
 from cellstate.kv.base import EventType, KeyValue, prefix_end
 from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import free_ports
 from omega.proc import Child, omega
+from omega.security import CellCredentials, insecure_argv
+from schedulers.registry import Registry
 from tests.faults.checker import History, walk
 
 
 class Cluster:
-    def __init__(self, etcd: str, workdir: Path) -> None:
+    def __init__(self, etcd: str, workdir: Path, tls: bool = True) -> None:
         self.etcd = etcd
+        self.certs = (CellCredentials(workdir / "certs",
+                                      sorted(Registry.from_entry_points().names()))
+                      if tls else None)
         self.workdir = workdir
         self.children: dict[str, Child] = {}
         self.ports: list[int] = []
@@ -33,8 +45,9 @@ class Cluster:
         return ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     def start(self, name: str, *args: str) -> Child:
-        """Start ``omega ARGS`` as ``name``."""
-        return self.spawn(name, omega(*args))
+        """Start ``omega ARGS`` as ``name`` (with its TLS flags)."""
+        argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
+        return self.spawn(name, omega(*argv))
 
     def spawn(self, name: str, argv: list[str]) -> Child:
         """Start any command as ``name``, stopped with the others."""
@@ -56,7 +69,8 @@ class Cluster:
 
     def wait_serving(self, name: str, timeout: float = 60.0) -> None:
         child = self.children[name]
-        wait_until_serving(f"127.0.0.1:{self.server_ports[name]}", timeout, child.running)
+        wait_until_serving(f"127.0.0.1:{self.server_ports[name]}", timeout, child.running,
+                           tls=self.certs.operator if self.certs is not None else None)
 
     def signal(self, name: str, sig: int) -> None:
         """Send ``sig`` to one process (SIGKILL, SIGSTOP, SIGCONT...)."""
@@ -82,9 +96,14 @@ class Cluster:
             f'[[types]]\nname = "small"\ncount = {count}\ncapacity = {{ cpu = {cpu}, mem = 16 }}\n')
         return path
 
+    def tls(self, who: str = "operator:admin") -> TlsFiles | None:
+        """The TLS files of identity ``who`` (kind:name), or None for a plaintext cluster."""
+        return self.certs.files(parse_identity(who)) if self.certs is not None else None
+
     def client(self, port: int | None = None) -> CellClient:
         ports = [port] if port is not None else self.ports
-        return CellClient([f"127.0.0.1:{p}" for p in ports], retry_for=10.0)
+        return CellClient([f"127.0.0.1:{p}" for p in ports], retry_for=10.0,
+                          tls=self.certs.operator if self.certs is not None else None)
 
     def logs(self) -> str:
         return "\n".join(f"--- {n} ---\n{c.log_tail(30)}" for n, c in self.children.items())

@@ -36,7 +36,9 @@ def test_jobs_of_both_kinds_finish(fresh_etcd: LocalEtcd, tmp_path: Path) -> Non
         port_b = c.server("cellstate-b")
         spec = c.spec("cell", 6)
         c.start("agent-0", "agent", "--cellstate", c.cellstate, "--spec", str(spec),
-                "--id", "agent-0", "--log-dir", str(tmp_path / "tasks"))
+                "--id", "agent-0", "--log-dir", str(tmp_path / "tasks"),
+                # The command job runs python3: this agent allows any command.
+                "--allow-command-from", "*", "--allow-command", "/")
         # Each scheduler talks to a different replica.
         c.start("batch", "scheduler", "--cellstate", f"127.0.0.1:{port_a}", "--name", "batch",
                 "--instance", "b0")

@@ -77,7 +77,8 @@ class FaultCell:
         self.etcd.start()
         ends = self.etcd.endpoints
         self.kv = EtcdKV(ends)
-        self.procs = c = Cluster(",".join(ends), self.workdir)
+        # Plaintext: the load driver plays a user and a scheduler at once.
+        self.procs = c = Cluster(",".join(ends), self.workdir, tls=False)
         c.server("cellstate-a", ",".join(ends), wait=False)
         c.server("cellstate-b", ",".join(ends[1:] + ends[:1]), wait=False)
         # Clients stay with the first server that answers: both must serve before
@@ -88,7 +89,8 @@ class FaultCell:
         for i, order in enumerate((self.a_first, self.b_first)):
             c.start(f"agent-{i}", "agent", "--cellstate", order, "--spec", str(spec),
                     "--index", str(i), "--of", "2", "--id", f"agent-{i}",
-                    "--ttl", str(AGENT_TTL))
+                    "--ttl", str(AGENT_TTL), "--allow-command-from", "*",
+                    "--allow-command", "/")
         config = self.workdir / "scheduler.toml"
         config.write_text(f"[scheduler]\nlease_ttl = {SCHEDULER_TTL}\nretry_delay = 0.5\n"
                           "max_retry_delay = 2.0\n")

@@ -1,0 +1,267 @@
+"""Who is calling, and what they may do: the cellstate server's authorization matrix.
+
+Every caller has an :class:`Identity`, ``kind:name``, taken from the common name of the
+client certificate it presented over mutual TLS (the server accepts only certificates
+its CA signed, so a name cannot be claimed without the CA's key):
+
+* ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job.
+* ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
+* ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
+  registers its instances, commits claims for jobs that name it, abandons and resizes
+  those jobs.
+* ``agent:NAME``: the node agent NAME; registers the machines it runs and reports the
+  tasks that ran on them.
+* ``server:NAME``: a cellstate server's own certificate; calls nothing.
+
+Everybody may read (sync, status, jobs, machines). :class:`Authorizer` holds the rules;
+docs/security.md draws the whole matrix. A refusal raises :class:`Unauthenticated` (no
+identity) or :class:`PermissionDenied` (an identity not allowed this), each with a
+message naming the identity, the operation and the rule; the server turns them into
+UNAUTHENTICATED and PERMISSION_DENIED. Checks read the server's synced copy of the
+cell: what they guard (a job's owner and scheduler, a machine's agent) never changes
+once written, so a copy a moment old decides the same.
+
+A server without TLS (``--insecure``) cannot know who calls: every caller is
+:data:`INSECURE`, an operator, and the matrix is off. Two rules hold in every mode,
+as they are about the cell, not the caller: a job in a final state cannot change, and
+(with TLS) a scheduler name the cell's configuration does not list has no rights at
+all.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+
+import attrs
+import grpc
+
+from cellstate.cell import CellSnapshot
+from cellstate.errors import StoreError
+from cellstate.model import Job, Machine, ModelError, check_name, split_task_id
+
+
+class Kind(enum.Enum):
+    OPERATOR = "operator"
+    USER = "user"
+    SCHEDULER = "scheduler"
+    AGENT = "agent"
+    SERVER = "server"
+
+
+@attrs.frozen
+class Identity:
+    kind: Kind
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.name}"
+
+
+INSECURE = Identity(Kind.OPERATOR, "insecure")
+KINDS = ", ".join(k.value for k in Kind)
+
+
+def parse_identity(text: str, where: str = "identity") -> Identity:
+    """``kind:name`` as written in a certificate's common name or on a command line."""
+    kind, sep, name = text.partition(":")
+    if not sep:
+        raise ModelError(f"{where}: {text!r} is not kind:name (kind one of {KINDS})")
+    try:
+        k = Kind(kind)
+    except ValueError:
+        raise ModelError(f"{where}: {kind!r} is not one of {KINDS}") from None
+    return Identity(k, check_name(name, f"{where} name"))
+
+
+class Unauthenticated(Exception):
+    """The caller has no identity the server accepts."""
+
+
+class PermissionDenied(Exception):
+    """The caller's identity may not do this."""
+
+
+class FinalState(StoreError):
+    """The job has ended; nothing about it changes any more."""
+
+
+# Job states from which nothing changes. A kill of a killed job is not refused: it
+# changes nothing, and a resent kill (its first attempt timed out) must succeed.
+FINAL_STATES = frozenset({"finished", "failed", "abandoned"})
+DEFAULT_USER_MAX_PRECEDENCE = 99
+
+
+@attrs.frozen
+class AuthPolicy:
+    """``enabled``: identities come from client certificates and the matrix holds
+    (false only for a plaintext server). ``user_max_precedence``: the highest
+    precedence a user's job may ask for (operators' jobs have no such cap; a
+    scheduler's own ``max_precedence`` caps both)."""
+
+    enabled: bool = False
+    user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
+
+
+def identify(context: grpc.ServicerContext, policy: AuthPolicy) -> Identity:
+    """The caller's identity, from the common name of its verified client certificate."""
+    if not policy.enabled:
+        return INSECURE
+    names = context.auth_context().get("x509_common_name") or []
+    if not names:
+        raise Unauthenticated("no client certificate: this server takes calls over mutual "
+                              "TLS only (`omega certs` makes certificates)")
+    text = names[0].decode(errors="replace")
+    try:
+        return parse_identity(text, "client certificate common name")
+    except ModelError as e:
+        raise Unauthenticated(f"{e}; no omega identity, so no rights") from None
+
+
+class Authorizer:
+    """The matrix, over the server's synced copy of the cell (``snapshot``)."""
+
+    def __init__(self, policy: AuthPolicy, snapshot: Callable[[], CellSnapshot]) -> None:
+        self.policy = policy
+        self._snapshot = snapshot
+
+    def caller(self, context: grpc.ServicerContext) -> Identity:
+        return identify(context, self.policy)
+
+    def _only(self, who: Identity, kinds: Sequence[Kind], what: str) -> None:
+        if who.kind not in kinds:
+            allowed = " and ".join(k.value + "s" for k in kinds)
+            raise PermissionDenied(f"{who} may not {what}: only {allowed} may")
+
+    # -- reads -----------------------------------------------------------------------
+
+    def read(self, context: grpc.ServicerContext) -> Identity:
+        """Every identity may read the cell (syncs, status, jobs, machines)."""
+        return self.caller(context)
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def with_owner(self, context: grpc.ServicerContext, doc: object) -> object:
+        """A job spec without an owner, submitted by a user, is the user's."""
+        who = self.caller(context)
+        if who.kind is Kind.USER and isinstance(doc, dict) and "owner" not in doc:
+            return {**doc, "owner": who.name}
+        return doc
+
+    def submit(self, context: grpc.ServicerContext, job: Job) -> None:
+        who = self.caller(context)
+        if who is INSECURE:
+            return
+        self._only(who, (Kind.USER, Kind.OPERATOR), f"submit job {job.id}")
+        limits = self._known_scheduler(who, job.scheduler, f"submit job {job.id}")
+        if who.kind is Kind.USER:
+            if job.owner != who.name:
+                raise PermissionDenied(
+                    f"{who} may submit only jobs it owns: job {job.id} names owner "
+                    f"{job.owner!r}, not {who.name!r}")
+            if job.precedence > self.policy.user_max_precedence:
+                raise PermissionDenied(
+                    f"{who} may not submit job {job.id} at precedence {job.precedence}: "
+                    f"users' jobs go up to {self.policy.user_max_precedence}")
+        if limits is not None and job.precedence > limits:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
+                f"scheduler {job.scheduler!r}'s jobs go up to {limits}")
+
+    def _known_scheduler(self, who: Identity, scheduler: str, what: str) -> int | None:
+        """The scheduler's max_precedence (None: no cap); refused if the cell's config
+        does not list it: only operators create scheduler names."""
+        config = self._snapshot().config
+        if scheduler not in config.limits:
+            known = ", ".join(sorted(config.limits)) or "none"
+            raise PermissionDenied(
+                f"{who} may not {what}: scheduler {scheduler!r} is not one of this cell's "
+                f"schedulers ({known}); an operator adds it ([limits.{scheduler}] in the "
+                "server's config)")
+        return config.limits[scheduler].max_precedence
+
+    def change_job(self, context: grpc.ServicerContext, job_id: str, what: str,
+                   scheduler_may: bool) -> None:
+        """Kill, abandon or resize ``job_id``: its owner (a user), any operator, and,
+        if ``scheduler_may``, the scheduler the job names."""
+        who = self.caller(context)
+        if who is INSECURE:
+            return
+        kinds = (Kind.USER, Kind.OPERATOR, *((Kind.SCHEDULER,) if scheduler_may else ()))
+        self._only(who, kinds, f"{what} job {job_id}")
+        job = self._snapshot().jobs.get(job_id)
+        if job is None or who.kind is Kind.OPERATOR:
+            return  # an unknown job is the store's NOT_FOUND
+        if who.kind is Kind.USER and job.owner != who.name:
+            raise PermissionDenied(f"{who} may not {what} job {job_id}: it belongs to "
+                                   f"{job.owner!r}")
+        if who.kind is Kind.SCHEDULER and job.scheduler != who.name:
+            raise PermissionDenied(f"{who} may not {what} job {job_id}: it names scheduler "
+                                   f"{job.scheduler!r}")
+
+    # -- schedulers ------------------------------------------------------------------
+
+    def as_scheduler(self, context: grpc.ServicerContext, scheduler: str, what: str) -> None:
+        """Register, keep, deregister and report for instances of ``scheduler``, and
+        commit its claims: only ``scheduler:<scheduler>``, and only a scheduler the
+        cell's config lists."""
+        who = self.caller(context)
+        if who is INSECURE:
+            return
+        if who != Identity(Kind.SCHEDULER, scheduler):
+            raise PermissionDenied(f"{who} may not {what} for scheduler {scheduler!r}: only "
+                                   f"scheduler:{scheduler} may")
+        self._known_scheduler(who, scheduler, what)
+
+    def keep_alive(self, context: grpc.ServicerContext) -> None:
+        who = self.caller(context)
+        if who is not INSECURE:
+            self._only(who, (Kind.SCHEDULER, Kind.AGENT, Kind.OPERATOR), "renew leases")
+
+    # -- agents ----------------------------------------------------------------------
+
+    def register_agent(self, context: grpc.ServicerContext, agent: str,
+                       machines: Sequence[Machine]) -> None:
+        """Only ``agent:<agent>`` registers as ``agent``, and not with a machine another
+        agent registered (an operator moves machines between agents)."""
+        who = self.caller(context)
+        if who is INSECURE or who.kind is Kind.OPERATOR:
+            return
+        if who != Identity(Kind.AGENT, agent):
+            raise PermissionDenied(f"{who} may not register as agent {agent!r}: only "
+                                   f"agent:{agent} may")
+        known = self._snapshot().machines
+        for m in machines:
+            old = known.get(m.id)
+            if old is not None and old.agent and old.agent != agent:
+                raise PermissionDenied(f"{who} may not register machine {m.id}: it belongs "
+                                       f"to agent {old.agent!r}")
+
+    def report_task(self, context: grpc.ServicerContext, agent: str, task: str,
+                    machine: str) -> None:
+        """Only the agent of the machine the task ran on reports it."""
+        who = self.caller(context)
+        if who is INSECURE or who.kind is Kind.OPERATOR:
+            return
+        if who != Identity(Kind.AGENT, agent):
+            raise PermissionDenied(f"{who} may not report tasks as agent {agent!r}: only "
+                                   f"agent:{agent} may")
+        snap = self._snapshot()
+        mid = machine or _machine_of(snap, task)
+        m = snap.machines.get(mid) if mid else None
+        if m is not None and m.agent != agent:
+            raise PermissionDenied(f"{who} may not report task {task}: it is on machine "
+                                   f"{mid}, which belongs to agent {m.agent!r}")
+
+
+def _machine_of(snap: CellSnapshot, task: str) -> str:
+    split_task_id(task)
+    record = snap.tasks.get(task)
+    return record.machine if record is not None else ""
+
+
+def check_changeable(state: str, job_id: str, what: str) -> None:
+    """A job in a final state cannot change (a finished job killed stays finished)."""
+    if state in FINAL_STATES:
+        raise FinalState(f"cannot {what} job {job_id}: it is {state}, and a job in a final "
+                         "state does not change")

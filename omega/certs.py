@@ -1,0 +1,147 @@
+"""A development certificate authority for a cell: ``omega certs``.
+
+Makes (once) a CA key and certificate in a folder, then one certificate per identity
+signed by it, named ``<kind>-<name>.pem`` with its key beside it (``.key``, readable
+by the owner only). The certificate's common name is the identity (``scheduler:batch``,
+``agent:agent-0``, ``user:alice``...; cellstate/api/auth.py); a server's certificate
+also names the host names and addresses clients dial (subject alternative names), as
+TLS clients check them. Keys are ECDSA P-256: fast to make, and every gRPC build
+speaks them.
+
+This is a development CA: its key sits in a plain file next to the certificates. A
+production cell keeps its CA key offline or in a secrets manager and issues the same
+kind of certificates (docs/security.md says what the server checks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cellstate.api.auth import Identity, Kind
+from cellstate.api.tls import TlsFiles
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+CA_DAYS = 3650
+DEFAULT_DAYS = 365
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+class DevCA:
+    """The CA in ``folder`` (made on first use) and the certificates it issues there."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca_path = folder / CA_CERT
+        key_path = folder / CA_KEY
+        if self.ca_path.exists() and key_path.exists():
+            loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+            if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+                raise ValueError(f"{key_path}: not an EC key made by omega certs")
+            self._key = loaded
+            self._cert = x509.load_pem_x509_certificate(self.ca_path.read_bytes())
+            return
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"omega dev CA {folder.name}")])
+        now = _now()
+        self._cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .sign(self._key, hashes.SHA256()))
+        _write_key(key_path, self._key)
+        _write_cert(self.ca_path, self._cert)
+
+    def files(self, identity: Identity) -> TlsFiles:
+        """Where ``identity``'s certificate is (or would be) kept."""
+        stem = f"{identity.kind.value}-{identity.name}"
+        return TlsFiles(self.ca_path, self.folder / f"{stem}.pem", self.folder / f"{stem}.key")
+
+    def issue(self, identity: Identity, hosts: Sequence[str] = DEFAULT_HOSTS,
+              days: int = DEFAULT_DAYS) -> TlsFiles:
+        """A new key and certificate for ``identity`` (replacing an older one: that is
+        how a certificate is rotated). ``hosts``: for a server, the names and addresses
+        clients dial it by."""
+        return self.issue_raw(str(identity), self.files(identity),
+                              hosts if identity.kind is Kind.SERVER else None, days)
+
+    def issue_raw(self, common_name: str, files: TlsFiles, hosts: Sequence[str] | None,
+                  days: int = DEFAULT_DAYS) -> TlsFiles:
+        """A certificate for any common name (tests make ones that name no identity);
+        ``hosts`` not None makes a server certificate for them."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _now()
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(self._cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        if hosts is not None:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
+        _write_key(files.key, key)
+        _write_cert(files.cert, cert)
+        return files
+
+    def ensure(self, identity: Identity, hosts: Sequence[str] = DEFAULT_HOSTS) -> TlsFiles:
+        """``identity``'s files, issued if there are none yet."""
+        files = self.files(identity)
+        if files.cert.exists() and files.key.exists():
+            return files
+        return self.issue(identity, hosts)
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def cell_identities(schedulers: Sequence[str], agents: int) -> list[Identity]:
+    """Every identity a cell like the demo's needs: its server, each scheduler, each
+    agent (``agent-0``...), the workload generator (an operator: it submits for
+    many owners) and an operator."""
+    return [Identity(Kind.SERVER, "cellstate"),
+            *(Identity(Kind.SCHEDULER, s) for s in schedulers),
+            *(Identity(Kind.AGENT, f"agent-{i}") for i in range(agents)),
+            Identity(Kind.OPERATOR, "workload"), Identity(Kind.OPERATOR, "admin")]

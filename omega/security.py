@@ -1,0 +1,170 @@
+"""TLS on the command line, the same for every kind of process.
+
+Every ``omega`` command that talks to (or is) a cellstate server takes ``--ca``,
+``--cert``, ``--key`` (or $OMEGA_CA, $OMEGA_CERT, $OMEGA_KEY) and ``--insecure`` (or
+$OMEGA_INSECURE=1). :func:`add_tls_flags` adds them to a subcommand and
+:func:`tls_from_args` turns them into the :class:`~cellstate.api.tls.TlsFiles` that
+the server, :class:`~cellstate.api.client.CellClient` and every process config take.
+Plaintext is never a default: without credentials a command stops and says what to
+give; with ``--insecure`` it runs and says loudly, on stderr, what that gives up.
+
+:func:`process_identity` tells which identity a process started with an ``omega``
+command line runs as (the demo and the end-to-end tests issue its certificate), read
+from the flags that name it, so a new scheduler (``omega scheduler fair``) is covered
+without a list kept here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cellstate.api.auth import Identity, Kind
+from cellstate.api.tls import TlsFiles
+from cellstate.errors import ConfigError
+
+NO_CREDENTIALS = ("no TLS credentials: give --ca, --cert and --key (or $OMEGA_CA, "
+                  "$OMEGA_CERT, $OMEGA_KEY; `omega certs` makes them), or --insecure for "
+                  "plaintext without identities")
+
+
+def add_tls_flags(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    g = p.add_argument_group("TLS (docs/security.md)")
+    g.add_argument("--ca", default=env("OMEGA_CA"),
+                   help="the cell's CA certificate (default $OMEGA_CA)")
+    g.add_argument("--cert", default=env("OMEGA_CERT"),
+                   help="this process's certificate; its common name is the identity "
+                        "(default $OMEGA_CERT)")
+    g.add_argument("--key", default=env("OMEGA_KEY"),
+                   help="the certificate's private key (default $OMEGA_KEY, else the "
+                        "certificate's path with .key for .pem)")
+    g.add_argument("--insecure", action="store_true",
+                   default=env("OMEGA_INSECURE", "") not in ("", "0"),
+                   help="plaintext gRPC: no encryption, no identities, anyone who can "
+                        "reach a server may do anything (default $OMEGA_INSECURE)")
+
+
+def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files the flags name, or None with --insecure (warned about on stderr)."""
+    if args.insecure:
+        if args.cert:
+            raise ConfigError("--insecure and --cert: give one (unset $OMEGA_CERT or "
+                              "$OMEGA_INSECURE)")
+        print(f"WARNING: omega {args.command}: --insecure: PLAINTEXT gRPC, no identities; "
+              "anyone who can reach the cellstate server may do anything, including "
+              "running commands on agents that allow it", file=sys.stderr, flush=True)
+        return None
+    if not args.cert:
+        raise ConfigError(NO_CREDENTIALS)
+    if not args.ca:
+        raise ConfigError("--cert without --ca: give the cell's CA certificate too")
+    cert = Path(args.cert)
+    key = Path(args.key) if args.key else cert.with_suffix(".key")
+    return TlsFiles(Path(args.ca), cert, key)
+
+
+def process_identity(argv: Sequence[str]) -> Identity:
+    """The identity of the process ``omega ARGV`` starts: ``server:<--name>``,
+    ``agent:<--id>``, ``scheduler:<its name>`` (``--name``, else the policy given first,
+    else its config file's), ``operator:workload`` for the workload generator (it
+    submits jobs on behalf of many owners, which only an operator may), else
+    ``operator:admin``. (Read here, not with the CLI's parser, which imports the
+    demo that calls this.)"""
+    command = argv[0] if argv else ""
+    if command == "server":
+        return Identity(Kind.SERVER, _flag(argv, "--name") or "cellstate")
+    if command == "agent":
+        agent = _flag(argv, "--id")
+        if not agent:
+            raise ConfigError("an agent with TLS needs --id (its certificate's name)")
+        return Identity(Kind.AGENT, agent)
+    if command == "scheduler":
+        name = _flag(argv, "--name")
+        if not name and len(argv) > 1 and not argv[1].startswith("-"):
+            name = argv[1]
+        config = _flag(argv, "--config")
+        if not name and config:
+            from cellstate.api.config import read_toml
+
+            section = read_toml(config).get("scheduler")
+            name = str(section.get("name", "")) if isinstance(section, dict) else ""
+        if not name:
+            raise ConfigError(f"cannot tell the scheduler's name from {' '.join(argv)}")
+        return Identity(Kind.SCHEDULER, name)
+    if command == "workload":
+        return Identity(Kind.OPERATOR, "workload")
+    return Identity(Kind.OPERATOR, "admin")
+
+
+def _flag(argv: Sequence[str], flag: str) -> str:
+    """The value of ``flag`` (``--flag V`` or ``--flag=V``; the last one wins), or ""."""
+    value = ""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def tls_argv(tls: TlsFiles | None) -> list[str]:
+    """The flags that hand ``tls`` to an ``omega`` command (``--insecure`` for None)."""
+    if tls is None:
+        return ["--insecure"]
+    return ["--ca", str(tls.ca), "--cert", str(tls.cert), "--key", str(tls.key)]
+
+
+def certificate_identity(path: Path) -> Identity:
+    """The identity a certificate file names (its common name)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from cellstate.api.auth import parse_identity
+
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable PEM certificate ({e})") from None
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise ConfigError(f"{path}: the certificate has no common name")
+    return parse_identity(str(names[0].value), f"{path}: common name")
+
+
+class CellCredentials:
+    """A local cell's development CA (``omega certs``' kind) and the TLS flags of each
+    ``omega`` process started in it: the demo's and the end-to-end tests' cells.
+
+    With TLS, only the schedulers the cell's configuration lists have any rights, so
+    its servers get a configuration (``server.toml`` beside the certificates) listing
+    ``schedulers``, without limits."""
+
+    def __init__(self, folder: Path, schedulers: Sequence[str]) -> None:
+        from omega.certs import DevCA
+
+        self.ca = DevCA(folder)
+        self.server_config = folder / "server.toml"
+        self.server_config.write_text("".join(f"[limits.{n}]\n" for n in sorted(schedulers)))
+
+    def files(self, identity: Identity) -> TlsFiles:
+        return self.ca.ensure(identity)
+
+    @property
+    def operator(self) -> TlsFiles:
+        return self.files(Identity(Kind.OPERATOR, "admin"))
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        """``omega ARGS`` with the TLS flags of the identity it runs as (and, for a
+        server, the configuration that lists the cell's schedulers)."""
+        extra = tls_argv(self.files(process_identity(args)))
+        if args and args[0] == "server":
+            extra += ["--config", str(self.server_config)]
+        return [*args, *extra]
+
+
+def insecure_argv(args: Sequence[str]) -> list[str]:
+    return [*args, "--insecure"]
