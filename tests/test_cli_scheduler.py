@@ -95,7 +95,7 @@ def test_option_values_are_typed_where_they_look_like_it(text: str, value: objec
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["scheduler", "nope"], "no scheduler policy named 'nope' (known: batch, flow, "),
+        (["scheduler", "nope"], "no scheduler policy named 'nope' (known: batch, fair, flow, "),
         (["scheduler", "--name", "flow", "--policy", "quincy"],
          "quincy is a cost model of the flow scheduler: omega scheduler flow --policy quincy"),
         (["scheduler", "flow", "--policy", "nope"],

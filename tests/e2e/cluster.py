@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,14 @@ class Cluster:
         """Start ``omega ARGS`` as ``name`` (with its TLS flags)."""
         argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
         return self.spawn(name, omega(*argv))
+
+    def run(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``omega ARGS`` to its end (with its TLS flags); its output. A command
+        that fails raises, with what it printed."""
+        argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
+        done = subprocess.run(omega(*argv), capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"omega {' '.join(args)}: {done.returncode}\n{done.stderr}"
+        return done.stdout
 
     def spawn(self, name: str, argv: list[str]) -> Child:
         """Start any command as ``name``, stopped with the others."""

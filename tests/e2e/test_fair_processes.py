@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +75,7 @@ def test_fair_scheduler_killed_mid_preemption_and_restarted(history_etcd: LocalE
         expected = {"alice": {"running": 80, "preempted": 80},
                     **{u: {"running": 20} for u in USERS}}
         wait_for("the fair shares", lambda: _states(c) == expected, c, timeout=90)
-        shares = json.loads(subprocess.run(
-            [sys.executable, "-m", "omega.cli", "shares", "--cellstate", c.cellstate,
-             "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
+        shares = json.loads(c.run("shares", "--cellstate", c.cellstate, "--json"))
         print(f"killed at revision {first} ({written} task records written there)")
     users = {u["user"]: u for u in shares["users"]}
     assert shares["delta"] == 0.05 and shares["live_instances"]
