@@ -749,10 +749,13 @@ def _check_resources(
         return _reject(claim, miss.reason, miss.detail, miss.dimension)
     if claim.moves_from:
         return None  # a move does not change what the scheduler holds
-    return _check_usage_limit(w, claim, job.task_resources)
+    # What the scheduler's own victims hold comes back to it as the task takes it.
+    own = sum_resources(v.resources for v in victims if v.scheduler == w.txn.scheduler)
+    return _check_usage_limit(w, claim, job.task_resources, own)
 
 
-def _check_usage_limit(w: _Work, claim: Claim, need: Resources) -> Rejection | None:
+def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
+                       returned: Resources | None = None) -> Rejection | None:
     scheduler = w.txn.scheduler
     limits = w.cell.config.limits_for(scheduler)
     if limits is None or limits.max_resources is None:
@@ -767,7 +770,7 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources) -> Rejection | N
         )
     held = record.used + w.added.get(scheduler, Resources()) - w.removed.get(
         scheduler, Resources()
-    )
+    ) - (returned or Resources())
     dim = (held + need).exceeding_limit(limits.max_resources)
     if dim is not None:
         return _reject(

@@ -311,3 +311,25 @@ def test_a_rolled_back_claim_leaves_the_view_as_it_was() -> None:
     assert (view.free("m1"), view.pending_tasks(b), view.claimed("a/7")) == before
     assert victim in view.machine("m1").allocations  # type: ignore[union-attr]
     assert view.claims == ()
+
+
+def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
+    # The fair scheduler may hold 4 of the cell's 8 cpus: alice gets 4 and the rest of
+    # hers wait (room on the machines is no use past the limit); bob's task, at CRS
+    # 1/4 of the pool, preempts alice's top task (4/4) although machines have room.
+    h = Harness()
+    h.admin.add_machines([machine("m1", cpu=4, mem=16), machine("m2", cpu=4, mem=16)])
+    h.admin.set_config(CellConfig({"fair": SchedulerLimits(
+        max_resources=Resources.of(cpu=4))}))
+    inst = h.add(FairPolicy(min_runtime=0.0, delta=0.05), scheduler="fair",
+                 config=LONG_LEASE)
+    h.submit([fair_job("a", "alice", 8)])
+    settle(h)
+    assert running(h.snapshot(), "a") == ["a/0", "a/1", "a/2", "a/3"]
+    rejected = [r for res in Harness.committer(inst).results for r in res.rejected]
+    assert rejected == []  # it never asked past its limit
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+    assert evicted(h, inst) == ["a/3"]
+    assert inst.policy.report()["share.bob"] == 0.25
+    assert violations(h.snapshot()) == []

@@ -288,6 +288,20 @@ def test_a_move_within_a_resource_limit_at_its_limit_passes() -> None:
     assert d.rejected == ()
 
 
+@pytest.mark.parametrize(("victim_of", "reason"), [("batch", None),
+                                                    ("svc", Reason.LIMIT_EXCEEDED)])
+def test_at_its_limit_a_scheduler_may_replace_its_own_task(victim_of: str,
+                                                           reason: Reason | None) -> None:
+    # batch holds 2 cpu of its limit of 2: evicting a 2-cpu task of its own gives back
+    # what the new one takes; evicting another scheduler's does not.
+    limited = CellConfig({"batch": SchedulerLimits(max_resources=Resources.of(cpu=2))}, 50)
+    snap = cell([running(M1, "low/0", "low", 2, precedence=0, scheduler=victim_of)],
+                [*BASE_JOBS, job("k", cpu=2, precedence=1)], config=limited,
+                usage=[UsageRecord("batch", 50, Resources.of(cpu=2, mem=1), 60)])
+    d = validate(snap, Transaction("batch", (Claim("k", 0, "m1", evict=("low/0",)),)))
+    assert [r.reason for r in d.rejected] == ([reason] if reason else [])
+
+
 def _moved(tasks: Sequence[TaskRecord], machines: Sequence[Machine], claim: Claim,
            scheduler: str = "batch") -> Rejection:
     snap = cell(machines, [*BASE_JOBS, job("svc", cpu=1, scheduler="svc")], tasks)

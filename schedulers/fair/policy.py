@@ -174,12 +174,16 @@ class FairPolicy(Policy):
         view, job, book = ctx.view, unit.job, shares.book
         user = job.owner
         mark = view.mark()
+        held_before = shares.held
         added: list[str] = []
         removed: list[tuple[str, OrderKey, str, Resources, str]] = []
         spent = 0
         why: str | None = None
         for index in unit.indexes:
-            mid = self._free_fit(ctx, job, free, tally)
+            # Past its pool (the scheduler's resource limit), free room is no use: only
+            # a preemption gives back what the task takes.
+            full = shares.over_quota(job.task_resources)
+            mid = None if full else self._free_fit(ctx, job, free, tally)
             evict: tuple[Victim, ...] = ()
             if mid is None:
                 found, why = self._preemption(ctx, shares, job, index, no_victims)
@@ -188,6 +192,12 @@ class FairPolicy(Policy):
                 mid, evict = found.machine, found.victims
                 on = view.machine(mid)
                 assert on is not None  # the victims were found on it
+                freed = sum_resources(on.allocations[v.task].resources for v in evict)
+                if shares.over_quota(job.task_resources, freed):
+                    why = (f"the scheduler's resource limit is reached, and preempting "
+                           f"{len(evict)} task(s) on {mid} would not give back enough")
+                    break
+                shares.held = shares.held - freed
                 for v in evict:
                     removed.append((view.jobs[v.job].owner,
                                     task_order(view.jobs[v.job], split_task_id(v.task)[1]),
@@ -203,6 +213,7 @@ class FairPolicy(Policy):
                         machines.append(mid)  # the victims may leave room over
             c = view.claim(job, index, mid, [v.task for v in evict])
             book.add(user, task_order(job, index), c.task, job.task_resources)
+            shares.held = shares.held + job.task_resources
             shares.where[c.task] = mid
             added.append(c.task)
         else:
@@ -210,6 +221,7 @@ class FairPolicy(Policy):
             return None
         # A gang that did not fit whole: take back what it claimed and preempted.
         view.rollback(mark)
+        shares.held = held_before
         for task in added:
             book.remove(task)
             shares.where.pop(task, None)

@@ -67,7 +67,8 @@ def share_table(snap: CellSnapshot, scheduler: str, weights: Mapping[str, float]
 
 def _verdict(view: CellView, shares: CellShares, job: Job, index: int, crs: float,
              delta: float) -> tuple[str, str]:
-    if any(can_host(view, job, m) for m in view.machines()):
+    if not shares.over_quota(job.task_resources) and any(can_host(view, job, m)
+                                                         for m in view.machines()):
         return "fits", "a machine has room for it now"
     threshold = crs + delta
     by_machine, _ = eligible(view, shares, task_precedence(job, index), threshold, lambda _t: True)

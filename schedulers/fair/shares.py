@@ -147,21 +147,40 @@ class ShareBook:
 
 @attrs.define
 class CellShares:
-    """The fair scheduler's running tasks as a share book, with where each runs."""
+    """The fair scheduler's running tasks as a share book, with where each runs, what
+    they hold in all and the scheduler's resource limit (its pool), if it has one."""
 
     book: ShareBook
     where: dict[str, str]  # task -> machine
     gang_sizes: dict[str, int]  # gang job -> its running tasks
+    held: Resources = attrs.field(factory=Resources)
+    quota: Resources | None = None
+
+    def over_quota(self, need: Resources, freed: Resources | None = None) -> bool:
+        """Whether holding ``need`` more (once ``freed`` is given back) would break the
+        scheduler's resource limit."""
+        return (self.quota is not None
+                and (self.held - (freed or Resources()) + need).exceeding_limit(self.quota)
+                is not None)
 
 
 def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | None = None,
                 default_weight: float = 1.0) -> CellShares:
     """The share book of ``scheduler``'s users: every task it placed that runs (or
-    that this decision claimed), against the resources of the machines that are up."""
-    totals = sum_resources(m.capacity for m in view.machines() if machine_up(m) is None)
-    book = ShareBook(totals, weights, default_weight)
+    that this decision claimed), against the resources it may use: those of the
+    machines that are up, or less where the scheduler's resource limit says so (a fair
+    scheduler given a pool of the cell shares the pool, as Cook shares its cluster)."""
+    cell = sum_resources(m.capacity for m in view.machines() if machine_up(m) is None)
+    limits = view.snap.config.limits_for(scheduler)
+    quota = limits.max_resources if limits is not None else None
+    pool = cell
+    if quota is not None:
+        pool = Resources(tuple((d, min(a, quota.get(d)) if quota.get(d) > 0 else a)
+                               for d, a in cell.amounts))
+    book = ShareBook(pool, weights, default_weight)
     where: dict[str, str] = {}
     gangs: Counter[str] = Counter()
+    held: list[Resources] = []
     for m in view.machines():
         for a in m.allocations.values():
             if a.scheduler != scheduler or a.evicted_by:
@@ -173,6 +192,7 @@ def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | N
                 continue
             book.add(job.owner, task_order(job, split_task_id(a.task)[1]), a.task, a.resources)
             where[a.task] = m.id
+            held.append(a.resources)
             if job.gang:
                 gangs[job.id] += 1
-    return CellShares(book, where, dict(gangs))
+    return CellShares(book, where, dict(gangs), sum_resources(held), quota)
