@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--mapreduce-fraction", type=_fraction, default=0.1,
                    help="the share of MapReduce jobs, for the mapreduce scheduler (default "
                         "0.1; 0 where none runs)")
+    w.add_argument("--fair-fraction", type=_fraction, default=0.15,
+                   help="the share of jobs for the fair scheduler, from its batch and "
+                        "interactive users (default 0.15; 0 where none runs)")
 
     sm = sub.add_parser("submit", help="submit a job from a spec file or flags")
     _cellstate_flag(sm)
@@ -643,16 +646,18 @@ def _workload(args: argparse.Namespace) -> int:
     from omega.signals import stop_event_on_signals
     from omega.workload import CachedHosts, WorkloadOptions, generate
 
-    if args.flow_fraction + args.mapreduce_fraction > 0.8:
-        raise ValueError(f"--flow-fraction ({args.flow_fraction:g}) and --mapreduce-fraction "
-                         f"({args.mapreduce_fraction:g}) together must be at most 0.8 (the "
+    if args.flow_fraction + args.mapreduce_fraction + args.fair_fraction > 0.8:
+        raise ValueError(f"--flow-fraction ({args.flow_fraction:g}), --mapreduce-fraction "
+                         f"({args.mapreduce_fraction:g}) and --fair-fraction "
+                         f"({args.fair_fraction:g}) together must be at most 0.8 (the "
                          "service scheduler's 0.2 comes first)")
     stop = stop_event_on_signals()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
     with CellClient(_endpoints(args.cellstate), tls=tls_from_args(args)) as client:
         opts = WorkloadOptions(args.jobs_per_second, flow_fraction=args.flow_fraction,
-                               mapreduce_fraction=args.mapreduce_fraction, seed=args.seed,
+                               mapreduce_fraction=args.mapreduce_fraction,
+                               fair_fraction=args.fair_fraction, seed=args.seed,
                                prefix=args.prefix)
         hosts = CachedHosts(lambda: [m["id"] for m in client.list_machines()], time.monotonic)
         n = generate(client.submit_job, opts, stop, hosts=hosts)

@@ -52,8 +52,14 @@ from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
 from omega.etcd_launcher import LocalEtcd, free_ports
 from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
-from omega.security import CellCredentials, insecure_argv, process_identity, tls_argv
-from omega.statusfmt import policy_text, status_text
+from omega.security import (
+    CellCredentials,
+    insecure_argv,
+    limits_toml,
+    process_identity,
+    tls_argv,
+)
+from omega.statusfmt import fair_text, policy_text, status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
 
@@ -73,6 +79,7 @@ class DemoOptions:
     mapreduce_policy: str = "max-parallel"  # the mapreduce scheduler's policy
     jobs: str | None = None  # a job file submitted once the schedulers run
     insecure: bool = False  # plaintext gRPC, no identities (default: mutual TLS)
+    fair_pool: float = 0.05  # the share of the cell's cpus the fair scheduler may hold
 
 
 @attrs.define
@@ -85,6 +92,7 @@ class DemoStats:
     flow_rounds: int = 0
     workers_added: int = 0  # extra MapReduce workers the mapreduce scheduler proposed
     jobs_sped_up: int = 0  # MapReduce jobs that finished with extra workers
+    fair_preempted: int = 0  # tasks the fair scheduler preempted for a fairer share
     crashed: list[str] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
     file_tasks: int = 0  # tasks of the job file's jobs
@@ -126,6 +134,13 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
     scheds.append(("flow-0", ["scheduler", "flow", "--policy", opts.flow_policy,
                               "--cellstate", cellstate, "--instance", "f0",
                               "--seed", str(opts.seed * 100 + 98)]))
+    # Its batch users fill its pool; its interactive users' short jobs take their share
+    # back by preemption within seconds (a demo cannot wait Cook's minute of run time).
+    scheds.append(("fair-0", ["scheduler", "fair", "--option", "interval=1",
+                              "--option", "min_runtime=5", "--option", "delta=0.05",
+                              "--option", "max_preemptions_per_minute=300",
+                              "--cellstate", cellstate, "--instance", "fa0",
+                              "--seed", str(opts.seed * 100 + 96)]))
     # A growth round a second: the demo's MapReduce jobs take tens of seconds.
     scheds.append(("mapreduce-0", ["scheduler", "mapreduce", "--policy", opts.mapreduce_policy,
                                    "--option", "interval=1", "--cellstate", cellstate,
@@ -144,6 +159,8 @@ class Demo:
         self.stats = DemoStats()
         self.children: list[Child] = []
         self.certs: CellCredentials | None = None  # None with --insecure
+        self.server_config = Path()  # the servers' limits, with --insecure
+        self.pools: dict[str, dict[str, float]] = {}  # scheduler -> its resource limit
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -156,6 +173,8 @@ class Demo:
         o = self.opts
         spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts
+        cpus = spec.total_capacity().get("cpu")
+        self.pools = {"fair": {"cpu": round(cpus * o.fair_pool)}} if o.fair_pool else {}
         _check_flow_policy(o.flow_policy)
         _check_mapreduce_policy(o.mapreduce_policy)
         self.file_jobs = _job_file(Path(o.jobs)) if o.jobs else []
@@ -190,7 +209,12 @@ class Demo:
                 yield Path(tmp)
 
     def _start(self, name: str, args: list[str], logs: Path) -> Child:
-        argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
+        if self.certs is not None:
+            argv = self.certs.argv(args)
+        else:
+            argv = insecure_argv(args)
+            if args[0] == "server":
+                argv += ["--config", str(self.server_config)]
         child = Child(name, omega(*argv), logs / f"{name}.log")
         self.children.append(child)
         return child
@@ -202,8 +226,10 @@ class Demo:
         topo = topology(o, etcd, ports, spec_path, data / "agents")
         if not o.insecure:
             schedulers = {process_identity(args).name for _, args in topo.schedulers}
-            self.certs = CellCredentials(data / "certs", sorted(schedulers))
+            self.certs = CellCredentials(data / "certs", sorted(schedulers), self.pools)
         else:
+            self.server_config = data / "server.toml"
+            self.server_config.write_text(limits_toml([], self.pools))
             self.say("WARNING: --insecure: every process talks PLAINTEXT gRPC without "
                      "identities; anyone who can reach the servers may do anything")
         me = self.certs.operator if self.certs is not None else None
@@ -277,10 +303,14 @@ class Demo:
         """A line per scheduler instance that reports rounds (the flow scheduler) or
         growth (the mapreduce scheduler)."""
         out = []
-        rounds = added = sped_up = 0
+        rounds = added = sped_up = preempted = 0
         for x in sorted(s["schedulers"], key=lambda x: (x["scheduler"], x["instance"])):
             report = x.get("policy")
             if not isinstance(report, dict):
+                continue
+            if "preemptions" in report:  # the fair scheduler
+                preempted += int(report.get("preempted", 0))
+                out.append(f"    {x['scheduler']}/{x['instance']} {fair_text(report)}")
                 continue
             if "rounds" in report:
                 rounds += int(report["rounds"])
@@ -293,6 +323,7 @@ class Demo:
         self.stats.flow_rounds = rounds
         self.stats.workers_added = added
         self.stats.jobs_sped_up = sped_up
+        self.stats.fair_preempted = preempted
         return out
 
     def _stop_all(self) -> None:
@@ -335,7 +366,8 @@ class Demo:
         self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
                  f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned, "
                  f"{s.flow_rounds} flow rounds, {s.workers_added} MapReduce workers added, "
-                 f"{s.jobs_sped_up} MapReduce jobs sped up; invariants {verdict}; every "
+                 f"{s.jobs_sped_up} MapReduce jobs sped up, {s.fair_preempted} tasks "
+                 f"preempted for fair shares; invariants {verdict}; every "
                  "process stopped")
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cellstate.api.auth import Identity, Kind
@@ -143,12 +143,13 @@ class CellCredentials:
     its servers get a configuration (``server.toml`` beside the certificates) listing
     ``schedulers``, without limits."""
 
-    def __init__(self, folder: Path, schedulers: Sequence[str]) -> None:
+    def __init__(self, folder: Path, schedulers: Sequence[str],
+                 limits: Mapping[str, Mapping[str, float]] | None = None) -> None:
         from omega.certs import DevCA
 
         self.ca = DevCA(folder)
         self.server_config = folder / "server.toml"
-        self.server_config.write_text("".join(f"[limits.{n}]\n" for n in sorted(schedulers)))
+        self.server_config.write_text(limits_toml(schedulers, limits or {}))
 
     def files(self, identity: Identity) -> TlsFiles:
         return self.ca.ensure(identity)
@@ -164,6 +165,19 @@ class CellCredentials:
         if args and args[0] == "server":
             extra += ["--config", str(self.server_config)]
         return [*args, *extra]
+
+
+def limits_toml(schedulers: Sequence[str], pools: Mapping[str, Mapping[str, float]]) -> str:
+    """A server configuration listing ``schedulers`` (with TLS, only listed ones have
+    rights), each limited to its pool in ``pools`` (resource -> amount), if any."""
+    out = []
+    for name in sorted(set(schedulers) | set(pools)):
+        out.append(f"[limits.{name}]\n")
+        pool = pools.get(name)
+        if pool:
+            amounts = ", ".join(f"{d} = {a:g}" for d, a in sorted(pool.items()))
+            out.append(f"max_resources = {{ {amounts} }}\n")
+    return "".join(out)
 
 
 def insecure_argv(args: Sequence[str]) -> list[str]:

@@ -41,6 +41,8 @@ def policy_text(r: dict[str, Any]) -> str:
                 f"{r['median_solve_ms']:.1f} ms (update {r.get('median_update_ms', 0):.1f}, "
                 f"extract {r.get('median_extract_ms', 0):.1f}); in all {r.get('placed', 0)} "
                 f"placed, {r.get('moved', 0)} moved, {r.get('preempted', 0)} preempted")
+    if "preemptions" in r and "delta" in r:
+        return fair_text(r)
     if "workers_added" in r and "extra_workers" in r:
         return (f"grows {r.get('jobs_running', 0)} running MapReduce job(s): "
                 f"{r['extra_workers']} extra workers in {r.get('jobs_grown', 0)} of them "
@@ -51,6 +53,16 @@ def policy_text(r: dict[str, Any]) -> str:
                 f"workers added, {r.get('jobs_sped_up', 0)} jobs sped up; cell "
                 f"{100 * r.get('utilization', 0):.0f}% used")
     return "policy: " + ", ".join(f"{k}={_number(v)}" for k, v in sorted(r.items()))
+
+
+def fair_text(r: dict[str, Any]) -> str:
+    """A fair scheduler's report: its preemptions and each user's share."""
+    shares = sorted(((k.removeprefix("share."), v) for k, v in r.items()
+                     if k.startswith("share.")), key=lambda kv: -kv[1])
+    users = ", ".join(f"{u} {v:.2f}" for u, v in shares) or "none running"
+    return (f"fair: {r.get('placed', 0)} placed, {r.get('preemptions', 0)} preemptions "
+            f"({r.get('preempted', 0)} tasks' work lost; {r.get('last_preempted', 0)} in the "
+            f"last round), delta {r.get('delta', 0):g}; shares: {users}")
 
 
 def _number(v: Any) -> str:

@@ -1,8 +1,9 @@
 """A stream of demo jobs for a running cell: batch jobs (many short tasks), service
 jobs (a few long, spread tasks at a higher precedence), flow jobs (for the flow
 scheduler; half of them read input data stored on a few machines, which Quincy
-places tasks near) and MapReduce jobs (for the mapreduce scheduler, which grows them
-into idle machines), at a Poisson rate.
+places tasks near), MapReduce jobs (for the mapreduce scheduler, which grows them
+into idle machines) and fair jobs (for the fair scheduler: its batch users' long jobs
+and its interactive users' short ones), at a Poisson rate.
 
 The shape is the demo's, not a trace's (the simulator has the paper's workloads);
 every job declares a duration so agents end its tasks and the cell keeps turning over
@@ -28,12 +29,20 @@ class WorkloadOptions:
     service_fraction: float = 0.2
     flow_fraction: float = 0.2  # 0: no flow jobs (a cell without a flow scheduler)
     mapreduce_fraction: float = 0.1  # 0: no MapReduce jobs
+    fair_fraction: float = 0.15  # 0: no jobs for the fair scheduler
     seed: int = 1
     prefix: str = ""  # job ids start with it (several generators on one cell)
     batch_scheduler: str = "batch"
     service_scheduler: str = "service"
     flow_scheduler: str = "flow"
     mapreduce_scheduler: str = "mapreduce"
+    fair_scheduler: str = "fair"
+
+
+# The fair scheduler's users: two run long batch jobs that fill its pool, three short
+# interactive ones that take their share back by preemption (Cook's mix).
+FAIR_BATCH_USERS = ("dana", "erin")
+FAIR_INTERACTIVE_USERS = ("frank", "grace", "heidi")
 
 
 def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
@@ -52,6 +61,9 @@ def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
         return _flow_job(rng, n, now, opts, hosts)
     if draw < opts.service_fraction + opts.flow_fraction + opts.mapreduce_fraction:
         return _mapreduce_job(rng, n, now, opts)
+    if draw < (opts.service_fraction + opts.flow_fraction + opts.mapreduce_fraction
+               + opts.fair_fraction):
+        return _fair_job(rng, n, now, opts)
     return Job(
         f"{opts.prefix}batch-{n:06}", rng.choice(["alice", "bob", "carol"]),
         opts.batch_scheduler, rng.randint(1, 30),
@@ -88,6 +100,23 @@ def _mapreduce_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions
         f"{opts.prefix}mr-{n:06}", rng.choice(["alice", "bob", "carol"]),
         opts.mapreduce_scheduler, workers, Resources.of(cpu=1, mem=rng.choice([1, 2])),
         kind=JobKind.MAPREDUCE, precedence=1, submitted_at=now, mapreduce=spec)
+
+
+def _fair_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions) -> Job:
+    """One in four is a batch user's: 50-150 tasks of 2 cpus for 60-120 s (a few fill
+    the demo's pool within seconds); the rest are interactive: 1-4 tasks of 3-10 s,
+    ranked by their owners above the owners' earlier work."""
+    if rng.random() < 0.25:
+        return Job(
+            f"{opts.prefix}fair-batch-{n:06}", rng.choice(FAIR_BATCH_USERS),
+            opts.fair_scheduler, rng.randint(50, 150), Resources.of(cpu=2, mem=4),
+            kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(60, 120), 3),
+            submitted_at=now)
+    return Job(
+        f"{opts.prefix}fair-ia-{n:06}", rng.choice(FAIR_INTERACTIVE_USERS),
+        opts.fair_scheduler, rng.randint(1, 4), Resources.of(cpu=1, mem=1),
+        kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(3, 10), 3),
+        submitted_at=now, priority=1)
 
 
 def generate(submit: Callable[[Job], object], opts: WorkloadOptions, stop: threading.Event,

@@ -43,7 +43,7 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert started, proc.stdout
     names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
     assert set(names) == {"cellstate-0", "agent-0", "agent-1", "batch-0", "batch-1",
-                          "service-0", "flow-0", "mapreduce-0", "workload"}
+                          "service-0", "flow-0", "mapreduce-0", "fair-0", "workload"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
@@ -61,6 +61,11 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
                        proc.stdout, re.MULTILINE)
     assert grown and int(grown[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) MapReduce workers added", last).group(1)) > 0  # type: ignore[union-attr]
+    # The fair scheduler's line: what it placed, its preemptions and its users' shares.
+    fair = re.findall(r"^    fair/fa0 fair: (\d+) placed, \d+ preemptions .*; shares: (.*)$",
+                      proc.stdout, re.MULTILINE)
+    assert fair and int(fair[-1][0]) > 0 and fair[-1][1] != "none running", proc.stdout
+    assert re.search(r"\d+ tasks preempted for fair shares", last), last
     etcd = re.search(r"^etcd .* \(pid (\d+)\)", proc.stdout, re.MULTILINE)
     assert etcd, proc.stdout
     pids = {**names, "etcd": etcd.group(1)}
@@ -86,7 +91,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 9, "".join(lines)
+        assert etcd and len(names) == 10, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cellstate.api.config import addresses
-from omega.cellspec import resolve_spec
+from cellstate.api.config import addresses, server_config
+from cellstate.model import Resources
+from omega.cellspec import load_cell_spec, resolve_spec
 from omega.cli import build_parser, scheduler_process_config
 from omega.demo import DemoOptions, topology
 from omega.etcd_launcher import server_flags
@@ -139,7 +140,7 @@ def test_a_flow_scheduler_runs_beside_batch_and_service() -> None:
                if _args(n).command == "scheduler"]
     flow = [c for c in configs if c.policy == "flow"]
     assert [(c.name, c.runtime.options.get("policy")) for c in flow] == [("flow", "quincy")]
-    assert {c.name for c in configs} == {"batch", "service", "flow", "mapreduce"}
+    assert {c.name for c in configs} == {"batch", "service", "flow", "mapreduce", "fair"}
     assert "flow-0" in SERVICES["workload"]["depends_on"]
 
 
@@ -162,3 +163,24 @@ def test_dockerfile_installs_every_package() -> None:
         assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.MULTILINE), package
     assert re.search(r"^RUN pip install \. ", dockerfile, re.MULTILINE)
     assert "omega" in pyproject["project"]["scripts"]
+
+
+def test_a_fair_scheduler_shares_the_pool_the_demo_gives_it() -> None:
+    configs = [scheduler_process_config(_args(n)) for n in OMEGA
+               if _args(n).command == "scheduler"]
+    (fair,) = [c for c in configs if c.policy == "fair"]
+    assert fair.runtime.options["min_runtime"] == 5
+    assert _args("workload").fair_fraction > 0 and "fair-0" in SERVICES["workload"]["depends_on"]
+    cpus = load_cell_spec(resolve_spec("demo")).total_capacity().get("cpu")
+    pool = round(cpus * DemoOptions().fair_pool)
+    for name in OMEGA:
+        args = _args(name)
+        if args.command != "server":
+            continue
+        (mount,) = SERVICES[name]["volumes"]
+        source, target, _ = mount.split(":")
+        assert args.config == target
+        config = server_config(tomllib.loads((ROOT / source).read_text()), source)
+        assert config.limits is not None
+        limit = config.limits.limits_for("fair")
+        assert limit is not None and limit.max_resources == Resources.of(cpu=pool)

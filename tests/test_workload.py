@@ -8,7 +8,14 @@ import threading
 from collections import Counter
 
 from cellstate import codec
-from omega.workload import CachedHosts, WorkloadOptions, generate, random_job
+from omega.workload import (
+    FAIR_BATCH_USERS,
+    FAIR_INTERACTIVE_USERS,
+    CachedHosts,
+    WorkloadOptions,
+    generate,
+    random_job,
+)
 from schedulers.testing import Clock
 
 HOSTS = tuple(f"m{i:05}" for i in range(1, 41))
@@ -19,14 +26,27 @@ def _jobs(n: int, opts: WorkloadOptions, hosts: tuple[str, ...] = HOSTS) -> list
     return [random_job(rng, i, 100.0, opts, hosts) for i in range(n)]
 
 
-def test_jobs_go_to_batch_service_flow_and_mapreduce() -> None:
+def test_jobs_go_to_batch_service_flow_mapreduce_and_fair() -> None:
     jobs = _jobs(1000, WorkloadOptions(service_fraction=0.2, flow_fraction=0.3,
-                                       mapreduce_fraction=0.1))
+                                       mapreduce_fraction=0.1, fair_fraction=0.15))
     share = Counter(j.scheduler for j in jobs)
-    assert set(share) == {"batch", "service", "flow", "mapreduce"}
+    assert set(share) == {"batch", "service", "flow", "mapreduce", "fair"}
     # Binomial(1000, p): far more than five standard deviations from these fails.
     assert 130 < share["service"] < 270 and 220 < share["flow"] < 380
-    assert 50 < share["mapreduce"] < 150
+    assert 50 < share["mapreduce"] < 150 and 90 < share["fair"] < 210
+
+
+def test_fair_jobs_come_from_batch_users_and_interactive_users() -> None:
+    fair = [j for j in _jobs(800, WorkloadOptions(fair_fraction=0.5)) if j.scheduler == "fair"]
+    batch = [j for j in fair if j.owner in FAIR_BATCH_USERS]
+    interactive = [j for j in fair if j.owner in FAIR_INTERACTIVE_USERS]
+    assert len(batch) + len(interactive) == len(fair) and batch and interactive
+    # Batch users' jobs are big and long; interactive ones small, short and ranked first.
+    assert min(j.task_count for j in batch) >= 50 and min(j.duration or 0 for j in batch) >= 60
+    assert max(j.task_count for j in interactive) <= 4
+    assert max(j.duration or 0 for j in interactive) <= 10
+    assert all(j.priority > 0 for j in interactive) and not any(j.priority for j in batch)
+    assert not any(j.scheduler == "fair" for j in _jobs(300, WorkloadOptions(fair_fraction=0)))
 
 
 def test_mapreduce_jobs_ask_for_a_few_workers_and_may_grow() -> None:
