@@ -266,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "killed"])
     j.add_argument("--limit", type=_non_negative_int, default=0)
 
-    for name, text in (("job", "show one job and its tasks"), ("kill", "kill a job")):
+    for name, text in (("job", "show one job, its tasks and why any wait"),
+                       ("why", "why a job's tasks are pending: the cell's reasons and each "
+                               "scheduler's last attempt"),
+                       ("kill", "kill a job")):
         x = sub.add_parser(name, help=text)
         _cellstate_flag(x)
         _json_flag(x)
@@ -385,9 +388,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         elif cmd == "jobs":
             listed = client.list_jobs(args.scheduler, args.state, args.limit)
             _emit(args, listed, _jobs_table(listed))
-        elif cmd == "job":
+        elif cmd in ("job", "why"):
+            from omega.jobview import job_text, why_text
+
             info = client.get_job(args.job_id)
-            _emit(args, info, _job_text(info))
+            if cmd == "why":
+                _emit(args, {"job": args.job_id, "state": info["state"],
+                             "pending": info["task_states"].get("pending", 0),
+                             "reason": info.get("reason", ""), **info.get("why", {})},
+                      why_text(info))
+            else:
+                _emit(args, info, job_text(info))
         elif cmd == "kill":
             revision = client.kill_job(args.job_id, args.reason, os.environ.get("USER", "user"))
             _emit(args, {"job": args.job_id, "revision": revision}, f"killed {args.job_id}")
@@ -576,15 +587,6 @@ def _jobs_table(jobs: list[dict[str, Any]]) -> str:
         counts = " ".join(f"{k}={v}" for k, v in sorted(j["task_states"].items()))
         lines.append(f"{j['spec']['id']:<24} {j['spec']['scheduler']:<10} {j['state']:<10} "
                      f"{counts}")
-    return "\n".join(lines)
-
-
-def _job_text(info: dict[str, Any]) -> str:
-    spec = info["spec"]
-    lines = [f"job {spec['id']} ({spec['scheduler']}, {spec.get('kind', 'batch')}): "
-             f"{info['state']}" + (f" - {info['reason']}" if info.get("reason") else "")]
-    for t in info.get("tasks", []):
-        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']}")
     return "\n".join(lines)
 
 

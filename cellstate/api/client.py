@@ -33,7 +33,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -306,6 +306,8 @@ def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
     if info.tasks:
         doc["tasks"] = [{"index": t.index, "state": t.state, "machine": t.machine}
                         for t in info.tasks]
+    if info.why_json:
+        doc["why"] = orjson.loads(info.why_json)
     return doc
 
 
@@ -559,6 +561,17 @@ class RemoteStore:
         self.client.call("ReportMetrics", pb.ReportMetricsRequest(
             scheduler=scheduler, instance=instance, lease=lease,
             metrics_json=orjson.dumps(metrics)), what="reporting metrics")
+
+    def report_pending(self, scheduler: str, instance: str, lease: int,
+                       puts: Mapping[str, bytes], deletes: Sequence[str]) -> None:
+        """Write (``puts``: job -> report JSON) and delete pending reports, in calls of
+        at most 100 (the service's limit)."""
+        items = [pb.PendingReport(job=j, report_json=d) for j, d in puts.items()]
+        items.extend(pb.PendingReport(job=j) for j in deletes)
+        for i in range(0, len(items), 100):
+            self.client.call("ReportPending", pb.ReportPendingRequest(
+                scheduler=scheduler, instance=instance, lease=lease,
+                reports=items[i:i + 100]), what="reporting pending jobs")
 
 
 class RemoteAgentBackend:

@@ -179,7 +179,7 @@ class TaskInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision")
+    __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision", "why_json")
     class TaskStatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -193,13 +193,15 @@ class JobInfo(_message.Message):
     TASK_STATES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    WHY_JSON_FIELD_NUMBER: _ClassVar[int]
     spec_json: bytes
     state: str
     reason: str
     task_states: _containers.ScalarMap[str, int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     revision: int
-    def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    why_json: bytes
+    def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., why_json: _Optional[bytes] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("scheduler", "state", "limit")
@@ -431,6 +433,30 @@ class ReportMetricsRequest(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., lease: _Optional[int] = ..., metrics_json: _Optional[bytes] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PendingReport(_message.Message):
+    __slots__ = ("job", "report_json")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    report_json: bytes
+    def __init__(self, job: _Optional[str] = ..., report_json: _Optional[bytes] = ...) -> None: ...
+
+class ReportPendingRequest(_message.Message):
+    __slots__ = ("scheduler", "instance", "lease", "reports")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    instance: str
+    lease: int
+    reports: _containers.RepeatedCompositeFieldContainer[PendingReport]
+    def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., lease: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[PendingReport, _Mapping]]] = ...) -> None: ...
+
+class ReportPendingResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
