@@ -46,14 +46,17 @@ class Blocker:
         return {"code": self.code, "text": self.text, "permanent": self.permanent}
 
 
-def refusal(snap: CellSnapshot, job: Job) -> str | None:
+def refusal(snap: CellSnapshot, job: Job, scheduler_known: bool | None = None) -> str | None:
     """Why ``job`` can never run in this cell as it is configured, or None. A
     scheduler name no scheduler has run under is refused only once some scheduler has
-    run here (an empty cell may be submitted to before its schedulers start)."""
+    run here (an empty cell may be submitted to before its schedulers start);
+    ``scheduler_known`` overrides what ``snap`` says of the job's scheduler (a
+    snapshot may be a moment behind a scheduler's first registration)."""
     for b in blockers(snap, job):
         if b.permanent:
             return b.text
-    if snap.schedulers and job.scheduler not in snap.schedulers:
+    known = job.scheduler in snap.schedulers if scheduler_known is None else scheduler_known
+    if snap.schedulers and not known:
         return _unknown_scheduler(snap, job)
     return None
 

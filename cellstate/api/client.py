@@ -260,9 +260,10 @@ class CellClient:
         return job_info_doc(self.call("GetJob", pb.GetJobRequest(job=job), what=f"job {job}"))
 
     def list_jobs(self, scheduler: str = "", state: str = "", limit: int = 0,
-                  ) -> list[dict[str, Any]]:
+                  newest_first: bool = False) -> list[dict[str, Any]]:
         reply = self.call("ListJobs", pb.ListJobsRequest(scheduler=scheduler, state=state,
-                                                         limit=limit), what="listing jobs")
+                                                         limit=limit, newest_first=newest_first),
+                          what="listing jobs")
         return [job_info_doc(j) for j in reply.jobs]
 
     def kill_job(self, job: str, reason: str = "", by: str = "") -> int:

@@ -275,11 +275,11 @@ class CellStateService(pb_grpc.CellStateServicer):
         """Refuse at once what can never run (``cellstate.admission.refusal``). A
         scheduler this replica has not seen may have registered through another one a
         moment ago: etcd is asked before refusing."""
-        why = admission.refusal(self.snap, job)
+        snap = self.snap
+        known = job.scheduler in snap.schedulers or bool(
+            snap.schedulers and self.kv.range(self.keys.scheduler(job.scheduler)).kvs)
+        why = admission.refusal(snap, job, known)
         if why is None:
-            return
-        if job.scheduler not in self.snap.schedulers and self.kv.range(
-                self.keys.scheduler(job.scheduler)).kvs:
             return
         raise UnschedulableError(f"job {job.id} can never run, refused: {why}")
 
@@ -329,7 +329,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         view = self.status.view()
         snap = view.snap
         out = pb.ListJobsResponse(revision=snap.revision)
-        for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
+        for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id),
+                          reverse=request.newest_first):
             if request.scheduler and job.scheduler != request.scheduler:
                 continue
             info = self._job_info(view, job.id, tasks=False)

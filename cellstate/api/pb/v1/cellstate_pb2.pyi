@@ -204,14 +204,16 @@ class JobInfo(_message.Message):
     def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., why_json: _Optional[bytes] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("scheduler", "state", "limit")
+    __slots__ = ("scheduler", "state", "limit", "newest_first")
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     scheduler: str
     state: str
     limit: int
-    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    newest_first: bool
+    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ..., newest_first: _Optional[bool] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "revision")
