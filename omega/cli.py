@@ -333,9 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion
+    from omega import completion, plan
 
     completion.register(sub)
+    plan.register(sub)
 
 
 def _add_simulator(sub: Any) -> None:
