@@ -12,8 +12,10 @@ from pathlib import Path
 import attrs
 
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.api.metrics import serving
 from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
+from omega.agent_metrics import AgentCollector
 from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
 
@@ -32,6 +34,7 @@ class AgentProcessConfig:
     workdir: Path | None = None
     log_dir: Path | None = None
     state_dir: Path | None = None  # records task processes; a restart kills leftovers
+    metrics: str = ""  # host:port to serve Prometheus metrics on; "" for none
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -55,7 +58,8 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
                       runner=runner, state=state)
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec)
-        agent.run(stop)
+        with serving(config.metrics, AgentCollector(agent)):
+            agent.run(stop)
         return agent
     finally:
         replica.stop()

@@ -21,6 +21,7 @@ Administration straight on etcd: ``omega check`` and ``omega recover``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -189,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
     s.add_argument("--cell", help="cell name (default 'default'; one etcd holds several)")
     s.add_argument("--name", help="this replica's name in status output")
+    s.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     a = sub.add_parser("agent", help="run a node agent for the machines of a cell spec")
     _cellstate_flag(a)
@@ -208,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir",
                    help="the agent's own folder (one per agent): records its task processes, "
                         "so that a restart kills what a crashed run left behind")
+    a.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     c = sub.add_parser(
         "scheduler", help="run one scheduler instance",
@@ -238,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conflict detection: fine (default: only claims that no longer "
                         "fit) or coarse (any change to the machine)")
     c.add_argument("--seed", type=int, help="random seed of the policy (default: random)")
+    c.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     w = sub.add_parser("workload", help="submit a stream of demo jobs")
     _cellstate_flag(w)
@@ -420,7 +427,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             _endpoints(args.cellstate), Path(args.spec), args.index, args.count, args.id,
             args.cell, args.ttl, Path(args.workdir) if args.workdir else None,
             Path(args.log_dir) if args.log_dir else None,
-            Path(args.state_dir) if args.state_dir else None)
+            Path(args.state_dir) if args.state_dir else None, args.metrics)
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":
@@ -499,17 +506,33 @@ def _server(args: argparse.Namespace) -> int:
     kv = EtcdKV(list(config.etcd))
     try:
         server = CellStateServer(kv, config)
+        exporter = contextlib.ExitStack()
+        if args.metrics:
+            from cellstate.api.metrics import CellCollector, ServerMetrics, serving
+
+            registry = exporter.enter_context(serving(args.metrics,
+                                                      CellCollector(server.service)))
+            server.service.metrics = ServerMetrics(registry)
+        exporter.enter_context(contextlib.closing(_Stopper(server)))
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
               f"(etcd {','.join(config.etcd)})", flush=True)
-        try:
+        with exporter:
             stop.wait()
-        finally:
-            server.stop()
     finally:
         kv.close()
     return 0
+
+
+class _Stopper:
+    """``server.stop()`` as a ``close()`` for an exit stack."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def close(self) -> None:
+        self.server.stop()
 
 
 def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig:
@@ -561,10 +584,12 @@ def _hint_flow_form(policy: str) -> None:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
+    import attrs
+
     from omega.signals import stop_event_on_signals
     from schedulers.process import run_scheduler
 
-    config = scheduler_process_config(args)
+    config = attrs.evolve(scheduler_process_config(args), metrics=args.metrics)
     run_scheduler(config, stop_event_on_signals())  # bad options stop it before it connects
     return 0
 

@@ -30,6 +30,10 @@ INTERRUPTED, PIPE_CLOSED = 130, 128 + signal.SIGPIPE
 OUTPUTS = ("table", "wide", "json")
 
 
+# What a bind fails with when the address is taken, not ours, or not allowed.
+_LISTEN_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
 class CannotListen(OSError):
     """The address to serve on is taken or not allowed (exit 4)."""
 
@@ -149,6 +153,10 @@ def run(command: str, body: Callable[[], int],
         print(f"omega {command}: {e}", file=sys.stderr)
         return CANNOT_LISTEN
     except Exception as e:
+        if isinstance(e, OSError) and e.errno in _LISTEN_ERRORS and str(
+                e.strerror).startswith("cannot "):
+            print(f"omega {command}: {e.strerror}", file=sys.stderr)  # a metrics listener
+            return CANNOT_LISTEN
         for kinds, code, message in failures:
             if isinstance(e, kinds):
                 print(f"omega {command}: {message(e)}", file=sys.stderr)

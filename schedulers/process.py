@@ -40,11 +40,13 @@ import attrs
 
 from cellstate.api.client import CellClient, RemoteStore, remote_replica
 from cellstate.api.config import ConfigError, _Section, addresses
+from cellstate.api.metrics import serving
 from cellstate.errors import AlreadyExistsError, KVError, StoreError
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import Detection, ModelError, TxnMode, check_name
 from cellstate.replica import Replica
 from schedulers.api import Policy
+from schedulers.prometheus import SchedulerCollector
 from schedulers.registry import Registry, UnknownSchedulerError
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 from schedulers.why import PendingBook
@@ -62,6 +64,7 @@ class SchedulerProcessConfig:
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     metrics_interval: float = 2.0
     pending_interval: float = 0.5
+    metrics: str = ""  # host:port to serve Prometheus metrics on; "" for none
     seed: int | None = None
 
 
@@ -193,7 +196,8 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
                                name="pending", daemon=True)
         why.start()
         try:
-            inst.run(stop)
+            with serving(config.metrics, SchedulerCollector(inst, replica)):
+                inst.run(stop)
         finally:
             stop.set()
             reporter.join(timeout=5)

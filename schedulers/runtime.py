@@ -427,6 +427,10 @@ class SchedulerInstance:
         members = snap.live_instances(self.scheduler) or [self.instance]
         return owner_of(job_id, members) == self.instance and _waiting(snap, job)
 
+    def queue_depth(self) -> int:
+        """How many jobs this instance has to place (safe from any thread)."""
+        return len(self._queue)
+
     def queued(self) -> list[str]:
         """Job ids this instance will work on, in order."""
         return [j for _, j in sorted(self._queue.values())]

@@ -29,6 +29,7 @@ from cellstate import admission, codec
 from cellstate.admission import UnschedulableError
 from cellstate.api import convert
 from cellstate.api.config import ServerConfig
+from cellstate.api.metrics import ServerMetrics
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
@@ -172,6 +173,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
+        self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
 
     @property
     def snap(self) -> CellSnapshot:
@@ -183,17 +185,23 @@ class CellStateService(pb_grpc.CellStateServicer):
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
                ) -> pb.CommitResponse:
         txns = convert.transactions_from(request)
+        started = time.perf_counter()
         if request.HasField("transaction"):
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
             with self.stores.get() as store:
-                return convert.result_to(txns[0], store.commit(txns[0]))
+                result = store.commit(txns[0])
+            if self.metrics is not None:
+                self.metrics.observe(time.perf_counter() - started, txns, [result])
+            return convert.result_to(txns[0], result)
         check_batch(txns)
         for who in dict.fromkeys((t.scheduler, m.instance)
                                  for t, m in zip(txns, request.transactions, strict=True)):
             self._check_registered(*who, context)
         with self.stores.get() as store:
             results = store.commit_many(txns)
+        if self.metrics is not None:
+            self.metrics.observe(time.perf_counter() - started, txns, results)
         return pb.CommitResponse(results=[convert.result_to(t, r)
                                           for t, r in zip(txns, results, strict=True)])
 
