@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
@@ -281,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--precedence", type=_non_negative_int, default=0,
                     help="higher evicts lower (default 0; at most the scheduler's limit)")
     sm.add_argument("--gang", action="store_true", help="all tasks or none")
+    sm.add_argument("--allow-unknown-scheduler", action="store_true",
+                    help="accept it even if its scheduler has not run in the cell yet "
+                         "(about to be started); otherwise refused once any has")
     sm.add_argument("--owner", default=os.environ.get("USER", "nobody"),
                     help="who owns it (default $USER)")
     sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
@@ -342,8 +344,8 @@ def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
     from omega import completion, plan
 
-    completion.register(sub)
-    plan.register(sub)
+    completion.register(sub, build_parser)
+    plan.register(sub, _cellstate_flag, _option, options_from_flags)
 
 
 def _add_simulator(sub: Any) -> None:
@@ -446,7 +448,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if cmd == "submit":
             jobs = _job_docs(args)
             for doc in jobs:
-                client.submit_job(doc)
+                client.submit_job(doc, args.allow_unknown_scheduler)
             ids = [str(d.get("id")) for d in jobs]
             _emit(args, {"submitted": ids}, "\n".join(f"submitted {i}" for i in ids))
         elif cmd == "jobs":
@@ -677,15 +679,10 @@ def _job_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _emit(args: argparse.Namespace, doc: object, text: str | Callable[[bool], str]) -> None:
-    """``doc`` as JSON (``--json``, ``-o json``), else ``text`` (a string, or made
-    from whether ``-o wide`` was asked for)."""
-    from omega.cliglobal import output_format
+    """``doc`` as JSON or ``text``, as the output flags say (omega/cliglobal.py)."""
+    from omega.cliglobal import emit
 
-    fmt = output_format(args)
-    if fmt == "json":
-        print(json.dumps(doc, indent=2, sort_keys=True))
-    else:
-        print(text if isinstance(text, str) else text(fmt == "wide"))
+    emit(args, doc, text)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import signal
 import socket
@@ -82,6 +83,16 @@ def output_format(args: argparse.Namespace) -> str:
         return "json"
     chosen = getattr(args, "output", None) or os.environ.get("OMEGA_OUTPUT", "") or "table"
     return chosen if chosen in OUTPUTS else "table"
+
+
+def emit(args: argparse.Namespace, doc: object, text: str | Callable[[bool], str]) -> None:
+    """``doc`` as JSON (``--json``, ``-o json``), else ``text`` (a string, or made
+    from whether ``-o wide`` was asked for)."""
+    fmt = output_format(args)
+    if fmt == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(text if isinstance(text, str) else text(fmt == "wide"))
 
 
 def parse(parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 _BASH = r"""# omega completion for bash (omega completion bash)
@@ -68,17 +69,15 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, build_parser: Callable[[], argparse.ArgumentParser]) -> None:
+    """Add ``completion``; ``build_parser`` makes the whole parser it describes."""
     p = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
                        description="Print a completion script: "
                                    "`source <(omega completion bash)` in ~/.bashrc, or "
                                    "`source <(omega completion zsh)` in ~/.zshrc.")
     p.add_argument("shell", choices=["bash", "zsh"])
-    p.set_defaults(func=_run)
+    def run(args: argparse.Namespace) -> int:
+        sys.stdout.write(script(build_parser(), args.shell))
+        return 0
 
-
-def _run(args: argparse.Namespace) -> int:
-    from omega.cli import build_parser
-
-    sys.stdout.write(script(build_parser(), args.shell))
-    return 0
+    p.set_defaults(func=run)

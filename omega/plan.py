@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,32 +120,34 @@ def outcome_text(o: PlanOutcome) -> str:
 # -- the command ------------------------------------------------------------------------
 
 
-def register(sub: Any) -> None:
-    from omega.cli import _cellstate_flag, _option
+def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
+             option: Callable[[str], tuple[str, Any]],
+             options_from_flags: Callable[[Any], dict[str, Any]]) -> None:
+    """Add ``plan``, with the command line's own ``--cellstate`` and ``--option``
+    (handed over: omega/cli.py imports this module)."""
 
     p = sub.add_parser(
         "plan", help="what a job would get now from its scheduler, without writing anything",
         description="Run the job's scheduler policy on a snapshot of the cell and validate "
                     "its claims with the store's judge, without committing: which machines, "
                     "what it would evict, what would stay pending and why.")
-    _cellstate_flag(p)
+    cellstate_flag(p)
     p.add_argument("file", metavar="JOBFILE",
                    help="job spec (JSON or TOML, as omega submit --file; one job)")
     p.add_argument("--policy", help="the registered policy to run (default: the one the "
                                      "job's scheduler ran, else its name)")
-    p.add_argument("--option", action="append", type=_option, default=[], metavar="KEY=VALUE",
+    p.add_argument("--option", action="append", type=option, default=[], metavar="KEY=VALUE",
                    help="an option of the policy (as omega scheduler --option)")
     p.add_argument("--seed", type=int, help="random seed of the policy (default: random)")
     p.add_argument("--cell", default="default", help="cell name (default 'default')")
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda args: run(args, options_from_flags))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, options_from_flags: Callable[[Any], dict[str, Any]]) -> int:
     from cellstate import codec
     from cellstate.api.client import CellClient, remote_replica
     from cellstate.api.config import addresses
-    from omega.cli import _emit, options_from_flags
-    from omega.cliglobal import BAD_INPUT
+    from omega.cliglobal import BAD_INPUT, emit
     from omega.jobfile import load_job_file
     from schedulers.registry import Registry, UnknownSchedulerError
 
@@ -169,5 +172,5 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{e}; name one with --policy") from None
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
     outcome = plan_job(snap, job, policy, rng, time.time())
-    _emit(args, outcome_doc(outcome), outcome_text(outcome))
+    emit(args, outcome_doc(outcome), outcome_text(outcome))
     return BAD_INPUT if outcome.refused else 0

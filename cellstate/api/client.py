@@ -231,11 +231,15 @@ class CellClient:
         reply = self.call("Commit", request, what="commit", invalid=TransactionError)
         return convert.results_from(txns, reply)
 
-    def submit_job(self, job: Job | dict[str, Any]) -> int:
+    def submit_job(self, job: Job | dict[str, Any], allow_unknown_scheduler: bool = False,
+                   ) -> int:
+        """Submit a job; ``allow_unknown_scheduler``: accept it for a scheduler that has
+        not run in the cell yet (about to be started)."""
         doc = codec.job_to_doc(job) if isinstance(job, Job) else job
         try:
-            reply = self.call("SubmitJob", pb.SubmitJobRequest(spec_json=orjson.dumps(doc)),
-                              what="submitting a job")
+            reply = self.call("SubmitJob", pb.SubmitJobRequest(
+                spec_json=orjson.dumps(doc), allow_unknown_scheduler=allow_unknown_scheduler),
+                what="submitting a job")
         except ResentAlreadyExists:
             # An attempt that timed out may have been applied: if the job there is this
             # one, the submission succeeded.

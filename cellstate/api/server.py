@@ -274,17 +274,17 @@ class CellStateService(pb_grpc.CellStateServicer):
             raise convert.WireError(
                 f"job {job.id}: its spec is {size} bytes encoded, above the limit of "
                 f"{limit} bytes")
-        self._admit(job)
+        self._admit(job, request.allow_unknown_scheduler)
         with self.stores.get() as store:
             revision = store.submit_job(job)
         return pb.SubmitJobResponse(job=job.id, revision=revision)
 
-    def _admit(self, job: Job) -> None:
+    def _admit(self, job: Job, allow_unknown_scheduler: bool = False) -> None:
         """Refuse at once what can never run (``cellstate.admission.refusal``). A
         scheduler this replica has not seen may have registered through another one a
         moment ago: etcd is asked before refusing."""
         snap = self.snap
-        known = job.scheduler in snap.schedulers or bool(
+        known = allow_unknown_scheduler or job.scheduler in snap.schedulers or bool(
             snap.schedulers and self.kv.range(self.keys.scheduler(job.scheduler)).kvs)
         why = admission.refusal(snap, job, known)
         if why is None:

@@ -149,10 +149,12 @@ class SyncResponse(_message.Message):
     def __init__(self, snapshot: _Optional[bool] = ..., snapshot_done: _Optional[bool] = ..., reset: _Optional[bool] = ..., revision: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("spec_json",)
+    __slots__ = ("spec_json", "allow_unknown_scheduler")
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNKNOWN_SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     spec_json: bytes
-    def __init__(self, spec_json: _Optional[bytes] = ...) -> None: ...
+    allow_unknown_scheduler: bool
+    def __init__(self, spec_json: _Optional[bytes] = ..., allow_unknown_scheduler: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
     __slots__ = ("job", "revision")
