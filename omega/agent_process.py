@@ -12,9 +12,11 @@ from pathlib import Path
 import attrs
 
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.api.metrics import serving
 from cellstate.api.tls import TlsFiles
 from cellstate.gc_tuning import tune_for_large_heap
 from omega.agent import Agent, SubprocessRunner
+from omega.agent_metrics import AgentCollector
 from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
 from omega.command_policy import CommandPolicy
@@ -37,6 +39,7 @@ class AgentProcessConfig:
     tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
     # Which jobs' commands run here (omega/command_policy.py); the default: none.
     commands: CommandPolicy = attrs.field(factory=CommandPolicy)
+    metrics: str = ""  # host:port to serve Prometheus metrics on; "" for none
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -60,7 +63,8 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
                       runner=runner, state=state, commands=config.commands)
         log.info("agent %s: %d machines (%s..%s) of %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec)
-        agent.run(stop)
+        with serving(config.metrics, AgentCollector(agent)):
+            agent.run(stop)
         return agent
     finally:
         replica.stop()
