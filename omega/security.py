@@ -148,8 +148,14 @@ class CellCredentials:
         from omega.certs import DevCA
 
         self.ca = DevCA(folder)
+        self.schedulers = list(schedulers)
         self.server_config = folder / "server.toml"
-        self.server_config.write_text(limits_toml(schedulers, limits or {}))
+        self.limit(limits or {})
+
+    def limit(self, pools: Mapping[str, Mapping[str, float]]) -> None:
+        """Give schedulers resource limits in the servers' configuration (servers
+        started afterwards read it)."""
+        self.server_config.write_text(limits_toml(self.schedulers, pools))
 
     def files(self, identity: Identity) -> TlsFiles:
         return self.ca.ensure(identity)
