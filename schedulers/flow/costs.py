@@ -20,9 +20,9 @@ the job's unscheduled aggregator; ``S``: the sink)::
 All costs are whole numbers (solvers work in integers), kept well below
 ``network.MAX_COST``.
 
-A model may also price the arcs into many machines at once (:meth:`CostModel.
-machine_costs`, on numpy arrays): the graph manager's update of the thousands of
-machines a round changes then costs tens of milliseconds rather than a hundred. The
+A model may also price the arcs into many machines at once
+(:meth:`CostModel.machine_costs`, on numpy arrays): the graph manager then updates the
+thousands of machines a round changes on arrays, not one by one in Python. The
 per-machine methods stay the reference: the batch method must give exactly what
 :meth:`CostModel.machine_arc` and :meth:`CostModel.reclaim` give machine by machine
 (``tests/test_flow_costs.py`` checks every built-in model). Each batch method answers
