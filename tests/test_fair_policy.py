@@ -195,29 +195,30 @@ def test_caps_per_round_and_per_minute() -> None:
     assert evicted(h, inst) == ["a/7", "a/6", "a/5", "a/4"]
 
 
+def solo_then_gang_then_bob(h: Harness) -> None:
+    """alice runs "solo" (ranked first) and then the gang "g", 4 tasks each; bob's one
+    task then arrives and runs."""
+    h.submit([fair_job("solo", "alice", 4, priority=1)])
+    h.run(lambda s: len(running(s, "solo")) == 4)
+    h.submit([fair_job("g", "alice", 4, gang=True)])
+    h.run(lambda s: len(running(s, "g")) == 4)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+
+
 def test_a_gang_counts_whole_against_the_cap_and_its_tasks_must_all_qualify() -> None:
     # alice runs "solo" (ranked first) on m1 and the gang "g" on m2: the gang's tasks
     # are her least important, CRS 5/8 to 8/8. Preempting any ends the whole gang,
     # which counts 4 against the cap; with a cap of 3 the scheduler takes solo/3
     # (CRS 4/8) instead.
     h, inst = cell(delta=0.05, max_preemptions_per_round=3)
-    h.submit([fair_job("solo", "alice", 4, priority=1)])
-    h.run(lambda s: len(running(s, "solo")) == 4)
-    h.submit([fair_job("g", "alice", 4, gang=True)])
-    h.run(lambda s: len(running(s, "g")) == 4)
-    h.submit([fair_job("b", "bob", 1)])
-    h.run(until_running("b/0"))
+    solo_then_gang_then_bob(h)
     assert evicted(h, inst) == ["solo/3"]
 
 
 def test_a_gang_is_preempted_for_whole_when_the_cap_allows() -> None:
     h, inst = cell(delta=0.05)
-    h.submit([fair_job("solo", "alice", 4, priority=1)])
-    h.run(lambda s: len(running(s, "solo")) == 4)
-    h.submit([fair_job("g", "alice", 4, gang=True)])
-    h.run(lambda s: len(running(s, "g")) == 4)
-    h.submit([fair_job("b", "bob", 1)])
-    h.run(until_running("b/0"))
+    solo_then_gang_then_bob(h)
     # The gang's most important task has CRS 5/8, above solo's 4/8: the gang goes,
     # one task evicted, and the round counts 4 tasks of work lost.
     (victim,) = evicted(h, inst)
