@@ -9,6 +9,7 @@ store and replica run underneath (schedulers.testing)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import attrs
@@ -26,7 +27,7 @@ from cellstate.model import (
     TaskState,
     Transaction,
 )
-from schedulers.api import CellView
+from schedulers.api import CellView, Context
 from schedulers.fair import FairPolicy
 from schedulers.fair.policy import FairOptionError
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
@@ -334,3 +335,25 @@ def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
     assert evicted(h, inst) == ["a/3"]
     assert inst.policy.report()["share.bob"] == 0.25
     assert violations(h.snapshot()) == []
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    # alice's tasks at 2/8 ... 8/8 are above 1/8 + 0.05.
+    ({"min_runtime": 60.0}, "the 7 task(s) above it have run less than the minimum run "
+                            "time (60 s)"),
+    ({"delta": 0.9}, "no running task's CRS is above that"),
+    ({"max_preemptions_per_round": 0}, "the preemption cap is reached (0 per round"),
+    ({"preempt": False}, "this fair scheduler does not preempt"),
+])
+def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
+    h, _ = cell()
+    fill(h)
+    h.submit([fair_job("b", "bob", 1)])
+    snap = h.snapshot()
+    ctx = Context(CellView(snap, "fair"), h.clock.now, random.Random(0), "fair", "t")
+    plan = FairPolicy(**{"min_runtime": 0.0, **options}).schedule_jobs(ctx, [snap.jobs["b"]])
+    (u,) = plan.unplaced
+    assert plan.claims == () and u.job == "b" and not u.permanent
+    assert says in u.reason, u.reason
+    # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
+    assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason
