@@ -29,7 +29,6 @@ from cellstate.store import CellStore
 from cellstate.store.base import StoreBase
 from simulator.cell import SimCell
 
-
 # Tests checked and CPU seconds the checks took, for the terminal summary.
 _COST = pytest.StashKey[list[float]]()
 
@@ -68,8 +67,8 @@ class Touched:
             sim_init(sim)
             self.sims.append(sim)
 
-        StoreBase.__init__ = noting_store  # type: ignore[method-assign]
-        SimCell.__init__ = noting_sim  # type: ignore[method-assign]
+        StoreBase.__init__ = noting_store  # type: ignore[method-assign,assignment]
+        SimCell.__init__ = noting_sim  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:

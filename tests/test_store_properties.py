@@ -19,11 +19,10 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from cellstate.cell import task_view
+from cellstate.cell import CellSnapshot, task_view
 from cellstate.invariants import violations
 from cellstate.kv.base import KV
 from cellstate.kv.memory import MemoryKV
-from cellstate.cell import CellSnapshot
 from cellstate.model import (
     CellConfig,
     Claim,
@@ -81,10 +80,14 @@ commit_st = st.tuples(
 )
 # s2's whole gang (tasks 0-2) in one gang transaction, as its scheduler would send it:
 # random claims would rarely name exactly those.
+def _whole_gang(where: list[str], evict: list[bool], coarse: bool) -> tuple:  # type: ignore[type-arg]
+    claims: list[tuple] = [  # type: ignore[type-arg]
+        (i, m, e, [], False) for i, (m, e) in enumerate(zip(where, evict, strict=True))]
+    return ("commit", "s2", claims, True, coarse)
+
+
 whole_gang_st = st.builds(
-    lambda where, evict, coarse: ("commit", "s2", [(i, m, e, [], False) for i, (m, e)
-                                                    in enumerate(zip(where, evict))],
-                                  True, coarse),
+    _whole_gang,
     st.lists(st.sampled_from(MACHINES), min_size=3, max_size=3),
     st.lists(st.booleans(), min_size=3, max_size=3),
     st.booleans(),
