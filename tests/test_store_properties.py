@@ -335,3 +335,23 @@ def test_model_and_store_agree_on_a_hand_written_interleaving() -> None:
          False, False),
     ]
     assert run_program(MemoryKV(), program) == {r.value for r in Reason}
+
+
+def test_a_gang_refused_on_a_stale_job_record_is_decided_again() -> None:
+    """Found by the property test: a handle whose view still held a gang job at 4
+    tasks refused a gang transaction as leaving task 3 unclaimed after another handle
+    had shrunk the job to 3. The refusal read the job's record, so the record is
+    guarded: the commit learns the new size and decides again."""
+    kv = MemoryKV()
+    admin = CellStore(kv, "stale")
+    admin.add_machines([_machine("m0").build()])
+    admin.submit_job(JobBuilder("g").tasks(4).cpu(1).mem(1).scheduler("s").gang().build())
+    mine = CellStore(kv, "stale")
+    # The handle reads the job at 4 tasks (an incremental claim of a gang job: refused).
+    first = mine.commit(Transaction("s", (Claim("g", 0, "m0"),)))
+    assert [r.reason for r in first.rejected] == [Reason.INVALID]
+    admin.resize_job("g", 3)
+    res = mine.commit(Transaction("s", tuple(Claim("g", i, "m0") for i in range(3)),
+                                  TxnMode.GANG))
+    assert not res.rejected, res.rejected
+    assert violations(mine.read_snapshot()) == []
