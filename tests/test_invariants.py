@@ -300,3 +300,17 @@ def test_constraint_audit_names_each_broken_rule() -> None:
     ]
     assert constraint_violations(_placed(jobs, m1=["a/0", "b/0", "c/0", "w/0"],
                                          m2=["b/1", "d/0"])) == []
+
+
+def test_constraint_audit_counts_only_placed_tasks() -> None:
+    """A hold staged by a gang still preparing is not a placed task: it breaks no
+    tasks-per-machine rule yet."""
+    b = _job("b", constraints=Constraints(max_per_machine=1))
+    m0 = Machine("m0", CAPACITY, allocations={
+        "b/0": _alloc("b/0", Resources.of(cpu=1)),
+        "b/1": _alloc("b/1", Resources.of(cpu=1), gang="g0")})
+    preparing = _cell([m0], [b], gangs=[GangRecord("g0", "s", GangState.PREPARING, 1)])
+    assert constraint_violations(preparing) == []
+    committed = attrs.evolve(preparing, gangs=immutables.Map(
+        {"g0": GangRecord("g0", "s", GangState.COMMITTED, 1)}))
+    assert constraint_violations(committed) == ["job b runs 2 tasks on m0 (max_per_machine 1)"]
