@@ -13,6 +13,7 @@ from cellstate.model import (
     Claim,
     GangRecord,
     GangState,
+    Job,
     Reason,
     Resources,
     SchedulerLimits,
@@ -105,7 +106,7 @@ def test_a_move_of_a_task_that_never_ran_says_where_it_is_not() -> None:
 # -- gang coverage -------------------------------------------------------------------
 
 
-def _gang(tasks: int) -> object:
+def _gang(tasks: int) -> Job:
     return job("g", tasks=tasks, cpu=0.001, mem=0, gang=True)
 
 
