@@ -314,3 +314,17 @@ def test_constraint_audit_counts_only_placed_tasks() -> None:
     committed = attrs.evolve(preparing, gangs=immutables.Map(
         {"g0": GangRecord("g0", "s", GangState.COMMITTED, 1)}))
     assert constraint_violations(committed) == ["job b runs 2 tasks on m0 (max_per_machine 1)"]
+
+
+def test_usage_records_that_are_not_checked_do_not_hide_the_ones_that_are() -> None:
+    """Records the checker skips (not a usage record, a scheduler without a limit, a
+    counter from an older config) come first; the wrong counter after them is still
+    found. A plain dict keeps that order (the snapshot's map would hash it)."""
+    off = Resources.from_mapping({**THREE.as_dict(), "cpu": THREE.get("cpu") + 1})
+    snap = _limited(Resources.of(cpu=1000), off)
+    usage = {"raw": "not decoded", "free": UsageRecord("free", 7, Resources.of(cpu=1)),
+             "old": UsageRecord("old", 6, Resources.of(cpu=1)), "s": snap.usage["s"]}
+    config = CellConfig({"s": SchedulerLimits(max_resources=Resources.of(cpu=1000)),
+                         "old": SchedulerLimits(max_resources=Resources.of(cpu=1))}, 7)
+    ordered = attrs.evolve(snap, usage=usage, config=config)  # type: ignore[arg-type]
+    assert violations(ordered) == [f"usage counter of s says {off}, machines say {THREE}"]
