@@ -126,3 +126,9 @@ class Keyspace:
             return KeyKind(kind), ident
         except ValueError:
             return None
+
+
+def metrics_prefix(cell: str) -> bytes:
+    """Where scheduler instances' metric reports live: outside the cell's prefix, so
+    that replicas (which watch the cell) never decode them."""
+    return f"/omega-metrics/{cell}/".encode()

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from cellstate.model import ModelError, check_name
 from omega.jobfile import load_job_file
-from omega.security import add_tls_flags, tls_from_args
+from omega.security import add_etcd_flags, add_tls_flags, etcd_access_from_args, tls_from_args
 
 if TYPE_CHECKING:
     from schedulers.process import SchedulerProcessConfig
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
     s.add_argument("--cell", help="cell name (default 'default')")
     s.add_argument("--name", help="this replica's name in status output")
+    add_etcd_flags(s)
 
     a = sub.add_parser("agent", help="run a node agent for the machines of a cell spec")
     _cellstate_flag(a)
@@ -365,6 +366,23 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
         x.add_argument("--cell", default="default")
         _json_flag(x)
+        add_etcd_flags(x)
+
+    ea = sub.add_parser("etcd-auth", help="lock etcd down for a cell: a root user, a role "
+                                          "per kind of process, users, auth on")
+    ea.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
+    ea.add_argument("--cell", default="default")
+    ea.add_argument("--server", action="append", default=[], metavar="USER[=PASSWORD_FILE]",
+                    help="an etcd user with the cell's server role (read-write on the "
+                         "cell's keys): a certificate's common name, or a user with the "
+                         "password in PASSWORD_FILE (repeatable)")
+    ea.add_argument("--reader", action="append", default=[], metavar="USER[=PASSWORD_FILE]",
+                    help="an etcd user with the cell's reader role (omega check; "
+                         "repeatable)")
+    ea.add_argument("--root-password-file",
+                    help="the root user's password (default: none, root authenticates by "
+                         "a certificate whose common name is root only)")
+    add_etcd_flags(ea)
 
     _add_simulator(sub)
     # Every command that talks to (or is) a cellstate server takes the TLS flags,
@@ -377,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that talk to no cellstate server (etcd, files, the simulator), or take
 # their own TLS choice (the demo makes its certificates).
-NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate"})
+NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate",
+                             "etcd-auth"})
 
 
 def _add_simulator(sub: Any) -> None:
@@ -396,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
+    from cellstate.kv.base import KVError
     from cellstate.store import StoreError
     from omega.cellspec import CellSpecError
 
@@ -409,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "same way: check --ca, --cert, --insecure.)", file=sys.stderr)
         return 3
     except (ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
-            ValueError) as e:
+            ValueError, KVError) as e:
         print(f"omega {args.command}: {e}", file=sys.stderr)
         return 2
 
@@ -463,6 +483,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _workload(args)
     if cmd in ("check", "recover"):
         return _admin(args)
+    if cmd == "etcd-auth":
+        return _etcd_auth(args)
     if cmd == "simulate":
         runner: Callable[[argparse.Namespace], int] = args.func
         return runner(args)
@@ -507,7 +529,6 @@ def _server(args: argparse.Namespace) -> int:
     from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
     from cellstate.gc_tuning import tune_for_large_heap
-    from cellstate.kv.etcd import EtcdKV
     from omega.signals import stop_event_on_signals
 
     doc = read_toml(args.config) if args.config else {}
@@ -526,14 +547,20 @@ def _server(args: argparse.Namespace) -> int:
         if args.insecure and config.tls is not None:
             raise ValueError(f"--insecure, but {args.config} has a [tls] table: give one")
         config = attrs.evolve(config, tls=tls_from_args(args))
+    config = attrs.evolve(config, etcd_access=etcd_access_from_args(args, config.etcd_access))
+    if config.etcd_access.anonymous:
+        print(f"WARNING: omega server: etcd without credentials "
+              f"({config.etcd_access.describe()}): whoever reaches etcd owns the cell; "
+              "lock it down (docs/security.md, --etcd-cert or [etcd] cert)",
+              file=sys.stderr, flush=True)
     stop = stop_event_on_signals()
-    kv = EtcdKV(list(config.etcd))
+    kv = config.etcd_access.connect(config.etcd, config.cell)
     try:
         server = CellStateServer(kv, config)
         port = server.start()
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
-              f"(etcd {','.join(config.etcd)}; "
+              f"(etcd {','.join(config.etcd)}, {config.etcd_access.describe()}; "
               f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
         try:
             stop.wait()
@@ -666,11 +693,11 @@ def _workload(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
+    from cellstate.api.config import addresses
     from cellstate.invariants import violations
-    from cellstate.kv.etcd import EtcdKV
     from cellstate.store import CellStore
 
-    kv = EtcdKV([e.strip() for e in args.etcd.split(",") if e.strip()])
+    kv = etcd_access_from_args(args).connect(addresses(args.etcd, "--etcd"), args.cell)
     try:
         store = CellStore(kv, args.cell)
         if args.command == "recover":
@@ -684,6 +711,42 @@ def _admin(args: argparse.Namespace) -> int:
         return 1 if problems else 0
     finally:
         kv.close()
+
+
+def _etcd_auth(args: argparse.Namespace) -> int:
+    from cellstate.api.config import addresses
+    from cellstate.etcd_auth import RoleKind, lock_down
+
+    users = [_etcd_user(spec, RoleKind.SERVER) for spec in args.server]
+    users += [_etcd_user(spec, RoleKind.READER) for spec in args.reader]
+    root = (_password(Path(args.root_password_file), "--root-password-file")
+            if args.root_password_file else None)
+    access = etcd_access_from_args(args)
+    kv = access.connect(addresses(args.etcd, "--etcd"), args.cell)
+    try:
+        made = lock_down(kv, args.cell, users, root)
+    finally:
+        kv.close()
+    print(f"etcd auth on for cell {args.cell}: "
+          f"{'made ' + ', '.join(made) if made else 'everything was there already'}")
+    return 0
+
+
+def _etcd_user(spec: str, kind: str) -> Any:
+    from cellstate.etcd_auth import EtcdUser
+
+    name, _, password_file = spec.partition("=")
+    if not name:
+        raise ValueError(f"--{kind} {spec!r}: no user name")
+    password = _password(Path(password_file), f"--{kind} {name}") if password_file else None
+    return EtcdUser(name, kind, password)
+
+
+def _password(path: Path, where: str) -> str:
+    password = path.read_text().strip()
+    if not password:
+        raise ValueError(f"{where}: {path} is empty")
+    return password
 
 
 # -- job specs from files and flags ----------------------------------------------------

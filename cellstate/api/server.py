@@ -39,7 +39,7 @@ from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.jobinfo import StatusIndex, StatusView
-from cellstate.keys import KeyKind
+from cellstate.keys import KeyKind, metrics_prefix as metrics_prefix
 from cellstate.kv.base import (
     KV,
     Compare,
@@ -87,12 +87,6 @@ MAX_JOB_SPEC_BYTES = 1024 * 1024
 # instance has at most one, and GetStatus returns all of them in one reply: at 16 KiB,
 # 200 instances stay under gRPC's default 4 MiB receive limit of a third-party client.
 MAX_METRICS_BYTES = 16 * 1024
-
-
-def metrics_prefix(cell: str) -> bytes:
-    """Where scheduler instances' metric reports live: outside the cell's prefix, so
-    that replicas (which watch the cell) never decode them."""
-    return f"/omega-metrics/{cell}/".encode()
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
