@@ -123,13 +123,13 @@ class EtcdAccess:
 
     def __attrs_post_init__(self) -> None:
         if self.cert is not None and self.ca is None:
-            raise ConfigError("etcd.cert without etcd.ca: give the CA that signed etcd's "
-                              "certificate too")
+            raise ConfigError("etcd.cert (--etcd-cert) without etcd.ca (--etcd-ca): give "
+                              "the CA that signed etcd's certificate too")
         if self.key is not None and self.cert is None:
-            raise ConfigError("etcd.key without etcd.cert")
+            raise ConfigError("etcd.key (--etcd-key) without etcd.cert (--etcd-cert)")
         if (self.user is None) != (self.password_file is None):
-            raise ConfigError("etcd.user and etcd.password_file go together: give both "
-                              "or neither")
+            raise ConfigError("etcd.user (--etcd-user) and etcd.password_file "
+                              "(--etcd-password-file) go together: give both or neither")
 
     @property
     def anonymous(self) -> bool:

@@ -217,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="agents of the default set (agent-0...; default 2)")
     cs.add_argument("--days", type=_positive(int), default=365,
                     help="days the certificates are valid (default 365)")
+    cs.add_argument("--etcd-member", action="append", default=[], metavar="NAME",
+                    help="also an etcd member's certificate (client and peer TLS, for the "
+                         "host NAME; etcd-member-NAME.pem) and, with it, one for etcd's "
+                         "root user (etcd-root.pem); repeatable")
+    cs.add_argument("--keep", action="store_true",
+                    help="issue only certificates that do not exist yet (a restart of "
+                         "compose's certs service rotates nothing)")
 
     e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
     e.add_argument("--data-dir")
@@ -638,8 +645,16 @@ def _certs(args: argparse.Namespace) -> int:
     hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
     ca = DevCA(Path(args.dir))
     for identity in who:
-        files = ca.issue(identity, hosts, args.days)
+        files = ca.files(identity)
+        if not (args.keep and files.cert.exists() and files.key.exists()):
+            files = ca.issue(identity, hosts, args.days)
         print(f"{identity}: {files.cert} {files.key}")
+    for member in args.etcd_member:
+        files = ca.issue_etcd_member(member, DEFAULT_HOSTS, keep=args.keep)
+        print(f"etcd member {member}: {files.cert} {files.key}")
+    if args.etcd_member:
+        files = ca.issue_etcd_root(keep=args.keep)
+        print(f"etcd root user: {files.cert} {files.key}")
     print(f"CA: {ca.ca_path} (its key {ca.ca_path.with_suffix('.key')} signs new "
           "certificates: keep it private)")
     return 0

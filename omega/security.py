@@ -165,19 +165,12 @@ class CellCredentials:
     @property
     def etcd_server(self) -> TlsFiles:
         """etcd's own certificate, for 127.0.0.1 and localhost."""
-        return self._raw("etcd", ["127.0.0.1", "localhost"])
+        return self.ca.issue_etcd_member("etcd", ["127.0.0.1", "localhost"], keep=True)
 
     @property
     def etcd_root(self) -> TlsFiles:
         """A client certificate of etcd's root user (common name ``root``)."""
-        return self._raw("root", None)
-
-    def _raw(self, common_name: str, hosts: Sequence[str] | None) -> TlsFiles:
-        files = TlsFiles(self.ca.ca_path, self.ca.folder / f"etcd-{common_name}.pem",
-                         self.ca.folder / f"etcd-{common_name}.key")
-        if files.cert.exists() and files.key.exists():
-            return files
-        return self.ca.issue_raw(common_name, files, hosts)
+        return self.ca.issue_etcd_root(keep=True)
 
     def files(self, identity: Identity) -> TlsFiles:
         return self.ca.ensure(identity)
