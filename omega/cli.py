@@ -249,7 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--cell", default="default")
     a.add_argument("--ttl", type=_positive(int), default=10,
                    help="lease seconds: machines go down this long after the agent dies")
-    a.add_argument("--workdir", help="working directory of task commands")
+    a.add_argument("--workdir", help="where relative command paths are found (default: "
+                                     "the agent's working directory)")
+    a.add_argument("--run-as", metavar="USER",
+                   help="the user commands run as (default: nobody for an agent running "
+                        "as root, else the agent's own user; docs/security.md)")
+    a.add_argument("--task-dir", metavar="DIR",
+                   help="each command runs in a fresh DIR/JOB/INDEX of its own (default: "
+                        "under a temporary folder removed when the agent stops)")
+    a.add_argument("--task-limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="a resource limit of every command: cpu (seconds), as (bytes of "
+                        "memory), nofile, nproc, fsize (bytes), core (bytes; default 0); "
+                        "repeatable")
+    a.add_argument("--cgroup", metavar="DIR",
+                   help="a writable cgroup v2 folder: each command gets a cgroup in it "
+                        "(memory.max from as=, pids.max from nproc=, where enabled)")
     a.add_argument("--log-dir", help="write each command task's output under this folder")
     a.add_argument("--state-dir",
                    help="the agent's own folder (one per agent): records its task processes, "
@@ -481,7 +495,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             Path(args.log_dir) if args.log_dir else None,
             Path(args.state_dir) if args.state_dir else None, tls=tls,
             commands=CommandPolicy(frozenset(args.allow_command_from),
-                                   tuple(args.allow_command)))
+                                   tuple(args.allow_command)),
+            run_as=args.run_as, task_dir=Path(args.task_dir) if args.task_dir else None,
+            task_limits=tuple(args.task_limit),
+            cgroup=Path(args.cgroup) if args.cgroup else None)
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":
