@@ -85,6 +85,9 @@ class Confinement:
 
     def apply(self) -> None:
         """In the child, before exec: raises OSError when it cannot be applied."""
+        # execvp imports `warnings` to search PATH: import it while we may still read
+        # the standard library (the task's user may not, e.g. under /root).
+        os.get_exec_path()
         if self.rlimits:
             import resource
 

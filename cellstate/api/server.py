@@ -423,8 +423,9 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def KeepAlive(self, request: pb.KeepAliveRequest, context: grpc.ServicerContext,
                   ) -> pb.KeepAliveResponse:
-        self.auth.keep_alive(context)
         try:
+            self.auth.keep_alive(context, request.lease, self.config.cell,
+                                 lambda: self.kv.lease_keys(request.lease))
             ttl = self.kv.lease_keepalive(request.lease)
         except LeaseNotFoundError:
             ttl = 0

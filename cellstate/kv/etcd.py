@@ -766,6 +766,16 @@ class EtcdKV:
             raise LeaseNotFoundError(f"lease {lease_id:x} has expired or was revoked")
         return int(response.TTL)
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        """The keys attached to the lease, sorted. Raises :class:`LeaseNotFoundError`
+        when it has expired or was revoked (etcd answers TTL -1 then)."""
+        request = pb.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+        response = self._call(
+            lambda ep, t, md: ep.lease.LeaseTimeToLive(request, timeout=t, metadata=md))
+        if response.TTL < 0:
+            raise LeaseNotFoundError(f"lease {lease_id:x} has expired or was revoked")
+        return tuple(sorted(response.keys))
+
     def lease_revoke(self, lease_id: int) -> None:
         """Revoke the lease, deleting its keys in one revision. Raises
         :class:`LeaseNotFoundError` for an unknown lease."""
