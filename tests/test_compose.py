@@ -241,7 +241,7 @@ def test_no_service_runs_plaintext() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     assert "OMEGA_INSECURE" not in text and "--insecure" not in text
     for name in OMEGA:
-        assert "insecure" not in _args(name) or not _args(name).insecure
+        assert "OMEGA_INSECURE" not in _env(name)
 
 
 @pytest.mark.parametrize("name", OMEGA)

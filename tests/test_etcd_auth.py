@@ -6,6 +6,7 @@ table) works as written."""
 
 from __future__ import annotations
 
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,9 @@ from cellstate.api.tls import TlsFiles
 from cellstate.errors import ConfigError
 from cellstate.etcd_auth import EtcdAccess, EtcdUser, RoleKind, lock_down, role_name
 from cellstate.keys import Keyspace, metrics_prefix
-from cellstate.kv.base import Compare, KVError, Put, UnavailableError, prefix_end
+from cellstate.kv.base import Compare, Delete, KVError, Put, UnavailableError, prefix_end
 from cellstate.kv.etcd import EtcdAuthError, EtcdKV
-from cellstate.maintenance import LOCK_KEY
+from cellstate.maintenance import LOCK_KEY, Maintainer, MaintenancePolicy
 from omega.certs import DevCA
 from omega.cli import main
 from omega.etcd_launcher import LocalEtcd
@@ -237,3 +238,37 @@ def test_composes_etcd_set_up_works_on_a_real_etcd(
         assert "permission denied" in capsys.readouterr().err
         assert main(check) == 2  # no certificate: refused, and said so
         assert "TLS handshake failed" in capsys.readouterr().err
+
+
+def test_a_locked_down_servers_maintenance_says_defragmenting_needs_root(
+        locked: Locked) -> None:
+    """The server role may not defragment (etcd's root may): the maintenance loop says
+    so, and tries again only at the defragmentation pace, not every pass."""
+    now = [1000.0]
+    policy = MaintenancePolicy(defrag_free_fraction=0.01, defrag_min_free_bytes=0,
+                               defrag_min_interval=600.0)
+    with locked.kv(SERVER) as kv:
+        # Free pages in the backend, so that a defragmentation is due.
+        scratch = Keyspace(CELL).root + b"scratch/"
+        for i in range(20):
+            kv.txn([], [Put(scratch + b"%d" % i, b"x" * 100_000)])
+        rev = kv.txn([], [Delete(scratch, prefix_end(scratch))]).revision
+        kv.compact(rev, physical=True)
+        # The freed pages show in the size in use after the backend's next commit.
+        deadline = time.monotonic() + 10
+        while kv.member_status(locked.etcd.endpoint).free_bytes == 0:
+            assert time.monotonic() < deadline, "etcd freed no pages"
+            kv.txn([], [Put(scratch + b"tick", b"")])
+            time.sleep(0.1)
+        maintainer = Maintainer(kv, "cellstate-0", policy, clock=lambda: now[0])
+        try:
+            first = maintainer.run_once()
+            assert first.holder  # the lock key is within the server role's keys
+            (error,) = first.errors
+            assert "needs etcd's root role" in error and "permission denied" in error
+            now[0] += 10
+            assert maintainer.run_once().errors == ()
+            now[0] += 600
+            assert "needs etcd's root role" in maintainer.run_once().errors[0]
+        finally:
+            maintainer.release()
