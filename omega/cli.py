@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "as root, else the agent's own user; docs/security.md)")
     a.add_argument("--task-dir", metavar="DIR",
                    help="each command runs in a fresh DIR/JOB/INDEX of its own (default: "
-                        "under a temporary folder removed when the agent stops)")
+                        "STATE_DIR/tasks with --state-dir, else a temporary folder removed "
+                        "when the agent stops)")
     a.add_argument("--task-limit", action="append", default=[], metavar="NAME=VALUE",
                    help="a resource limit of every command: cpu (seconds), as (bytes of "
                         "memory), nofile, nproc, fsize (bytes), core (bytes; default 0); "
