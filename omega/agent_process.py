@@ -15,10 +15,12 @@ from pathlib import Path
 import attrs
 
 from cellstate.api.client import CellClient, RemoteAgentBackend, remote_replica
+from cellstate.api.metrics import serving
 from cellstate.api.tls import TlsFiles
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import Machine
 from omega.agent import Agent, SubprocessRunner
+from omega.agent_metrics import AgentCollector
 from omega.agent_state import AgentState
 from omega.cellspec import load_cell_spec, resolve_spec
 from omega.command_policy import CommandPolicy
@@ -49,6 +51,7 @@ class AgentProcessConfig:
     task_dir: Path | None = None
     task_limits: tuple[str, ...] = ()
     cgroup: Path | None = None
+    metrics: str = ""  # host:port to serve Prometheus metrics on; "" for none
 
 
 def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
@@ -98,7 +101,8 @@ def _run(config: AgentProcessConfig, sandbox: TaskSandbox, state: AgentState | N
                       runner=runner, state=state, commands=config.commands)
         log.info("agent %s: %d machines (%s..%s) of %s; %s", agent_id, len(machines),
                  machines[0].id, machines[-1].id, config.spec, describe(sandbox))
-        agent.run(stop)
+        with serving(config.metrics, AgentCollector(agent)):
+            agent.run(stop)
         return agent
     finally:
         replica.stop()

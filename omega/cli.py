@@ -26,7 +26,7 @@ Every command that talks to a cellstate server uses mutual TLS: ``--ca``, ``--ce
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
 import math
 import os
@@ -165,12 +165,16 @@ def _cellstate_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    """Nothing: ``--json`` (and ``-o``, ``-v``) are global flags that every command
+    takes, before or after its name (omega/cliglobal.py). Kept for callers."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="omega", description="Omega-style shared-state cell.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p = argparse.ArgumentParser(
+        prog="omega", description="Omega-style shared-state cell.",
+        epilog="Global flags (-v, --json, -o) go before or after the command. Exit codes: "
+               "0 ok, 1 invariant broken (check, demo), 2 bad input or refused, 3 no "
+               "server answered, 4 cannot listen, 130 interrupted, 141 output closed.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="run the local demo cluster (etcd, server, agents, "
@@ -186,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cellstate server replicas (default 1)")
     d.add_argument("--batch-instances", type=_positive(int), default=2,
                    help="instances of the batch scheduler sharing its queue (default 2)")
-    d.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
+    d.add_argument("--jobs-per-second", type=_positive(float), default=4.0,
+                   help="jobs the workload submits per second, on average (default 4)")
     d.add_argument("--flow-policy", default="quincy",
                    help="the flow scheduler's cost model: quincy (default), load-spread, "
                         "network, trivial or aladdin (Aladdin+H, e.g. with --spec alibaba)")
@@ -196,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs", help="a job file (JSON or TOML, as omega submit --file) to "
                                   "submit once the schedulers run; the demo checks at the "
                                   "end that their placement rules hold")
-    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--seed", type=int, default=1,
+                   help="random seed of the workload and schedulers (default 1; the same "
+                        "seed submits the same jobs)")
     d.add_argument("--no-fsync", action="store_true", help="etcd --unsafe-no-fsync (faster)")
     d.add_argument("--data-dir", help="keep etcd's data and the processes' logs here "
                                       "(default: a temp dir)")
@@ -226,16 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "compose's certs service rotates nothing)")
 
     e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
-    e.add_argument("--data-dir")
-    e.add_argument("--no-fsync", action="store_true")
+    e.add_argument("--data-dir", help="keep its data here (default: a temporary folder)")
+    e.add_argument("--no-fsync", action="store_true",
+                   help="etcd --unsafe-no-fsync (faster; for tests and demos)")
 
     s = sub.add_parser("server", help="run a cellstate server replica")
     s.add_argument("--config", help="TOML file (see docs/operations.md); flags override it")
     s.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
     s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
-    s.add_argument("--cell", help="cell name (default 'default')")
+    s.add_argument("--cell", help="cell name (default 'default'; one etcd holds several)")
     s.add_argument("--name", help="this replica's name in status output")
     add_etcd_flags(s)
+    s.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     a = sub.add_parser("agent", help="run a node agent for the machines of a cell spec")
     _cellstate_flag(a)
@@ -246,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--of", type=_positive(int), default=1, dest="count",
                    help="how many agents share the spec (default 1)")
     a.add_argument("--id", default="", help="agent id (default host-pid)")
-    a.add_argument("--cell", default="default")
+    a.add_argument("--cell", default="default",
+                   help="cell name (default 'default')")
     a.add_argument("--ttl", type=_positive(int), default=10,
                    help="lease seconds: machines go down this long after the agent dies")
     a.add_argument("--workdir", help="where relative command paths are found (default: "
@@ -276,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--allow-command", action="append", default=[], metavar="PATH",
                    help="an executable, or a folder ending in '/', that allowed owners' "
                         "commands may run (repeatable; resolved to a real path)")
+    a.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     c = sub.add_parser(
         "scheduler", help="run one scheduler instance",
@@ -298,16 +311,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "numbers, true and false are typed, anything else is a string; "
                         "costs.migrate_cost=100 sets one entry of the costs table)")
     c.add_argument("--instance", help="instance id (default host-pid)")
-    c.add_argument("--cell")
-    c.add_argument("--mode", choices=["incremental", "gang"])
-    c.add_argument("--detection", choices=["fine", "coarse"])
-    c.add_argument("--seed", type=int)
+    c.add_argument("--cell", help="cell name (default 'default')")
+    c.add_argument("--mode", choices=["incremental", "gang"],
+                   help="how transactions commit: incremental (default: what fits) or gang "
+                        "(all claims or none)")
+    c.add_argument("--detection", choices=["fine", "coarse"],
+                   help="conflict detection: fine (default: only claims that no longer "
+                        "fit) or coarse (any change to the machine)")
+    c.add_argument("--seed", type=int, help="random seed of the policy (default: random)")
+    c.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
     w = sub.add_parser("workload", help="submit a stream of demo jobs")
     _cellstate_flag(w)
-    w.add_argument("--jobs-per-second", type=_positive(float), default=4.0)
+    w.add_argument("--jobs-per-second", type=_positive(float), default=4.0,
+                   help="jobs submitted per second, on average (default 4)")
     w.add_argument("--duration", type=_positive(float), help="seconds (default: until stopped)")
-    w.add_argument("--seed", type=int, default=1)
+    w.add_argument("--seed", type=int, default=1,
+                   help="random seed (default 1; the same seed submits the same jobs)")
     w.add_argument("--prefix", default="", help="prefix of the job ids")
     w.add_argument("--flow-fraction", type=_fraction, default=0.2,
                    help="the share of jobs for the flow scheduler (default 0.2; 0 where "
@@ -323,17 +344,28 @@ def build_parser() -> argparse.ArgumentParser:
     _cellstate_flag(sm)
     _json_flag(sm)
     sm.add_argument("--file", help="job spec (JSON or TOML): one job, or {\"jobs\": [...]}")
-    sm.add_argument("--id")
-    sm.add_argument("--scheduler", default="batch")
-    sm.add_argument("--tasks", type=_positive(int), default=1)
-    sm.add_argument("--cpu", type=_positive(float), default=1.0)
-    sm.add_argument("--mem", type=_positive(float), default=1.0)
-    sm.add_argument("--kind", choices=["batch", "service"], default="batch")
-    sm.add_argument("--precedence", type=_non_negative_int, default=0)
+    sm.add_argument("--id", help="the job's id (letters, digits, '_', '.', '-'); new")
+    sm.add_argument("--scheduler", default="batch",
+                    help="the scheduler that places it (default batch)")
+    sm.add_argument("--tasks", type=_positive(int), default=1,
+                    help="number of tasks (default 1)")
+    sm.add_argument("--cpu", type=_positive(float), default=1.0,
+                    help="CPU cores per task (default 1; fractions allowed)")
+    sm.add_argument("--mem", type=_positive(float), default=1.0,
+                    help="memory per task, GiB (default 1)")
+    sm.add_argument("--gpu", type=_positive(float), default=None,
+                    help="GPUs per task (default none)")
+    sm.add_argument("--kind", choices=["batch", "service"], default="batch",
+                    help="batch (runs to completion, default) or service (long-running)")
+    sm.add_argument("--precedence", type=_non_negative_int, default=0,
+                    help="higher evicts lower (default 0; at most the scheduler's limit)")
     sm.add_argument("--priority", type=int, default=0,
                     help="the job's rank among its owner's own jobs, higher first (a fair "
                          "scheduler orders each owner's jobs by it; default 0)")
     sm.add_argument("--gang", action="store_true", help="all tasks or none")
+    sm.add_argument("--allow-unknown-scheduler", action="store_true",
+                    help="accept it even if its scheduler has not run in the cell yet "
+                         "(about to be started); otherwise refused once any has")
     sm.add_argument("--owner", help="the job's owner (default: the name of a user:NAME "
                                     "certificate, else $USER)")
     sm.add_argument("--duration", type=_positive(float), help="seconds each task runs")
@@ -355,16 +387,22 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="USER=W", help="a user's weight (default: what a live instance "
                                            "reports, else 1); repeatable")
 
-    j = sub.add_parser("jobs", help="list jobs")
+    j = sub.add_parser("jobs", help="list jobs, newest first")
     _cellstate_flag(j)
     _json_flag(j)
-    j.add_argument("--scheduler", default="")
-    j.add_argument("--state", default="",
+    j.add_argument("--scheduler", default="", help="only this scheduler's jobs")
+    j.add_argument("--status", "--state", dest="state", default="",
                    choices=["", "pending", "running", "finished", "failed", "abandoned",
-                            "killed"])
-    j.add_argument("--limit", type=_non_negative_int, default=0)
+                            "killed"], help="only jobs in this state")
+    j.add_argument("--limit", type=_non_negative_int, default=0,
+                   help="at most this many jobs (default 0: all)")
+    j.add_argument("--oldest-first", action="store_true",
+                   help="oldest submission first (default: newest first)")
 
-    for name, text in (("job", "show one job and its tasks"), ("kill", "kill a job")):
+    for name, text in (("job", "show one job, its tasks and why any wait"),
+                       ("why", "why a job's tasks are pending: the cell's reasons and each "
+                               "scheduler's last attempt"),
+                       ("kill", "kill a job")):
         x = sub.add_parser(name, help=text)
         _cellstate_flag(x)
         _json_flag(x)
@@ -375,8 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("machines", help="list machines")
     _cellstate_flag(m)
     _json_flag(m)
-    m.add_argument("--state", default="", choices=["", "up", "down", "draining"])
-    m.add_argument("--limit", type=_non_negative_int, default=0)
+    m.add_argument("--status", "--state", dest="state", default="",
+                   choices=["", "up", "down", "draining"], help="only machines in this state")
+    m.add_argument("--limit", type=_non_negative_int, default=0,
+                   help="at most this many machines (default 0: all)")
 
     st = sub.add_parser("status", help="cell status: utilization, jobs, per-scheduler metrics")
     _cellstate_flag(st)
@@ -386,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("recover", "finish what crashed committers left behind, on etcd")):
         x = sub.add_parser(name, help=text)
         x.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
-        x.add_argument("--cell", default="default")
+        x.add_argument("--cell", default="default", help="cell name (default 'default')")
         _json_flag(x)
         add_etcd_flags(x)
 
@@ -407,18 +447,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_etcd_flags(ea)
 
     _add_simulator(sub)
+    _add_own_modules(sub)
     # Every command that talks to (or is) a cellstate server takes the TLS flags,
     # commands added later included.
     for name, parser in sub.choices.items():
         if name not in NO_TLS_COMMANDS:
             add_tls_flags(parser)
+    from omega.cliglobal import install
+
+    install(p, sub)
     return p
 
 
 # Commands that talk to no cellstate server (etcd, files, the simulator), or take
 # their own TLS choice (the demo makes its certificates).
 NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate",
-                             "etcd-auth"})
+                             "completion", "etcd-auth"})
+
+
+def _add_own_modules(sub: Any) -> None:
+    """Commands that live in modules of their own (each has ``register(sub)``)."""
+    from omega import completion, plan
+
+    completion.register(sub, build_parser)
+    plan.register(sub, _cellstate_flag, _option, options_from_flags)
 
 
 def _add_simulator(sub: Any) -> None:
@@ -428,32 +480,49 @@ def _add_simulator(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from omega import cliglobal
     from omega.proc import die_with_parent
 
     die_with_parent()
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args = cliglobal.parse(parser, _subcommands(parser), argv)
+    except BrokenPipeError:  # --help into `| head -1`
+        return cliglobal.pipe_closed()
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
-    from cellstate.kv.base import KVError
+    from cellstate.errors import EtcdAuthError, KVError
     from cellstate.store import StoreError
     from omega.cellspec import CellSpecError
 
-    try:
-        return _dispatch(args)
-    except ServiceUnavailable as e:
+    def no_server(e: BaseException) -> str:
         where = getattr(args, "cellstate", "")
-        print(f"omega {args.command}: no cellstate server answered at {where} ({e}). Is "
-              "`omega server` running? Give its address with --cellstate HOST:PORT. (A "
-              "TLS server refuses plaintext clients and certificates of another CA the "
-              "same way: check --ca, --cert, --insecure.)", file=sys.stderr)
-        return 3
-    except (ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
-            ValueError, KVError) as e:
-        print(f"omega {args.command}: {e}", file=sys.stderr)
-        return 2
+        return (f"no cellstate server answered at {where} ({e}). Is `omega server` "
+                "running? Give its address with --cellstate HOST:PORT. (A TLS server "
+                "refuses plaintext clients and certificates of another CA the same way: "
+                "check --ca, --cert, --insecure.)")
+
+    def no_etcd(e: BaseException) -> str:
+        where = getattr(args, "etcd", "") or "the configured endpoints"
+        return f"etcd did not answer at {where}: {e}"
+
+    return cliglobal.run(args.command, lambda: _dispatch(args), [
+        (ServiceUnavailable, cliglobal.UNREACHABLE, no_server),
+        # etcd answered, and refused these credentials: refused, not unreachable.
+        (EtcdAuthError, cliglobal.BAD_INPUT, lambda e: f"etcd refused the call: {e}"),
+        (KVError, cliglobal.UNREACHABLE, no_etcd),
+        ((ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
+          ValueError), cliglobal.BAD_INPUT, str),
+    ])
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Any:
+    for action in parser._actions:  # argparse keeps the subparsers action only here
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise AssertionError("omega's parser has no subcommands")
 
 
 def _endpoints(text: str) -> tuple[str, ...]:
@@ -496,7 +565,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             Path(args.log_dir) if args.log_dir else None,
             Path(args.state_dir) if args.state_dir else None, tls=tls,
             commands=CommandPolicy(frozenset(args.allow_command_from),
-                                   tuple(args.allow_command)),
+                                   tuple(args.allow_command)), metrics=args.metrics,
             run_as=args.run_as, task_dir=Path(args.task_dir) if args.task_dir else None,
             task_limits=tuple(args.task_limit),
             cgroup=Path(args.cgroup) if args.cgroup else None)
@@ -510,31 +579,41 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _admin(args)
     if cmd == "etcd-auth":
         return _etcd_auth(args)
-    if cmd == "simulate":
-        runner: Callable[[argparse.Namespace], int] = args.func
+    runner: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if runner is not None:  # simulate, and the commands of omega's own modules
         return runner(args)
     from cellstate.api.client import CellClient
+    from omega.tables import jobs_table, machines_table
 
     tls = tls_from_args(args)
     with CellClient(_endpoints(args.cellstate), retry_for=5.0, tls=tls) as client:
         if cmd == "submit":
             jobs = _job_docs(args, _cert_name(tls, "user") or os.environ.get("USER", "nobody"))
             for doc in jobs:
-                client.submit_job(doc)
+                client.submit_job(doc, args.allow_unknown_scheduler)
             ids = [str(d.get("id")) for d in jobs]
             _emit(args, {"submitted": ids}, "\n".join(f"submitted {i}" for i in ids))
         elif cmd == "jobs":
-            listed = client.list_jobs(args.scheduler, args.state, args.limit)
-            _emit(args, listed, _jobs_table(listed))
-        elif cmd == "job":
+            listed = client.list_jobs(args.scheduler, args.state, args.limit,
+                                      newest_first=not args.oldest_first)
+            _emit(args, listed, lambda wide: jobs_table(listed, wide))
+        elif cmd in ("job", "why"):
+            from omega.jobview import job_text, why_text
+
             info = client.get_job(args.job_id)
-            _emit(args, info, _job_text(info))
+            if cmd == "why":
+                _emit(args, {"job": args.job_id, "state": info["state"],
+                             "pending": info["task_states"].get("pending", 0),
+                             "reason": info.get("reason", ""), **info.get("why", {})},
+                      why_text(info))
+            else:
+                _emit(args, info, job_text(info))
         elif cmd == "kill":
             revision = client.kill_job(args.job_id, args.reason, os.environ.get("USER", "user"))
             _emit(args, {"job": args.job_id, "revision": revision}, f"killed {args.job_id}")
         elif cmd == "machines":
             machines = client.list_machines(args.state, args.limit)
-            _emit(args, machines, _machines_table(machines))
+            _emit(args, machines, lambda wide: machines_table(machines, wide))
         elif cmd == "shares":
             from omega.shares import shares, shares_text
 
@@ -578,22 +657,41 @@ def _server(args: argparse.Namespace) -> int:
               f"({config.etcd_access.describe()}): whoever reaches etcd owns the cell; "
               "lock it down (docs/security.md, --etcd-cert or [etcd] cert)",
               file=sys.stderr, flush=True)
+    from omega.cliglobal import check_listen, start_server
+
+    check_listen(config.listen)  # before loading the cell: a taken port fails at once
     stop = stop_event_on_signals()
     kv = config.etcd_access.connect(config.etcd, config.cell)
     try:
         server = CellStateServer(kv, config)
-        port = server.start()
+        exporter = contextlib.ExitStack()
+        if args.metrics:
+            from cellstate.api.metrics import CellCollector, ServerMetrics, serving
+
+            registry = exporter.enter_context(serving(args.metrics,
+                                                      CellCollector(server.service)))
+            server.service.metrics = ServerMetrics(registry)
+        exporter.enter_context(contextlib.closing(_Stopper(server)))
+        port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
               f"(etcd {','.join(config.etcd)}, {config.etcd_access.describe()}; "
               f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
-        try:
+        with exporter:
             stop.wait()
-        finally:
-            server.stop()
     finally:
         kv.close()
     return 0
+
+
+class _Stopper:
+    """``server.stop()`` as a ``close()`` for an exit stack."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def close(self) -> None:
+        self.server.stop()
 
 
 def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig:
@@ -693,16 +791,21 @@ def _hint_flow_form(policy: str) -> None:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
+    import attrs
+
     from omega.signals import stop_event_on_signals
     from schedulers.process import run_scheduler
 
-    config = _scheduler_tls(args, scheduler_process_config(args))
+    config = attrs.evolve(_scheduler_tls(args, scheduler_process_config(args)),
+                          metrics=args.metrics)
     run_scheduler(config, stop_event_on_signals())  # bad options stop it before it connects
     return 0
 
 
 def _workload(args: argparse.Namespace) -> int:
     from cellstate.api.client import CellClient
+    from cellstate.model import Job
+    from cellstate.store import StoreError
     from omega.signals import stop_event_on_signals
     from omega.workload import CachedHosts, WorkloadOptions, generate
 
@@ -720,8 +823,17 @@ def _workload(args: argparse.Namespace) -> int:
                                fair_fraction=args.fair_fraction, seed=args.seed,
                                prefix=args.prefix)
         hosts = CachedHosts(lambda: [m["id"] for m in client.list_machines()], time.monotonic)
-        n = generate(client.submit_job, opts, stop, hosts=hosts)
-    print(f"submitted {n} jobs")
+        refused: list[str] = []
+
+        def submit(job: Job) -> None:
+            try:
+                client.submit_job(job)
+            except StoreError as e:  # refused (say, its scheduler is not up yet): go on
+                refused.append(job.id)
+                logging.getLogger("omega.workload").warning("%s", e)
+
+        n = generate(submit, opts, stop, hosts=hosts)
+    print(f"submitted {n - len(refused)} jobs ({len(refused)} refused)")
     return 0
 
 
@@ -795,7 +907,9 @@ def _job_docs(args: argparse.Namespace, owner: str) -> list[dict[str, Any]]:
         raise ValueError("give a job spec with --file, or at least --id (see omega submit -h)")
     doc: dict[str, Any] = {
         "id": args.id, "owner": args.owner or owner, "scheduler": args.scheduler,
-        "task_count": args.tasks, "task_resources": {"cpu": args.cpu, "mem": args.mem},
+        "task_count": args.tasks,
+        "task_resources": {"cpu": args.cpu, "mem": args.mem,
+                           **({"gpu": args.gpu} if args.gpu else {})},
         "kind": args.kind, "precedence": args.precedence, "gang": args.gang,
     }
     if args.priority:
@@ -810,37 +924,11 @@ def _job_docs(args: argparse.Namespace, owner: str) -> list[dict[str, Any]]:
 # -- output --------------------------------------------------------------------------
 
 
-def _emit(args: argparse.Namespace, doc: object, text: str) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else text)
+def _emit(args: argparse.Namespace, doc: object, text: str | Callable[[bool], str]) -> None:
+    """``doc`` as JSON or ``text``, as the output flags say (omega/cliglobal.py)."""
+    from omega.cliglobal import emit
 
-
-def _jobs_table(jobs: list[dict[str, Any]]) -> str:
-    lines = [f"{'JOB':<24} {'SCHEDULER':<10} {'STATE':<10} TASKS"]
-    for j in jobs:
-        counts = " ".join(f"{k}={v}" for k, v in sorted(j["task_states"].items()))
-        lines.append(f"{j['spec']['id']:<24} {j['spec']['scheduler']:<10} {j['state']:<10} "
-                     f"{counts}")
-    return "\n".join(lines)
-
-
-def _job_text(info: dict[str, Any]) -> str:
-    spec = info["spec"]
-    lines = [f"job {spec['id']} ({spec['scheduler']}, {spec.get('kind', 'batch')}): "
-             f"{info['state']}" + (f" - {info['reason']}" if info.get("reason") else "")]
-    for t in info.get("tasks", []):
-        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']}")
-    return "\n".join(lines)
-
-
-def _machines_table(machines: list[dict[str, Any]]) -> str:
-    lines = [f"{'MACHINE':<10} {'STATE':<8} {'RACK':<6} {'FD':<6} {'CPU':>11} {'MEM':>13} TASKS"]
-    for m in machines:
-        cap, used = m["capacity"], m["used"]
-        lines.append(
-            f"{m['id']:<10} {m['state']:<8} {m.get('rack', ''):<6} "
-            f"{m.get('failure_domain', ''):<6} {used.get('cpu', 0):>5g}/{cap.get('cpu', 0):<5g} "
-            f"{used.get('mem', 0):>6g}/{cap.get('mem', 0):<6g} {m['tasks']}")
-    return "\n".join(lines)
+    emit(args, doc, text)
 
 
 if __name__ == "__main__":

@@ -284,6 +284,10 @@ class Demo:
                        f"{machines} machines to register")
             for name, args in topo.schedulers:
                 self._start(name, args, logs)
+            # Submission refuses jobs for schedulers that have not run here yet, once
+            # any has: the workload starts when every instance reports (within 2 s).
+            self._wait(lambda: len(client.status()["schedulers"]) >= len(topo.schedulers),
+                       60.0, "every scheduler instance to register")
             self._start(*topo.workload, logs)
             for doc in self.file_jobs:
                 client.submit_job(doc)

@@ -159,8 +159,14 @@ class CellCredentials:
 
         self.ca = DevCA(folder)
         self.lock_etcd = lock_etcd
+        self.schedulers = list(schedulers)
         self.server_config = folder / "server.toml"
-        self.server_config.write_text(limits_toml(schedulers, limits or {}))
+        self.limit(limits or {})
+
+    def limit(self, pools: Mapping[str, Mapping[str, float]]) -> None:
+        """Give schedulers resource limits in the servers' configuration (servers
+        started afterwards read it)."""
+        self.server_config.write_text(limits_toml(self.schedulers, pools))
 
     @property
     def etcd_server(self) -> TlsFiles:

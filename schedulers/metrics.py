@@ -81,6 +81,7 @@ class SchedulerMetrics:
     tasks_placed: int = 0
     jobs_abandoned: int = 0
     attempts: dict[str, int] = attrs.field(factory=dict)
+    rejected: dict[str, int] = attrs.field(factory=dict)  # claims turned down, by reason
 
     def record_wait(self, wait: float) -> None:
         self.wait_times.append(max(wait, 0.0))
@@ -92,6 +93,9 @@ class SchedulerMetrics:
         for j in job_ids:
             self.attempts[j] = self.attempts.get(j, 0) + 1
         t = tally(results)
+        for res in results:
+            for r in res.rejected:
+                self.rejected[r.reason.value] = self.rejected.get(r.reason.value, 0) + 1
         self.transactions += t.transactions
         self.tasks_placed += t.placed
         self.conflicted += t.conflicted

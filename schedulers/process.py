@@ -40,13 +40,17 @@ import attrs
 
 from cellstate.api.client import CellClient, RemoteStore, remote_replica
 from cellstate.api.config import ConfigError, _Section, addresses
+from cellstate.api.metrics import serving
 from cellstate.api.tls import TlsFiles
 from cellstate.errors import AlreadyExistsError, KVError, StoreError
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.model import Detection, ModelError, TxnMode, check_name
+from cellstate.replica import Replica
 from schedulers.api import Policy
+from schedulers.prometheus import SchedulerCollector
 from schedulers.registry import Registry, UnknownSchedulerError
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
+from schedulers.why import PendingBook
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class SchedulerProcessConfig:
     cell: str = "default"
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     metrics_interval: float = 2.0
+    pending_interval: float = 0.5
+    metrics: str = ""  # host:port to serve Prometheus metrics on; "" for none
     seed: int | None = None
     tls: TlsFiles | None = None  # mutual TLS (cellstate/api/tls.py); None: plaintext
 
@@ -179,7 +185,8 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
         store = RemoteStore(client)
         rng = random.Random(config.seed) if config.seed is not None else random.Random()
         inst = SchedulerInstance(policy, store, replica, scheduler=config.name,
-                                 instance=config.instance, rng=rng, config=config.runtime)
+                                 instance=config.instance, rng=rng, config=config.runtime,
+                                 pending=PendingBook())
         if not _register(inst, config, stop):
             return inst
         log.info("scheduler %s/%s (policy %s) running against %s", config.name,
@@ -187,11 +194,16 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
         reporter = threading.Thread(target=_report_metrics, args=(inst, store, config, stop),
                                     name="metrics", daemon=True)
         reporter.start()
+        why = threading.Thread(target=_report_pending, args=(inst, store, replica, config, stop),
+                               name="pending", daemon=True)
+        why.start()
         try:
-            inst.run(stop)
+            with serving(config.metrics, SchedulerCollector(inst, replica)):
+                inst.run(stop)
         finally:
             stop.set()
             reporter.join(timeout=5)
+            why.join(timeout=5)
             try:
                 inst.stop()
             except (KVError, StoreError) as e:
@@ -241,3 +253,25 @@ def _report_metrics(inst: SchedulerInstance, store: RemoteStore,
                                  inst.metrics_summary(time.time()))
         except (KVError, StoreError) as e:
             log.debug("metrics report failed: %s", e)
+
+
+def _report_pending(inst: SchedulerInstance, store: RemoteStore, replica: Replica,
+                    config: SchedulerProcessConfig, stop: threading.Event) -> None:
+    """Send the instance's pending reports as they change (``omega why`` reads them),
+    a few times a second: a job's reasons are visible within its first attempt."""
+    book = inst.pending
+    assert book is not None
+    while not stop.wait(config.pending_interval):
+        lease = inst.lease
+        if lease is None:
+            continue
+        puts, deletes = book.take(replica.snapshot(), inst.still_waiting)
+        if not puts and not deletes:
+            continue
+        try:
+            store.report_pending(config.name, config.instance, lease, puts, deletes)
+        except (KVError, StoreError) as e:
+            log.debug("pending report failed: %s", e)
+            book.restore(puts)
+            continue
+        book.sent(puts, deletes)

@@ -65,6 +65,7 @@ from cellstate.store import CellStore
 from cellstate.validation import check_shape
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
+from schedulers.why import PendingBook
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ class SchedulerInstance:
         config: RuntimeConfig | None = None,
         decision_cost: Callable[[Sequence[Job], Plan, float], float] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        pending: PendingBook | None = None,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -188,6 +190,8 @@ class SchedulerInstance:
         # machine) the process's CPU time, which other processes do not inflate.
         self.timer = timer
         self.metrics = SchedulerMetrics(self.scheduler, instance, clock())
+        # Why each job this instance tried is still pending (None: nobody asks).
+        self.pending = pending
         self._lock = threading.Lock()
         self._dirty: set[str] | None = None  # jobs to re-examine; None: all of them
         # Every change since the policy last decided (Context.changes); None: anything.
@@ -196,6 +200,9 @@ class SchedulerInstance:
         self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
         self._jobs: dict[str, _JobState] = {}
         self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
+        # Set when a job arrives or ownership moves: run() stops waiting out another
+        # job's backoff (up to max_retry_delay) and looks at the newcomer at once.
+        self._wake = threading.Event()
         # Lease state; a renewal thread (run()) changes it too, so under _lease_lock,
         # which is held across the store calls so stop() cannot race a re-registration.
         self._lease_lock = threading.RLock()
@@ -302,6 +309,8 @@ class SchedulerInstance:
     # -- the queue ---------------------------------------------------------------------
 
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
+        if changed is None or any(k in _WAKING for k, _ in changed):
+            self._wake.set()
         with self._lock:
             if changed is None:
                 self._dirty = self._machines_touched = self._seen = None
@@ -409,6 +418,19 @@ class SchedulerInstance:
                 out["policy"] = policy
         return out
 
+    def still_waiting(self, snap: CellSnapshot, job_id: str) -> bool:
+        """Whether ``job_id`` still has tasks for this instance to place in ``snap``
+        (safe from any thread: reads only the snapshot)."""
+        job = snap.jobs.get(job_id)
+        if job is None or job_id in snap.statuses or job.scheduler != self.scheduler:
+            return False
+        members = snap.live_instances(self.scheduler) or [self.instance]
+        return owner_of(job_id, members) == self.instance and _waiting(snap, job)
+
+    def queue_depth(self) -> int:
+        """How many jobs this instance has to place (safe from any thread)."""
+        return len(self._queue)
+
     def queued(self) -> list[str]:
         """Job ids this instance will work on, in order."""
         return [j for _, j in sorted(self._queue.values())]
@@ -431,6 +453,7 @@ class SchedulerInstance:
         now = self.clock()
         if not self._renewing:
             self._keep_alive(now)
+        self._wake.clear()  # before taking the changes: a later one wakes run() again
         dirty, touched = self._take_changes()
         seen = self._take_seen()
         snap = self.source.snapshot()
@@ -500,6 +523,9 @@ class SchedulerInstance:
         now = self.clock()
         for job in attempt.jobs:
             self._after_attempt(job, plan, results.get(job.id), now)
+            if self.pending is not None and job.id in self._queue:
+                self.pending.record(job, plan.unplaced, results.get(job.id),
+                                    self._state(job.id).attempts, now)
         return results
 
     def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:
@@ -612,12 +638,25 @@ class SchedulerInstance:
                     log.exception("%s/%s: step raised", self.scheduler, self.instance)
                     delay = self.config.retry_delay
                 if delay > 0:
-                    stop.wait(delay)
+                    self._sleep(delay, stop)
         finally:
             done.set()
             renewer.join(timeout=10)
             self._renewing = False
 
+
+    def _sleep(self, delay: float, stop: threading.Event) -> None:
+        """Wait ``delay`` seconds, less if ``stop`` is set or a job arrives."""
+        deadline = time.monotonic() + delay
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(min(left, 0.2)):
+                return
+
+
+# Changes that may give an instance new work at once (a new job, a job's status,
+# instances joining or leaving).
+_WAKING = frozenset({KeyKind.JOB, KeyKind.INSTANCE, KeyKind.SCHEDULER})
 
 #: At most this many numbers in a policy's report: a scheduler's whole metrics report
 #: must stay small (the cellstate service refuses one over 16 KiB).

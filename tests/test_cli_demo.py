@@ -179,6 +179,7 @@ def live(kv: KV) -> Iterator[tuple[CellStateServer, CellStore]]:
     admin = CellStore(kv)
     admin.add_machines([machine("m1", cpu=4, rack="r1"), machine("m2", cpu=4)])
     admin.register_instance(InstanceRecord("batch", "0"), 30)
+    admin.register_instance(InstanceRecord("service", "0"), 30)  # submit refuses others
     with running_server(kv) as server:
         yield server, admin
 

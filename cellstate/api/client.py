@@ -33,7 +33,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -238,11 +238,15 @@ class CellClient:
         reply = self.call("Commit", request, what="commit", invalid=TransactionError)
         return convert.results_from(txns, reply)
 
-    def submit_job(self, job: Job | dict[str, Any]) -> int:
+    def submit_job(self, job: Job | dict[str, Any], allow_unknown_scheduler: bool = False,
+                   ) -> int:
+        """Submit a job; ``allow_unknown_scheduler``: accept it for a scheduler that has
+        not run in the cell yet (about to be started)."""
         doc = codec.job_to_doc(job) if isinstance(job, Job) else job
         try:
-            reply = self.call("SubmitJob", pb.SubmitJobRequest(spec_json=orjson.dumps(doc)),
-                              what="submitting a job")
+            reply = self.call("SubmitJob", pb.SubmitJobRequest(
+                spec_json=orjson.dumps(doc), allow_unknown_scheduler=allow_unknown_scheduler),
+                what="submitting a job")
         except ResentAlreadyExists:
             # An attempt that timed out may have been applied: if the job there is this
             # one, the submission succeeded.
@@ -269,9 +273,10 @@ class CellClient:
         return job_info_doc(self.call("GetJob", pb.GetJobRequest(job=job), what=f"job {job}"))
 
     def list_jobs(self, scheduler: str = "", state: str = "", limit: int = 0,
-                  ) -> list[dict[str, Any]]:
+                  newest_first: bool = False) -> list[dict[str, Any]]:
         reply = self.call("ListJobs", pb.ListJobsRequest(scheduler=scheduler, state=state,
-                                                         limit=limit), what="listing jobs")
+                                                         limit=limit, newest_first=newest_first),
+                          what="listing jobs")
         return [job_info_doc(j) for j in reply.jobs]
 
     def kill_job(self, job: str, reason: str = "", by: str = "") -> int:
@@ -322,6 +327,8 @@ def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
     if info.tasks:
         doc["tasks"] = [{"index": t.index, "state": t.state, "machine": t.machine}
                         for t in info.tasks]
+    if info.why_json:
+        doc["why"] = orjson.loads(info.why_json)
     return doc
 
 
@@ -575,6 +582,17 @@ class RemoteStore:
         self.client.call("ReportMetrics", pb.ReportMetricsRequest(
             scheduler=scheduler, instance=instance, lease=lease,
             metrics_json=orjson.dumps(metrics)), what="reporting metrics")
+
+    def report_pending(self, scheduler: str, instance: str, lease: int,
+                       puts: Mapping[str, bytes], deletes: Sequence[str]) -> None:
+        """Write (``puts``: job -> report JSON) and delete pending reports, in calls of
+        at most 100 (the service's limit)."""
+        items = [pb.PendingReport(job=j, report_json=d) for j, d in puts.items()]
+        items.extend(pb.PendingReport(job=j) for j in deletes)
+        for i in range(0, len(items), 100):
+            self.client.call("ReportPending", pb.ReportPendingRequest(
+                scheduler=scheduler, instance=instance, lease=lease,
+                reports=items[i:i + 100]), what="reporting pending jobs")
 
 
 class RemoteAgentBackend:

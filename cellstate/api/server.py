@@ -25,7 +25,8 @@ import grpc
 import orjson
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cellstate import codec
+from cellstate import admission, codec
+from cellstate.admission import UnschedulableError
 from cellstate.api import convert
 from cellstate.api.auth import (
     Authorizer,
@@ -34,17 +35,23 @@ from cellstate.api.auth import (
     check_changeable,
 )
 from cellstate.api.config import ServerConfig
+from cellstate.api.metrics import ServerMetrics
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.jobinfo import StatusIndex, StatusView
-from cellstate.keys import KeyKind, metrics_prefix as metrics_prefix
+from cellstate.keys import (
+    KeyKind,
+    metrics_prefix as metrics_prefix,
+    pending_prefix as pending_prefix,
+)
 from cellstate.kv.base import (
     KV,
     Compare,
     CompareResult,
     CompareTarget,
+    Delete,
     KVError,
     LeaseNotFoundError,
     Put,
@@ -56,6 +63,7 @@ from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
     RELEASE_OUTCOMES,
     InstanceRecord,
+    Job,
     JobState,
     JobStatus,
     MachineState,
@@ -87,6 +95,11 @@ MAX_JOB_SPEC_BYTES = 1024 * 1024
 # instance has at most one, and GetStatus returns all of them in one reply: at 16 KiB,
 # 200 instances stay under gRPC's default 4 MiB receive limit of a third-party client.
 MAX_METRICS_BYTES = 16 * 1024
+
+
+# Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
+MAX_PENDING_BYTES = 8 * 1024
+MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
@@ -161,6 +174,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.stores = StorePool(kv, config.cell, replica, config.committers)
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
         self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
+        self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
 
     @property
     def snap(self) -> CellSnapshot:
@@ -174,17 +188,23 @@ class CellStateService(pb_grpc.CellStateServicer):
         txns = convert.transactions_from(request)
         for scheduler in dict.fromkeys(t.scheduler for t in txns):
             self.auth.as_scheduler(context, scheduler, "commit")
+        started = time.perf_counter()
         if request.HasField("transaction"):
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
             with self.stores.get() as store:
-                return convert.result_to(txns[0], store.commit(txns[0]))
+                result = store.commit(txns[0])
+            if self.metrics is not None:
+                self.metrics.observe(time.perf_counter() - started, txns, [result])
+            return convert.result_to(txns[0], result)
         check_batch(txns)
         for who in dict.fromkeys((t.scheduler, m.instance)
                                  for t, m in zip(txns, request.transactions, strict=True)):
             self._check_registered(*who, context)
         with self.stores.get() as store:
             results = store.commit_many(txns)
+        if self.metrics is not None:
+            self.metrics.observe(time.perf_counter() - started, txns, results)
         return pb.CommitResponse(results=[convert.result_to(t, r)
                                           for t, r in zip(txns, results, strict=True)])
 
@@ -262,6 +282,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             raise convert.WireError(
                 f"job {job.id}: its spec is {size} bytes encoded, above the limit of "
                 f"{limit} bytes")
+        self._admit(job, request.allow_unknown_scheduler)
         with self.stores.get() as store:
             revision = store.submit_job(job)
         return pb.SubmitJobResponse(job=job.id, revision=revision)
@@ -273,6 +294,34 @@ class CellStateService(pb_grpc.CellStateServicer):
         job = view.snap.jobs.get(job_id)
         if job is not None:
             check_changeable(view.job(job).state, job_id, what)
+
+    def _admit(self, job: Job, allow_unknown_scheduler: bool = False) -> None:
+        """Refuse at once what can never run (``cellstate.admission.refusal``). A
+        scheduler this replica has not seen may have registered through another one a
+        moment ago: etcd is asked before refusing."""
+        snap = self.snap
+        known = allow_unknown_scheduler or job.scheduler in snap.schedulers or bool(
+            snap.schedulers and self.kv.range(self.keys.scheduler(job.scheduler)).kvs)
+        why = admission.refusal(snap, job, known)
+        if why is None:
+            return
+        raise UnschedulableError(f"job {job.id} can never run, refused: {why}")
+
+    def _why(self, view: StatusView, job: Job) -> bytes:
+        """Why the job's waiting tasks wait: the cell's own reasons and each scheduler
+        instance's last report (read from etcd: they are not in the replica)."""
+        prefix = pending_prefix(self.config.cell, job.id)
+        reports = []
+        for kv in self.kv.range(prefix, prefix_end(prefix)).kvs:
+            scheduler, _, instance = kv.key[len(prefix):].decode().partition("/")
+            try:
+                doc = orjson.loads(kv.value)
+            except orjson.JSONDecodeError:
+                continue
+            reports.append({"scheduler": scheduler, "instance": instance, **doc})
+        doc = {"cell": [b.to_doc() for b in admission.blockers(view.snap, job)],
+               "schedulers": reports}
+        return orjson.dumps(doc)
 
     def _job_spec_limit(self) -> int:
         return min(MAX_JOB_SPEC_BYTES, self.kv.max_request_bytes - 4096)
@@ -293,7 +342,11 @@ class CellStateService(pb_grpc.CellStateServicer):
         view = self.status.view()
         if request.job not in view.snap.jobs:
             raise NotFoundError(f"unknown job {request.job!r}")
-        return self._job_info(view, request.job, tasks=True)
+        info = self._job_info(view, request.job, tasks=True)
+        job = view.snap.jobs[request.job]
+        if info.task_states.get("pending", 0) and request.job not in view.snap.statuses:
+            info.why_json = self._why(view, job)
+        return info
 
     @rpc
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext,
@@ -302,7 +355,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         view = self.status.view()
         snap = view.snap
         out = pb.ListJobsResponse(revision=snap.revision)
-        for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
+        for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id),
+                          reverse=request.newest_first):
             if request.scheduler and job.scheduler != request.scheduler:
                 continue
             info = self._job_info(view, job.id, tasks=False)
@@ -461,6 +515,48 @@ class CellStateService(pb_grpc.CellStateServicer):
             raise StoreError(f"{who} is not registered under lease {request.lease}; "
                              "register again")
         return pb.ReportMetricsResponse()
+
+    @rpc
+    def ReportPending(self, request: pb.ReportPendingRequest, context: grpc.ServicerContext,
+                      ) -> pb.ReportPendingResponse:
+        """Keep (or delete) an instance's reports of why jobs wait, attached to its
+        registration's lease and only while the instance key is on that lease, as
+        ReportMetrics does."""
+        check_name(request.scheduler, "scheduler")
+        check_name(request.instance, "instance")
+        self.auth.as_scheduler(context, request.scheduler, "report pending jobs")
+        if not request.lease:
+            raise convert.WireError("lease: 0 is no lease; report under the lease the "
+                                    "instance registered with")
+        if len(request.reports) > MAX_PENDING_REPORTS:
+            raise convert.WireError(f"reports: {len(request.reports)}, above the limit of "
+                                    f"{MAX_PENDING_REPORTS} per call")
+        ops: list[Put | Delete] = []
+        suffix = f"/{request.scheduler}/{request.instance}".encode()
+        for i, r in enumerate(request.reports):
+            check_name(r.job, f"reports[{i}].job")
+            key = pending_prefix(self.config.cell) + r.job.encode() + suffix
+            if not r.report_json:
+                ops.append(Delete(key))
+                continue
+            if len(r.report_json) > MAX_PENDING_BYTES:
+                raise convert.WireError(f"reports[{i}]: {len(r.report_json)} bytes, above "
+                                        f"the limit of {MAX_PENDING_BYTES} bytes")
+            if not isinstance(convert.json_doc(r.report_json, f"reports[{i}]"), dict):
+                raise convert.WireError(f"reports[{i}]: expected a JSON object")
+            ops.append(Put(key, r.report_json, request.lease))
+        if not ops:
+            return pb.ReportPendingResponse()
+        ikey = self.keys.instance(request.scheduler, request.instance)
+        registered = Compare(ikey, CompareTarget.LEASE, CompareResult.EQUAL, request.lease)
+        try:
+            res = self.kv.txn([registered], ops)
+        except LeaseNotFoundError:
+            res = None
+        if res is None or not res.succeeded:
+            raise StoreError(f"instance {request.scheduler}/{request.instance} is not "
+                             f"registered under lease {request.lease}; register again")
+        return pb.ReportPendingResponse()
 
     # -- agents ----------------------------------------------------------------------
 

@@ -36,7 +36,14 @@ from typing import Any
 import attrs
 
 from cellstate.fit import FitTally
-from cellstate.model import Job, Resources, split_task_id, sum_resources, task_precedence
+from cellstate.model import (
+    Constraints,
+    Job,
+    Resources,
+    split_task_id,
+    sum_resources,
+    task_precedence,
+)
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.fair.guard import PreemptionGuard
 from schedulers.fair.shares import CellShares, OrderKey, ShareBook, read_shares, task_order
@@ -132,7 +139,7 @@ class FairPolicy(Policy):
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
         no_victims: set[str] = set()  # users whose CRS is already too high to preempt
         unplaced: Counter[str] = Counter()
-        free: dict[str, list[str]] = {}  # job -> machines not yet found full for it
+        free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
         tallies: dict[str, FitTally] = defaultdict(FitTally)
         while (head := self._next(shares.book, queues)) is not None:
             unit = queues[head].popleft()
@@ -149,7 +156,8 @@ class FairPolicy(Policy):
         out = []
         for jid, n in sorted(unplaced.items()):
             job = view.jobs[jid]
-            never = impossible(view, job) if not view.placed_tasks(jid) else None
+            untouched = len(view.pending_tasks(job)) == job.task_count
+            never = impossible(view, job) if untouched else None
             if never is not None:
                 out.append(Unplaced(jid, never, n, permanent=True))
             else:
@@ -236,9 +244,13 @@ class FairPolicy(Policy):
     def _free_fit(self, ctx: Context, job: Job, free: dict[str, list[str]],
                   tally: FitTally) -> str | None:
         view = ctx.view
-        candidates = free.get(job.id)
+        # Jobs without constraints fit the same machines if their tasks and labels are
+        # alike, so a full cell is found full once per shape, not once per job.
+        key = (repr((job.task_resources, job.labels)) if job.constraints == Constraints()
+               else job.id)
+        candidates = free.get(key)
         if candidates is None:
-            candidates = free[job.id] = view.machine_ids()
+            candidates = free[key] = view.machine_ids()
         while candidates:
             i = ctx.rng.randrange(len(candidates))
             m = view.machine(candidates[i])

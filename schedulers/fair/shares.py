@@ -46,8 +46,9 @@ class _UserTasks:
     keys: list[OrderKey] = attrs.field(factory=list)
     tasks: list[str] = attrs.field(factory=list)
     needs: list[Resources] = attrs.field(factory=list)
-    # Cumulative amounts per position, rebuilt lazily after a change.
+    # Cumulative amounts and CRS per position, rebuilt lazily after a change.
     cum: list[dict[str, float]] | None = None
+    crs: list[float] | None = None
 
 
 class ShareBook:
@@ -77,15 +78,27 @@ class ShareBook:
         ut.keys.insert(at, key)
         ut.tasks.insert(at, task)
         ut.needs.insert(at, need)
-        ut.cum = None
+        ut.cum = ut.crs = None
         self._owner[task] = user
+
+    def load(self, user: str, entries: Iterable[tuple[OrderKey, str, Resources]]) -> None:
+        """Add many running tasks of one user at once (sorted once, not one by one)."""
+        ut = self._users.setdefault(user, _UserTasks())
+        rows = sorted([*zip(ut.keys, ut.tasks, ut.needs, strict=True), *entries])
+        for _, task, _ in rows:
+            if self._owner.setdefault(task, user) != user:
+                raise ValueError(f"task {task} is in the book already")
+        ut.keys = [r[0] for r in rows]
+        ut.tasks = [r[1] for r in rows]
+        ut.needs = [r[2] for r in rows]
+        ut.cum = ut.crs = None
 
     def remove(self, task: str) -> None:
         user = self._owner.pop(task)
         ut = self._users[user]
         at = ut.tasks.index(task)
         del ut.keys[at], ut.tasks[at], ut.needs[at]
-        ut.cum = None
+        ut.cum = ut.crs = None
 
     def owner(self, task: str) -> str | None:
         return self._owner.get(task)
@@ -111,14 +124,23 @@ class ShareBook:
         at = ut.tasks.index(task)
         return dominant_share(self._cum(ut)[at], self.totals) / self.weight(user)
 
-    def crs_of_all(self, user: str) -> Iterable[tuple[str, float]]:
-        """(task, CRS) of every running task of the user, in the user's order."""
+    def crs_of_all(self, user: str) -> list[tuple[str, float]]:
+        """(task, CRS) of every running task of the user, in the user's order (so in
+        order of CRS too: it only grows along the order)."""
         ut = self._users.get(user)
         if ut is None:
             return []
-        w = self.weight(user)
-        return [(t, dominant_share(c, self.totals) / w)
-                for t, c in zip(ut.tasks, self._cum(ut), strict=True)]
+        return list(zip(ut.tasks, self._crs(ut), strict=True))
+
+    def above(self, user: str, threshold: float) -> list[tuple[str, float]]:
+        """(task, CRS) of the user's running tasks whose CRS exceeds ``threshold``: the
+        tail of their order."""
+        ut = self._users.get(user)
+        if ut is None:
+            return []
+        crs = self._crs(ut)
+        start = bisect.bisect_right(crs, threshold)
+        return list(zip(ut.tasks[start:], crs[start:], strict=True))
 
     def crs_waiting(self, user: str, key: OrderKey, need: Resources) -> float:
         """The CRS a waiting task would have: its owner's running tasks that come
@@ -131,6 +153,12 @@ class ShareBook:
                 for d, a in self._cum(ut)[before - 1].items():
                     amounts[d] = amounts.get(d, 0.0) + a
         return dominant_share(amounts, self.totals) / self.weight(user)
+
+    def _crs(self, ut: _UserTasks) -> list[float]:
+        if ut.crs is None:
+            w = self.weight(self._owner[ut.tasks[0]]) if ut.tasks else 1.0
+            ut.crs = [dominant_share(c, self.totals) / w for c in self._cum(ut)]
+        return ut.crs
 
     def _cum(self, ut: _UserTasks) -> list[dict[str, float]]:
         if ut.cum is None:
@@ -181,6 +209,7 @@ def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | N
     where: dict[str, str] = {}
     gangs: Counter[str] = Counter()
     held: list[Resources] = []
+    entries: dict[str, list[tuple[OrderKey, str, Resources]]] = {}
     for m in view.machines():
         for a in m.allocations.values():
             if a.scheduler != scheduler or a.evicted_by:
@@ -190,9 +219,12 @@ def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | N
             job = view.jobs.get(a.job)
             if job is None:
                 continue
-            book.add(job.owner, task_order(job, split_task_id(a.task)[1]), a.task, a.resources)
+            entries.setdefault(job.owner, []).append(
+                (task_order(job, split_task_id(a.task)[1]), a.task, a.resources))
             where[a.task] = m.id
             held.append(a.resources)
             if job.gang:
                 gangs[job.id] += 1
+    for user, rows in entries.items():
+        book.load(user, rows)
     return CellShares(book, where, dict(gangs), sum_resources(held), quota)

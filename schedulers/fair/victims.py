@@ -4,7 +4,7 @@ waiting task's CRS plus delta, make room."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -49,12 +49,16 @@ def choose(view: CellView, job: Job, by_machine: Mapping[str, Sequence[Victim]],
     one whose victims' lowest CRS is highest, then the one losing fewest tasks. None if
     no machine can be freed within ``budget`` lost tasks.
 
-    ``by_machine``: the eligible victims per machine, highest CRS first."""
+    ``by_machine``: the eligible victims per machine (none empty), highest CRS first."""
     best: Preemption | None = None
-    for mid in sorted(by_machine):
+    # Machines in order of their best victim: a preemption's floor is at most that,
+    # so once it falls below the best floor found, no later machine can do better.
+    for mid in sorted(by_machine, key=lambda k: (-by_machine[k][0].crs, k)):
         victims = by_machine[mid]
+        if best is not None and victims[0].crs < best.floor:
+            break
         m = view.machine(mid)
-        if m is None or not victims:
+        if m is None:
             continue
         if not can_host(view, job, m, [m.allocations[v.task] for v in victims]):
             continue  # not even all of them make room
@@ -93,30 +97,34 @@ def eligible(view: CellView, shares: CellShares, precedence: int, threshold: flo
     out: dict[str, list[Victim]] = defaultdict(list)
     young = 0
     for user in book.users():
-        if book.share(user) <= threshold:
-            continue  # no task of this user is above the threshold
+        tail = book.above(user, threshold)  # the user's order is the order of CRS
+        if not tail:
+            continue
         gang_floor: dict[str, float] = {}
         gang_ok: dict[str, bool] = {}
+        gang_seen: Counter[str] = Counter()
         found: list[tuple[str, float, str]] = []  # (task, crs, machine)
-        for task, crs in book.crs_of_all(user):
+        for task, crs in tail:
             jid = split_task_id(task)[0]
             mid = shares.where[task]
             m = view.machine(mid)
             a = m.allocations.get(task) if m is not None else None
-            ok = a is not None and a.precedence <= precedence and crs > threshold
+            ok = a is not None and a.precedence <= precedence
             if ok and not old_enough(task):
                 young += 1
                 ok = False
             if jid in shares.gang_sizes:
                 gang_floor.setdefault(jid, crs)  # listed in the user's order
                 gang_ok[jid] = gang_ok.get(jid, True) and ok
+                gang_seen[jid] += 1
             if ok:
                 found.append((task, crs, mid))
         for task, crs, mid in found:
             jid = split_task_id(task)[0]
             size = shares.gang_sizes.get(jid, 0)
             if size:
-                if not gang_ok[jid]:
+                # Whole or not at all: a gang task at or below the threshold keeps it.
+                if not gang_ok[jid] or gang_seen[jid] < size:
                     continue
                 crs = gang_floor[jid]
             out[mid].append(Victim(task, jid, mid, crs, size))

@@ -64,12 +64,14 @@ class Cluster:
         self.children[name] = child
         return child
 
-    def server(self, name: str, etcd: str | None = None, wait: bool = True) -> int:
+    def server(self, name: str, etcd: str | None = None, wait: bool = True,
+               extra: tuple[str, ...] = ()) -> int:
         """Start a cellstate server (names start with "cellstate"); ``etcd`` overrides
-        the cluster's endpoints (e.g. another failover order)."""
+        the cluster's endpoints (e.g. another failover order); ``extra``: more flags
+        (``--config FILE``)."""
         port = free_ports(1)[0]
         self.start(name, "server", "--etcd", etcd or self.etcd, "--listen",
-                   f"127.0.0.1:{port}", "--name", name)
+                   f"127.0.0.1:{port}", "--name", name, *extra)
         self.ports.append(port)
         self.server_ports[name] = port
         if wait:

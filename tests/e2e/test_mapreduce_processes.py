@@ -73,8 +73,8 @@ def test_mapreduce_scheduler_killed_mid_growth_and_restarted(history_etcd: Local
                 expected[f"b-{i:02}"] = {"running": 10}
             wait_for("the batch jobs", lambda: all(
                 _states(c).get(j) == s for j, s in expected.items()), c)
-            for i in range(20):
-                client.submit_job(_mapreduce(f"mr-{i:02}", 5, 19))
+            for i in range(20):  # before the scheduler has run here: say it is coming
+                client.submit_job(_mapreduce(f"mr-{i:02}", 5, 19), allow_unknown_scheduler=True)
                 expected[f"mr-{i:02}"] = {"running": 19}
             # A short lease, so the restart waits little for the killed run's
             # registration; a round a second.

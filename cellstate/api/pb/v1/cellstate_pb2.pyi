@@ -149,10 +149,12 @@ class SyncResponse(_message.Message):
     def __init__(self, snapshot: _Optional[bool] = ..., snapshot_done: _Optional[bool] = ..., reset: _Optional[bool] = ..., revision: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("spec_json",)
+    __slots__ = ("spec_json", "allow_unknown_scheduler")
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNKNOWN_SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     spec_json: bytes
-    def __init__(self, spec_json: _Optional[bytes] = ...) -> None: ...
+    allow_unknown_scheduler: bool
+    def __init__(self, spec_json: _Optional[bytes] = ..., allow_unknown_scheduler: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
     __slots__ = ("job", "revision")
@@ -179,7 +181,7 @@ class TaskInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision")
+    __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision", "why_json")
     class TaskStatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -193,23 +195,27 @@ class JobInfo(_message.Message):
     TASK_STATES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    WHY_JSON_FIELD_NUMBER: _ClassVar[int]
     spec_json: bytes
     state: str
     reason: str
     task_states: _containers.ScalarMap[str, int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     revision: int
-    def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    why_json: bytes
+    def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., why_json: _Optional[bytes] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("scheduler", "state", "limit")
+    __slots__ = ("scheduler", "state", "limit", "newest_first")
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     scheduler: str
     state: str
     limit: int
-    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    newest_first: bool
+    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ..., newest_first: _Optional[bool] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "revision")
@@ -431,6 +437,30 @@ class ReportMetricsRequest(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., lease: _Optional[int] = ..., metrics_json: _Optional[bytes] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PendingReport(_message.Message):
+    __slots__ = ("job", "report_json")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    report_json: bytes
+    def __init__(self, job: _Optional[str] = ..., report_json: _Optional[bytes] = ...) -> None: ...
+
+class ReportPendingRequest(_message.Message):
+    __slots__ = ("scheduler", "instance", "lease", "reports")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    instance: str
+    lease: int
+    reports: _containers.RepeatedCompositeFieldContainer[PendingReport]
+    def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., lease: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[PendingReport, _Mapping]]] = ...) -> None: ...
+
+class ReportPendingResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -104,6 +104,11 @@ class CellStateStub:
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsRequest.SerializeToString,
                 response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsResponse.FromString,
                 _registered_method=True)
+        self.ReportPending = channel.unary_unary(
+                '/omega.cellstate.v1.CellState/ReportPending',
+                request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingRequest.SerializeToString,
+                response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingResponse.FromString,
+                _registered_method=True)
         self.RegisterAgent = channel.unary_unary(
                 '/omega.cellstate.v1.CellState/RegisterAgent',
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.RegisterAgentRequest.SerializeToString,
@@ -203,6 +208,12 @@ class CellStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportPending(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterAgent(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -287,6 +298,11 @@ def add_CellStateServicer_to_server(servicer, server):
                     servicer.ReportMetrics,
                     request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsRequest.FromString,
                     response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsResponse.SerializeToString,
+            ),
+            'ReportPending': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPending,
+                    request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingRequest.FromString,
+                    response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingResponse.SerializeToString,
             ),
             'RegisterAgent': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterAgent,
@@ -677,6 +693,33 @@ class CellState:
             '/omega.cellstate.v1.CellState/ReportMetrics',
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsRequest.SerializeToString,
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPending(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omega.cellstate.v1.CellState/ReportPending',
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingRequest.SerializeToString,
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ReportPendingResponse.FromString,
             options,
             channel_credentials,
             insecure,

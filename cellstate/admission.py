@@ -1,0 +1,145 @@
+"""What keeps a job from running that the cell itself can tell, without a scheduler.
+
+Pure functions of a snapshot and a job, used twice:
+
+* :func:`refusal` at submission: what can never run is refused at once, instead of
+  waiting pending until its scheduler gives up (a precedence above the scheduler's
+  limit, a gang larger than the whole cell or than the scheduler's resource limit, a
+  scheduler no cell member has heard of while others have run here);
+* :func:`blockers` for ``omega why``: the same reasons and those that may pass
+  (the scheduler's resource limit nearly used up, no live instance of the
+  scheduler), computed whenever asked, so they are current whatever the schedulers
+  last recorded.
+
+The store's validation (``cellstate/validation.py``) stays the judge of every claim;
+these only explain, and refuse what that judge could never accept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from cellstate.cell import CellSnapshot, scheduler_usage
+from cellstate.errors import StoreError
+from cellstate.model import Job, Resources, UsageRecord, required_tasks
+
+
+class UnschedulableError(StoreError):
+    """A job refused at submission because it can never run (:func:`refusal`)."""
+
+
+@attrs.frozen
+class Blocker:
+    """One reason the cell gives for a job not running.
+
+    ``code``: ``no_scheduler``, ``no_instance``, ``precedence_limit``, ``quota``,
+    ``gang_too_large``, ``no_machines``; ``permanent``: no change of the cell's load
+    would let it run (submission refuses such a job)."""
+
+    code: str
+    text: str
+    permanent: bool = False
+
+    def to_doc(self) -> dict[str, object]:
+        return {"code": self.code, "text": self.text, "permanent": self.permanent}
+
+
+def refusal(snap: CellSnapshot, job: Job, scheduler_known: bool | None = None) -> str | None:
+    """Why ``job`` can never run in this cell as it is configured, or None. A
+    scheduler name no scheduler has run under is refused only once some scheduler has
+    run here (an empty cell may be submitted to before its schedulers start);
+    ``scheduler_known`` overrides what ``snap`` says of the job's scheduler (a
+    snapshot may be a moment behind a scheduler's first registration)."""
+    for b in blockers(snap, job):
+        if b.permanent:
+            return b.text
+    known = job.scheduler in snap.schedulers if scheduler_known is None else scheduler_known
+    if snap.schedulers and not known:
+        return _unknown_scheduler(snap, job)
+    return None
+
+
+def blockers(snap: CellSnapshot, job: Job) -> list[Blocker]:
+    """Every reason the cell gives now for ``job`` not running (empty: none; the
+    scheduler's own records say why it placed nothing)."""
+    out: list[Blocker] = []
+    scheduler = _scheduler_blocker(snap, job)
+    if scheduler is not None:
+        out.append(scheduler)
+    limits = snap.config.limits_for(job.scheduler)
+    if limits is not None and limits.max_precedence is not None and (
+            job.precedence > limits.max_precedence):
+        out.append(Blocker(
+            "precedence_limit",
+            f"precedence {job.precedence} is above scheduler {job.scheduler!r}'s limit of "
+            f"{limits.max_precedence}: the store refuses every claim of this job", True))
+    if limits is not None and limits.max_resources is not None:
+        quota = _quota_blocker(snap, job, limits.max_resources)
+        if quota is not None:
+            out.append(quota)
+    size = _gang_blocker(snap, job)
+    if size is not None:
+        out.append(size)
+    return out
+
+
+def _unknown_scheduler(snap: CellSnapshot, job: Job) -> str:
+    known = ", ".join(sorted(snap.schedulers)) or "none"
+    return (f"no scheduler named {job.scheduler!r} has run in this cell (known: {known}); "
+            "start one, or name a known scheduler")
+
+
+def _scheduler_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:
+    if job.scheduler not in snap.schedulers:
+        return Blocker("no_scheduler", _unknown_scheduler(snap, job))
+    if not snap.live_instances(job.scheduler):
+        return Blocker("no_instance", f"scheduler {job.scheduler!r} has no live instance "
+                                      "(its instances stopped or lost their lease)")
+    return None
+
+
+def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | None:
+    need = job.task_resources
+    whole = _times(need, required_tasks(job)) if job.gang else need
+    dim = whole.exceeding_limit(limit)
+    what = f"all {required_tasks(job)} tasks of the gang" if job.gang else "one task"
+    if dim is not None:
+        return Blocker("quota", f"{what} need {whole.get(dim):g} {dim}, above scheduler "
+                                f"{job.scheduler!r}'s limit of {limit.get(dim):g}", True)
+    record = snap.usage.get(job.scheduler)
+    held = record.used if isinstance(record, UsageRecord) else scheduler_usage(snap,
+                                                                               job.scheduler)
+    dim = (held + whole).exceeding_limit(limit)
+    if dim is None:
+        return None
+    return Blocker("quota", f"scheduler {job.scheduler!r} holds {held.get(dim):g} of its "
+                            f"limit of {limit.get(dim):g} {dim}; {what} need "
+                            f"{whole.get(dim):g} more")
+
+
+def _gang_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:
+    if not snap.machines:
+        return Blocker("no_machines", "the cell has no machines (no agent registered any)")
+    if not job.gang:
+        return None
+    need, wanted = job.task_resources, required_tasks(job)
+    slots = sum(_slots(m.capacity, need) for m in snap.machines.values())
+    if slots >= wanted:
+        return None
+    return Blocker("gang_too_large",
+                   f"the gang needs {wanted} tasks at once; the whole cell "
+                   f"({len(snap.machines)} machines, empty) holds at most {slots} of them",
+                   True)
+
+
+def _slots(capacity: Resources, need: Resources) -> int:
+    """How many tasks of ``need`` an empty machine of ``capacity`` holds."""
+    counts = [math.floor(capacity.get(dim) / amount + 1e-9)
+              for dim, amount in need.amounts if amount > 0]
+    return min(counts) if counts else 1 << 30
+
+
+def _times(r: Resources, n: int) -> Resources:
+    return Resources(tuple((dim, amount * n) for dim, amount in r.amounts))

@@ -1,0 +1,61 @@
+"""How ``omega job`` and ``omega why`` show one job: its state, its tasks, and why the
+tasks that wait are waiting (the cell's own reasons and each scheduler instance's
+report of its last attempt, as the cellstate service returns them under ``why``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def job_text(info: dict[str, Any], now: float | None = None) -> str:
+    """The job, its tasks (one line each) and, when some wait, why."""
+    lines = [_head(info)]
+    spec = info["spec"]
+    for t in info.get("tasks", []):
+        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']}")
+    why = why_lines(info, now)
+    if why:
+        lines.append("why pending:")
+        lines.extend(why)
+    return "\n".join(lines)
+
+
+def why_text(info: dict[str, Any], now: float | None = None) -> str:
+    """The job's state and why its waiting tasks wait (``omega why``)."""
+    pending = info.get("task_states", {}).get("pending", 0)
+    head = _head(info)
+    if info.get("reason"):
+        return head
+    if not pending:
+        return head + "\n  nothing is pending"
+    lines = why_lines(info, now)
+    if not lines:
+        lines = ["  no scheduler has reported an attempt yet (reports arrive within a "
+                 "second of one)"]
+    return "\n".join([f"{head}: {pending} task(s) pending", *lines])
+
+
+def why_lines(info: dict[str, Any], now: float | None = None) -> list[str]:
+    why = info.get("why")
+    if not why:
+        return []
+    now = time.time() if now is None else now
+    out = [f"  cell: {b['text']}" + (" (can never run)" if b.get("permanent") else "")
+           for b in why.get("cell", [])]
+    for r in why.get("schedulers", []):
+        who = f"{r['scheduler']}/{r['instance']}"
+        age = max(now - float(r.get("at", now)), 0.0)
+        out.append(f"  {who}: attempt {r.get('attempts', '?')}, {age:.0f} s ago, placed "
+                   f"{r.get('placed', 0)}")
+        reasons = r.get("reasons", [])
+        out.extend(f"    {x['code']}: {x['text']}" for x in reasons)
+        if not reasons:
+            out.append("    (no reason given: the rest is waiting for its retry)")
+    return out
+
+
+def _head(info: dict[str, Any]) -> str:
+    spec = info["spec"]
+    return (f"job {spec['id']} ({spec['scheduler']}, {spec.get('kind', 'batch')}): "
+            f"{info['state']}" + (f" - {info['reason']}" if info.get("reason") else ""))

@@ -1,0 +1,194 @@
+"""The command line as people expect it (issue 15, item 5): global flags anywhere,
+--version, output formats, newest jobs first, the subcommand's usage for a bad flag,
+and a documented exit code with a message, never a traceback, for expected failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cellstate.api.server import CellStateServer
+from cellstate.kv.base import KV
+from cellstate.model import InstanceRecord
+from cellstate.store import CellStore
+from omega.cli import main
+from omega.cliglobal import CANNOT_LISTEN, PIPE_CLOSED, UNREACHABLE
+from omega.proc import omega
+from schedulers.testing import machine
+from tests.api.service_fixture import running_server
+
+
+@pytest.fixture
+def live(kv: KV) -> Iterator[CellStateServer]:
+    admin = CellStore(kv)
+    admin.add_machines([machine("m1", cpu=4), machine("a-machine-with-a-long-name", cpu=4)])
+    admin.register_instance(InstanceRecord("batch", "0"), 30)
+    with running_server(kv) as server:
+        yield server
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _at(server: CellStateServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def test_json_and_verbose_go_before_or_after_the_command(
+        live: CellStateServer, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _at(live)
+    outs = [_run(capsys, *argv)[1] for argv in (
+        ["--json", "machines", "--cellstate", where],
+        ["machines", "--cellstate", where, "--json"],
+        ["-o", "json", "machines", "--cellstate", where],
+        ["machines", "-o", "json", "--cellstate", where],
+        ["-v", "machines", "--json", "--cellstate", where],
+        ["machines", "--cellstate", where, "-v", "-o", "json"],
+    )]
+    assert all(o == outs[0] for o in outs)
+    assert {m["id"] for m in json.loads(outs[0])} == {"m1", "a-machine-with-a-long-name"}
+
+
+def test_tables_fit_long_names_and_wide_adds_columns(
+        live: CellStateServer, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _at(live)
+    _, out, _ = _run(capsys, "machines", "--cellstate", where)
+    header, *rows = out.splitlines()
+    # Every column starts where its header does, however long a name is.
+    start = header.index("STATE")
+    assert all(r[start - 2:start] == "  " and r[start] != " " for r in rows), out
+    _, wide, _ = _run(capsys, "machines", "-o", "wide", "--cellstate", where)
+    assert "AGENT" in wide.splitlines()[0] and "AGENT" not in header
+
+
+def test_jobs_newest_first_with_filters_and_limit(
+        live: CellStateServer, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _at(live)
+    for i in range(3):
+        assert _run(capsys, "submit", "--id", f"j{i}", "--cellstate", where)[0] == 0
+    _, out, _ = _run(capsys, "jobs", "--json", "--cellstate", where)
+    assert [j["spec"]["id"] for j in json.loads(out)] == ["j2", "j1", "j0"]
+    _, out, _ = _run(capsys, "jobs", "--json", "--limit", "1", "--cellstate", where)
+    assert [j["spec"]["id"] for j in json.loads(out)] == ["j2"]
+    _, out, _ = _run(capsys, "jobs", "--json", "--oldest-first", "--cellstate", where)
+    assert [j["spec"]["id"] for j in json.loads(out)] == ["j0", "j1", "j2"]
+    _, out, _ = _run(capsys, "jobs", "--json", "--status", "running", "--cellstate", where)
+    assert json.loads(out) == []
+    _, out, _ = _run(capsys, "jobs", "--json", "--scheduler", "batch", "--status", "pending",
+                     "--cellstate", where)
+    assert len(json.loads(out)) == 3
+
+
+def test_gpu_flag_asks_for_gpus(live: CellStateServer,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    where = _at(live)
+    assert _run(capsys, "submit", "--id", "g", "--gpu", "2", "--cellstate", where)[0] == 0
+    _, out, _ = _run(capsys, "job", "g", "-o", "json", "--cellstate", where)
+    assert json.loads(out)["spec"]["task_resources"] == {"cpu": 1.0, "mem": 1.0, "gpu": 2.0}
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("omega ")
+
+
+def test_an_unknown_flag_prints_the_subcommands_usage(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["jobs", "--bogus"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: omega jobs") and "unrecognized arguments: --bogus" in err
+
+
+def test_help_states_units() -> None:
+    text = subprocess.run(omega("submit", "--help"), capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    assert "CPU cores per task" in text and "GiB" in text and "GPUs per task" in text
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, s.getsockname()[1]
+
+
+def test_server_on_a_taken_port_exits_4_without_a_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    s, port = _taken_port()
+    with s:
+        code, _, err = _run(capsys, "server", "--etcd", "127.0.0.1:1", "--listen",
+                            f"127.0.0.1:{port}")
+    assert code == CANNOT_LISTEN
+    assert f"cannot listen on 127.0.0.1:{port}: the address is in use" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", "--etcd", "127.0.0.1:1"],
+    ["recover", "--etcd", "127.0.0.1:1"],
+    ["server", "--etcd", "127.0.0.1:1", "--listen", "127.0.0.1:0"],
+])
+def test_unreachable_etcd_exits_3_not_1(argv: list[str]) -> None:
+    # As a process: what a user sees, stderr and all.
+    run = subprocess.run(omega(*argv), capture_output=True, text=True, timeout=120)
+    assert run.returncode == UNREACHABLE, run
+    assert f"omega {argv[0]}: etcd did not answer at 127.0.0.1:1" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def _into_closed_pipe(*argv: str) -> tuple[int, str]:
+    """Run ``omega ARGV`` with its output a pipe nobody reads any more (`| head -0`,
+    deterministically: the reading end is closed before the process starts)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run(omega(*argv), stdout=write, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write)
+    return run.returncode, run.stderr.decode()
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["completion", "bash"], PIPE_CLOSED),
+    # argparse itself drops output it cannot write, and help exits 0.
+    (["--help"], 0),
+    (["jobs", "--help"], 0),
+])
+def test_a_closed_output_ends_quietly(argv: list[str], code: int) -> None:
+    assert _into_closed_pipe(*argv) == (code, "")
+
+
+def test_listing_into_a_closed_pipe(live: CellStateServer) -> None:
+    assert _into_closed_pipe("machines", "--cellstate", _at(live)) == (PIPE_CLOSED, "")
+
+
+@pytest.mark.parametrize(("words", "offered"), [
+    (["omega", "su"], "submit"),
+    (["omega", "--json", "jo"], "jobs"),
+    (["omega", "jobs", "--st"], "--status"),
+    (["omega", "-o", "w"], "wide"),
+])
+def test_bash_completion_offers_commands_and_flags(words: list[str], offered: str,
+                                                   tmp_path: Path) -> None:
+    script = tmp_path / "omega.bash"
+    script.write_text(subprocess.run(omega("completion", "bash"), capture_output=True,
+                                     text=True, check=True, timeout=60).stdout)
+    quoted = " ".join(f"'{w}'" for w in words)
+    out = subprocess.run(
+        ["bash", "-c", f"source {script}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1};"
+                       ' _omega; printf "%s\\n" "${COMPREPLY[@]}"'],
+        capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert offered in out
