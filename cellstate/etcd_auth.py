@@ -14,10 +14,11 @@ users of a cell and turns authentication on. Roles, one per kind of process that
 talks to etcd, each limited to the cell's keys:
 
 * ``omega-<cell>-server``: read and write the cell (``/omega/<cell>/``), its scheduler
-  metrics (``/omega-metrics/<cell>/``) and the maintenance lock: the cellstate
-  servers, and ``omega recover`` (which finishes a crashed server's commits);
-* ``omega-<cell>-reader``: read the cell and its metrics: ``omega check``, the demo's
-  last check, monitoring.
+  instances' metrics and pending reports (``/omega-metrics/<cell>/``,
+  ``/omega-pending/<cell>/``) and the maintenance lock: the cellstate servers, and
+  ``omega recover`` (which finishes a crashed server's commits);
+* ``omega-<cell>-reader``: read the cell, its metrics and pending reports: ``omega
+  check``, the demo's last check, monitoring.
 
 Nothing else gets a role: schedulers, agents and users reach the cell only through a
 cellstate server. The root user (etcd's administrator: users, roles, and the
@@ -33,7 +34,7 @@ from typing import Final
 import attrs
 
 from cellstate.errors import ConfigError
-from cellstate.keys import Keyspace, metrics_prefix
+from cellstate.keys import Keyspace, metrics_prefix, pending_prefix
 from cellstate.kv.base import prefix_end
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import LOCK_KEY
@@ -58,13 +59,11 @@ def role_name(cell: str, kind: str) -> str:
 
 def cell_permissions(cell: str, kind: str) -> list[tuple[bytes, bytes | None, bool]]:
     """``kind``'s permissions in ``cell``: (key, range end or None for one key, write)."""
-    root = Keyspace(cell).root
-    metrics = metrics_prefix(cell)
+    prefixes = (Keyspace(cell).root, metrics_prefix(cell), pending_prefix(cell))
     if kind == RoleKind.SERVER:
-        return [(root, prefix_end(root), True), (metrics, prefix_end(metrics), True),
-                (LOCK_KEY, None, True)]
+        return [*((p, prefix_end(p), True) for p in prefixes), (LOCK_KEY, None, True)]
     if kind == RoleKind.READER:
-        return [(root, prefix_end(root), False), (metrics, prefix_end(metrics), False)]
+        return [(p, prefix_end(p), False) for p in prefixes]
     raise ValueError(f"no etcd role kind {kind!r}; one of {', '.join(KINDS)}")
 
 

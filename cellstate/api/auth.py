@@ -38,7 +38,7 @@ import grpc
 
 from cellstate.cell import CellSnapshot
 from cellstate.errors import StoreError
-from cellstate.keys import Keyspace, metrics_prefix
+from cellstate.keys import Keyspace, metrics_prefix, pending_prefix
 from cellstate.model import Job, Machine, ModelError, check_name, split_task_id
 
 
@@ -285,9 +285,13 @@ def check_changeable(state: str, job_id: str, what: str) -> None:
 
 def holds(who: Identity, key: bytes, cell: str) -> bool:
     """Whether ``key`` may sit on a lease of ``who``: a scheduler's instance
-    registrations and metric reports, an agent's own record."""
+    registrations, metric and pending reports (``<pending>/<job>/<scheduler>/...``),
+    an agent's own record."""
     keys = Keyspace(cell)
     if who.kind is Kind.SCHEDULER:
+        pending = pending_prefix(cell)
+        if key.startswith(pending):
+            return key[len(pending):].split(b"/")[1:2] == [who.name.encode()]
         return key.startswith((keys.instance(who.name, ""),
                                metrics_prefix(cell) + who.name.encode() + b"/"))
     if who.kind is Kind.AGENT:
