@@ -234,9 +234,10 @@ def test_composes_etcd_set_up_works_on_a_real_etcd(
         assert main(reader) == 0
         assert "ok" in capsys.readouterr().out
         scheduler = [*check, "--etcd-cert", str(tmp_path / "scheduler-batch.pem")]
-        assert main(scheduler) == 2  # a certificate of the cell, but no etcd user
-        assert "permission denied" in capsys.readouterr().err
-        assert main(check) == 2  # no certificate: refused, and said so
+        assert main(scheduler) == 2  # a certificate of the cell, but no etcd user: refused
+        assert "etcd refused the call: etcdserver: permission denied" in (
+            capsys.readouterr().err)
+        assert main(check) == 3  # no certificate: no TLS handshake, so no etcd answers
         assert "TLS handshake failed" in capsys.readouterr().err
 
 
