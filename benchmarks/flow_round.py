@@ -25,6 +25,7 @@ processes' share of the cores stays out), and the whole round in wall time too.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -191,6 +192,10 @@ def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
 
 def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
              seed: int = 7) -> tuple[Timing, list[Timing]]:
+    # The cells of earlier scenarios are garbage in reference cycles (a replica and its
+    # callbacks) that the tuned collector would keep for a long while: left there, they
+    # made later scenarios' solves up to twice as slow as in a process of their own.
+    gc.collect()
     rng = random.Random(seed)
     cell = Cell(machines, policy, rng)
     now = 1000.0

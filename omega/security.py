@@ -190,11 +190,29 @@ class CellCredentials:
         server, the configuration that lists the cell's schedulers)."""
         files = self.files(process_identity(args))
         extra = tls_argv(files)
+        args = list(args)
         if args and args[0] == "server":
-            extra += ["--config", str(self.server_config)]
+            if "--config" in args:
+                # A configuration of the caller's own: the cell's schedulers it does not
+                # list are added (with no limits), so they keep their rights.
+                at = args.index("--config") + 1
+                args[at] = str(self._with_schedulers(Path(args[at])))
+            else:
+                extra += ["--config", str(self.server_config)]
             if self.lock_etcd:
                 extra += etcd_argv(files)
         return [*args, *extra]
+
+    def _with_schedulers(self, config: Path) -> Path:
+        import tomllib
+
+        text = config.read_text()
+        listed = tomllib.loads(text).get("limits", {})
+        missing = [n for n in sorted(self.schedulers) if n not in listed]
+        out = self.server_config.with_name(f"server-{config.stem}.toml")
+        out.write_text(text + ("\n" if text and not text.endswith("\n") else "")
+                       + "".join(f"[limits.{n}]\n" for n in missing))
+        return out
 
 
 def etcd_argv(files: TlsFiles) -> list[str]:

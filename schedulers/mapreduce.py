@@ -65,6 +65,7 @@ from cellstate.model import (
 )
 from schedulers.api import CellView, Context, Plan, Policy
 from schedulers.batch import first_fit
+from schedulers.options import Options
 from schedulers.placement import why_not
 from schedulers.runtime import owner_of
 
@@ -97,19 +98,15 @@ class MapReducePolicy(Policy):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise MapReduceOptionError(
-                f"mapreduce scheduler: unknown option(s) {', '.join(unknown)} (known: "
-                f"{', '.join(OPTIONS)})")
+        o = Options(options, "mapreduce scheduler", OPTIONS, MapReduceOptionError)
         policy = options.get("policy", "max-parallel")
         if policy not in POLICIES:
             raise MapReduceOptionError(f"mapreduce scheduler: option policy must be one of "
                                        f"{', '.join(POLICIES)}, got {policy!r}")
         self.mode: str = str(policy)
-        self.propose_interval = _number(options, "interval", 5.0, 0.01, 3600.0)
-        self.target = _number(options, "target", 0.6, 0.0, 1.0)
-        self.factor = _number(options, "factor", 4.0, 1.0, 1e6)
+        self.propose_interval = o.number("interval", 5.0, 0.01, 3600.0)
+        self.target = o.number("target", 0.6, 0.0, 1.0)
+        self.factor = o.number("factor", 4.0, 1.0, 1e6)
         # Each job's progress as far as this scheduler can tell (for predictions only;
         # agents and the simulator run jobs by their own tracker).
         self.tracker = model.Tracker()
@@ -368,11 +365,3 @@ class _Finder:
             candidates.pop()
         return None
 
-
-def _number(options: Mapping[str, Any], name: str, default: float, lo: float,
-            hi: float) -> float:
-    v = options.get(name, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise MapReduceOptionError(f"mapreduce scheduler: option {name} must be a number "
-                                   f"from {lo:g} to {hi:g}, got {v!r}")
-    return float(v)

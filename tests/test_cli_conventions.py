@@ -24,6 +24,13 @@ from schedulers.testing import machine
 from tests.api.service_fixture import running_server
 
 
+@pytest.fixture(autouse=True)
+def plaintext(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conventions are tried against plaintext servers (every command, and every
+    process these tests start, reads $OMEGA_INSECURE); TLS is tests/api/test_authz.py's."""
+    monkeypatch.setenv("OMEGA_INSECURE", "1")
+
+
 @pytest.fixture
 def live(kv: KV) -> Iterator[CellStateServer]:
     admin = CellStore(kv)
@@ -158,7 +165,10 @@ def _into_closed_pipe(*argv: str) -> tuple[int, str]:
         run = subprocess.run(omega(*argv), stdout=write, stderr=subprocess.PIPE, timeout=60)
     finally:
         os.close(write)
-    return run.returncode, run.stderr.decode()
+    # The one line --insecure ($OMEGA_INSECURE) prints on purpose is not noise.
+    noise = [line for line in run.stderr.decode().splitlines(keepends=True)
+             if not line.startswith("WARNING: ") or "--insecure" not in line]
+    return run.returncode, "".join(noise)
 
 
 @pytest.mark.parametrize(("argv", "code"), [

@@ -9,6 +9,7 @@ store and replica run underneath (schedulers.testing)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import attrs
@@ -26,7 +27,7 @@ from cellstate.model import (
     TaskState,
     Transaction,
 )
-from schedulers.api import CellView
+from schedulers.api import CellView, Context
 from schedulers.fair import FairPolicy
 from schedulers.fair.policy import FairOptionError
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
@@ -195,29 +196,30 @@ def test_caps_per_round_and_per_minute() -> None:
     assert evicted(h, inst) == ["a/7", "a/6", "a/5", "a/4"]
 
 
+def solo_then_gang_then_bob(h: Harness) -> None:
+    """alice runs "solo" (ranked first) and then the gang "g", 4 tasks each; bob's one
+    task then arrives and runs."""
+    h.submit([fair_job("solo", "alice", 4, priority=1)])
+    h.run(lambda s: len(running(s, "solo")) == 4)
+    h.submit([fair_job("g", "alice", 4, gang=True)])
+    h.run(lambda s: len(running(s, "g")) == 4)
+    h.submit([fair_job("b", "bob", 1)])
+    h.run(until_running("b/0"))
+
+
 def test_a_gang_counts_whole_against_the_cap_and_its_tasks_must_all_qualify() -> None:
     # alice runs "solo" (ranked first) on m1 and the gang "g" on m2: the gang's tasks
     # are her least important, CRS 5/8 to 8/8. Preempting any ends the whole gang,
     # which counts 4 against the cap; with a cap of 3 the scheduler takes solo/3
     # (CRS 4/8) instead.
     h, inst = cell(delta=0.05, max_preemptions_per_round=3)
-    h.submit([fair_job("solo", "alice", 4, priority=1)])
-    h.run(lambda s: len(running(s, "solo")) == 4)
-    h.submit([fair_job("g", "alice", 4, gang=True)])
-    h.run(lambda s: len(running(s, "g")) == 4)
-    h.submit([fair_job("b", "bob", 1)])
-    h.run(until_running("b/0"))
+    solo_then_gang_then_bob(h)
     assert evicted(h, inst) == ["solo/3"]
 
 
 def test_a_gang_is_preempted_for_whole_when_the_cap_allows() -> None:
     h, inst = cell(delta=0.05)
-    h.submit([fair_job("solo", "alice", 4, priority=1)])
-    h.run(lambda s: len(running(s, "solo")) == 4)
-    h.submit([fair_job("g", "alice", 4, gang=True)])
-    h.run(lambda s: len(running(s, "g")) == 4)
-    h.submit([fair_job("b", "bob", 1)])
-    h.run(until_running("b/0"))
+    solo_then_gang_then_bob(h)
     # The gang's most important task has CRS 5/8, above solo's 4/8: the gang goes,
     # one task evicted, and the round counts 4 tasks of work lost.
     (victim,) = evicted(h, inst)
@@ -333,3 +335,25 @@ def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
     assert evicted(h, inst) == ["a/3"]
     assert inst.policy.report()["share.bob"] == 0.25
     assert violations(h.snapshot()) == []
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    # alice's tasks at 2/8 ... 8/8 are above 1/8 + 0.05.
+    ({"min_runtime": 60.0}, "the 7 task(s) above it have run less than the minimum run "
+                            "time (60 s)"),
+    ({"delta": 0.9}, "no running task's CRS is above that"),
+    ({"max_preemptions_per_round": 0}, "the preemption cap is reached (0 per round"),
+    ({"preempt": False}, "this fair scheduler does not preempt"),
+])
+def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
+    h, _ = cell()
+    fill(h)
+    h.submit([fair_job("b", "bob", 1)])
+    snap = h.snapshot()
+    ctx = Context(CellView(snap, "fair"), h.clock.now, random.Random(0), "fair", "t")
+    plan = FairPolicy(**{"min_runtime": 0.0, **options}).schedule_jobs(ctx, [snap.jobs["b"]])
+    (u,) = plan.unplaced
+    assert plan.claims == () and u.job == "b" and not u.permanent
+    assert says in u.reason, u.reason
+    # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
+    assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason

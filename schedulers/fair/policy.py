@@ -161,7 +161,10 @@ class FairPolicy(Policy):
             if never is not None:
                 out.append(Unplaced(jid, never, n, permanent=True))
             else:
-                out.append(Unplaced(jid, failed[jid], n, fit=tallies[jid].report()))
+                # A tally only where this round looked at machines for the job itself
+                # (a job of a shape already found to fit nowhere was not looked at again).
+                report = tallies[jid].report()
+                out.append(Unplaced(jid, failed[jid], n, fit=report if report.machines else None))
         self._record(r, shares.book)
         return Plan(view.claims, tuple(out))
 
@@ -275,9 +278,9 @@ class FairPolicy(Policy):
             return None, _waiting(crs, c.delta, "no running task's CRS is above that")
         budget = self.guard.left()
         if budget <= 0:
-            return None, (f"no machine has room now, and the preemption cap is reached "
-                          f"({c.max_preemptions_per_round} per round, "
-                          f"{c.max_preemptions_per_minute} per minute)")
+            return None, _waiting(crs, c.delta, f"the preemption cap is reached "
+                                  f"({c.max_preemptions_per_round} per round, "
+                                  f"{c.max_preemptions_per_minute} per minute)")
         by_machine, young = eligible(ctx.view, shares, task_precedence(job, index), threshold,
                                      self.guard.old_enough)
         if not by_machine:

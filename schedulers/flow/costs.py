@@ -19,15 +19,27 @@ the job's unscheduled aggregator; ``S``: the sink)::
 
 All costs are whole numbers (solvers work in integers), kept well below
 ``network.MAX_COST``.
+
+A model may also price the arcs into many machines at once
+(:meth:`CostModel.machine_costs`, on numpy arrays): the graph manager then updates the
+thousands of machines a round changes on arrays, not one by one in Python. The
+per-machine methods stay the reference: the batch method must give exactly what
+:meth:`CostModel.machine_arc` and :meth:`CostModel.reclaim` give machine by machine
+(``tests/test_flow_costs.py`` checks every built-in model). Each batch method answers
+None (price machine by machine) when the model's per-machine methods are not the ones
+it was written for, so a subclass that overrides only a per-machine method stays
+right.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from cellstate.model import Claim, Job, Machine, Resources
 
@@ -58,6 +70,50 @@ class MachineLoad:
     slots: int
     others: float
     used: Resources  # everything held there, the network's own tasks included
+
+
+class MachineBatch:
+    """Many machines as :meth:`CostModel.machine_costs` sees them: row ``i`` is the
+    machine :meth:`loads` gives at ``i``. ``slots`` and ``others`` are the
+    :class:`MachineLoad` fields as arrays; :meth:`capacity` and :meth:`used` give one
+    resource dimension of every machine. ``free`` gives, per machine, what no
+    allocation holds in each dimension (asked for only when a model needs it)."""
+
+    def __init__(self, machines: Sequence[Machine], slots: npt.NDArray[np.int64],
+                 others: npt.NDArray[np.float64],
+                 free: Callable[[], Sequence[Mapping[str, float]]]) -> None:
+        self.machines = machines
+        self.slots = slots
+        self.others = others
+        self._free = free
+
+    def __len__(self) -> int:
+        return len(self.machines)
+
+    def capacity(self, dim: str) -> npt.NDArray[np.float64]:
+        return np.array([m.capacity.get(dim) for m in self.machines], dtype=np.float64)
+
+    def used(self, dim: str) -> npt.NDArray[np.float64]:
+        """``MachineLoad.used`` in ``dim``: capacity less what is free, with the float
+        residue of releasing everything taken back to 0 as ``Resources`` does."""
+        out = np.array([m.capacity.get(dim) - f.get(dim, 0.0)
+                        for m, f in zip(self.machines, self._free(), strict=True)],
+                       dtype=np.float64)
+        out[np.abs(out) <= 1e-9] = 0.0
+        return out
+
+    def loads(self) -> list[MachineLoad]:
+        """The machines one by one, as the per-machine methods take them."""
+        return [MachineLoad(m, int(n), float(o),
+                            m.capacity - Resources(tuple(sorted(f.items()))))
+                for m, n, o, f in zip(self.machines, self.slots.tolist(),
+                                      self.others.tolist(), self._free(), strict=True)]
+
+
+#: What :meth:`CostModel.machine_costs` answers: the cost of each machine's arcs in
+#: (``machine_arc``) and the extra cost of arrivals that reclaim room (``reclaim``;
+#: None where the model has none), one row per machine.
+MachineCosts = tuple[npt.NDArray[np.int64], "npt.NDArray[np.int64] | None"]
 
 
 @attrs.frozen
@@ -195,6 +251,15 @@ class CostModel:
         the machine (some must migrate or be preempted); None: no such arrivals."""
         return None
 
+    def machine_costs(self, batch: MachineBatch) -> MachineCosts | None:
+        """:meth:`machine_arc` and :meth:`reclaim` for many machines at once, as
+        arrays (the reclaim array None where :meth:`reclaim` answers None for every
+        machine); None: price them one by one. Optional; it must answer None when the
+        model's per-machine methods are not the ones it was written for."""
+        if not _own_methods(self, CostModel, "machine_arc", "reclaim"):
+            return None
+        return np.zeros(len(batch), dtype=np.int64), None
+
     def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
         """(capacity, cost) of the parallel arcs from a machine to the sink, whose
         capacities add up to ``load.slots``; costs that rise tier by tier make the
@@ -212,6 +277,12 @@ class CostModel:
         """Cost of moving running tasks elsewhere (through the shape aggregator);
         None: never."""
         return None
+
+
+def _own_methods(model: CostModel, cls: type, *names: str) -> bool:
+    """Whether ``model``'s methods ``names`` are those of ``cls`` (not overridden
+    below it): a batch method written for ``cls`` prices only what ``cls`` prices."""
+    return all(getattr(type(model), n) is getattr(cls, n) for n in names)
 
 
 def _tiers(slots: int, others: float, scale: float, max_tiers: int = 16
@@ -238,6 +309,12 @@ class _MovesTasks(CostModel):
 
     def reclaim(self, load: MachineLoad) -> int | None:
         return 0
+
+    def machine_costs(self, batch: MachineBatch) -> MachineCosts | None:
+        if not _own_methods(self, _MovesTasks, "machine_arc", "reclaim"):
+            return None
+        zeros = np.zeros(len(batch), dtype=np.int64)
+        return zeros, zeros
 
     def preempt(self, group: Group, waited: float) -> int | None:
         o = self.options
@@ -372,6 +449,16 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
             return round(self.options["bandwidth_weight"])
         used = load.used.get(self.resource)
         return round(self.options["bandwidth_weight"] * min(used / cap, 1.0))
+
+    def machine_costs(self, batch: MachineBatch) -> MachineCosts | None:
+        if not _own_methods(self, NetworkAwareCostModel, "machine_arc", "reclaim"):
+            return None
+        weight = self.options["bandwidth_weight"]
+        cap = batch.capacity(self.resource)
+        share = np.minimum(batch.used(self.resource) / np.where(cap > 0, cap, 1.0), 1.0)
+        # np.round rounds halves to even, as round() does.
+        into = np.where(cap > 0, np.round(weight * share), round(weight)).astype(np.int64)
+        return into, np.zeros(len(batch), dtype=np.int64)
 
 
 class AladdinCostModel(CostModel):

@@ -29,9 +29,11 @@ import enum
 import heapq
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from cellstate.cell import CellSnapshot, alloc_placed, holding, task_view
 from cellstate.keys import KeyKind
@@ -43,15 +45,17 @@ from cellstate.model import (
     MachineState,
     Resources,
     Selector,
+    TaskState,
     split_task_id,
     sum_resources,
     task_id,
 )
-from schedulers.flow.costs import CostModel, Group, MachineLoad
+from schedulers.flow.costs import CostModel, Group, MachineBatch, MachineLoad
 from schedulers.flow.network import MAX_CAPACITY, Arc, FlowNetwork, NodeKey
 from schedulers.runtime import owner_of
 
 SINK: NodeKey = ("S",)
+_T = TypeVar("_T")
 #: Most tasks of one shape counted as fitting on one machine.
 MAX_FIT = 100_000
 
@@ -120,11 +124,38 @@ class GroupKey:
     own: bool
 
 
+class Layout(NamedTuple):
+    """Where a machine's arcs in sit, as :meth:`GraphManager._machine_arcs` made them:
+    for the shapes ``order`` (the graph manager's, that very tuple), whether each may
+    use the machine now (``gate``: up, selector matched), the positions in ``order``
+    of the shapes that could ever fit (``eligible``), and the slots of their arcs in
+    (``fits``; ``reclaim``: the arcs into reclaimed room, None if the model has none)."""
+
+    order: tuple[Shape, ...]
+    gate: tuple[bool, ...]
+    eligible: list[int]
+    fits: list[int]
+    reclaim: list[int] | None
+
+
+def _fit_counts(room: npt.NDArray[np.float64], amounts: npt.NDArray[np.float64],
+                gate: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """:func:`fit_count` for many machines (rows of ``room``) and shapes (rows of
+    ``amounts``) at once, with the same float operations."""
+    out = np.full((room.shape[0], amounts.shape[0]), MAX_FIT, dtype=np.int64)
+    for i in range(amounts.shape[0]):
+        cols = np.flatnonzero(amounts[i] > 0)
+        if len(cols):
+            n = np.floor(room[:, cols] / amounts[i, cols] + 1e-9).min(axis=1)
+            out[:, i] = np.clip(n, 0, MAX_FIT)
+    out[~gate] = 0
+    return out
+
+
 @attrs.define
 class MachineEntry:
     machine: Machine
     avail: Resources  # capacity minus what the tasks outside the network hold
-    load: MachineLoad
     groups: dict[GroupKey, set[str]]  # re-offered task ids here
     movable: dict[GroupKey, int]  # of which not moved too recently
     jobs: dict[str, int]  # this scheduler's jobs -> their re-offered tasks here
@@ -132,14 +163,26 @@ class MachineEntry:
     tier_key: object = None  # what the machine's sink arcs were made from
     tagged: bool = False  # some allocation has gang or eviction tags: no deltas
     eligible: dict[Shape, bool] = attrs.field(factory=dict)  # could it ever fit here
+    layout: Layout | None = None  # of its arcs in
+    share_of: Resources | None = None  # the ``avail`` that ``share`` was worked out for
+    share: float = 0.0
+    # ``avail`` in the dimensions the fit rule counts, and for which avail and list
+    # of dimensions
+    avail_row: tuple[Resources | None, list[str] | None, list[float]] = (None, None, [])
 
-    def add(self, gk: GroupKey, a: Allocation) -> None:
+    def add(self, gk: GroupKey, a: Allocation) -> bool:
+        """Whether ``a``'s job had no re-offered task here before."""
         self.groups.setdefault(gk, set()).add(a.task)
         self.where[a.task] = gk
         if gk.own:
-            self.jobs[a.job] = self.jobs.get(a.job, 0) + 1
+            n = self.jobs.get(a.job, 0)
+            self.jobs[a.job] = n + 1
+            return not n
+        return False
 
-    def remove(self, tid: str) -> GroupKey | None:
+    def remove(self, tid: str) -> tuple[GroupKey | None, bool]:
+        """The group ``tid`` left, and whether its job has no re-offered task here
+        now."""
         gk = self.where.pop(tid, None)
         if gk is not None:
             self.groups[gk].discard(tid)
@@ -150,15 +193,19 @@ class MachineEntry:
                     self.jobs[jid] = n
                 else:
                     del self.jobs[jid]
-        return gk
+                    return gk, True
+        return gk, False
 
-    def free(self) -> Resources:
+    def free_amounts(self) -> dict[str, float]:
         """What no allocation holds: ``avail`` less the re-offered tasks."""
         amounts = dict(self.avail.amounts)
         for gk, tids in self.groups.items():
             for dim, amount in gk.shape.resources.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) - amount * len(tids)
-        return Resources(tuple(sorted(amounts.items())))
+        return amounts
+
+    def reoffered(self) -> int:
+        return sum(map(len, self.groups.values()))
 
 
 def _same_record(a: Machine, b: Machine) -> bool:
@@ -172,11 +219,15 @@ class UpdateStats:
     full: bool
     jobs: int  # jobs whose arcs were replaced
     machines: int
+    batched: int = 0  # of those machines, updated together (_flush_machines)
 
 
 class GraphManager:
     def __init__(self, model: CostModel, scheduler: str, instance: str = "0", *,
-                 move_guard: float = 60.0, preempt_below: int | None = None) -> None:
+                 move_guard: float = 60.0, preempt_below: int | None = None,
+                 batch: bool = True) -> None:
+        """``batch`` False: every machine's arcs are worked out one by one
+        (``_machine_arcs``), the reference the batched update is tested against."""
         self.model = model
         self.scheduler = scheduler
         self.instance = instance
@@ -184,6 +235,9 @@ class GraphManager:
         self.preempt_below = preempt_below
         self.reoffers = (type(model).migrate is not CostModel.migrate
                          or type(model).preempt is not CostModel.preempt)
+        # Machines are updated in batches where the model prices them in batches.
+        self._batch = batch and model.machine_costs(MachineBatch(
+            [], np.zeros(0, dtype=np.int64), np.zeros(0), list)) is not None
         self._reset()
 
     def _reset(self) -> None:
@@ -202,6 +256,15 @@ class GraphManager:
         self._stale_machines: set[str] = set()  # to reload at the next update
         self._shape_owners: set[Shape] = set()  # shapes whose E node owns arcs
         self._group_costs: dict[NodeKey, tuple[int, int | None, int | None]] = {}
+        self._shape_order: tuple[Shape, ...] = ()  # self.shapes, a new tuple when they change
+        self._table: tuple[tuple[Shape, ...], list[str], npt.NDArray[np.float64]] | None = None
+        self._pending: list[str] = []  # machines whose arcs _flush_machines works out
+        # Group arcs' new numbers, written at once after the machines: (slots,
+        # capacity, cost, lower), in step.
+        self._writes: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        # One object per distinct shape and group key: dict look-ups by them then find
+        # the very object and skip comparing fields.
+        self._interned: dict[Any, Any] = {}
         self._snap: CellSnapshot | None = None
         self._now = 0.0
         self.built = False
@@ -304,6 +367,8 @@ class GraphManager:
         self.shapes = {}
         for e in self.jobs.values():
             self.shapes[e.shape] = self.shapes.get(e.shape, 0) + 1
+        if tuple(self.shapes) != self._shape_order:
+            self._shape_order = tuple(self.shapes)
         racks_changed = full_build
         for mid in machines:
             m = snap.machines.get(mid)
@@ -338,6 +403,12 @@ class GraphManager:
         self._stale_machines = set()
         for mid in sorted(machines):
             self._load_machine(snap, mid, rearc, mid in reload)
+        batched = self._flush_machines()
+        # Safe only now: each group's arcs were renumbered once, by its machine, and
+        # no slot of them was freed since.
+        w_slot, w_cap, w_cost, w_lower = self._writes
+        self.net.write(*(np.array(w, dtype=np.int64) for w in (w_slot, w_cap, w_cost, w_lower)))
+        self._writes = ([], [], [], [])
         for jid in sorted(rearc):
             self._job_arcs(jid, now)
         for jid, e in self.jobs.items():
@@ -347,7 +418,10 @@ class GraphManager:
                     e.job, max(now - e.job.submitted_at, 0.0)))
         self.net.set_supply(SINK, 0)
         self.net.set_supply(SINK, -self.net.total_supply)
-        return UpdateStats(full_build, len(rearc), len(machines))
+        return UpdateStats(full_build, len(rearc), len(machines), batched)
+
+    def _intern(self, x: _T) -> _T:
+        return self._interned.setdefault(x, x)  # type: ignore[no-any-return]
 
     def _owns(self, snap: CellSnapshot, job: Job | None) -> bool:
         return (job is not None and job.scheduler == self.scheduler
@@ -355,6 +429,11 @@ class GraphManager:
                 and owner_of(job.id, self._members) == self.instance)
 
     def _waits(self, snap: CellSnapshot, tid: str) -> bool:
+        rec = snap.tasks.get(tid)
+        if rec is None:
+            return True  # pending
+        if not rec.gang and rec.state is not TaskState.RUNNING:
+            return rec.state in PLACEABLE  # what task_view says of such a record
         v = task_view(snap, tid)
         return v.state in PLACEABLE and not v.reserved_by
 
@@ -370,13 +449,13 @@ class GraphManager:
         assert job is not None
         waiting = {i for i in range(job.task_count) if self._waits(snap, task_id(jid, i))}
         if old is None:
-            self.jobs[jid] = JobEntry(job, shape_of(job), waiting)
+            self.jobs[jid] = JobEntry(job, self._intern(shape_of(job)), waiting)
             # Tasks already running (a rebuild) are found from their machines.
             if self.built and not machines.issuperset(self.machines):
                 machines.update(self._machines_of(snap, jid, job))
         else:
             if old.shape != shape_of(job) or old.job.precedence != job.precedence:
-                old.shape, old.gkey = shape_of(job), None
+                old.shape, old.gkey = self._intern(shape_of(job)), None
                 machines.update(old.groups)
             old.job, old.waiting = job, waiting
 
@@ -399,59 +478,92 @@ class GraphManager:
                       reload: bool = False) -> None:
         m = snap.machines.get(mid)
         old = self.machines.get(mid)
-        rearc.update(self._pref_in.get(mid, ()))
+        preferring = self._pref_in.get(mid)
+        if preferring:
+            rearc.update(preferring)
         if m is None:
             self.machines.pop(mid, None)
             self.net.drop(("M", mid))
             self.net.drop(("T", mid))
             if old is not None:
                 for gk in old.groups:
-                    self._group_arcs(mid, gk, [], 0)
+                    self._group_arcs(mid, gk, 0, 0)
                 self._note_jobs(mid, set(old.jobs), set())
             return
         touched: dict[GroupKey, None] | None = None
         if not (old is None or reload or old.tagged or not _same_record(old.machine, m)):
-            before = set(old.jobs)
             touched = self._delta(snap, old, m)
-            if touched is not None and before != old.jobs.keys():
-                self._note_jobs(mid, before, set(old.jobs))
         if touched is not None:
             assert old is not None
             me = old
+            me.machine = m
+            if (self._batch and me.layout is not None
+                    and me.layout.order is self._shape_order):
+                # Only allocations changed and the arcs into the machine are laid out
+                # for today's shapes: their numbers are worked out with every other
+                # such machine's, at once (_flush_machines).
+                self._pending.append(mid)
+            else:
+                self._machine_arcs(mid, me)
         else:
             me = self._classify(snap, m)
             touched = dict.fromkeys([*me.groups, *(old.groups if old is not None else ())])
             self._note_jobs(mid, set(old.jobs) if old is not None else set(), set(me.jobs))
-        self.machines[mid] = me
-        me.machine = m
+            self.machines[mid] = me
+            self._machine_arcs(mid, me)
+        for gk in [*me.groups, *(gk for gk in touched if gk not in me.groups)]:
+            tids = me.groups.get(gk)
+            if not tids:
+                me.groups.pop(gk, None)
+                me.movable.pop(gk, None)
+                self._group_arcs(mid, gk, 0, 0)
+                continue
+            movable = (sum(1 for t in tids if self._movable(t)) if self._moved_at
+                       else len(tids))
+            if gk in touched or movable != me.movable.get(gk):
+                me.movable[gk] = movable
+                self._group_arcs(mid, gk, len(tids), movable)
+
+    def _machine_arcs(self, mid: str, me: MachineEntry) -> None:
+        """The arcs into a machine and from it to the sink, one machine at a time: the
+        reference that :meth:`_flush_machines` gives the same arcs as, for many."""
+        m = me.machine
         avail = me.avail
         share = 0.0
         for dim, cap in m.capacity.amounts:
             if cap > 0:
                 share = max(share, 1.0 - avail.get(dim) / cap)
-        reoffered = sum(len(t) for t in me.groups.values())
-        free = me.free()
+        reoffered = me.reoffered()
+        free = Resources(tuple(sorted(me.free_amounts().items())))
         used = m.capacity - free
         dims = self.model.dimensions
         fits = {s: fit_count(free, s, m, dims) for s in self.shapes}
         # Room the re-offered tasks hold, usable only when some of them leave.
         reclaim = {s: max(fit_count(avail, s, m, dims) - fits[s], 0) for s in self.shapes}
-        slots = max([0, *(reoffered + n for n in fits.values()),
+        # At least the re-offered tasks: they must reach the sink by staying even when
+        # no shape of this scheduler's (it has no job) counts them.
+        slots = max([reoffered, *(reoffered + n for n in fits.values()),
                      *(fits[s] + reclaim[s] for s in self.shapes)])
-        load = me.load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
+        load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
         arcs: list[Arc] = []
         into = self.model.machine_arc(load)
-        extra = self.model.reclaim(load) if reoffered else None
+        # Asked even while no re-offered task runs here: the reclaim arcs then have
+        # capacity 0 (free room is all the room), and they keep their slots for when
+        # tasks arrive.
+        extra = self.model.reclaim(load)
         # An arc for every shape that could ever fit here, with capacity 0 while none
         # fits now: the arcs keep their slots from one update to the next and only
         # their numbers change, in place (an arc of capacity 0 is no arc at all to the
         # solver and to FlowNetwork.canonical).
-        for s in self.shapes:
+        order = self._shape_order
+        eligible: list[int] = []
+        for i, s in enumerate(order):
             ok = me.eligible.get(s)
             if ok is None:
                 ok = me.eligible[s] = fit_count(m.capacity, s, m) > 0
             if not ok:
                 continue
+            eligible.append(i)
             src: NodeKey = ("R", s, m.rack) if self.model.uses_racks else ("E", s)
             arcs.append(Arc(src, ("M", mid), fits[s], into, 0, ArcKind.INTO_MACHINE))
             if extra is not None:
@@ -459,31 +571,154 @@ class GraphManager:
                         else 0)
                 arcs.append(Arc(src, ("M", mid), room, into + extra, 0,
                                 ArcKind.INTO_MACHINE))
-        self.net.set_arcs(("M", mid), arcs)
+        placed = self.net.set_arcs(("M", mid), arcs)
+        gate = tuple(m.state is MachineState.UP and all(
+            r.matches(m.label(r.key)) for r in s.selector) for s in order)
+        me.layout = Layout(order, gate, eligible, placed[::2] if extra is not None else placed,
+                           placed[1::2] if extra is not None else None)
+        me.share_of, me.share = avail, load.others
+        self._tiers(mid, me, load)
+
+    def _tiers(self, mid: str, me: MachineEntry, load: MachineLoad) -> None:
         # A separate owner: the tiers change with the machine's load from others,
         # not with every placement of this scheduler's tasks.
-        tier_key = (slots, load.others, load.used if self.model.tiers_use_usage else None)
+        tier_key = (load.slots, load.others,
+                    load.used if self.model.tiers_use_usage else None)
         if tier_key != me.tier_key:
             me.tier_key = tier_key
             self.net.set_arcs(("T", mid), [
                 Arc(("M", mid), SINK, cap, cost, 0, ArcKind.TO_SINK)
                 for cap, cost in self.model.sink_tiers(load) if cap > 0])
-        for gk in [*me.groups, *(gk for gk in touched if gk not in me.groups)]:
-            tids = me.groups.get(gk)
-            if not tids:
-                me.groups.pop(gk, None)
-                me.movable.pop(gk, None)
-                self._group_arcs(mid, gk, [], 0)
+
+    def _flush_machines(self) -> int:
+        """The arcs of every machine :meth:`_load_machine` left pending, worked out
+        together on arrays: the same numbers :meth:`_machine_arcs` gives machine by
+        machine (the same fit rule, the same float operations, the cost model's batch
+        method), written into the slots the arcs already have."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return 0
+        mes = [self.machines[mid] for mid in pending]
+        n, order = len(mes), self._shape_order
+        dims, amounts = self._shape_table()
+        col = {d: j for j, d in enumerate(dims)}
+        avail_rows: list[list[float]] = []
+        room_rows: list[list[float]] = []
+        for me in mes:
+            cached = me.avail_row
+            if cached[0] is me.avail and cached[1] is dims:
+                row = cached[2]
+            else:
+                row = [me.avail.get(d) for d in dims]
+                me.avail_row = (me.avail, dims, row)
+            avail_rows.append(row)
+            row = row.copy()
+            # As MachineEntry.free_amounts, group by group in the same order, so the
+            # floats come out the same.
+            for gk, tids in me.groups.items():
+                for d, a in gk.shape.resources.amounts:
+                    j = col.get(d)
+                    if j is not None:
+                        row[j] -= a * len(tids)
+            room_rows.append(row)
+        avail = np.array(avail_rows, dtype=np.float64).reshape(n, len(dims))
+        room = np.array(room_rows, dtype=np.float64).reshape(n, len(dims))
+        gate = np.array([me.layout.gate for me in mes if me.layout is not None],
+                        dtype=bool).reshape(n, len(order))
+        fits = _fit_counts(room, amounts, gate)
+        reclaim = np.maximum(_fit_counts(avail, amounts, gate) - fits, 0)
+        reoffered = np.array([me.reoffered() for me in mes], dtype=np.int64)
+        slots = reoffered.copy()
+        if order:
+            slots = np.maximum(slots, np.maximum((reoffered[:, None] + fits).max(axis=1),
+                                                 (fits + reclaim).max(axis=1)))
+        others = np.array([self._share(me) for me in mes], dtype=np.float64)
+        frees: list[dict[str, float]] = []
+
+        def free() -> list[dict[str, float]]:
+            if not frees:
+                frees.extend(me.free_amounts() for me in mes)
+            return frees
+
+        batch = MachineBatch([me.machine for me in mes], slots, others, free)
+        priced = self.model.machine_costs(batch)
+        if priced is None:
+            for mid, me in zip(pending, mes, strict=True):
+                self._machine_arcs(mid, me)
+            return 0
+        into, extra = priced
+        rows: list[int] = []
+        cols: list[int] = []
+        fit_slots: list[int] = []
+        reclaim_slots: list[int] = []
+        redo: list[int] = []
+        for i, me in enumerate(mes):
+            lay = me.layout
+            assert lay is not None
+            if (lay.reclaim is None) != (extra is None):
+                redo.append(i)  # the model's reclaim arcs came or went here
                 continue
-            movable = (sum(1 for t in tids if self._movable(t)) if self._moved_at
-                       else len(tids))
-            if gk in touched or movable != me.movable.get(gk):
-                me.movable[gk] = movable
-                self._group_arcs(mid, gk, sorted(tids), movable)
+            rows.extend([i] * len(lay.eligible))
+            cols.extend(lay.eligible)
+            fit_slots.extend(lay.fits)
+            if lay.reclaim is not None:
+                reclaim_slots.extend(lay.reclaim)
+        r, c = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+        self.net.write(np.array(fit_slots, dtype=np.int64), fits[r, c], into[r])
+        if extra is not None:
+            blocked = np.zeros((n, len(order)), dtype=bool)
+            if self._blocked:
+                row_of = {mid: i for i, mid in enumerate(pending)}
+                col_of = {s: i for i, s in enumerate(order)}
+                for s, mid in self._blocked:  # expired blocks are gone already
+                    if mid in row_of and s in col_of:
+                        blocked[row_of[mid], col_of[s]] = True
+            self.net.write(np.array(reclaim_slots, dtype=np.int64),
+                           np.where(blocked[r, c], 0, reclaim[r, c]), into[r] + extra[r])
+        slot_list, other_list = slots.tolist(), others.tolist()
+        redone = set(redo)
+        usage = self.model.tiers_use_usage
+        for i, (mid, me) in enumerate(zip(pending, mes, strict=True)):
+            if i in redone:
+                continue
+            key = (slot_list[i], other_list[i], None)
+            if usage or key != me.tier_key:
+                self._tiers(mid, me, MachineLoad(
+                    me.machine, slot_list[i], other_list[i],
+                    me.machine.capacity - Resources(tuple(sorted(free()[i].items())))))
+        for i in redo:
+            self._machine_arcs(pending[i], mes[i])
+        return n - len(redo)
+
+    def _shape_table(self) -> tuple[list[str], npt.NDArray[np.float64]]:
+        """The dimensions the fit rule counts for today's shapes, and each shape's
+        amount in each (0 where it is not counted), as :func:`fit_count` reads them."""
+        if self._table is None or self._table[0] is not self._shape_order:
+            counted = self.model.dimensions
+            dims = sorted({d for s in self._shape_order for d, a in s.resources.amounts
+                           if a > 0 and (counted is None or d in counted)})
+            amounts = np.zeros((len(self._shape_order), len(dims)), dtype=np.float64)
+            for i, s in enumerate(self._shape_order):
+                for d, a in s.resources.amounts:
+                    if a > 0 and d in dims:
+                        amounts[i, dims.index(d)] = a
+            self._table = (self._shape_order, dims, amounts)
+        return self._table[1], self._table[2]
+
+    @staticmethod
+    def _share(me: MachineEntry) -> float:
+        """``MachineLoad.others``, worked out again only when ``avail`` changed."""
+        if me.share_of is not me.avail:
+            share = 0.0
+            for dim, cap in me.machine.capacity.amounts:
+                if cap > 0:
+                    share = max(share, 1.0 - me.avail.get(dim) / cap)
+            me.share_of, me.share = me.avail, min(max(share, 0.0), 1.0)
+        return me.share
 
     def _classify(self, snap: CellSnapshot, m: Machine) -> MachineEntry:
         """A machine's allocations sorted into the network's groups and the rest."""
-        me = MachineEntry(m, m.capacity, MachineLoad(m, 0, 0.0, Resources()), {}, {}, {}, {})
+        me = MachineEntry(m, m.capacity, {}, {}, {}, {})
         outside: list[Resources] = []
         for a in holding(m, snap.gangs):
             gk = self._group_of(snap, a)
@@ -505,11 +740,11 @@ class GraphManager:
             if e is None or not self.reoffers:
                 return None
             if e.gkey is None:
-                e.gkey = GroupKey(e.shape, e.job.precedence, True)
+                e.gkey = self._intern(GroupKey(e.shape, e.job.precedence, True))
             return e.gkey
         if (self.preempt_below is not None and not a.gang
                 and a.precedence < self.preempt_below and a.job in snap.jobs):
-            return GroupKey(Shape(a.resources, ()), a.precedence, False)
+            return self._intern(GroupKey(Shape(a.resources, ()), a.precedence, False))
         return None
 
     def _delta(self, snap: CellSnapshot, me: MachineEntry, m: Machine
@@ -518,30 +753,44 @@ class GraphManager:
         had no gang or eviction tags (so every one held); returns the groups touched,
         or None, changing nothing, if a changed allocation has tags."""
         before, after = me.machine.allocations, m.allocations
-        changed = before.keys() ^ after.keys()
-        changed.update(t for t, a in after.items() if t in before and before[t] is not a)
-        changed = sorted(changed)  # type: ignore[assignment]
+        # Records are decoded anew only where they changed: identity tells.
+        changed = sorted([*(t for t, a in after.items() if before.get(t) is not a),
+                          *(t for t in before if t not in after)])
         for tid in changed:
             a = after.get(tid)
             if a is not None and (a.gang or a.evicted_by):
                 return None
         touched: dict[GroupKey, None] = {}
+        came: list[str] = []  # jobs whose first re-offered task here arrived
+        left: list[str] = []  # jobs whose last one left
         for tid in changed:
             old = before.get(tid)
             if old is not None:
-                gk = me.remove(tid)
+                gk, last = me.remove(tid)
                 if gk is None:
                     me.avail = me.avail + old.resources
                 else:
                     touched[gk] = None
+                    if last:
+                        left.append(old.job)
             new = after.get(tid)
             if new is not None:
                 gk = self._group_of(snap, new)
                 if gk is None:
                     me.avail = me.avail - new.resources
                 else:
-                    me.add(gk, new)
+                    if me.add(gk, new):
+                        came.append(new.job)
                     touched[gk] = None
+        if came or left:
+            mid = m.id
+            for jid in left:
+                e = self.jobs.get(jid)
+                if e is not None and jid not in me.jobs:
+                    e.groups.discard(mid)
+            for jid in came:
+                if jid in me.jobs:
+                    self.jobs[jid].groups.add(mid)
         return touched
 
     def _note_jobs(self, mid: str, old: set[str], new: set[str]) -> None:
@@ -555,15 +804,15 @@ class GraphManager:
     def _movable(self, tid: str) -> bool:
         return self._now - self._moved_at.get(tid, -math.inf) >= self.move_guard
 
-    def _group_arcs(self, mid: str, gk: GroupKey, tids: list[str], movable: int) -> None:
+    def _group_arcs(self, mid: str, gk: GroupKey, count: int, movable: int) -> None:
         key: NodeKey = ("G", mid, gk)
-        if not tids:
+        if not count:
             self.net.drop(key)
             self.net.set_supply(key, 0)
             self._group_costs.pop(key, None)
             return
-        count = len(tids)
         costs = self._group_costs.get(key) if not self.model.group_costs_use_counts else None
+        known = costs is not None  # the group's arcs exist, made from these costs
         if costs is None:
             g = Group(gk.shape.resources, gk.precedence, mid, count, movable, gk.own)
             costs = (self.model.stay(g), self.model.migrate(g) if gk.own else None,
@@ -573,12 +822,26 @@ class GraphManager:
         # Tasks under the flapping guard stay: at most ``movable`` units leave in all.
         # The arcs out exist even while nothing may move (capacity 0), so that a
         # group's arcs keep their slots and change in place.
-        arcs = [Arc(key, ("M", mid), count, stay, count - movable, ArcKind.STAY)]
+        numbers = [(count, stay, count - movable)]
         if migrate is not None:
-            arcs.append(Arc(key, ("E", gk.shape), movable, migrate, 0, ArcKind.MIGRATE))
+            numbers.append((movable, migrate, 0))
         if preempt is not None:
-            arcs.append(Arc(key, SINK, movable, preempt, 0, ArcKind.PREEMPT))
-        self.net.set_arcs(key, arcs)
+            numbers.append((movable, preempt, 0))
+        owned = self.net.slots_of(key) if known else None
+        if owned is not None and len(owned) == len(numbers):
+            w_slot, w_cap, w_cost, w_lower = self._writes
+            w_slot.extend(owned)
+            for cap, cost, lower in numbers:
+                w_cap.append(cap)
+                w_cost.append(cost)
+                w_lower.append(lower)
+        else:
+            arcs = [Arc(key, ("M", mid), count, stay, count - movable, ArcKind.STAY)]
+            if migrate is not None:
+                arcs.append(Arc(key, ("E", gk.shape), movable, migrate, 0, ArcKind.MIGRATE))
+            if preempt is not None:
+                arcs.append(Arc(key, SINK, movable, preempt, 0, ArcKind.PREEMPT))
+            self.net.set_arcs(key, arcs)
         self.net.set_supply(key, count)
 
     def _shape_arcs(self, s: Shape) -> None:

@@ -8,12 +8,15 @@ two networks are compared by :meth:`FlowNetwork.canonical`, which speaks only ke
 
 Every arc belongs to an *owner* (a job, a machine, a group of running tasks), and an
 owner's arcs are replaced all at once (:meth:`set_arcs`): the graph manager never
-edits one arc of an owner and leaves the others stale.
+edits one arc of an owner and leaves the others stale. Where only an owner's numbers
+change (capacities, costs, lower bounds; not which nodes its arcs join), they may be
+written in place for many arcs at once from arrays (:meth:`write`): the network keeps
+only each owner's structure, so nothing it holds goes stale when numbers change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -75,7 +78,9 @@ class FlowNetwork:
         self._live = np.zeros(n, dtype=bool)
         self._free_arcs: list[int] = list(range(n - 1, -1, -1))
         self._owned: dict[Owner, list[int]] = {}
-        self._described: dict[Owner, tuple[Arc, ...]] = {}
+        # Per owner, the (tail, head, kind) of its arcs in order: what decides whether
+        # new arcs can take the old ones' slots.
+        self._structure: dict[Owner, tuple[tuple[NodeKey, NodeKey, int], ...]] = {}
         self._supplies: dict[NodeKey, int] = {}
         self.total_supply = 0  # sum of every supply
 
@@ -144,20 +149,15 @@ class FlowNetwork:
 
     def set_arcs(self, owner: Owner, arcs: Iterable[Arc]) -> list[int]:
         """Replace every arc of ``owner`` by ``arcs``; returns their slots, in order.
-        Arcs equal to the owner's present ones are kept as they are."""
+        Arcs joining the same nodes as the owner's present ones, in the same order and
+        of the same kinds, keep their slots and take the new numbers."""
         wanted = tuple(arcs)
-        before = self._described.get(owner)
-        if before == wanted:
-            return list(self._owned[owner])
-        if before is not None and len(before) == len(wanted) and all(
-                a.tail == b.tail and a.head == b.head and a.kind == b.kind
-                for a, b in zip(before, wanted, strict=True)):
-            # Same arcs, other numbers: change them in place.
+        structure = tuple((a.tail, a.head, a.kind) for a in wanted)
+        if self._structure.get(owner) == structure:
             owned = self._owned[owner]
             for s, a in zip(owned, wanted, strict=True):
                 self._check(owner, a)
                 self._lower[s], self._cap[s], self._cost[s] = a.lower, a.capacity, a.cost
-            self._described[owner] = wanted
             return list(owned)
         self.drop(owner)
         slots: list[int] = []
@@ -176,8 +176,30 @@ class FlowNetwork:
             slots.append(s)
         if slots:
             self._owned[owner] = slots
-            self._described[owner] = wanted
+            self._structure[owner] = structure
         return slots
+
+    def write(self, slots: npt.NDArray[np.int64], capacity: npt.NDArray[np.int64],
+              cost: npt.NDArray[np.int64], lower: npt.NDArray[np.int64] | None = None
+              ) -> None:
+        """New numbers for many live arcs at once (their ends and kinds stay): the
+        graph manager's update of many machines in one go. ``lower`` None: 0."""
+        if not len(slots):
+            return
+        if not self._live[slots].all():
+            dead = int(slots[np.flatnonzero(~self._live[slots])[0]])
+            raise NetworkError(f"no arc at slot {dead}")
+        low = np.zeros_like(capacity) if lower is None else lower
+        bad = np.flatnonzero((low < 0) | (low > capacity) | (capacity > MAX_CAPACITY)
+                             | (cost < -MAX_COST) | (cost > MAX_COST))
+        if len(bad):
+            i = int(bad[0])
+            a = self.arc(int(slots[i]))
+            self._check(("slot", int(slots[i])), a._replace(
+                capacity=int(capacity[i]), cost=int(cost[i]), lower=int(low[i])))
+        self._cap[slots] = capacity
+        self._cost[slots] = cost
+        self._lower[slots] = low
 
     @staticmethod
     def _check(owner: Owner, a: Arc) -> None:
@@ -189,12 +211,16 @@ class FlowNetwork:
                                f"outside +-{MAX_COST}")
 
     def drop(self, owner: Owner) -> None:
-        self._described.pop(owner, None)
+        self._structure.pop(owner, None)
         for s in self._owned.pop(owner, ()):
             self._live[s] = False
             self._unref(int(self._tail[s]))
             self._unref(int(self._head[s]))
             self._free_arcs.append(s)
+
+    def slots_of(self, owner: Owner) -> Sequence[int] | None:
+        """The slots of ``owner``'s arcs (not a copy: read, do not keep)."""
+        return self._owned.get(owner)
 
     def arcs_of(self, owner: Owner) -> list[int]:
         return list(self._owned.get(owner, ()))
@@ -216,9 +242,6 @@ class FlowNetwork:
         if not -MAX_COST <= cost <= MAX_COST:
             raise NetworkError(f"cost {cost} is outside +-{MAX_COST}")
         self._cost[slots[position]] = cost
-        described = list(self._described[owner])
-        described[position] = described[position]._replace(cost=cost)
-        self._described[owner] = tuple(described)
 
     def _grow(self) -> None:
         n = len(self._tail)

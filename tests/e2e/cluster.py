@@ -50,11 +50,16 @@ class Cluster:
         argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
         return self.spawn(name, omega(*argv))
 
+    def argv(self, *args: str) -> list[str]:
+        """The command line of ``omega ARGS`` with its TLS flags."""
+        return omega(*(self.certs.argv(args) if self.certs is not None
+                       else insecure_argv(args)))
+
     def run(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``omega ARGS`` to its end (with its TLS flags); its output. A command
         that fails raises, with what it printed."""
-        argv = self.certs.argv(args) if self.certs is not None else insecure_argv(args)
-        done = subprocess.run(omega(*argv), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(self.argv(*args), capture_output=True, text=True,
+                              timeout=timeout)
         assert done.returncode == 0, f"omega {' '.join(args)}: {done.returncode}\n{done.stderr}"
         return done.stdout
 

@@ -57,14 +57,10 @@ def test_every_process_serves_its_metrics_and_they_move(fresh_etcd: LocalEtcd,
                                                         tmp_path: Path) -> None:
     server_m, sched_m, agent_m = free_ports(3)
     with cluster(fresh_etcd.endpoint, tmp_path) as c:
-        limits: tuple[str, ...] = ()
-        if c.certs is not None:
-            c.certs.limit({"batch": {"cpu": 2}})  # the config its servers get
-        else:
-            config = tmp_path / "server.toml"
-            config.write_text("[limits.batch]\nmax_resources = { cpu = 2 }\n")
-            limits = ("--config", str(config))
-        c.server("cellstate-0", extra=("--metrics", f"127.0.0.1:{server_m}", *limits))
+        config = tmp_path / "server.toml"
+        config.write_text("[limits.batch]\nmax_resources = { cpu = 2 }\n")
+        c.server("cellstate-0", extra=("--metrics", f"127.0.0.1:{server_m}",
+                                       "--config", str(config)))
         c.start("agent", "agent", "--cellstate", c.cellstate, "--spec",
                 str(c.spec("cell", 2)), "--id", "agent-0", "--metrics",
                 f"127.0.0.1:{agent_m}")
