@@ -45,7 +45,7 @@ class AgentProcessConfig:
     # Which jobs' commands run here (omega/command_policy.py); the default: none.
     commands: CommandPolicy = attrs.field(factory=CommandPolicy)
     # What they run as and within (omega/task_sandbox.py): None run_as is nobody for
-    # an agent running as root, else the agent's user; None task_dir is STATE_DIR/tasks
+    # an agent running as root, else the agent's user; None task_dir is STATE_DIR/task-dirs
     # with a state_dir, else a temporary folder.
     run_as: str | None = None
     task_dir: Path | None = None
@@ -68,7 +68,7 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     # Taken before connecting: a second agent on the same folder fails at once, and the
     # first step kills what a previous run left before anything is registered.
     state = AgentState(config.state_dir) if config.state_dir is not None else None
-    task_dir = config.task_dir or (config.state_dir / "tasks" if config.state_dir else None)
+    task_dir = config.task_dir or (config.state_dir / "task-dirs" if config.state_dir else None)
     with _task_root(task_dir) as root:
         return _run(config, attrs.evolve(sandbox, root=root), state, agent_id, machines,
                     stop)

@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "as root, else the agent's own user; docs/security.md)")
     a.add_argument("--task-dir", metavar="DIR",
                    help="each command runs in a fresh DIR/JOB/INDEX of its own (default: "
-                        "STATE_DIR/tasks with --state-dir, else a temporary folder removed "
+                        "STATE_DIR/task-dirs with --state-dir, else a temporary folder removed "
                         "when the agent stops)")
     a.add_argument("--task-limit", action="append", default=[], metavar="NAME=VALUE",
                    help="a resource limit of every command: cpu (seconds), as (bytes of "

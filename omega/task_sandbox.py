@@ -8,7 +8,7 @@ allowed it (:mod:`omega.command_policy`), it runs confined:
   unless told otherwise (``--run-as USER``); an agent running as anyone else runs
   them as itself (it cannot switch users) and refuses a ``--run-as`` of another user;
 * **in a fresh directory of its own**, ``TASK_DIR/<job>/<index>`` (``--task-dir``;
-  by default ``STATE_DIR/tasks``, else a temporary folder the agent makes and
+  by default ``STATE_DIR/task-dirs``, else a temporary folder the agent makes and
   removes), owned by that user and its ``HOME``, so tasks neither share files nor
   write where the agent keeps its own;
 * **under resource limits**: rlimits (``--task-limit cpu=SECONDS``, ``as=BYTES``,
