@@ -158,6 +158,14 @@ def wait_for(what: str, done: Callable[[], bool], cluster: Cluster, timeout: flo
         time.sleep(0.2)
 
 
+def wait_for_schedulers(client: CellClient, cluster: Cluster, *names: str,
+                        timeout: float = 60.0) -> None:
+    """Until an instance of each named scheduler has registered and reported: a cell
+    that has seen schedulers refuses jobs for one it has not (why-pending's rule)."""
+    wait_for(f"schedulers {', '.join(names)}", lambda: set(names) <= {
+        s["scheduler"] for s in client.status()["schedulers"]}, cluster, timeout)
+
+
 def etcd_history(endpoint: str, cell: str = "default") -> History:
     """Every revision of the cell in etcd's history, checked (``tests/faults``)."""
     kv = EtcdKV([endpoint])

@@ -14,7 +14,14 @@ import pytest
 
 from cellstate.keys import Keyspace
 from omega.etcd_launcher import LocalEtcd
-from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
+from tests.e2e.cluster import (
+    Cluster,
+    cluster,
+    etcd_history,
+    kill_at_first_put,
+    wait_for,
+    wait_for_schedulers,
+)
 from tests.faults.checker import History
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
@@ -77,6 +84,7 @@ def test_batch_and_flow_place_their_jobs_side_by_side(history_etcd: LocalEtcd, t
         _flow(c, tmp_path)
         jobs: dict[str, int] = {}
         with c.client() as client:
+            wait_for_schedulers(client, c, "batch", "flow")
             machines = sorted(m["id"] for m in client.list_machines())
             for i in range(12):
                 client.submit_job(_job(f"b-{i:02}", "batch", 8))
@@ -112,7 +120,9 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(history_etcd: LocalEtcd,
         with c.client() as client:
             # Queued before the flow scheduler starts: its first round plans them all.
             for i in range(30):
-                client.submit_job(_job(f"f-{i:02}", "flow", 10, cpu=0.25))
+                # (not refused: the flow scheduler is about to start)
+                client.submit_job(_job(f"f-{i:02}", "flow", 10, cpu=0.25),
+                                  allow_unknown_scheduler=True)
                 jobs[f"f-{i:02}"] = 10
             for i in range(5):
                 client.submit_job(_job(f"b-{i:02}", "batch", 10, cpu=0.25))

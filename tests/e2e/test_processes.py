@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from omega.etcd_launcher import LocalEtcd
-from tests.e2e.cluster import Cluster, cluster, wait_for
+from tests.e2e.cluster import Cluster, cluster, wait_for, wait_for_schedulers
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -49,6 +49,7 @@ def test_jobs_of_both_kinds_finish(fresh_etcd: LocalEtcd, tmp_path: Path) -> Non
                 "service", "--instance", "s0")
         with c.client(port_b) as client:
             wait_for("6 machines", lambda: client.status()["machines_up"] == 6, c)
+            wait_for_schedulers(client, c, "batch", "service")
             client.submit_job(_job("b1", "batch", 8, 1.0))
             client.submit_job(_job("s1", "service", 3, 2.0,
                                    constraints={"max_per_machine": 1}))
