@@ -385,6 +385,8 @@ def validate(
     for claim in txn.claims:
         w.claim_reads = set()
         refusal = refused.get(claim.task)
+        if refusal is not None:
+            w.read_jobs.add(claim.job)  # refused on the job's record: guard it too
         outcome = refusal if refusal is not None else _check_claim(w, claim)
         if isinstance(outcome, str):
             _apply(w, claim, outcome)

@@ -11,7 +11,7 @@ import pytest
 from cellstate.kv.base import KV
 from cellstate.kv.memory import MemoryKV
 
-pytest_plugins = ["tests.etcd_fixture"]
+pytest_plugins = ["tests.etcd_fixture", "tests.invariant_check"]
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])

@@ -1,38 +1,66 @@
 """A deliberately simple, sequential model of the transaction contract.
 
 It shares no code with the store: plain dicts, one loop, the rules written out again
-from DESIGN.md. The property test runs the same interleaving of operations through the
-store and through this model and requires the same outcome."""
+from DESIGN.md and docs/architecture.md ("What the store checks"). The property test
+runs the same interleaving of operations through the store and through this model and
+requires the same outcome. Resources are dicts of dimension to amount (cpu, mem, disk,
+gpu, ...); every dimension is checked, on machines and against schedulers' limits."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # (job, index, machine, seen version, victims, fallbacks as (machine, seen), moves from)
 MClaim = tuple[str, int, str, int, tuple[str, ...], tuple[tuple[str, int], ...], str]
 
 
+Amounts = dict[str, float]  # dimension -> amount; a missing dimension is 0
+
+_SLACK = 1e-9
+
+
+def _over(amount: float, cap: float) -> bool:
+    return amount > cap + _SLACK * max(cap, 1.0)
+
+
 @dataclass
 class MModel:
-    capacity: dict[str, float]  # machine -> cpu
+    capacity: dict[str, Amounts]  # machine -> what it has
     up: dict[str, bool] = field(default_factory=dict)
     version: dict[str, int] = field(default_factory=dict)  # bumps on any machine change
     on: dict[str, str] = field(default_factory=dict)  # running task -> machine
     state: dict[str, str] = field(default_factory=dict)  # task -> state (absent: pending)
-    need: dict[str, float] = field(default_factory=dict)  # job -> cpu per task
+    need: dict[str, Amounts] = field(default_factory=dict)  # job -> per task
     precedence: dict[str, int] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)  # job -> scheduler
     tasks: dict[str, int] = field(default_factory=dict)  # job -> task count
     gang_jobs: set[str] = field(default_factory=set)  # jobs placed all or nothing
     killed: set[str] = field(default_factory=set)
+    allowed: dict[str, set[str]] = field(default_factory=dict)  # job -> machines its
+    #   selector matches (absent: any)
+    per_machine: dict[str, int] = field(default_factory=dict)  # job -> max tasks per machine
+    limit: dict[str, Amounts] = field(default_factory=dict)  # scheduler -> most it may hold
 
     def __post_init__(self) -> None:
         for m in self.capacity:
             self.up.setdefault(m, True)
             self.version.setdefault(m, 0)
 
-    def used(self, m: str) -> float:
-        return sum(self.need[t.split("/")[0]] for t, mm in self.on.items() if mm == m)
+    def used(self, m: str, on: dict[str, str] | None = None) -> Amounts:
+        return self._sum(t for t, mm in (self.on if on is None else on).items() if mm == m)
+
+    def _sum(self, tids: Iterable[str]) -> Amounts:
+        total: Amounts = {}
+        for t in tids:
+            for d, a in self.need[t.split("/")[0]].items():
+                total[d] = total.get(d, 0.0) + a
+        return total
+
+    def held(self, scheduler: str, on: dict[str, str] | None = None) -> Amounts:
+        """What ``scheduler``'s running tasks hold, over the whole cell."""
+        return self._sum(t for t in (self.on if on is None else on)
+                         if self.owner[t.split("/")[0]] == scheduler)
 
     def commit(
         self,
@@ -57,7 +85,8 @@ class MModel:
             if not reason:
                 # The first machine that passes; else the first machine's reason.
                 for cand, cand_seen in ((m, seen), *fallbacks):
-                    why = self._check_machine(job, cand, cand_seen, victims, coarse, on)
+                    why = self._check_machine(scheduler, job, cand, cand_seen, victims,
+                                              coarse, on, moves_from)
                     if not why:
                         taken = cand
                         break
@@ -114,8 +143,8 @@ class MModel:
         return ""
 
     def _check_machine(
-        self, job: str, m: str, seen: int, victims: tuple[str, ...], coarse: bool,
-        on: dict[str, str],
+        self, scheduler: str, job: str, m: str, seen: int, victims: tuple[str, ...],
+        coarse: bool, on: dict[str, str], moves_from: str,
     ) -> str:
         if m not in self.capacity:
             return "unknown_machine"
@@ -130,10 +159,21 @@ class MModel:
             own = self.owner[v.split("/")[0]] == self.owner[job]
             if victim > mine or (victim == mine and not own):
                 return "precedence_too_low"
-        used = sum(self.need[t.split("/")[0]] for t, mm in on.items() if mm == m)
-        freed = sum(self.need[v.split("/")[0]] for v in victims)
-        if used - freed + self.need[job] > self.capacity[m] + 1e-9:
+        if job in self.allowed and m not in self.allowed[job]:
+            return "constraint_violated"
+        mine = sum(1 for t, mm in on.items() if mm == m and t.startswith(f"{job}/"))
+        if self.per_machine.get(job) and mine >= self.per_machine[job]:
+            return "constraint_violated"
+        used, freed = self.used(m, on), self._sum(victims)
+        need, cap = self.need[job], self.capacity[m]
+        if any(_over(used.get(d, 0.0) - freed.get(d, 0.0) + a, cap.get(d, 0.0))
+               for d, a in need.items()):
             return "insufficient_resources"
+        lim = self.limit.get(scheduler)
+        if lim and not moves_from:  # a move does not change what the scheduler holds
+            held = self.held(scheduler, on)
+            if any(_over(held.get(d, 0.0) + need.get(d, 0.0), c) for d, c in lim.items()):
+                return "limit_exceeded"
         return ""
 
     def release(self, tid: str, outcome: str) -> bool:

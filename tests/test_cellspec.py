@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -65,17 +64,14 @@ ALIBABA_TABLE = [
 
 
 def test_alibaba_cell_is_table_3() -> None:
-    start = time.perf_counter()
     spec = load_cell_spec(CELLS / "alibaba.toml")
     ms = spec.machines("agent-0")
-    elapsed = time.perf_counter() - start
     got = [(int(t.capacity.get("cpu")), t.capacity.get("mem") * 1024, t.count)
            for t in spec.types]
     assert got == ALIBABA_TABLE  # mem in GiB is exactly the table's MB / 1024
     assert [t.name for t in spec.types][:2] == ["c28-m80392", "c28-m112646"]
     assert len(ms) == spec.machine_count == 13764
     assert (ms[-1].id, ms[-1].rack, ms[-1].agent) == ("m13764", "r355", "agent-0")
-    assert elapsed < 2.0  # loadable quickly, even with every machine built
 
 
 def test_layout_overrides_and_labels() -> None:

@@ -298,10 +298,8 @@ def test_failover_skips_a_dead_endpoint(etcd_server: EtcdServer) -> None:
 
 def test_no_endpoint_answers(etcd_server: EtcdServer) -> None:
     dead = [_closed_port_endpoint(), _closed_port_endpoint()]
-    start = time.monotonic()
     with EtcdKV(dead, timeout=1.0) as kv, pytest.raises(UnavailableError) as info:
         kv.range(b"/x")
-    assert time.monotonic() - start < 3
     assert dead[0] in str(info.value) and dead[1] in str(info.value)
 
 

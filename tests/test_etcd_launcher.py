@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -167,6 +168,43 @@ def _run_python(code: str) -> subprocess.Popen[str]:
     )
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int(
+                    (entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _stop_launcher(proc: subprocess.Popen[str], grace: float = 30.0) -> None:
+    """Stop a process running LocalEtcd, and its etcd (in a session of its own, so a
+    SIGKILL of the launcher alone would leave it running): SIGINT first, which stops
+    etcd cleanly, then SIGKILL for both."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=grace)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    etcds = _children(proc.pid)
+    proc.kill()
+    proc.communicate()
+    for pid in etcds:
+        _kill(pid)
+
+
 def test_forgotten_server_is_stopped_at_exit() -> None:
     proc = _run_python(
         """
@@ -175,11 +213,18 @@ def test_forgotten_server_is_stopped_at_exit() -> None:
         print(s.pid, s.data_dir, flush=True)
         """
     )
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    pid, data_dir = out.split()
-    assert _wait_gone(int(pid)), "etcd outlived the interpreter that started it"
-    assert not Path(data_dir).exists()
+    pid = 0
+    try:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        pid_text, data_dir = out.split()
+        pid = int(pid_text)
+        assert _wait_gone(pid), "etcd outlived the interpreter that started it"
+        assert not Path(data_dir).exists()
+    finally:
+        _stop_launcher(proc)
+        if pid and not _gone(pid):
+            _kill(pid)
 
 
 def test_cli_runs_until_interrupted() -> None:
@@ -206,9 +251,32 @@ def test_cli_runs_until_interrupted() -> None:
         with EtcdKV([endpoint], timeout=0.5) as kv, pytest.raises(UnavailableError):
             kv.range(b"/cli")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop_launcher(proc)
+
+
+def test_a_failed_test_leaves_no_etcd_behind() -> None:
+    """_stop_launcher on a launcher that ignores SIGINT (as a hung one would): both
+    the launcher and its etcd are gone afterwards."""
+    proc = _run_python(
+        """
+        import signal, time
+        from omega.etcd_launcher import LocalEtcd
+        s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(s.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    etcd = 0
+    try:
+        assert proc.stdout is not None
+        etcd = int(proc.stdout.readline())
+        assert not _gone(etcd) and _children(proc.pid) == [etcd]
+    finally:
+        _stop_launcher(proc, grace=1.0)
+        if etcd and not _wait_gone(etcd):  # a SIGKILL takes a moment to land
+            _kill(etcd)
+            pytest.fail("_stop_launcher left etcd running")
 
 
 def test_module_exports_match() -> None:

@@ -11,18 +11,28 @@ import ast
 import importlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from cellstate.cell import task_view
+from cellstate.kv.base import KV
+from cellstate.model import TaskState
+from cellstate.store import CellStore
 from schedulers.api import Policy
 from schedulers.registry import DuplicateSchedulerError, Registry
+from schedulers.testing import job, machine
+from tests.api.service_fixture import running_server
+from tests.etcd_fixture import EtcdServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "plugins.md"
@@ -119,6 +129,100 @@ def test_the_guides_other_code_runs_against_the_installed_package(
     by_memory = namespace["by_memory"]
     assert isinstance(by_memory, Policy) and by_memory.options == {"dimension": "mem"}
     assert callable(namespace["run_least_loaded"])
+
+
+def _guide_namespace() -> dict[str, object]:
+    namespace: dict[str, object] = {}
+    exec(compile("\n".join(other_python_blocks()), str(DOC), "exec"), namespace)
+    return namespace
+
+
+def _placed(kv: KV, job_id: str) -> dict[str, str]:
+    snap = CellStore(kv).read_snapshot()
+    return {t: r.machine for t, r in snap.tasks.items()
+            if r.job == job_id and task_view(snap, t).state is TaskState.RUNNING}
+
+
+def _wait_placed(kv: KV, job_id: str, count: int, alive: Callable[[], bool]) -> dict[str, str]:
+    """Wait for ``count`` tasks of the job to run (an event, with a bound for failure)."""
+    deadline = time.monotonic() + 60
+    while len(placed := _placed(kv, job_id)) < count:
+        assert alive(), "the scheduler stopped before placing the job"
+        assert time.monotonic() < deadline, f"only {placed} placed after 60 s"
+        time.sleep(0.1)
+    return placed
+
+
+@pytest.mark.etcd
+def test_the_guides_run_least_loaded_places_a_job(
+        installed: tuple[Path, Path], etcd_kv: KV, etcd_server: EtcdServer) -> None:
+    """The guide's own function, as it stands, on a real etcd: it places a job named
+    for least-loaded, one task per machine while the machines are equal, and stops."""
+    run = _guide_namespace()["run_least_loaded"]
+    assert callable(run)
+    store = CellStore(etcd_kv)
+    store.add_machines([machine("m0", cpu=4), machine("m1", cpu=4), machine("m2", cpu=4)])
+    store.submit_job(job("web", tasks=3, cpu=1, scheduler="least-loaded"))
+    stop = threading.Event()
+    thread = threading.Thread(target=run, args=(etcd_server.endpoint, "ll-0", stop))
+    thread.start()
+    try:
+        placed = _wait_placed(etcd_kv, "web", 3, thread.is_alive)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive(), "run_least_loaded did not return when told to stop"
+    assert sorted(placed.values()) == ["m0", "m1", "m2"]
+
+
+def _guide_shell_lines(marker: str) -> list[str]:
+    """The lines (comments cut) of the guide's ``sh`` block that contains ``marker``."""
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", DOC.read_text(), re.S)
+                 if marker in b)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.etcd
+def test_the_guides_omega_lines_run_the_installed_plugin(
+        installed: tuple[Path, Path], etcd_kv: KV) -> None:
+    """``omega scheduler least-loaded`` (a process of its own, finding the plugin by its
+    entry point), ``omega submit`` and ``omega status`` as the guide writes them, the
+    address swapped for a real server's."""
+    site, _ = installed
+    lines = _guide_shell_lines("omega scheduler least-loaded")
+    assert [shlex.split(line)[:2] for line in lines] == [
+        ["omega", "scheduler"], ["omega", "submit"], ["omega", "status"]]
+    CellStore(etcd_kv).add_machines([machine(f"m{i}", cpu=4) for i in range(3)])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    with running_server(etcd_kv) as server:
+        argvs = [[sys.executable, "-m", "omega.cli", *shlex.split(
+            line.replace("127.0.0.1:7070", f"127.0.0.1:{server.port}"))[1:]]
+            for line in lines]
+        sched = subprocess.Popen(argvs[0], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            submit = subprocess.run(argvs[1], env=env, capture_output=True, text=True,
+                                    timeout=120)
+            assert submit.returncode == 0, submit.stderr
+            placed = _wait_placed(etcd_kv, "web", 3, lambda: sched.poll() is None)
+            # The instance publishes its metrics every 2 s: ask until they are there.
+            deadline = time.monotonic() + 60
+            while True:
+                status = subprocess.run(argvs[2], env=env, capture_output=True, text=True,
+                                        timeout=120)
+                assert status.returncode == 0, status.stderr
+                if "least-loaded/ll-0: 3 tasks placed" in status.stdout:
+                    break
+                assert time.monotonic() < deadline, status.stdout
+                time.sleep(0.5)
+        finally:
+            sched.terminate()
+            try:
+                _, err = sched.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                sched.kill()
+                _, err = sched.communicate()
+    assert sorted(placed.values()) == ["m0", "m1", "m2"], err
 
 
 def test_the_example_packages_own_tests_pass_with_the_kit(

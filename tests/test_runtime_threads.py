@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -22,19 +23,38 @@ from schedulers.testing import Harness, job, machine, settled
 
 
 class SlowService(ServicePolicy):
+    """A careful placement that takes its time: each decision waits until the test
+    opens ``gate``; ``entered`` says one has begun."""
+
+    def __init__(self, gate: threading.Event, entered: threading.Event) -> None:
+        super().__init__()
+        self.gate, self.entered = gate, entered
+
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
-        time.sleep(2.0)  # a careful placement that takes its time
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
         return super().schedule_job(ctx, job)
 
 
+def _wait(what: str, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60  # a bound for failure, not a measurement
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: not within 60 s"
+        time.sleep(0.05)
+
+
 def test_a_slow_service_scheduler_does_not_block_batch() -> None:
+    """Every batch job is placed while the service scheduler is stuck in its first
+    decision: batch never waits behind the service queue. Ordering, not timing: the
+    service decision cannot end before the test opens its gate."""
     kv = MemoryKV()
     admin = CellStore(kv)
     admin.add_machines([machine(f"m{i}", cpu=8) for i in range(20)])
-    stop = threading.Event()
+    stop, gate, entered = threading.Event(), threading.Event(), threading.Event()
     replicas, threads, insts = [], [], []
     try:
-        for policy, sched in ((SlowService(), "service"), (BatchPolicy(), "batch")):
+        for policy, sched in ((SlowService(gate, entered), "service"),
+                              (BatchPolicy(), "batch")):
             replica = Replica(kv).start()
             replicas.append(replica)
             inst = SchedulerInstance(policy, CellStore(kv), replica, scheduler=sched,
@@ -46,26 +66,22 @@ def test_a_slow_service_scheduler_does_not_block_batch() -> None:
         for i in range(3):
             admin.submit_job(attrs.evolve(job(f"s{i}", tasks=2, scheduler="service"),
                                           submitted_at=now))
-        for i in range(20):
-            admin.submit_job(attrs.evolve(job(f"b{i}", tasks=3), submitted_at=now))
         for inst in insts:
             threads.append(threading.Thread(target=inst.run, args=(stop,), daemon=True))
             threads[-1].start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            snap = admin.read_snapshot()
-            if all(placed_tasks_of(snap, f"b{i}") == 3 for i in range(20)):
-                break
-            time.sleep(0.05)
-        service_decisions = len(insts[0].metrics.decision_times)
-        snap = admin.read_snapshot()
-        assert all(placed_tasks_of(snap, f"b{i}") == 3 for i in range(20))
-        # All batch work was done while the service scheduler was still in its first
-        # two-second decision: batch never waited behind the service queue (which
-        # alone holds 6 s of decisions).
-        assert service_decisions <= 1, service_decisions
-        assert sum(placed_tasks_of(snap, f"s{i}") for i in range(3)) < 6
+        assert entered.wait(60), "the service scheduler never started deciding"
+        for i in range(20):
+            admin.submit_job(attrs.evolve(job(f"b{i}", tasks=3), submitted_at=now))
+        _wait("batch jobs placed", lambda: all(
+            placed_tasks_of(admin.read_snapshot(), f"b{i}") == 3 for i in range(20)))
+        assert not gate.is_set()
+        assert len(insts[0].metrics.decision_times) == 0  # still in its first decision
+        assert sum(placed_tasks_of(admin.read_snapshot(), f"s{i}") for i in range(3)) == 0
+        gate.set()
+        _wait("service jobs placed", lambda: sum(
+            placed_tasks_of(admin.read_snapshot(), f"s{i}") for i in range(3)) == 6)
     finally:
+        gate.set()
         stop.set()
         for t in threads:
             t.join(timeout=10)

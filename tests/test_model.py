@@ -1,0 +1,82 @@
+"""The model's small pieces, at their edges: fit slack, selectors, machine labels, a
+claim's machines, names in error messages. Written against the survivors of a
+mutation-testing run (docs/testing.md): each test pins a behaviour that a one-token
+change of cellstate/model.py left unnoticed by the rest of the fast suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from cellstate.errors import ModelError
+from cellstate.model import (
+    Claim,
+    Fallback,
+    Machine,
+    Requirement,
+    Resources,
+    SelectorOp,
+    labels_from,
+)
+
+# -- fit slack: exactly at capacity fits; past it by more than 1e-9 of it does not ----
+
+
+@pytest.mark.parametrize("cap", [0.5, 1.0, 64.0, 1e6])
+def test_at_capacity_fits_and_past_the_slack_does_not(cap: float) -> None:
+    limit = Resources.of(mem=cap)
+    slack = 1e-9 * max(cap, 1.0)  # relative above 1, absolute below
+    # The slack's edge itself still fits (the same float sum as the code's).
+    for amount, fits in ((cap, True), (cap + slack / 2, True), (cap + slack, True),
+                         (cap + slack * 1.5, False)):
+        need = Resources.of(mem=amount)
+        assert (need.exceeding(limit) is None) is fits, (cap, amount)
+        assert (Resources().exceeding_with(need, limit) is None) is fits, (cap, amount)
+        assert (need.exceeding_limit(limit) is None) is fits, (cap, amount)
+
+
+def test_resources_print_as_name_value_pairs() -> None:
+    assert str(Resources.of(mem=2, cpu=1.5)) == "cpu=1.5,mem=2"
+    assert str(Resources()) == "0"
+
+
+# -- selectors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("op", "values", "expected"), [
+    # value:                            None   "a"    "b"
+    (SelectorOp.IN, ("a",), (False, True, False)),
+    (SelectorOp.NOT_IN, ("a",), (True, False, True)),
+    (SelectorOp.EXISTS, (), (False, True, True)),
+    (SelectorOp.NOT_EXISTS, (), (True, False, False)),
+])
+def test_each_selector_operator(op: SelectorOp, values: tuple[str, ...],
+                                expected: tuple[bool, bool, bool]) -> None:
+    req = Requirement("zone", op, values)
+    assert (req.matches(None), req.matches("a"), req.matches("b")) == expected
+
+
+def test_a_machine_answers_for_its_rack_domain_and_id_as_labels() -> None:
+    m = Machine("m7", Resources.of(cpu=1), rack="r1", failure_domain="fd2",
+                labels=(("zone", "a"),))
+    assert m.label("rack") == "r1"
+    assert m.label("failure_domain") == "fd2"
+    assert m.label("machine") == "m7"
+    assert m.label("zone") == "a"
+    assert m.label("missing") is None
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+def test_a_claims_machines_are_its_candidates_and_the_one_it_moves_from() -> None:
+    plain = Claim("j", 0, "m0", 3, fallbacks=(Fallback("m1", 4),))
+    assert plain.machines() == ("m0", "m1")
+    move = Claim("j", 0, "m0", 3, moves_from="m9")
+    assert move.machines() == ("m0", "m9")
+
+
+def test_bad_labels_are_named_as_labels_by_default() -> None:
+    with pytest.raises(ModelError, match=r"^labels key 'bad key' is not a valid name"):
+        labels_from({"bad key": "v"})
+    with pytest.raises(ModelError, match=r"^machine m0 labels key"):
+        labels_from({"bad key": "v"}, "machine m0 labels")
