@@ -10,7 +10,9 @@ COPY cellstate ./cellstate
 COPY schedulers ./schedulers
 COPY simulator ./simulator
 COPY omega ./omega
-RUN pip install . && useradd --create-home omega
+# /certs belongs to omega, so the named volume compose mounts there (and fills with
+# `omega certs`) does too: Docker copies a new volume's owner from the image.
+RUN pip install . && useradd --create-home omega && mkdir /certs && chown omega:omega /certs
 USER omega
 # A service's command names the process, e.g. ["omega", "server", ...].
 CMD ["omega", "--help"]

@@ -210,6 +210,9 @@ class CountingKV:
     def lease_revoke(self, lease_id: int) -> None:
         self.inner.lease_revoke(lease_id)
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        return self.inner.lease_keys(lease_id)
+
     def close(self) -> None:
         """The inner KV is shared; its owner closes it."""
 

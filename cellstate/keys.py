@@ -126,3 +126,16 @@ class Keyspace:
             return KeyKind(kind), ident
         except ValueError:
             return None
+
+
+def metrics_prefix(cell: str) -> bytes:
+    """Where scheduler instances' metric reports live: outside the cell's prefix, so
+    that replicas (which watch the cell) never decode them."""
+    return f"/omega-metrics/{cell}/".encode()
+
+
+def pending_prefix(cell: str, job: str = "") -> bytes:
+    """Where scheduler instances' pending reports live (``<prefix><job>/<scheduler>/
+    <instance>``): outside the cell's prefix, like the metrics, so replicas never
+    decode them."""
+    return f"/omega-pending/{cell}/".encode() + (job.encode() + b"/" if job else b"")

@@ -49,7 +49,7 @@ from typing import Any, Final
 import attrs
 
 from cellstate.kv.base import CompactedError, Compare, Get, KVError, LeaseNotFoundError, Put
-from cellstate.kv.etcd import EtcdAlarm, EtcdKV, EtcdNoSpaceError, MemberStatus
+from cellstate.kv.etcd import EtcdAlarm, EtcdAuthError, EtcdKV, EtcdNoSpaceError, MemberStatus
 
 __all__ = [
     "DEFAULT_QUOTA_BACKEND_BYTES",
@@ -371,6 +371,14 @@ class Maintainer:
             started = self.clock()
             try:
                 self.kv.defragment(m.endpoint, self.policy.defrag_timeout)
+            except EtcdAuthError as e:
+                # A server whose etcd user has only its cell's role (cellstate.etcd_auth):
+                # retried at the defragmentation pace, not every pass.
+                self._last_defrag[m.member_id] = self.clock()
+                p.error(f"defragmenting {m.endpoint} needs etcd's root role, which this "
+                        f"server's etcd user lacks ({e}); defragment it as root "
+                        "(etcdctl defrag) or grant the role (docs/security.md)")
+                return
             except KVError as e:
                 p.error(f"defragmenting {m.endpoint} failed: {e}")
                 return  # it may still be busy: block no second member

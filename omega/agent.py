@@ -77,6 +77,7 @@ from cellstate.store import CellStore, ContentionError, StoreError
 from omega.agent_state import AgentState
 from omega.command_policy import CommandPolicy
 from omega.proc import supervised
+from omega.task_sandbox import TaskSandbox, remove_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,10 @@ class SubprocessRunner:
     :mod:`omega.supervisor` in its own session (process group), so that stopping it
     stops its children too and the agent's death (even by SIGKILL) ends it.
 
-    ``workdir``: the working directory of every command (None: the agent's).
+    ``workdir``: where relative command paths are found, and the working directory of
+    every command without a ``sandbox`` root (None: the agent's).
+    ``sandbox``: the user, directory and limits each command runs with
+    (:mod:`omega.task_sandbox`; the default confines nothing but core dumps).
     ``log_dir``: stdout and stderr of task ``JOB/INDEX`` are appended to
     ``log_dir/JOB/INDEX.log``; None sends them to /dev/null.
     ``env``: variables added to the agent's environment. Every command also gets
@@ -193,6 +197,7 @@ class SubprocessRunner:
     env: Mapping[str, str] = attrs.field(factory=dict)
     state: AgentState | None = None
     grace: float = 5.0
+    sandbox: TaskSandbox = attrs.field(factory=TaskSandbox)
 
     def start(self, launch: TaskLaunch) -> TaskProcess:
         env = {**os.environ, **self.env, "OMEGA_TASK": launch.task,
@@ -203,23 +208,37 @@ class SubprocessRunner:
         # The supervisor starts either way; a command it cannot run should fail here,
         # at once, as it did when it was started directly.
         _check_executable(launch.command[0], env.get("PATH", os.defpath), self.workdir)
+        command = list(launch.command)
+        if os.sep in command[0] and not os.path.isabs(command[0]) and self.workdir:
+            command[0] = str(self.workdir / command[0])  # found where it was, run elsewhere
+        job, index = split_task_id(launch.task)
+        task_dir = self.sandbox.task_dir(job, index)
+        env.update(self.sandbox.env(task_dir))
+        cgroup = self.sandbox.task_cgroup(job, index)
         out = self._open_log(launch.task)
         try:
             popen = subprocess.Popen(
-                supervised(launch.command, grace=self.grace), cwd=self.workdir, env=env,
-                stdin=subprocess.DEVNULL, stdout=out if out is not None else subprocess.DEVNULL,
+                supervised(command, grace=self.grace,
+                           confine=self.sandbox.supervisor_flags(cgroup)),
+                cwd=task_dir or self.workdir, env=env, stdin=subprocess.DEVNULL,
+                stdout=out if out is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         except BaseException:
             if out is not None:
                 out.close()
+            remove_cgroup(cgroup)
             raise
         state = self.state
-        if state is None:
-            return ChildProcess(popen, out, supervised=True)
-        state.record(launch.task, popen.pid)
-        return ChildProcess(popen, out, supervised=True,
-                            on_exit=lambda: state.forget(popen.pid))
+
+        def ended() -> None:
+            if state is not None:
+                state.forget(popen.pid)
+            remove_cgroup(cgroup)
+
+        if state is not None:
+            state.record(launch.task, popen.pid)
+        return ChildProcess(popen, out, supervised=True, on_exit=ended)
 
     def _open_log(self, task: str) -> IO[bytes] | None:
         if self.log_dir is None:

@@ -34,6 +34,7 @@ CA_KEY = "ca.key"
 CA_DAYS = 3650
 DEFAULT_DAYS = 365
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+ROOT_USER = "root"  # etcd's administrator (cellstate/etcd_auth.py)
 
 
 def _now() -> datetime.datetime:
@@ -130,6 +131,29 @@ class DevCA:
         return self.issue(identity, hosts)
 
 
+    def etcd_files(self, common_name: str) -> TlsFiles:
+        """Where an etcd certificate is kept: a member's (``etcd-member-NAME``) or a
+        client's whose common name is its etcd user (``etcd-root``)."""
+        stem = f"etcd-{common_name}"
+        return TlsFiles(self.ca_path, self.folder / f"{stem}.pem", self.folder / f"{stem}.key")
+
+    def issue_etcd_member(self, name: str, hosts: Sequence[str] = (), *,
+                          keep: bool = False) -> TlsFiles:
+        """An etcd member's certificate, for its client port and its peers (both key
+        usages: members are each other's clients), naming ``name`` and ``hosts``."""
+        files = self.etcd_files(f"member-{name}")
+        if keep and files.cert.exists() and files.key.exists():
+            return files
+        return self.issue_raw(name, files, [name, *hosts])
+
+    def issue_etcd_root(self, *, keep: bool = False) -> TlsFiles:
+        """A client certificate of etcd's root user (common name ``root``)."""
+        files = self.etcd_files(ROOT_USER)
+        if keep and files.cert.exists() and files.key.exists():
+            return files
+        return self.issue_raw(ROOT_USER, files, None)
+
+
 def _san(host: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
@@ -140,8 +164,10 @@ def _san(host: str) -> x509.GeneralName:
 def cell_identities(schedulers: Sequence[str], agents: int) -> list[Identity]:
     """Every identity a cell like the demo's needs: its server, each scheduler, each
     agent (``agent-0``...), the workload generator (an operator: it submits for
-    many owners) and an operator."""
+    many owners), an operator, and ``operator:check`` (etcd's reader role: ``omega
+    check``)."""
     return [Identity(Kind.SERVER, "cellstate"),
             *(Identity(Kind.SCHEDULER, s) for s in schedulers),
             *(Identity(Kind.AGENT, f"agent-{i}") for i in range(agents)),
-            Identity(Kind.OPERATOR, "workload"), Identity(Kind.OPERATOR, "admin")]
+            Identity(Kind.OPERATOR, "workload"), Identity(Kind.OPERATOR, "admin"),
+            Identity(Kind.OPERATOR, "check")]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from cellstate.model import ModelError, check_name
 from omega.jobfile import load_job_file
-from omega.security import add_tls_flags, tls_from_args
+from omega.security import add_etcd_flags, add_tls_flags, etcd_access_from_args, tls_from_args
 
 if TYPE_CHECKING:
     from schedulers.process import SchedulerProcessConfig
@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="agents of the default set (agent-0...; default 2)")
     cs.add_argument("--days", type=_positive(int), default=365,
                     help="days the certificates are valid (default 365)")
+    cs.add_argument("--etcd-member", action="append", default=[], metavar="NAME",
+                    help="also an etcd member's certificate (client and peer TLS, for the "
+                         "host NAME; etcd-member-NAME.pem) and, with it, one for etcd's "
+                         "root user (etcd-root.pem); repeatable")
+    cs.add_argument("--keep", action="store_true",
+                    help="issue only certificates that do not exist yet (a restart of "
+                         "compose's certs service rotates nothing)")
 
     e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
     e.add_argument("--data-dir", help="keep its data here (default: a temporary folder)")
@@ -236,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
     s.add_argument("--cell", help="cell name (default 'default'; one etcd holds several)")
     s.add_argument("--name", help="this replica's name in status output")
+    add_etcd_flags(s)
     s.add_argument("--metrics", default="", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
 
@@ -252,7 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cell name (default 'default')")
     a.add_argument("--ttl", type=_positive(int), default=10,
                    help="lease seconds: machines go down this long after the agent dies")
-    a.add_argument("--workdir", help="working directory of task commands")
+    a.add_argument("--workdir", help="where relative command paths are found (default: "
+                                     "the agent's working directory)")
+    a.add_argument("--run-as", metavar="USER",
+                   help="the user commands run as (default: nobody for an agent running "
+                        "as root, else the agent's own user; docs/security.md)")
+    a.add_argument("--task-dir", metavar="DIR",
+                   help="each command runs in a fresh DIR/JOB/INDEX of its own (default: "
+                        "STATE_DIR/task-dirs with --state-dir, else a temporary folder removed "
+                        "when the agent stops)")
+    a.add_argument("--task-limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="a resource limit of every command: cpu (seconds), as (bytes of "
+                        "memory), nofile, nproc, fsize (bytes), core (bytes; default 0); "
+                        "repeatable")
+    a.add_argument("--cgroup", metavar="DIR",
+                   help="a writable cgroup v2 folder: each command gets a cgroup in it "
+                        "(memory.max from as=, pids.max from nproc=, where enabled)")
     a.add_argument("--log-dir", help="write each command task's output under this folder")
     a.add_argument("--state-dir",
                    help="the agent's own folder (one per agent): records its task processes, "
@@ -405,6 +428,23 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
         x.add_argument("--cell", default="default", help="cell name (default 'default')")
         _json_flag(x)
+        add_etcd_flags(x)
+
+    ea = sub.add_parser("etcd-auth", help="lock etcd down for a cell: a root user, a role "
+                                          "per kind of process, users, auth on")
+    ea.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
+    ea.add_argument("--cell", default="default")
+    ea.add_argument("--server", action="append", default=[], metavar="USER[=PASSWORD_FILE]",
+                    help="an etcd user with the cell's server role (read-write on the "
+                         "cell's keys): a certificate's common name, or a user with the "
+                         "password in PASSWORD_FILE (repeatable)")
+    ea.add_argument("--reader", action="append", default=[], metavar="USER[=PASSWORD_FILE]",
+                    help="an etcd user with the cell's reader role (omega check; "
+                         "repeatable)")
+    ea.add_argument("--root-password-file",
+                    help="the root user's password (default: none, root authenticates by "
+                         "a certificate whose common name is root only)")
+    add_etcd_flags(ea)
 
     _add_simulator(sub)
     _add_own_modules(sub)
@@ -422,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands that talk to no cellstate server (etcd, files, the simulator), or take
 # their own TLS choice (the demo makes its certificates).
 NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate",
-                             "completion"})
+                             "completion", "etcd-auth"})
 
 
 def _add_own_modules(sub: Any) -> None:
@@ -453,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
-    from cellstate.errors import KVError
+    from cellstate.errors import EtcdAuthError, KVError
     from cellstate.store import StoreError
     from omega.cellspec import CellSpecError
 
@@ -470,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return cliglobal.run(args.command, lambda: _dispatch(args), [
         (ServiceUnavailable, cliglobal.UNREACHABLE, no_server),
+        # etcd answered, and refused these credentials: refused, not unreachable.
+        (EtcdAuthError, cliglobal.BAD_INPUT, lambda e: f"etcd refused the call: {e}"),
         (KVError, cliglobal.UNREACHABLE, no_etcd),
         ((ModelError, ConfigError, CellSpecError, ClientError, StoreError, OSError,
           ValueError), cliglobal.BAD_INPUT, str),
@@ -523,7 +565,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             Path(args.log_dir) if args.log_dir else None,
             Path(args.state_dir) if args.state_dir else None, tls=tls,
             commands=CommandPolicy(frozenset(args.allow_command_from),
-                                   tuple(args.allow_command)), metrics=args.metrics)
+                                   tuple(args.allow_command)), metrics=args.metrics,
+            run_as=args.run_as, task_dir=Path(args.task_dir) if args.task_dir else None,
+            task_limits=tuple(args.task_limit),
+            cgroup=Path(args.cgroup) if args.cgroup else None)
         run_agent(config, stop_event_on_signals())
         return 0
     if cmd == "scheduler":
@@ -532,6 +577,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _workload(args)
     if cmd in ("check", "recover"):
         return _admin(args)
+    if cmd == "etcd-auth":
+        return _etcd_auth(args)
     runner: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if runner is not None:  # simulate, and the commands of omega's own modules
         return runner(args)
@@ -586,7 +633,6 @@ def _server(args: argparse.Namespace) -> int:
     from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
     from cellstate.gc_tuning import tune_for_large_heap
-    from cellstate.kv.etcd import EtcdKV
     from omega.signals import stop_event_on_signals
 
     doc = read_toml(args.config) if args.config else {}
@@ -605,11 +651,17 @@ def _server(args: argparse.Namespace) -> int:
         if args.insecure and config.tls is not None:
             raise ValueError(f"--insecure, but {args.config} has a [tls] table: give one")
         config = attrs.evolve(config, tls=tls_from_args(args))
+    config = attrs.evolve(config, etcd_access=etcd_access_from_args(args, config.etcd_access))
+    if config.etcd_access.anonymous:
+        print(f"WARNING: omega server: etcd without credentials "
+              f"({config.etcd_access.describe()}): whoever reaches etcd owns the cell; "
+              "lock it down (docs/security.md, --etcd-cert or [etcd] cert)",
+              file=sys.stderr, flush=True)
     from omega.cliglobal import check_listen, start_server
 
     check_listen(config.listen)  # before loading the cell: a taken port fails at once
     stop = stop_event_on_signals()
-    kv = EtcdKV(list(config.etcd))
+    kv = config.etcd_access.connect(config.etcd, config.cell)
     try:
         server = CellStateServer(kv, config)
         exporter = contextlib.ExitStack()
@@ -623,7 +675,7 @@ def _server(args: argparse.Namespace) -> int:
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
         print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
-              f"(etcd {','.join(config.etcd)}; "
+              f"(etcd {','.join(config.etcd)}, {config.etcd_access.describe()}; "
               f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
         with exporter:
             stop.wait()
@@ -709,8 +761,16 @@ def _certs(args: argparse.Namespace) -> int:
     hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
     ca = DevCA(Path(args.dir))
     for identity in who:
-        files = ca.issue(identity, hosts, args.days)
+        files = ca.files(identity)
+        if not (args.keep and files.cert.exists() and files.key.exists()):
+            files = ca.issue(identity, hosts, args.days)
         print(f"{identity}: {files.cert} {files.key}")
+    for member in args.etcd_member:
+        files = ca.issue_etcd_member(member, DEFAULT_HOSTS, keep=args.keep)
+        print(f"etcd member {member}: {files.cert} {files.key}")
+    if args.etcd_member:
+        files = ca.issue_etcd_root(keep=args.keep)
+        print(f"etcd root user: {files.cert} {files.key}")
     print(f"CA: {ca.ca_path} (its key {ca.ca_path.with_suffix('.key')} signs new "
           "certificates: keep it private)")
     return 0
@@ -778,11 +838,11 @@ def _workload(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
+    from cellstate.api.config import addresses
     from cellstate.invariants import violations
-    from cellstate.kv.etcd import EtcdKV
     from cellstate.store import CellStore
 
-    kv = EtcdKV([e.strip() for e in args.etcd.split(",") if e.strip()])
+    kv = etcd_access_from_args(args).connect(addresses(args.etcd, "--etcd"), args.cell)
     try:
         store = CellStore(kv, args.cell)
         if args.command == "recover":
@@ -796,6 +856,42 @@ def _admin(args: argparse.Namespace) -> int:
         return 1 if problems else 0
     finally:
         kv.close()
+
+
+def _etcd_auth(args: argparse.Namespace) -> int:
+    from cellstate.api.config import addresses
+    from cellstate.etcd_auth import RoleKind, lock_down
+
+    users = [_etcd_user(spec, RoleKind.SERVER) for spec in args.server]
+    users += [_etcd_user(spec, RoleKind.READER) for spec in args.reader]
+    root = (_password(Path(args.root_password_file), "--root-password-file")
+            if args.root_password_file else None)
+    access = etcd_access_from_args(args)
+    kv = access.connect(addresses(args.etcd, "--etcd"), args.cell)
+    try:
+        made = lock_down(kv, args.cell, users, root)
+    finally:
+        kv.close()
+    print(f"etcd auth on for cell {args.cell}: "
+          f"{'made ' + ', '.join(made) if made else 'everything was there already'}")
+    return 0
+
+
+def _etcd_user(spec: str, kind: str) -> Any:
+    from cellstate.etcd_auth import EtcdUser
+
+    name, _, password_file = spec.partition("=")
+    if not name:
+        raise ValueError(f"--{kind} {spec!r}: no user name")
+    password = _password(Path(password_file), f"--{kind} {name}") if password_file else None
+    return EtcdUser(name, kind, password)
+
+
+def _password(path: Path, where: str) -> str:
+    password = path.read_text().strip()
+    if not password:
+        raise ValueError(f"{where}: {path} is empty")
+    return password
 
 
 # -- job specs from files and flags ----------------------------------------------------

@@ -118,6 +118,9 @@ def check_listen(address: str) -> None:
         raise CannotListen(f"cannot listen on {address}: {e}") from None
     family, kind, proto, _, sockaddr = infos[0]
     with socket.socket(family, kind, proto) as s:
+        # As gRPC's own bind does: a port whose last server was killed a moment ago
+        # (its connections in TIME_WAIT) is free; one another process listens on is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(sockaddr)
         except OSError as e:

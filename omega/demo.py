@@ -42,10 +42,11 @@ from typing import Any, TextIO
 
 import attrs
 
+from cellstate.api.auth import Identity, Kind
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
 from cellstate.codec import parse_job
+from cellstate.etcd_auth import EtcdAccess, EtcdUser, RoleKind, lock_down, role_name
 from cellstate.invariants import constraint_violations, placed_tasks_of, violations
-from cellstate.kv.etcd import EtcdKV
 from cellstate.model import ModelError
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
@@ -54,6 +55,7 @@ from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
 from omega.security import (
     CellCredentials,
+    etcd_argv,
     insecure_argv,
     limits_toml,
     process_identity,
@@ -62,6 +64,8 @@ from omega.security import (
 from omega.statusfmt import fair_text, policy_text, status_text
 
 DEMO_SPEC = SHIPPED / "demo.toml"
+ADMIN = Identity(Kind.OPERATOR, "admin")
+CHECK = Identity(Kind.OPERATOR, "check")  # etcd's reader role: the last check
 
 
 @attrs.frozen
@@ -185,11 +189,16 @@ class Demo:
             # process dies, even by SIGKILL. Started from this long-lived thread, as the
             # kernel's parent-death signal follows the thread that started the child.
             prefix = supervised([], grace=10.0, cleanup=None if o.data_dir else data)
-            with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync,
-                           command_prefix=prefix) as etcd:
-                self.say(f"etcd {etcd.version} at {etcd.endpoint} (pid {etcd.pid}); logs in "
+            if not o.insecure:
+                self.certs = self._credentials(data, spec_path)
+            certs = self.certs
+            with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync, command_prefix=prefix,
+                           tls=certs.etcd_server if certs else None,
+                           probe_tls=certs.etcd_root if certs else None) as etcd:
+                self.say(f"etcd {etcd.version} at {etcd.client_url} (pid {etcd.pid}); logs in "
                          f"{logs}")
                 try:
+                    self._lock_etcd(etcd.endpoint, spec_path)
                     self._run(etcd.endpoint, spec_path, spec.machine_count, logs, data)
                 except KeyboardInterrupt:
                     self.say("interrupted: stopping every process")
@@ -197,6 +206,35 @@ class Demo:
                     self._stop_all()
                 self._final_check(etcd.endpoint)
         return self.stats
+
+    def _credentials(self, data: Path, spec_path: Path) -> CellCredentials:
+        """The cell's CA and certificates; the servers' configuration lists its
+        schedulers (only listed ones have rights)."""
+        topo = topology(self.opts, "", [0] * self.opts.servers, spec_path)
+        schedulers = {process_identity(args).name for _, args in topo.schedulers}
+        return CellCredentials(data / "certs", sorted(schedulers), self.pools, lock_etcd=True)
+
+    def _lock_etcd(self, endpoint: str, spec_path: Path) -> None:
+        """etcd's auth on: each server's certificate is an etcd user with the cell's
+        server role, ``operator:admin`` too (``omega recover``), and ``operator:check``
+        has the reader role (``omega check``, the last check here)."""
+        if self.certs is None:
+            return
+        topo = topology(self.opts, endpoint, [0] * self.opts.servers, spec_path)
+        users = [EtcdUser(str(process_identity(args)), RoleKind.SERVER)
+                 for _, args in topo.servers]
+        users += [EtcdUser(str(ADMIN), RoleKind.SERVER), EtcdUser(str(CHECK), RoleKind.READER)]
+        root = self.certs.etcd_root
+        kv = EtcdAccess(root.ca, root.cert, root.key).connect([endpoint], "default")
+        try:
+            lock_down(kv, "default", users)
+        finally:
+            kv.close()
+        check = self.certs.files(CHECK)
+        self.say(f"etcd locked down: TLS, client certificates, auth on; roles "
+                 f"{role_name('default', RoleKind.SERVER)} (the servers, {ADMIN}) and "
+                 f"{role_name('default', RoleKind.READER)} ({CHECK}: try omega check --etcd "
+                 f"{endpoint} {' '.join(etcd_argv(check))})")
 
     @contextlib.contextmanager
     def _data_dir(self) -> Iterator[Path]:
@@ -224,10 +262,7 @@ class Demo:
         o = self.opts
         ports = free_ports(o.servers)
         topo = topology(o, etcd, ports, spec_path, data / "agents")
-        if not o.insecure:
-            schedulers = {process_identity(args).name for _, args in topo.schedulers}
-            self.certs = CellCredentials(data / "certs", sorted(schedulers), self.pools)
-        else:
+        if o.insecure:
             self.server_config = data / "server.toml"
             self.server_config.write_text(limits_toml([], self.pools))
             self.say("WARNING: --insecure: every process talks PLAINTEXT gRPC without "
@@ -350,7 +385,11 @@ class Demo:
         self.children.clear()
 
     def _final_check(self, endpoint: str) -> None:
-        kv = EtcdKV([endpoint])
+        access = EtcdAccess()
+        if self.certs is not None:
+            check = self.certs.files(CHECK)
+            access = EtcdAccess(check.ca, check.cert, check.key)
+        kv = access.connect([endpoint], "default")
         try:
             snap = CellStore(kv).read_snapshot()
         finally:

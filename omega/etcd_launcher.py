@@ -40,6 +40,7 @@ from typing import IO, Any, Final
 
 import grpc
 
+from cellstate.api.tls import TlsFiles, channel_credentials
 from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.maintenance import DEFAULT_QUOTA_BACKEND_BYTES
@@ -264,6 +265,11 @@ class LocalEtcd:
 
     ``binary`` and ``version`` say which etcd runs (both logged). A version in
     :data:`UNSAFE_VERSIONS` logs a warning unless ``quiet_version_warning``.
+    ``tls`` locks the client port down: etcd serves TLS with ``tls.cert`` (which must
+    name 127.0.0.1) and requires every client to present a certificate ``tls.ca``
+    signed (``--client-cert-auth``; with auth enabled its common name is the etcd
+    user); ``probe_tls`` is the client certificate the launcher checks it serves with.
+    Peers stay on plain loopback (every member of a local cluster is on this host).
     ``command_prefix`` runs etcd under another program (the demo's supervisor, which
     ends etcd when the demo dies, see ``omega.proc.supervised``); :attr:`pid` is then
     that program's.
@@ -293,7 +299,14 @@ class LocalEtcd:
         ports: tuple[int, int] | None = None,
         initial_cluster: str = "",
         cluster_token: str = "",
+        tls: TlsFiles | None = None,
+        probe_tls: TlsFiles | None = None,
     ) -> None:
+        if (tls is None) != (probe_tls is None):
+            raise ValueError("give tls and probe_tls together: a client certificate is "
+                             "needed to see an etcd that requires one serve")
+        self.tls = tls
+        self.probe_tls = probe_tls
         self.binary = binary or find_etcd_binary()
         self.version = etcd_version(self.binary)
         log.info("using etcd %s from %s", self.version, self.binary)
@@ -344,7 +357,7 @@ class LocalEtcd:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     @property
     def data_dir(self) -> Path:
@@ -369,7 +382,10 @@ class LocalEtcd:
         """The full etcd command line (ports must be chosen)."""
         if self._client_port is None or self._peer_port is None or self._data_dir is None:
             raise RuntimeError("LocalEtcd has not been started")
-        client = f"http://{_LOCALHOST}:{self._client_port}"
+        client = f"{'https' if self.tls else 'http'}://{_LOCALHOST}:{self._client_port}"
+        tls = ([f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}",
+                f"--trusted-ca-file={self.tls.ca}", "--client-cert-auth=true"]
+               if self.tls else [])
         peer = f"http://{_LOCALHOST}:{self._peer_port}"
         return [
             *self.command_prefix,
@@ -383,6 +399,7 @@ class LocalEtcd:
             f"--initial-cluster={self.initial_cluster or f'{self.name}={peer}'}",
             *([f"--initial-cluster-token={self.cluster_token}"] if self.cluster_token else []),
             "--initial-cluster-state=new",
+            *tls,
             *self.flags,
             *self.extra_args,
         ]
@@ -460,7 +477,7 @@ class LocalEtcd:
         assert self._proc is not None
         deadline = time.monotonic() + self.start_timeout
         last = "no answer yet"
-        with grpc.insecure_channel(self.endpoint) as channel:
+        with self._probe_channel() as channel:
             kv: Any = pb_grpc.KVStub(channel)  # type: ignore[no-untyped-call]
             maintenance: Any = pb_grpc.MaintenanceStub(channel)  # type: ignore[no-untyped-call]
             while True:
@@ -488,6 +505,11 @@ class LocalEtcd:
                         return  # it answered (e.g. auth is on and wants a token): serving
                     last = f"{err.code().name}: {err.details()}"
                 time.sleep(0.05)
+
+    def _probe_channel(self) -> grpc.Channel:
+        if self.probe_tls is None:
+            return grpc.insecure_channel(self.endpoint)
+        return grpc.secure_channel(self.endpoint, channel_credentials(self.probe_tls))
 
     def _failure_context(self) -> str:
         return (

@@ -109,13 +109,15 @@ def omega(*args: str) -> list[str]:
 
 
 def supervised(command: Sequence[str], *, grace: float = 5.0,
-               cleanup: str | os.PathLike[str] | None = None) -> list[str]:
+               cleanup: str | os.PathLike[str] | None = None,
+               confine: Sequence[str] = ()) -> list[str]:
     """The command line that runs ``command`` under :mod:`omega.supervisor`, bound to
     this process: it ends when this process dies, even by SIGKILL (SIGTERM, then SIGKILL
     after ``grace`` seconds), and ``cleanup`` is removed then. Start it in a session of
-    its own so that signals reach whatever the command starts."""
+    its own so that signals reach whatever the command starts. ``confine``: the
+    supervisor's ``--user``/``--rlimit``/``--cgroup`` flags (omega/task_sandbox.py)."""
     head = [sys.executable, "-I", "-S", str(SUPERVISOR), "--parent", str(os.getpid()),
-            "--grace", f"{grace:g}"]
+            "--grace", f"{grace:g}", *confine]
     if cleanup is not None:
         head += ["--cleanup", os.fspath(cleanup)]
     return [*head, "--", *command]

@@ -21,10 +21,14 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cellstate.api.auth import Identity, Kind
 from cellstate.api.tls import TlsFiles
 from cellstate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cellstate.etcd_auth import EtcdAccess
 
 NO_CREDENTIALS = ("no TLS credentials: give --ca, --cert and --key (or $OMEGA_CA, "
                   "$OMEGA_CERT, $OMEGA_KEY; `omega certs` makes them), or --insecure for "
@@ -141,13 +145,20 @@ class CellCredentials:
 
     With TLS, only the schedulers the cell's configuration lists have any rights, so
     its servers get a configuration (``server.toml`` beside the certificates) listing
-    ``schedulers``, without limits."""
+    ``schedulers``, without limits.
+
+    With ``lock_etcd`` the cell's etcd is locked down too (cellstate/etcd_auth.py):
+    :attr:`etcd_server` is etcd's own certificate, :attr:`etcd_root` the one of its
+    root user, and each server reaches etcd with its own certificate (its common name
+    its etcd user)."""
 
     def __init__(self, folder: Path, schedulers: Sequence[str],
-                 limits: Mapping[str, Mapping[str, float]] | None = None) -> None:
+                 limits: Mapping[str, Mapping[str, float]] | None = None,
+                 *, lock_etcd: bool = False) -> None:
         from omega.certs import DevCA
 
         self.ca = DevCA(folder)
+        self.lock_etcd = lock_etcd
         self.schedulers = list(schedulers)
         self.server_config = folder / "server.toml"
         self.limit(limits or {})
@@ -156,6 +167,16 @@ class CellCredentials:
         """Give schedulers resource limits in the servers' configuration (servers
         started afterwards read it)."""
         self.server_config.write_text(limits_toml(self.schedulers, pools))
+
+    @property
+    def etcd_server(self) -> TlsFiles:
+        """etcd's own certificate, for 127.0.0.1 and localhost."""
+        return self.ca.issue_etcd_member("etcd", ["127.0.0.1", "localhost"], keep=True)
+
+    @property
+    def etcd_root(self) -> TlsFiles:
+        """A client certificate of etcd's root user (common name ``root``)."""
+        return self.ca.issue_etcd_root(keep=True)
 
     def files(self, identity: Identity) -> TlsFiles:
         return self.ca.ensure(identity)
@@ -167,7 +188,8 @@ class CellCredentials:
     def argv(self, args: Sequence[str]) -> list[str]:
         """``omega ARGS`` with the TLS flags of the identity it runs as (and, for a
         server, the configuration that lists the cell's schedulers)."""
-        extra = tls_argv(self.files(process_identity(args)))
+        files = self.files(process_identity(args))
+        extra = tls_argv(files)
         args = list(args)
         if args and args[0] == "server":
             if "--config" in args:
@@ -177,6 +199,8 @@ class CellCredentials:
                 args[at] = str(self._with_schedulers(Path(args[at])))
             else:
                 extra += ["--config", str(self.server_config)]
+            if self.lock_etcd:
+                extra += etcd_argv(files)
         return [*args, *extra]
 
     def _with_schedulers(self, config: Path) -> Path:
@@ -189,6 +213,12 @@ class CellCredentials:
         out.write_text(text + ("\n" if text and not text.endswith("\n") else "")
                        + "".join(f"[limits.{n}]\n" for n in missing))
         return out
+
+
+def etcd_argv(files: TlsFiles) -> list[str]:
+    """The flags that reach etcd with ``files``' certificate (its etcd user)."""
+    return ["--etcd-ca", str(files.ca), "--etcd-cert", str(files.cert),
+            "--etcd-key", str(files.key)]
 
 
 def limits_toml(schedulers: Sequence[str], pools: Mapping[str, Mapping[str, float]]) -> str:
@@ -206,3 +236,40 @@ def limits_toml(schedulers: Sequence[str], pools: Mapping[str, Mapping[str, floa
 
 def insecure_argv(args: Sequence[str]) -> list[str]:
     return [*args, "--insecure"]
+
+
+def add_etcd_flags(p: argparse.ArgumentParser) -> None:
+    """How a command that talks to etcd itself (the server, ``omega check``, ``omega
+    recover``, ``omega etcd-auth``) reaches it: cellstate/etcd_auth.py."""
+    env = os.environ.get
+    g = p.add_argument_group("etcd access (docs/security.md, \"etcd locked down\")")
+    g.add_argument("--etcd-ca", default=env("OMEGA_ETCD_CA"),
+                   help="CA certificate that signed etcd's (TLS to etcd; default "
+                        "$OMEGA_ETCD_CA)")
+    g.add_argument("--etcd-cert", default=env("OMEGA_ETCD_CERT"),
+                   help="client certificate for etcd; with --client-cert-auth its common "
+                        "name is the etcd user (default $OMEGA_ETCD_CERT)")
+    g.add_argument("--etcd-key", default=env("OMEGA_ETCD_KEY"),
+                   help="its key (default $OMEGA_ETCD_KEY, else the certificate's path "
+                        "with .key)")
+    g.add_argument("--etcd-user", default=env("OMEGA_ETCD_USER"),
+                   help="etcd user for password auth (default $OMEGA_ETCD_USER)")
+    g.add_argument("--etcd-password-file", default=env("OMEGA_ETCD_PASSWORD_FILE"),
+                   help="file holding that user's password (default "
+                        "$OMEGA_ETCD_PASSWORD_FILE)")
+
+
+def etcd_access_from_args(args: argparse.Namespace,
+                          base: EtcdAccess | None = None) -> EtcdAccess:
+    """``base`` (the config file's ``[etcd]`` credentials) with what the flags give
+    instead; a flag replaces the file's setting of the same name."""
+    from cellstate.etcd_auth import EtcdAccess
+
+    base = base or EtcdAccess()
+
+    def path(flag: str | None, current: Path | None) -> Path | None:
+        return Path(flag) if flag else current
+
+    return EtcdAccess(path(args.etcd_ca, base.ca), path(args.etcd_cert, base.cert),
+                      path(args.etcd_key, base.key), args.etcd_user or base.user,
+                      path(args.etcd_password_file, base.password_file))

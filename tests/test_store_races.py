@@ -74,6 +74,9 @@ class Interleaving(KV):
     def lease_revoke(self, lease_id: int) -> None:
         self.kv.lease_revoke(lease_id)
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        return self.kv.lease_keys(lease_id)
+
     def close(self) -> None:
         pass  # the fixture owns the real backend
 

@@ -38,6 +38,7 @@ import grpc
 
 from cellstate.cell import CellSnapshot
 from cellstate.errors import StoreError
+from cellstate.keys import Keyspace, metrics_prefix, pending_prefix
 from cellstate.model import Job, Machine, ModelError, check_name, split_task_id
 
 
@@ -213,10 +214,25 @@ class Authorizer:
                                    f"scheduler:{scheduler} may")
         self._known_scheduler(who, scheduler, what)
 
-    def keep_alive(self, context: grpc.ServicerContext) -> None:
+    def keep_alive(self, context: grpc.ServicerContext, lease: int, cell: str,
+                   lease_keys: Callable[[], Sequence[bytes]]) -> None:
+        """Renew ``lease``: an operator any; a scheduler or an agent only a lease it
+        holds, told by the keys on it (``lease_keys``, which raises
+        LeaseNotFoundError for a lapsed one): every key must be one of its instances'
+        registrations or metric reports, or its agent record."""
         who = self.caller(context)
-        if who is not INSECURE:
-            self._only(who, (Kind.SCHEDULER, Kind.AGENT, Kind.OPERATOR), "renew leases")
+        if who is INSECURE:
+            return
+        self._only(who, (Kind.SCHEDULER, Kind.AGENT, Kind.OPERATOR), "renew leases")
+        if who.kind is Kind.OPERATOR:
+            return
+        keys = lease_keys()
+        others = [k for k in keys if not holds(who, k, cell)]
+        if not keys or others:
+            held = (f"it holds {others[0].decode(errors='replace')!r}" if others
+                    else "nothing is registered under it")
+            raise PermissionDenied(f"{who} may not renew lease {lease:x}: {held}; only "
+                                   "the identity that registered under a lease renews it")
 
     # -- agents ----------------------------------------------------------------------
 
@@ -265,3 +281,19 @@ def check_changeable(state: str, job_id: str, what: str) -> None:
     if state in FINAL_STATES:
         raise FinalState(f"cannot {what} job {job_id}: it is {state}, and a job in a final "
                          "state does not change")
+
+
+def holds(who: Identity, key: bytes, cell: str) -> bool:
+    """Whether ``key`` may sit on a lease of ``who``: a scheduler's instance
+    registrations, metric and pending reports (``<pending>/<job>/<scheduler>/...``),
+    an agent's own record."""
+    keys = Keyspace(cell)
+    if who.kind is Kind.SCHEDULER:
+        pending = pending_prefix(cell)
+        if key.startswith(pending):
+            return key[len(pending):].split(b"/")[1:2] == [who.name.encode()]
+        return key.startswith((keys.instance(who.name, ""),
+                               metrics_prefix(cell) + who.name.encode() + b"/"))
+    if who.kind is Kind.AGENT:
+        return key == keys.agent(who.name)
+    return False

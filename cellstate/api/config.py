@@ -20,6 +20,7 @@ from cellstate.api.tls import TlsFiles
 from cellstate.errors import (
     ConfigError as ConfigError,
 )
+from cellstate.etcd_auth import EtcdAccess, access_from_table
 from cellstate.model import CellConfig, ModelError, check_name
 
 
@@ -105,6 +106,8 @@ class ServerConfig:
     # everybody may do anything (cellstate/api/auth.py).
     tls: TlsFiles | None = None
     user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
+    # How this server reaches etcd (TLS, its etcd user): cellstate/etcd_auth.py.
+    etcd_access: EtcdAccess = attrs.field(factory=EtcdAccess)
 
     @property
     def auth(self) -> AuthPolicy:
@@ -129,10 +132,11 @@ def tls_files(doc: object, where: str, base: Path | None = None) -> TlsFiles:
 def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     """A server configuration from a parsed file (or {}): top-level ``listen``, ``cell``,
     ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``, an ``[etcd]``
-    table with ``endpoints``, ``[limits.<scheduler>]`` tables as in the cell config
-    (``max_precedence``, ``max_resources``; with TLS, the schedulers listed are the
-    cell's only ones), a ``[tls]`` table (``ca``, ``cert``, ``key``) and an ``[auth]``
-    table (``user_max_precedence``)."""
+    table with ``endpoints`` and the credentials (``ca``, ``cert``, ``key``, ``user``,
+    ``password_file``: :class:`~cellstate.etcd_auth.EtcdAccess`), ``[limits.<scheduler>]``
+    tables as in the cell config (``max_precedence``, ``max_resources``; with TLS, the
+    schedulers listed are the cell's only ones), a ``[tls]`` table (``ca``, ``cert``,
+    ``key``) and an ``[auth]`` table (``user_max_precedence``)."""
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
@@ -156,7 +160,11 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
         etcd_sec = _Section(etcd_doc, "etcd")
         endpoints = addresses(etcd_sec.get("endpoints", (list, str), ["127.0.0.1:2379"]),
                               "etcd.endpoints")
+        base = Path(source).parent if source else None
+        for setting in ("ca", "cert", "key", "user", "password_file"):
+            etcd_sec.get(setting, str, None)
         etcd_sec.no_unknown()
+        etcd_access = access_from_table(etcd_sec.doc, "etcd", base)
         limits_doc = top.get("limits", dict, None)
         limits = None
         if limits_doc is not None:
@@ -165,7 +173,6 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
             except ModelError as e:
                 raise ConfigError(str(e).lstrip(".")) from None
         tls_doc = top.get("tls", dict, None)
-        base = Path(source).parent if source else None
         tls = tls_files(tls_doc, "tls", base) if tls_doc is not None else None
         auth = _Section(top.get("auth", dict, {}), "auth")
         user_max = auth.get("user_max_precedence", int, DEFAULT_USER_MAX_PRECEDENCE)
@@ -177,4 +184,4 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
-                        float(grace), tls, user_max)
+                        float(grace), tls, user_max, etcd_access)

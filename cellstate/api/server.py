@@ -41,7 +41,11 @@ from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.jobinfo import StatusIndex, StatusView
-from cellstate.keys import KeyKind
+from cellstate.keys import (
+    KeyKind,
+    metrics_prefix as metrics_prefix,
+    pending_prefix as pending_prefix,
+)
 from cellstate.kv.base import (
     KV,
     Compare,
@@ -96,19 +100,6 @@ MAX_METRICS_BYTES = 16 * 1024
 # Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
 MAX_PENDING_BYTES = 8 * 1024
 MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
-
-
-def pending_prefix(cell: str, job: str = "") -> bytes:
-    """Where scheduler instances' pending reports live (``<prefix><job>/<scheduler>/
-    <instance>``): outside the cell's prefix, like the metrics, so replicas never
-    decode them."""
-    return f"/omega-pending/{cell}/".encode() + (job.encode() + b"/" if job else b"")
-
-
-def metrics_prefix(cell: str) -> bytes:
-    """Where scheduler instances' metric reports live: outside the cell's prefix, so
-    that replicas (which watch the cell) never decode them."""
-    return f"/omega-metrics/{cell}/".encode()
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
@@ -486,8 +477,9 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def KeepAlive(self, request: pb.KeepAliveRequest, context: grpc.ServicerContext,
                   ) -> pb.KeepAliveResponse:
-        self.auth.keep_alive(context)
         try:
+            self.auth.keep_alive(context, request.lease, self.config.cell,
+                                 lambda: self.kv.lease_keys(request.lease))
             ttl = self.kv.lease_keepalive(request.lease)
         except LeaseNotFoundError:
             ttl = 0

@@ -249,6 +249,10 @@ class KV(Protocol):
 
     def lease_revoke(self, lease_id: int) -> None: ...
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        """The keys attached to the lease, sorted; raises LeaseNotFoundError if it
+        expired. (Who holds a lease is told by its keys: cellstate/api/auth.py.)"""
+
     def close(self) -> None: ...
 
 

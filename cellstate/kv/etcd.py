@@ -53,6 +53,7 @@ from cellstate.kv.base import (
     WatchEvent,
     WatchResponse,
 )
+from cellstate.kv.etcdpb.authpb import auth_pb2
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.kv.etcdpb.mvccpb import kv_pb2 as mvccpb
 
@@ -127,6 +128,8 @@ _MSG_USER_EMPTY: Final = "user name is empty"
 _MSG_AUTH_FAILED: Final = "authentication failed"
 _MSG_AUTH_NOT_ENABLED: Final = "authentication is not enabled"
 _MSG_PERMISSION_DENIED: Final = "permission denied"
+_MSG_USER_EXISTS: Final = "user name already exists"
+_MSG_ROLE_EXISTS: Final = "role name already exists"
 _MSG_NO_SPACE: Final = "database space exceeded"
 
 # Failover: first try every endpoint once without waiting, then back off between rounds.
@@ -300,6 +303,16 @@ def _op_results(
     return tuple(out)
 
 
+def _handshake_hint(error: str) -> str:
+    """Why a TLS handshake failed, in words: gRPC reports etcd's refusal of a client
+    certificate only as an SSL alert."""
+    if "CERTIFICATE" in error or "andshake" in error:
+        return (" (the TLS handshake failed: etcd takes only clients with a certificate "
+                "its --trusted-ca-file signed, and the client takes only an etcd "
+                "certificate its CA signed for the address dialled)")
+    return ""
+
+
 def _describe(err: Any) -> str:
     return f"{err.code().name}: {err.details()}"
 
@@ -330,7 +343,14 @@ class EtcdKV:
     ``max_txn_ops`` and ``max_request_bytes`` advertise the server's limits to callers
     (who split work accordingly); they must match the server's ``--max-txn-ops`` and
     ``--max-request-bytes``. The server enforces them, not this client. Left out,
-    ``max_txn_ops`` is learned from the server at first use (:meth:`_probe_txn_ops`).
+    ``max_txn_ops`` is learned from the server at first use (:meth:`_probe_txn_ops`),
+    by reading ``probe_key``: a key the credentials may read (a role limited to a
+    cell's prefix may read nothing else).
+
+    TLS: ``ca_cert`` checks the server; ``cert_chain`` and ``private_key`` are this
+    client's certificate, which an etcd started with ``--client-cert-auth`` requires
+    and, with auth enabled, takes the common name of as the user name (no password
+    then; a token from ``username``/``password`` takes precedence over it).
     """
 
     def __init__(
@@ -345,6 +365,7 @@ class EtcdKV:
         private_key: bytes | None = None,
         max_txn_ops: int | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        probe_key: bytes = b"\x00omega-max-txn-ops-probe",
     ) -> None:
         if isinstance(endpoints, str):  # a lone "host:port" is a Sequence[str] too
             endpoints = [endpoints]
@@ -366,6 +387,7 @@ class EtcdKV:
             else None
         )
         self._max_txn_ops = max_txn_ops
+        self._probe_key = probe_key
         self.max_request_bytes = max_request_bytes
         self.timeout = timeout
         self._endpoints = [_Endpoint(address, credentials) for address, _ in parsed]
@@ -398,7 +420,7 @@ class EtcdKV:
         """The largest candidate limit the server accepts: a transaction of that many
         reads of one key is refused as too large exactly when the limit is lower
         (reads write nothing, so the probe changes nothing). A few round trips, once."""
-        probe = b"\x00omega-max-txn-ops-probe"
+        probe = self._probe_key
         for n in self._TXN_OPS_CANDIDATES:
             try:
                 self.txn([], [Get(probe)] * n)
@@ -455,7 +477,7 @@ class EtcdKV:
                             raise UnavailableError(
                                 f"no etcd endpoint answered within {self.timeout:g} s "
                                 f"(endpoints: {', '.join(self.endpoints)}); last error: "
-                                f"{last_error}"
+                                f"{last_error}{_handshake_hint(last_error)}"
                             ) from None
                         time.sleep(pause)
                     if n > 1:
@@ -514,6 +536,7 @@ class EtcdKV:
             or _MSG_AUTH_FAILED in details
             or _MSG_USER_EMPTY in details
             or _MSG_INVALID_TOKEN in details
+            or _MSG_PERMISSION_DENIED in details  # admin calls say "auth: permission denied"
         ):
             who = f" as user {self._username!r}" if self._username else ""
             return EtcdAuthError(f"{details}{who} {where}")
@@ -743,6 +766,16 @@ class EtcdKV:
             raise LeaseNotFoundError(f"lease {lease_id:x} has expired or was revoked")
         return int(response.TTL)
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        """The keys attached to the lease, sorted. Raises :class:`LeaseNotFoundError`
+        when it has expired or was revoked (etcd answers TTL -1 then)."""
+        request = pb.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+        response = self._call(
+            lambda ep, t, md: ep.lease.LeaseTimeToLive(request, timeout=t, metadata=md))
+        if response.TTL < 0:
+            raise LeaseNotFoundError(f"lease {lease_id:x} has expired or was revoked")
+        return tuple(sorted(response.keys))
+
     def lease_revoke(self, lease_id: int) -> None:
         """Revoke the lease, deleting its keys in one revision. Raises
         :class:`LeaseNotFoundError` for an unknown lease."""
@@ -833,6 +866,57 @@ class EtcdKV:
         request = pb.AlarmRequest(action=pb.AlarmRequest.DEACTIVATE, memberID=alarm.member_id,
                                   alarm=alarm.kind)
         self._call(lambda ep, t, md: ep.maintenance.Alarm(request, timeout=t, metadata=md))
+
+    # ------------------------------------------------------- auth administration
+    # What setting up etcd's role-based access takes (cellstate/etcd_auth.py); once
+    # auth is on, these need the root role.
+
+    def user_add(self, name: str, password: str | None) -> bool:
+        """Add an etcd user; ``password`` None: none, the user authenticates by client
+        certificate (its common name) only. False when the user exists already (it is
+        left as it is)."""
+        options = auth_pb2.UserAddOptions(no_password=password is None)
+        request = pb.AuthUserAddRequest(name=name, password=password or "", options=options)
+        return self._created(
+            lambda ep, t, md: ep.auth.UserAdd(request, timeout=t, metadata=md),
+            _MSG_USER_EXISTS)
+
+    def role_add(self, name: str) -> bool:
+        """Add an etcd role; False when it exists already."""
+        request = pb.AuthRoleAddRequest(name=name)
+        return self._created(
+            lambda ep, t, md: ep.auth.RoleAdd(request, timeout=t, metadata=md),
+            _MSG_ROLE_EXISTS)
+
+    def role_grant_permission(self, role: str, key: bytes, range_end: bytes | None,
+                              *, write: bool) -> None:
+        """Let ``role`` read (and with ``write`` also write) ``[key, range_end)``
+        (just ``key`` when ``range_end`` is None). Granting it again changes nothing."""
+        kind = auth_pb2.Permission.READWRITE if write else auth_pb2.Permission.READ
+        perm = auth_pb2.Permission(permType=kind, key=key, range_end=range_end or b"")
+        request = pb.AuthRoleGrantPermissionRequest(name=role, perm=perm)
+        self._call(lambda ep, t, md: ep.auth.RoleGrantPermission(request, timeout=t,
+                                                                 metadata=md))
+
+    def user_grant_role(self, user: str, role: str) -> None:
+        """Give ``user`` the role; granting it again changes nothing."""
+        request = pb.AuthUserGrantRoleRequest(user=user, role=role)
+        self._call(lambda ep, t, md: ep.auth.UserGrantRole(request, timeout=t, metadata=md))
+
+    def auth_enable(self) -> None:
+        """Turn authentication on (etcd needs a root user with the root role first);
+        already on: nothing happens."""
+        request = pb.AuthEnableRequest()
+        self._call(lambda ep, t, md: ep.auth.AuthEnable(request, timeout=t, metadata=md))
+
+    def _created(self, attempt: Callable[[_Endpoint, float, Any], Any], exists: str) -> bool:
+        try:
+            self._call(attempt)
+        except KVError as err:
+            if exists in str(err):
+                return False
+            raise
+        return True
 
     def close(self) -> None:
         """Cancel every open watcher and close the channels. Idempotent; later calls

@@ -492,6 +492,14 @@ class MemoryKV:
             lease.expires_at = self._clock() + lease.ttl
             return lease.ttl
 
+    def lease_keys(self, lease_id: int) -> tuple[bytes, ...]:
+        with self._lock:
+            self._expire_leases()
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                raise LeaseNotFoundError(f"lease {lease_id:x} not found")
+            return tuple(sorted(lease.keys))
+
     def lease_revoke(self, lease_id: int) -> None:
         with self._lock:
             self._expire_leases()

@@ -325,3 +325,29 @@ def test_a_killed_finished_job_stays_finished(cell: Cell) -> None:
         cell.call("operator:root", "KillJob", pb.KillJobRequest(job="jdone", reason="x"))
     info = cell.call("operator:root", "GetJob", pb.GetJobRequest(job="jdone"))
     assert info.state == "finished"
+
+
+def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:
+    """A scheduler's instance lease (with its metrics and pending reports on it) and an
+    agent's lease: renewed by their holder and operators, refused to everyone else."""
+    batch = _lease(cell)
+    cell.call("scheduler:batch", "ReportMetrics", pb.ReportMetricsRequest(
+        scheduler="batch", instance="i9", lease=batch, metrics_json=b"{}"))
+    cell.call("scheduler:batch", "ReportPending", pb.ReportPendingRequest(
+        scheduler="batch", instance="i9", lease=batch,
+        reports=[pb.PendingReport(job="ja", report_json=b"{}")]))
+    assert len(cell.kv.lease_keys(batch)) == 3  # registration, metrics, pending report
+    agent = int(cell.call("agent:agent-0", "RegisterAgent", _register("agent-0", "m1")).lease)
+    for lease, holders in ((batch, {"scheduler:batch"}), (agent, {"agent:agent-0"})):
+        before = cell.revision()
+        for who in ("scheduler:batch", "scheduler:service", "agent:agent-0",
+                    "agent:agent-1", "operator:root"):
+            request = pb.KeepAliveRequest(lease=lease)
+            if who in holders or who == "operator:root":
+                assert cell.call(who, "KeepAlive", request).ttl > 0
+                continue
+            with pytest.raises(grpc.RpcError) as info:
+                cell.call(who, "KeepAlive", request)
+            assert info.value.code() == DENIED
+            assert f"{who} may not renew lease {lease:x}" in str(info.value.details())
+        assert cell.revision() == before

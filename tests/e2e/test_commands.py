@@ -5,6 +5,7 @@ Refused commands never start (their files never appear) and their tasks fail."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_only_allowed_owners_and_paths_run_commands(fresh_etcd: LocalEtcd,
         c.server("cellstate-0")
         spec = c.spec("cmd", 2)
         c.start("agent-0", "agent", "--cellstate", c.cellstate, "--spec", str(spec),
-                "--id", "agent-0", "--allow-command-from", "alice", "--allow-command", touch)
+                "--id", "agent-0", "--allow-command-from", "alice", "--allow-command", touch,
+                # It touches files in this test's folder: as this user, not nobody.
+                "--run-as", pwd.getpwuid(os.geteuid()).pw_name)
         c.start("batch", "scheduler", "batch", "--cellstate", c.cellstate, "--instance", "b0")
         with c.client() as client:  # operator:admin, who may submit for any owner
             wait_for("2 machines", lambda: client.status()["machines_up"] == 2, c)

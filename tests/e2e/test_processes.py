@@ -3,6 +3,8 @@ cellstate replicas, agents, the batch and service schedulers."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import signal
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,8 @@ def test_jobs_of_both_kinds_finish(fresh_etcd: LocalEtcd, tmp_path: Path) -> Non
         c.start("agent-0", "agent", "--cellstate", c.cellstate, "--spec", str(spec),
                 "--id", "agent-0", "--log-dir", str(tmp_path / "tasks"),
                 # The command job runs python3: this agent allows any command.
-                "--allow-command-from", "*", "--allow-command", "/")
+                "--allow-command-from", "*", "--allow-command", "/",
+                "--run-as", pwd.getpwuid(os.geteuid()).pw_name)
         # Each scheduler talks to a different replica.
         c.start("batch", "scheduler", "--cellstate", f"127.0.0.1:{port_a}", "--name", "batch",
                 "--instance", "b0")

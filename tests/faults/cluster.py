@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import sys
 import time
@@ -90,7 +91,9 @@ class FaultCell:
             c.start(f"agent-{i}", "agent", "--cellstate", order, "--spec", str(spec),
                     "--index", str(i), "--of", "2", "--id", f"agent-{i}",
                     "--ttl", str(AGENT_TTL), "--allow-command-from", "*",
-                    "--allow-command", "/")
+                    "--allow-command", "/",
+                    # Its tasks write markers into this test's (private) folder.
+                    "--run-as", pwd.getpwuid(os.geteuid()).pw_name)
         config = self.workdir / "scheduler.toml"
         config.write_text(f"[scheduler]\nlease_ttl = {SCHEDULER_TTL}\nretry_delay = 0.5\n"
                           "max_retry_delay = 2.0\n")
