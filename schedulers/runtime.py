@@ -476,6 +476,11 @@ class SchedulerInstance:
             # A job's backoff (up to max_retry_delay) may be longer than the lease.
             return min(max(min(waits), 0.0), self._until_keep_alive(now),
                        max(until_propose, 0.0))
+        if self.policy.requeue_interval is not None:
+            # A policy with its own order (fair share) sees every waiting job in each
+            # decision, not only those due: jobs that arrived between its rounds would
+            # otherwise fall out of step and each round would order a different subset.
+            due = self.queued()
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
 

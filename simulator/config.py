@@ -113,6 +113,9 @@ class SimConfig:
     sample_interval: float = 60.0  # utilization samples
     day: float = 86_400.0  # the period of busyness values (shorter for short runs)
     warmup: float = 0.0  # placement measures count jobs submitted from then on
+    # Seconds the run goes on past the horizon without new jobs, so that work in
+    # progress there can finish (effective utilization counts finished runs only).
+    drain: float = 0.0
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from cellstate.model import Detection, JobKind, TxnMode
+from cellstate.model import Detection, JobKind, ModelError, TxnMode, check_name
 from simulator.config import (
     Architecture,
     CellSpec,
@@ -28,6 +28,7 @@ from simulator.config import (
 from simulator.workload import (
     PLACEMENTS,
     Distribution,
+    Diurnal,
     InputError,
     InputSpec,
     JobClass,
@@ -59,7 +60,8 @@ class Axis:
         return [(p, value) for p in self.paths]
 
 
-PLOT_KINDS = ("line", "cdf", "utilization")
+PLOT_KINDS = ("line", "cdf", "utilization", "speedup", "effective")
+SERIES = ("effective", "raw")  # the integrated CPU utilization series (effective plots)
 
 
 @attrs.frozen
@@ -68,7 +70,10 @@ class PlotSpec:
     ``cdf``: the distributions named in y (e.g. ``mapreduce_speedup``), one line
     per run (labelled by its ``series`` value, or by its whole sweep point).
     ``utilization``: the utilization of the resources named in y (``cpu``, ``mem``)
-    over time, one panel per run."""
+    over time, one panel per run. ``speedup``: each paired run's per-job speedups
+    (see :class:`SpeedupSpec`), ranked, one line per pair. ``effective``: the CPU
+    utilization series named in y (``effective``, ``raw``) over time, one line per run
+    and series."""
 
     x: str
     y: tuple[str, ...]
@@ -79,6 +84,19 @@ class PlotSpec:
     logy: bool = False
     file: str = ""
     kind: str = "line"
+
+
+@attrs.frozen
+class SpeedupSpec:
+    """Pairs of runs compared job by job: each run whose value on ``axis`` is not
+    ``baseline`` is paired with the run that has ``baseline`` there and the same
+    values on every other axis. A job's speedup is its completion time in the run over
+    that in the baseline (Cook's ratio: below 1 is faster); within ``tolerance`` of 1
+    it counts as unchanged."""
+
+    axis: str
+    baseline: Any
+    tolerance: float = 0.01
 
 
 @attrs.frozen
@@ -97,6 +115,7 @@ class Experiment:
     axes: tuple[Axis, ...]
     runs: tuple[Run, ...]
     plots: tuple[PlotSpec, ...]
+    speedup: SpeedupSpec | None = None
 
 
 class _Where:
@@ -166,12 +185,18 @@ def load(path: Path) -> Experiment:
     where = _Where(path, text)
     _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
                            "sample_interval", "warmup", "trace", "cell", "prefill",
-                           "workload", "scheduler", "retry", "two_level", "sweep", "plot"})
+                           "workload", "scheduler", "retry", "two_level", "sweep", "plot",
+                           "drain", "speedup"})
     name = _str(where, ("name",), doc.get("name", path.stem))
     axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
                                                                   doc.get("sweep", []))))
     plots = tuple(_plot(where, i, p, axes) for i, p in enumerate(_list(where, ("plot",),
                                                                        doc.get("plot", []))))
+    speedup = _speedup(where, doc["speedup"], axes) if "speedup" in doc else None
+    if speedup is None and any(p.kind == "speedup" for p in plots):
+        i = next(i for i, p in enumerate(plots) if p.kind == "speedup")
+        raise where.error(("plot", i, "kind"), "a speedup plot needs a [speedup] table "
+                          "(which runs to pair)")
     runs = []
     for combo in itertools.product(*(a.values for a in axes)) if axes else [()]:
         run_doc = copy.deepcopy(doc)
@@ -186,7 +211,29 @@ def load(path: Path) -> Experiment:
             if point:
                 raise InputError(f"{e} (in the sweep run {point})") from e
             raise
-    return Experiment(name, str(doc.get("description", "")), path, axes, tuple(runs), plots)
+    return Experiment(name, str(doc.get("description", "")), path, axes, tuple(runs), plots,
+                      speedup)
+
+
+def _speedup(where: _Where, raw: object, axes: tuple[Axis, ...]) -> SpeedupSpec:
+    at: Path_ = ("speedup",)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"axis", "baseline", "tolerance"})
+    name = _str(where, (*at, "axis"), t.get("axis"))
+    axis = next((a for a in axes if a.name == name), None)
+    if axis is None:
+        raise where.error((*at, "axis"), f"{name!r} is not a sweep axis (axes: "
+                          f"{', '.join(a.name for a in axes) or 'none'})")
+    baseline = t.get("baseline")
+    if baseline not in axis.labels:
+        raise where.error((*at, "baseline"), f"{_show(baseline)} is not a value of axis "
+                          f"{name!r} (its values: {', '.join(map(str, axis.labels))})")
+    if len(axis.labels) < 2:
+        raise where.error((*at, "axis"), f"axis {name!r} has one value: nothing to pair")
+    tolerance = _num(where, (*at, "tolerance"), t.get("tolerance", 0.01))
+    if tolerance >= 1:
+        raise where.error((*at, "tolerance"), f"must be below 1, got {tolerance:g}")
+    return SpeedupSpec(name, baseline, tolerance)
 
 
 # -- the sweep -----------------------------------------------------------------------
@@ -244,11 +291,18 @@ def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpe
         if value and value not in names:
             raise where.error((*at, field), f"{value!r} is not a sweep axis (axes: "
                               f"{', '.join(sorted(names)) or 'none'})")
-    ys = tuple(_str(where, (*at, "y"), y) for y in _list(where, (*at, "y"), t.get("y")))
+    # A speedup plot draws the pairs' speedups: it has no y of its own.
+    raw_y = t.get("y", [] if kind == "speedup" else None)
+    ys = tuple(_str(where, (*at, "y"), y) for y in _list(where, (*at, "y"), raw_y))
     if kind == "utilization":
         for y in ys:
             if y not in ("cpu", "mem"):
                 raise where.error((*at, "y"), f"{y!r} is not a sampled resource (cpu, mem)")
+    if kind == "effective":
+        for y in ys:
+            if y not in SERIES:
+                raise where.error((*at, "y"), f"{y!r} is not a utilization series "
+                                  f"({', '.join(SERIES)})")
     return PlotSpec(x, ys, series, str(t.get("title", "")), str(t.get("ylabel", "")),
                     bool(t.get("logx", False)), bool(t.get("logy", False)),
                     str(t.get("file", "")) or f"plot{i + 1}.png", kind)
@@ -287,7 +341,8 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
         _retry(where, doc.get("retry", {})), _two_level(where, doc.get("two_level", {})),
         _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
         _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True),
-        _num(where, ("warmup",), doc.get("warmup", 0.0)))
+        _num(where, ("warmup",), doc.get("warmup", 0.0)),
+        _num(where, ("drain",), doc.get("drain", 0.0)))
 
 
 def _cell(where: _Where, raw: object) -> CellSpec:
@@ -321,7 +376,7 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     at: Path_ = ("workload", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
-                         "rate_scale", "input", "mapreduce"})
+                         "rate_scale", "input", "mapreduce", "users", "priority", "diurnal"})
     name = _str(where, (*at, "name"), t.get("name"))
     kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
     mapreduce = _mapreduce(where, (*at, "mapreduce"), t["mapreduce"]) if "mapreduce" in t \
@@ -343,7 +398,32 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
                     dist("cpu", 1.0), dist("mem", 2.0),
                     _num(where, (*at, "rate_scale"), t.get("rate_scale", 1.0), positive=True),
                     input=_input(where, (*at, "input"), t["input"]) if "input" in t else None,
-                    mapreduce=mapreduce)
+                    mapreduce=mapreduce, users=_users(where, (*at, "users"), t.get("users", [])),
+                    priority=dist("priority", 0) if "priority" in t else None,
+                    diurnal=_diurnal(where, (*at, "diurnal"), t["diurnal"]) if "diurnal" in t
+                    else None)
+
+
+def _users(where: _Where, at: Path_, raw: object) -> tuple[str, ...]:
+    users = tuple(_str(where, at, u) for u in _list(where, at, raw))
+    for u in users:
+        try:
+            check_name(u, "user")
+        except ModelError as e:
+            raise where.error(at, str(e)) from None
+    if len(set(users)) != len(users):
+        raise where.error(at, "names a user twice")
+    return users
+
+
+def _diurnal(where: _Where, at: Path_, raw: object) -> Diurnal:
+    t = _table(where, at, raw)
+    _only(where, at, t, {"rates", "period"})
+    rates = tuple(_num(where, (*at, "rates"), r) for r in _list(where, (*at, "rates"),
+                                                                t.get("rates")))
+    if not rates or not sum(rates) > 0:
+        raise where.error((*at, "rates"), "needs at least one rate above 0")
+    return Diurnal(rates, _num(where, (*at, "period"), t.get("period", 86_400.0), True))
 
 
 def _input(where: _Where, at: Path_, raw: object) -> InputSpec:
@@ -439,6 +519,8 @@ def _scheduler(where: _Where, i: int, raw: object) -> SchedulerSpec:
     options = _options(where, (*at, "options"), t.get("options", {}))
     if policy == "flow":
         _check_flow(where, (*at, "options"), options)
+    if policy == "fair":
+        _check_fair(where, (*at, "options"), options)
     return SchedulerSpec(
         name, serves, policy, int(instances), per_kind, default, measured,
         _num(where, (*at, "measured_scale"), t.get("measured_scale", 1.0), True),
@@ -469,6 +551,16 @@ def _check_flow(where: _Where, at: Path_, options: dict[str, object]) -> None:
     try:
         FlowPolicy(**options)
     except FlowOptionError as e:
+        raise where.error(at, str(e)) from None
+
+
+def _check_fair(where: _Where, at: Path_, options: dict[str, object]) -> None:
+    """The fair scheduler's options, checked now rather than at its first decision."""
+    from schedulers.fair.policy import FairConfig, FairOptionError
+
+    try:
+        FairConfig.from_options(options)
+    except FairOptionError as e:
         raise where.error(at, str(e)) from None
 
 

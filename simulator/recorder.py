@@ -25,6 +25,16 @@ And what Firmament §7 measures (``Placements``), over the jobs submitted after 
 * load spread: at each utilization sample after the warmup, the coefficient of
   variation (standard deviation / mean) and the max / mean of the machines' CPU use;
 * each flow scheduler's rounds: the time of their parts and the network's size.
+
+And what Cook measures (``Usage``, ``JobOutcome``), for the jobs submitted after the
+warmup:
+
+* job completion time: submission to the end of the job's last task, however often
+  its tasks were preempted and run again (each run starts from scratch);
+* effective utilization over time: the CPU of the runs that finished, each counted
+  over the time from its start to its end, in the time buckets it covered; a run that
+  was preempted counts nothing. Raw utilization counts every run, preempted or not;
+* preempted runs and the CPU time they lost.
 """
 
 from __future__ import annotations
@@ -105,6 +115,68 @@ class Rounds:
     repaired: int = 0
 
 
+@attrs.define
+class JobOutcome:
+    """One job's fate: ``completion`` is submission to the end of its last task (None
+    if it did not finish); ``preempted`` counts its tasks' runs that were preempted."""
+
+    job: str
+    cls: str
+    owner: str
+    submitted: float
+    completion: float | None = None
+    preempted: int = 0
+
+
+class Usage:
+    """CPU-seconds of task runs per time bucket of ``width`` seconds up to ``until``:
+    every run (raw), and the runs that finished (effective)."""
+
+    def __init__(self, width: float, until: float) -> None:
+        self.width = width
+        self.until = until
+        n = max(1, math.ceil(until / width - 1e-9))
+        self.raw = [0.0] * n
+        self.effective = [0.0] * n
+
+    def add(self, cpu: float, start: float, end: float, effective: bool) -> None:
+        end = min(end, self.until)
+        t = start
+        while t < end:
+            i = min(int(t // self.width), len(self.raw) - 1)
+            stop = min(end, (i + 1) * self.width)
+            amount = cpu * (stop - t)
+            self.raw[i] += amount
+            if effective:
+                self.effective[i] += amount
+            t = stop
+
+    def series(self, capacity: float) -> dict[str, list[float]]:
+        """Each bucket's utilization: CPU-seconds over the CPU-seconds it had."""
+        out: dict[str, list[float]] = {"t": [], "effective": [], "raw": []}
+        for i, (raw, eff) in enumerate(zip(self.raw, self.effective, strict=True)):
+            length = min(self.width, self.until - i * self.width)
+            denom = capacity * length if length > 0 and capacity > 0 else 1.0
+            out["t"].append(i * self.width)
+            out["raw"].append(raw / denom)
+            out["effective"].append(eff / denom)
+        return out
+
+    def mean(self, capacity: float, since: float, effective: bool) -> float:
+        """Utilization from ``since`` to the end, as a whole (buckets by their length)."""
+        values = self.effective if effective else self.raw
+        total = span = 0.0
+        for i, v in enumerate(values):
+            lo, hi = i * self.width, min((i + 1) * self.width, self.until)
+            if hi <= since:
+                continue
+            # A bucket the warmup cuts counts in proportion (its CPU spread evenly).
+            part = (hi - max(lo, since)) / (hi - lo)
+            total += v * part
+            span += hi - max(lo, since)
+        return total / (capacity * span) if span > 0 and capacity > 0 else 0.0
+
+
 class Recorder:
     def __init__(self, horizon: float, day: float, warmup: float = 0.0) -> None:
         self.horizon = horizon
@@ -121,6 +193,64 @@ class Recorder:
         self.rounds: dict[str, Rounds] = {}
         # Per-job values of other parts of a run (a MapReduce job's speedup), by name.
         self.values: dict[str, list[float]] = {}
+        self.outcomes: dict[str, JobOutcome] = {}  # Cook's measures, by job
+        self.usage: Usage | None = None
+        self.cpu_capacity = 0.0
+        self.lost_cpu_s = 0.0  # CPU time of preempted runs (after the warmup)
+        self.preemptions: dict[str, int] = {}  # class -> runs its tasks preempted
+
+    # -- Cook's measures --------------------------------------------------------------------
+
+    def track_usage(self, width: float, cpu_capacity: float) -> None:
+        """Integrate task runs' CPU over buckets of ``width`` up to the horizon."""
+        self.usage = Usage(width, self.horizon)
+        self.cpu_capacity = cpu_capacity
+
+    def job_submitted(self, job: Job, cls: str) -> None:
+        if self.measured(job):
+            self.outcomes[job.id] = JobOutcome(job.id, cls, job.owner, job.submitted_at)
+
+    def run_ended(self, job_id: str, cpu: float, start: float, end: float,
+                  preempted_by: str = "") -> None:
+        """A run of one task ended: finished, or preempted by a task of a job of class
+        ``preempted_by`` (its work lost)."""
+        if self.usage is not None:
+            self.usage.add(cpu, start, end, effective=not preempted_by)
+        if preempted_by:
+            if end > self.warmup:
+                self.lost_cpu_s += cpu * (min(end, self.horizon) - max(start, self.warmup))
+                self.preemptions[preempted_by] = self.preemptions.get(preempted_by, 0) + 1
+            outcome = self.outcomes.get(job_id)
+            if outcome is not None:
+                outcome.preempted += 1
+
+    def job_completed(self, job_id: str, at: float) -> None:
+        outcome = self.outcomes.get(job_id)
+        if outcome is not None and outcome.completion is None:
+            outcome.completion = at - outcome.submitted
+
+    def series(self) -> dict[str, list[float]]:
+        """Effective and raw CPU utilization per bucket (``t``: each bucket's start)."""
+        return self.usage.series(self.cpu_capacity) if self.usage is not None else {}
+
+    def _cook_summary(self, out: dict[str, Any]) -> None:
+        by_cls: dict[str, list[JobOutcome]] = {}
+        for o in self.outcomes.values():
+            by_cls.setdefault(o.cls, []).append(o)
+        for cls, outcomes in sorted(by_cls.items()):
+            done = [o.completion for o in outcomes if o.completion is not None]
+            out[f"{cls}_completed"] = len(done)
+            out[f"{cls}_completion_mean_s"] = statistics.fmean(done) if done else 0.0
+            for q in (50, 90):
+                out[f"{cls}_completion_p{q}_s"] = percentile(done, q / 100)
+            out[f"{cls}_preempted_runs"] = sum(o.preempted for o in outcomes)
+            out[f"{cls}_jobs_preempted"] = sum(1 for o in outcomes if o.preempted)
+            out[f"{cls}_preemptions"] = self.preemptions.get(cls, 0)
+        if self.usage is not None:
+            cap = self.cpu_capacity
+            out["effective_utilization_mean"] = self.usage.mean(cap, self.warmup, True)
+            out["raw_utilization_mean"] = self.usage.mean(cap, self.warmup, False)
+            out["lost_cpu_hours"] = self.lost_cpu_s / 3600
 
     def scheduler(self, name: str, instances: int) -> None:
         self.schedulers[name] = SchedulerStats(instances)
@@ -320,4 +450,5 @@ class Recorder:
             late = [u[1] for u in self.utilization if u[0] >= self.warmup]
             out["cpu_utilization_measured"] = statistics.fmean(late) if late else 0.0
         self._placement_summary(out)
+        self._cook_summary(out)
         return out

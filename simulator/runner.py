@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from cellstate.gc_tuning import tune_for_large_heap
 from simulator.experiment import Experiment
-from simulator.output import RunResult, write_data, write_plots
+from simulator.output import RunResult, read_jobs, with_speedups, write_data, write_plots
 from simulator.sim import Simulation
 
 
@@ -27,7 +27,8 @@ def run_one(point: dict[str, object], config_index: int, exp: Experiment,
     # scanning them again and again cost about a quarter of the run time.
     metrics = sim.run(progress, after_prefill=tune_for_large_heap)
     return RunResult(point, metrics, tuple(sim.recorder.utilization),
-                     sim.recorder.distributions())
+                     sim.recorder.distributions(), sim.recorder.series(),
+                     tuple(sim.recorder.outcomes.values()))
 
 
 def _worker(exp: Experiment, index: int) -> tuple[int, RunResult, float]:
@@ -41,7 +42,7 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
     if seed is not None:
         runs = tuple(attrs.evolve(r, config=attrs.evolve(r.config, seed=seed)) for r in exp.runs)
         exp = attrs.evolve(exp, runs=runs)
-    total = sum(r.config.horizon for r in exp.runs)
+    total = sum(r.config.horizon + r.config.drain for r in exp.runs)
     bar = tqdm(total=round(total), unit="sim-s", desc=exp.name, disable=not show,
                file=sys.stderr, unit_scale=True, dynamic_ncols=True)
     results: list[RunResult | None] = [None] * len(exp.runs)
@@ -55,17 +56,18 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
 
                 bar.set_postfix_str(_label(run.point))
                 results[i] = run_one(run.point, i, exp, tick)
-                bar.update(max(0, base + round(run.config.horizon) - int(bar.n)))
+                bar.update(max(0, base + round(run.config.horizon + run.config.drain)
+                               - int(bar.n)))
         else:
             with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures = [pool.submit(_worker, exp, i) for i in range(len(exp.runs))]
                 for f in concurrent.futures.as_completed(futures):
                     i, res, _wall = f.result()
                     results[i] = res
-                    bar.update(round(exp.runs[i].config.horizon))
+                    bar.update(round(exp.runs[i].config.horizon + exp.runs[i].config.drain))
     finally:
         bar.close()
-    finished = [r for r in results if r is not None]
+    finished = with_speedups(exp, [r for r in results if r is not None])
     write_data(exp, finished, out)
     write_plots(exp, finished, out)
     return finished
@@ -75,8 +77,10 @@ def replot(exp: Experiment, out: Path) -> list[RunResult]:
     """Draw an experiment's plots again from its results.json (after editing only the
     [[plot]] tables, no need to run it again)."""
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    jobs = read_jobs(out / "jobs.csv", len(doc["runs"]))
     results = [RunResult(r["point"], r["metrics"], tuple(tuple(u) for u in r["utilization"]),
-                         r.get("distributions", {})) for r in doc["runs"]]
+                         r.get("distributions", {}), r.get("series", {}), j)
+               for r, j in zip(doc["runs"], jobs, strict=True)]
     write_plots(exp, results, out)
     return results
 

@@ -10,6 +10,12 @@ A job of a class with ``input`` gets its data blocks when it arrives, on machine
 drawn from the class's own random stream; every first placement of a task is
 measured (latency, and the data it reads locally), and a flow scheduler's rounds are
 recorded as they are decided (see ``simulator/recorder.py``).
+
+Every run of a task is recorded when it ends (Cook's measures): one that finished
+counts toward effective utilization, one that another task preempted counts only as
+raw use and lost work; the preempted task waits again and its next run starts from
+scratch, as a task without checkpoints does. A job is complete when every one of its
+tasks has finished a run.
 A MapReduce job's workers run until its work is done by the speedup model, which the
 workers placed and evicted over time decide (``simulator/mapreduce.py``).
 """
@@ -111,6 +117,8 @@ class Simulation:
         self._prefilled: set[str] = set()  # jobs of the prefill (not measured)
         self._classes: dict[str, JobClass] = {c.name: c for c in config.classes}
         self._first: dict[str, set[int]] = {}  # job -> tasks placed at least once
+        self._runs: dict[str, tuple[float, float]] = {}  # running task -> (start, cpu)
+        self._class: dict[str, str] = {}  # job -> its workload class
         self._locality: dict[str, _Locality] = {}
         self.policies: dict[tuple[str, str], Policy] = {}
         self._last_round: dict[tuple[str, str], object] = {}
@@ -123,6 +131,7 @@ class Simulation:
         self.mapreduce = MapReduceRuns(self.loop, self.cell, self.recorder, self._completed)
         self.cell.add_machines(machines)
         self.capacity = capacity_of(self.cell.snapshot())
+        self.recorder.track_usage(config.sample_interval, self.capacity.get("cpu"))
         self.allocator: Allocator | None = None
         if config.architecture is Architecture.TWO_LEVEL:
             self.allocator = Allocator(self.loop, self.cell, config.two_level, self.capacity)
@@ -211,7 +220,7 @@ class Simulation:
         inst.start()
         for spec in p.jobs(self.capacity.get("cpu")):
             self._prefilled.add(spec.id)
-            self._submit(spec.job(owner))
+            self._submit(spec.job(owner), spec.cls)
         while True:
             attempt = inst.decide()
             if not isinstance(attempt, Attempt):
@@ -240,7 +249,7 @@ class Simulation:
         def arrive() -> None:
             sched = self.config.scheduler_of(spec.cls)
             job = spec.job(sched.name, self._input(spec))
-            self._submit(job)
+            self._submit(job, spec.cls)
             owner = owner_of(job.id, self._instances[sched.name])
             if owner is not None:
                 self._drivers[(sched.name, owner)].poke()
@@ -262,11 +271,13 @@ class Simulation:
             blocks, self._rack_of, cls.input.blocks_per_task * cls.input.block_size)
         return input_of(blocks, cls.input.block_size)
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: Job, cls: str) -> None:
         self._jobs[job.id] = job
+        self._class[job.id] = cls
         self.cell.submit_job(job)
         if job.id not in self._prefilled:
             self.recorder.submitted_job(job)
+            self.recorder.job_submitted(job, cls)
 
     def _committed(self, attempt: Attempt, results: dict[str, CommitResult]) -> None:
         now = self.loop.now
@@ -274,11 +285,15 @@ class Simulation:
             for victim in res.evicted:
                 vjob = victim.rpartition("/")[0]
                 self._running[vjob] -= 1
+                self._run_ended(vjob, victim, self._class.get(job_id, "?"))
                 self.mapreduce.workers(self._jobs[vjob], self._running[vjob])
             if not res.committed:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
+            cpu = job.task_resources.get("cpu")
+            for c in res.committed:
+                self._runs[c.task] = (now, cpu)
             if job_id not in self._prefilled and self.recorder.measured(job):
                 self._measure(job, res, now)
             if job.mapreduce is not None:
@@ -306,17 +321,28 @@ class Simulation:
             # Tasks of a job run equally long: the last placed ends last.
             self.recorder.job_response(now + job.duration - job.submitted_at, job.duration)
 
+    def _run_ended(self, job_id: str, task: str, preempted_by: str = "") -> None:
+        run = self._runs.pop(task, None)
+        if run is not None:
+            self.recorder.run_ended(job_id, run[1], run[0], self.loop.now, preempted_by)
+
     def _end(self, job_id: str, tids: list[str], placed_at: int) -> None:
         released = self.cell.release_tasks(tids, TaskState.FINISHED, placed_at)
-        self._running[job_id] -= len(released)
-        self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
-        self._maybe_forget(job_id)
+        self._finished(job_id, released)
 
     def _completed(self, job: Job, released: list[str]) -> None:
         """A MapReduce job's work is done and its running workers ended."""
-        self._running[job.id] = self._running.get(job.id, 0) - len(released)
-        self._ended[job.id] = self._ended.get(job.id, 0) + len(released)
-        self._maybe_forget(job.id)
+        self._finished(job.id, released)
+
+    def _finished(self, job_id: str, released: list[str]) -> None:
+        for task in released:
+            self._run_ended(job_id, task)
+        self._running[job_id] = self._running.get(job_id, 0) - len(released)
+        ended = self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
+        job = self._jobs.get(job_id)
+        if released and job is not None and ended >= job.task_count:
+            self.recorder.job_completed(job_id, self.loop.now)
+        self._maybe_forget(job_id)
 
     def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
         for kind, ident in changes or ():
@@ -342,6 +368,7 @@ class Simulation:
             del self._jobs[job_id]
             self._prefilled.discard(job_id)
             self._first.pop(job_id, None)
+            self._class.pop(job_id, None)
             self._locality.pop(job_id, None)
             self._running.pop(job_id, None)
             self._ended.pop(job_id, None)
@@ -372,7 +399,11 @@ class Simulation:
         self._add_schedulers()
         self._schedule_arrival(self._arrivals())
         self.loop.at(0.0, SAMPLE, self._sample)
-        self.loop.run(self.config.horizon, progress)
+        self.loop.run(self.config.horizon + self.config.drain, progress)
+        # Runs still going at the end: used, but whether they would finish is unknown.
+        if self.recorder.usage is not None:
+            for start, cpu in self._runs.values():
+                self.recorder.usage.add(cpu, start, self.loop.now, effective=False)
         return self.summary()
 
     def unscheduled(self) -> dict[str, int]:

@@ -1,7 +1,9 @@
 """Workloads: distributions, job classes, prefill, and traces.
 
 A workload class (batch, service, ...) draws each job's interarrival time, task count,
-task duration and task shape from its own distributions, on its own random stream.
+task duration and task shape from its own distributions, on its own random stream;
+optionally its jobs' owners (users), their priorities in their owner's own order, and
+a daily pattern of its arrival rate (``Diurnal``).
 A trace file lists jobs instead (see docs/simulator.md for the format).
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from cellstate.model import Job, JobKind, MapReduceSpec, Resources
+from cellstate.model import Job, JobKind, MapReduceSpec, ModelError, Resources, check_name
 
 
 class InputError(ValueError):
@@ -74,6 +76,43 @@ class Distribution:
     @classmethod
     def choice(cls, values: Sequence[float], weights: Sequence[float]) -> Distribution:
         return cls("choice", 0.0, tuple(values), tuple(weights))
+
+
+@attrs.frozen
+class Diurnal:
+    """A repeating pattern of a class's arrival rate: ``period`` (a day) is split into
+    ``len(rates)`` equal slots, and in slot i jobs arrive ``rates[i]`` times as often as
+    the class's own interarrival distribution says (0: none then).
+
+    Interarrival times are drawn in *active time*, which runs at the slot's rate; an
+    arrival's wall time is where the active time it is due at is reached. So any
+    interarrival distribution keeps its shape within a slot, and a class with rate 1
+    in every slot is the class without a pattern."""
+
+    rates: tuple[float, ...]
+    period: float = 86_400.0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.rates or any(r < 0 or not math.isfinite(r) for r in self.rates):
+            raise ValueError("rates must be finite numbers >= 0, at least one")
+        if not sum(self.rates) > 0:
+            raise ValueError("at least one rate must be above 0")
+        if not self.period > 0:
+            raise ValueError("period must be above 0")
+
+    def wall_time(self, active: float) -> float:
+        """The wall time at which ``active`` seconds of active time have passed."""
+        slot = self.period / len(self.rates)
+        per_period = slot * sum(self.rates)
+        periods = math.floor(active / per_period)
+        rest = active - periods * per_period
+        for i, r in enumerate(self.rates):
+            span = slot * r
+            if rest < span:
+                return periods * self.period + i * slot + rest / r
+            rest -= span
+        # Rounding left a sliver past the last active slot: the next period's first one.
+        return (periods + 1) * self.period + self.wall_time(0.0)
 
 
 @attrs.frozen
@@ -178,6 +217,12 @@ class JobClass:
     rate_scale: float = 1.0
     input: InputSpec | None = None  # input data blocks of each job (data locality)
     mapreduce: MapReduceClass | None = None  # a class of MapReduce jobs
+    # Each job's owner is drawn evenly from ``users`` (none: every job is "sim"'s).
+    users: tuple[str, ...] = ()
+    # The job's priority in its owner's own order, rounded to a whole number (a fair
+    # scheduler reads it); None: 0.
+    priority: Distribution | None = None
+    diurnal: Diurnal | None = None  # a daily pattern of the arrival rate
 
     def mean_tasks(self) -> float:
         return self.tasks.mean()
@@ -196,27 +241,38 @@ class JobSpec:
     cpu: float
     mem: float
     mapreduce: MapReduceSpec | None = None  # its duration then follows from its workers
+    owner: str = "sim"
+    priority: int = 0  # in its owner's own order (higher first)
 
     def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = ()) -> Job:
         """The job to submit; ``data`` is its input (``Job.input``)."""
-        return Job(self.id, "sim", scheduler, self.tasks,
+        return Job(self.id, self.owner, scheduler, self.tasks,
                    Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
                    duration=self.duration if self.mapreduce is None else None,
-                   submitted_at=self.submit, input=data, mapreduce=self.mapreduce)
+                   submitted_at=self.submit, input=data, mapreduce=self.mapreduce,
+                   priority=self.priority)
 
 
 def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[JobSpec]:
-    """Jobs of ``cls`` forever, one after another (the caller stops at the horizon)."""
-    t = start
+    """Jobs of ``cls`` forever, one after another (the caller stops at the horizon).
+
+    Owners and priorities are drawn after everything else, and only for classes that
+    have them, so that classes without them draw exactly what they drew before."""
+    active = 0.0
     n = 0
     while True:
-        t += cls.interarrival.sample(rng) / cls.rate_scale
+        active += cls.interarrival.sample(rng) / cls.rate_scale
+        t = start + (active if cls.diurnal is None else cls.diurnal.wall_time(active))
         n += 1
         spec = JobSpec(f"{cls.name}-{n:07d}", cls.name, cls.kind, t,
                        max(1, math.ceil(cls.tasks.sample(rng))), cls.duration.sample(rng),
                        cls.cpu.sample(rng), cls.mem.sample(rng))
         if cls.mapreduce is not None:
             spec = attrs.evolve(spec, mapreduce=cls.mapreduce.spec(spec.tasks, rng))
+        if cls.users:
+            spec = attrs.evolve(spec, owner=cls.users[rng.randrange(len(cls.users))])
+        if cls.priority is not None:
+            spec = attrs.evolve(spec, priority=round(cls.priority.sample(rng)))
         yield spec
 
 
@@ -250,6 +306,7 @@ class Prefill:
 # -- traces --------------------------------------------------------------------------
 
 TRACE_FIELDS = ("submit", "class", "tasks", "duration", "cpu", "mem")
+TRACE_OPTIONAL = ("id", "owner", "priority")
 
 
 def load_trace(path: Path, classes: dict[str, JobKind]) -> list[JobSpec]:
@@ -309,10 +366,10 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict[str, object]]]:
 def _spec(path: Path, line: int, row: dict[str, object],
           classes: dict[str, JobKind]) -> JobSpec:
     where = f"{path}, line {line}"
-    unknown = sorted(set(row) - {*TRACE_FIELDS, "id"})
+    unknown = sorted(set(row) - {*TRACE_FIELDS, *TRACE_OPTIONAL})
     if unknown:
         raise InputError(f"{where}, field {unknown[0]!r}: unknown field (expected "
-                         f"{', '.join(TRACE_FIELDS)}, id)")
+                         f"{', '.join(TRACE_FIELDS + TRACE_OPTIONAL)})")
     cls = row.get("class")
     if not isinstance(cls, str) or cls not in classes:
         raise InputError(f"{where}, field 'class': {cls!r} is not a workload class "
@@ -325,8 +382,20 @@ def _spec(path: Path, line: int, row: dict[str, object],
     job_id = row.get("id", f"{cls}-l{line:07d}")
     if not isinstance(job_id, str):
         raise InputError(f"{where}, field 'id': must be a string")
+    owner = row.get("owner", "sim")
+    if not isinstance(owner, str):
+        raise InputError(f"{where}, field 'owner': must be a string, got {owner!r}")
+    try:
+        check_name(owner, "user")
+    except ModelError as e:
+        raise InputError(f"{where}, field 'owner': {e}") from None
+    priority = _number(where, row, "priority", -1e9) if "priority" in row else 0.0
+    if priority != int(priority):
+        raise InputError(f"{where}, field 'priority': must be a whole number, got "
+                         f"{row['priority']!r}")
     return JobSpec(job_id, cls, classes[cls], submit, int(tasks), duration,
-                   _number(where, row, "cpu", minimum=0.0), _number(where, row, "mem", 0.0))
+                   _number(where, row, "cpu", minimum=0.0), _number(where, row, "mem", 0.0),
+                   owner=owner, priority=int(priority))
 
 
 def _number(where: str, row: dict[str, object], field: str, minimum: float) -> float:

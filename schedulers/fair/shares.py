@@ -46,9 +46,11 @@ class _UserTasks:
     keys: list[OrderKey] = attrs.field(factory=list)
     tasks: list[str] = attrs.field(factory=list)
     needs: list[Resources] = attrs.field(factory=list)
-    # Cumulative amounts and CRS per position, rebuilt lazily after a change.
-    cum: list[dict[str, float]] | None = None
-    crs: list[float] | None = None
+    # Cumulative amounts and CRS of the first positions; a change drops those from its
+    # position on, and they are extended again lazily (placing a user's tasks one by
+    # one, mostly at the end of their order, costs O(1) each rather than O(tasks)).
+    cum: list[dict[str, float]] = attrs.field(factory=list)
+    crs: list[float] = attrs.field(factory=list)
 
 
 class ShareBook:
@@ -78,7 +80,7 @@ class ShareBook:
         ut.keys.insert(at, key)
         ut.tasks.insert(at, task)
         ut.needs.insert(at, need)
-        ut.cum = ut.crs = None
+        del ut.cum[at:], ut.crs[at:]
         self._owner[task] = user
 
     def load(self, user: str, entries: Iterable[tuple[OrderKey, str, Resources]]) -> None:
@@ -91,14 +93,14 @@ class ShareBook:
         ut.keys = [r[0] for r in rows]
         ut.tasks = [r[1] for r in rows]
         ut.needs = [r[2] for r in rows]
-        ut.cum = ut.crs = None
+        ut.cum, ut.crs = [], []
 
     def remove(self, task: str) -> None:
         user = self._owner.pop(task)
         ut = self._users[user]
         at = ut.tasks.index(task)
         del ut.keys[at], ut.tasks[at], ut.needs[at]
-        ut.cum = ut.crs = None
+        del ut.cum[at:], ut.crs[at:]
 
     def owner(self, task: str) -> str | None:
         return self._owner.get(task)
@@ -122,7 +124,7 @@ class ShareBook:
         user = self._owner[task]
         ut = self._users[user]
         at = ut.tasks.index(task)
-        return dominant_share(self._cum(ut)[at], self.totals) / self.weight(user)
+        return dominant_share(self._cum(ut, at + 1)[at], self.totals) / self.weight(user)
 
     def crs_of_all(self, user: str) -> list[tuple[str, float]]:
         """(task, CRS) of every running task of the user, in the user's order (so in
@@ -150,27 +152,30 @@ class ShareBook:
         if ut is not None and ut.tasks:
             before = bisect.bisect_left(ut.keys, key)
             if before:
-                for d, a in self._cum(ut)[before - 1].items():
+                for d, a in self._cum(ut, before)[before - 1].items():
                     amounts[d] = amounts.get(d, 0.0) + a
         return dominant_share(amounts, self.totals) / self.weight(user)
 
     def _crs(self, ut: _UserTasks) -> list[float]:
-        if ut.crs is None:
-            w = self.weight(self._owner[ut.tasks[0]]) if ut.tasks else 1.0
-            ut.crs = [dominant_share(c, self.totals) / w for c in self._cum(ut)]
-        return ut.crs
+        crs = ut.crs
+        if len(crs) < len(ut.tasks):
+            w = self.weight(self._owner[ut.tasks[0]])
+            cum = self._cum(ut)
+            crs.extend(dominant_share(c, self.totals) / w for c in cum[len(crs):])
+        return crs
 
-    def _cum(self, ut: _UserTasks) -> list[dict[str, float]]:
-        if ut.cum is None:
-            out: list[dict[str, float]] = []
-            run: dict[str, float] = {}
-            for need in ut.needs:
-                run = dict(run)
-                for d, a in need.amounts:
-                    run[d] = run.get(d, 0.0) + a
-                out.append(run)
-            ut.cum = out
-        return ut.cum
+    def _cum(self, ut: _UserTasks, upto: int | None = None) -> list[dict[str, float]]:
+        """The user's cumulative amounts, correct at least for the first ``upto``
+        positions (default: all)."""
+        cum = ut.cum
+        stop = len(ut.needs) if upto is None else upto
+        run = cum[-1] if cum else {}
+        for need in ut.needs[len(cum):stop]:
+            run = dict(run)
+            for d, a in need.amounts:
+                run[d] = run.get(d, 0.0) + a
+            cum.append(run)
+        return cum
 
 
 @attrs.define
