@@ -252,15 +252,19 @@ def misfit(
     victims: Sequence[Allocation] = (),
     own_gang: str = "",
     founding: bool = False,
+    used: Resources | None = None,
 ) -> Misfit | None:
     """The first rule that keeps one more task of ``job`` off ``m`` once ``victims``
     leave, or None if it may go there. ``jobs`` are the cell's jobs (neighbours' rules
     and labels), ``gangs`` its gang records (which staged holds count); ``founding``:
-    the claim founds the job's affinity group (see :func:`self_affine`)."""
+    the claim founds the job's affinity group (see :func:`self_affine`). ``used``:
+    what holds ``m`` (``machine_used``) where the caller keeps count of it already,
+    which spares summing a record's allocations."""
     return (
         machine_up(m)
         or constraints(job, m, gangs, jobs, victims, own_gang, founding)
-        or resources(job.task_resources, m, machine_used(m, gangs, own_gang),
+        or resources(job.task_resources, m,
+                     machine_used(m, gangs, own_gang) if used is None else used,
                      sum_resources(v.resources for v in victims) if victims else _NOTHING)
     )
 

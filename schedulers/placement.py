@@ -25,12 +25,15 @@ from schedulers.api import CellView
 
 
 def why_not(view: CellView, job: Job, m: Machine,
-            victims: Sequence[Allocation] = (), founding: bool = False) -> Misfit | None:
+            victims: Sequence[Allocation] = (), founding: bool = False,
+            used: Resources | None = None) -> Misfit | None:
     """The first fit rule that keeps one more task of ``job`` off ``m`` now, once
     ``victims`` (allocations on ``m``) leave; None if it may go there. ``founding``:
     the claim is the first of a plan claiming every task of an affinity group
-    (:func:`founds_group`), which meets the group's affinity anywhere."""
-    return fit.misfit(job, m, view.gangs, view.jobs, victims, founding=founding)
+    (:func:`founds_group`), which meets the group's affinity anywhere. ``used``: what
+    holds ``m`` as the view shows it, where the policy keeps that count itself
+    (``fit.misfit``)."""
+    return fit.misfit(job, m, view.gangs, view.jobs, victims, founding=founding, used=used)
 
 
 def can_host(view: CellView, job: Job, m: Machine,

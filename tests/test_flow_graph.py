@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import pytest
 
-from cellstate.cell import CellSnapshot
+from cellstate.cell import CellSnapshot, machine_used
 from cellstate.errors import StoreError
 from cellstate.keys import KeyKind
 from cellstate.kv.memory import MemoryKV
@@ -291,6 +291,55 @@ def test_the_batched_update_makes_the_network_the_per_machine_one_makes(policy: 
         for moved, at in churn.moved[done:]:
             ref.note_moved(moved, at)
     assert batched > 5  # the batched path did some of the work, not only the reference
+
+
+class _SummingGraph(GraphManager):
+    """A graph manager that never vouches for what holds a machine: the extraction's
+    repair step then sums every record's allocations, as the store's rules do."""
+
+    def used_on(self, m: Machine) -> Resources | None:
+        return None
+
+
+@pytest.mark.parametrize("policy", ["load-spread", "quincy", "network"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_repair_step_counts_a_machines_use_as_its_record_does(policy: str,
+                                                                   seed: int) -> None:
+    """Where the graph manager vouches for what holds a machine (``used_on``: the
+    network was brought to that very record), it is what the record's allocations
+    sum to; and the extraction, which counts on it instead of summing records,
+    makes the very claims it makes when it sums them, over random change sequences."""
+    churn = Churn(seed, net=policy == "network")
+    preempt_below = random.Random(seed).choice([None, 3])
+    fast, ref = (cls(make_cost_model(policy), FLOW, move_guard=GUARD,
+                     preempt_below=preempt_below) for cls in (GraphManager, _SummingGraph))
+    vouched = claimed = 0
+    for step in range(30):
+        snap, changes = churn.take()
+        fast.update(snap, changes, churn.now)
+        ref.update(snap, changes, churn.now)
+        for m in snap.machines.values():
+            used = fast.used_on(m)
+            if used is None:
+                continue
+            vouched += 1
+            want = machine_used(m, snap.gangs)
+            dims = {d for d, _ in (*used.amounts, *want.amounts)}
+            assert all(abs(used.get(d) - want.get(d)) < 1e-9 for d in dims), (
+                f"seed {seed}, step {step}, {m.id}: {used} against {want}")
+        solver = OrToolsSolver()
+        outs = []
+        for gm in (fast, ref):
+            net = gm.net.arrays()
+            ex = extract(gm, net, solver.solve(net).flow, CellView(snap, FLOW), snap)
+            outs.append((ex.claims, ex.repaired, ex.spilled, ex.unscheduled))
+        assert outs[0] == outs[1], f"seed {seed}, step {step}: extractions differ"
+        claimed += len(outs[0][0])
+        done = len(churn.moved)
+        churn.step(fast)
+        for moved, at in churn.moved[done:]:
+            ref.note_moved(moved, at)
+    assert vouched > 30 and claimed > 0  # the count was used, and claims were made
 
 
 def rounds_digest() -> str:

@@ -4,7 +4,9 @@ store would refuse each as already placed: a conflict the scheduler caused itsel
 
 from __future__ import annotations
 
+from cellstate.model import MachineState
 from schedulers.flow import FlowPolicy
+from schedulers.runtime import Attempt
 from schedulers.testing import Harness, job, machine, settled
 
 
@@ -47,3 +49,28 @@ def test_a_task_shape_first_seen_after_the_first_round_reaches_machines() -> Non
     snap = h.snapshot()
     assert sum(len(m.allocations) for m in snap.machines.values()) == 5
     assert inst.metrics.summary(h.clock())["tasks_placed"] == 5
+
+
+def test_what_changed_while_claims_were_in_flight_reaches_the_network() -> None:
+    """A rescheduling round that finds its own claims in flight solves nothing, but
+    the changes it is handed (here: a machine went down before the claims committed)
+    are handed to no later round: the network must take them all the same."""
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=8, rack=f"r{i // 2}") for i in range(4)])
+    policy = FlowPolicy(policy="load-spread", interval=1.0)
+    inst = h.add(policy, scheduler="flow")
+    h.submit([job("j", tasks=6, cpu=1, scheduler="flow")])
+    h.pump()
+    attempt = inst.decide()
+    assert isinstance(attempt, Attempt) and attempt.plan.claims
+    h.admin.update_machine("m3", state=MachineState.DOWN)
+    h.pump()  # the replica shows m3 down ...
+    inst.finish(attempt)  # ... and not the claims committed after that
+    h.clock.now += 2.0
+    inst.step()  # claims in flight: no solve
+    h.pump()
+    h.clock.now += 2.0
+    inst.step()
+    graph = policy._graph
+    assert graph is not None
+    assert graph.machines["m3"].machine.state is MachineState.DOWN

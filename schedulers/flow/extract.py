@@ -32,7 +32,16 @@ import numpy as np
 
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.fit import Rule
-from cellstate.model import PLACEABLE, Allocation, Claim, TaskState, split_task_id, task_id
+from cellstate.model import (
+    PLACEABLE,
+    Allocation,
+    Claim,
+    Machine,
+    Resources,
+    TaskState,
+    split_task_id,
+    task_id,
+)
 from schedulers.api import CellView
 from schedulers.flow.graph import ArcKind, GraphManager
 from schedulers.flow.network import Arrays, NodeKey
@@ -139,6 +148,7 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
             ex.stale += 1
         return None
 
+    used = _Used(graph, view)
     # Migrations first: they free room that arrivals on their old machines may need;
     # what does not fit is tried once more after everything else has been claimed.
     bound: list[tuple[Arrival, str, int]] = []
@@ -171,23 +181,23 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     victims = _Victims(victims, lambda mid: _spare(graph, snap, mid, taken))
     retry: list[tuple[Arrival, str, int]] = []
     for a, jid, i in bound:
-        if not _place(ex, view, a, jid, i, victims, final=False):
+        if not _place(ex, view, used, a, jid, i, victims, final=False):
             retry.append((a, jid, i))
     spare: Spare | None = None
     for a, jid, i in retry:
-        if _place(ex, view, a, jid, i, victims, final=False):
+        if _place(ex, view, used, a, jid, i, victims, final=False):
             continue
         if a.source[0] == "W":
             # Spill: the next cheapest machines the flow left room on for this shape.
             spare = spare or Spare(graph, net, flow)
             job = graph.jobs.get(jid)
             if job is not None and any(
-                    _place(ex, view, Arrival(a.source, mid), jid, i, victims, final=False,
-                           evict=False)
+                    _place(ex, view, used, Arrival(a.source, mid), jid, i, victims,
+                           final=False, evict=False)
                     for mid in spare.machines(job.shape)):
                 ex.spilled += 1
                 continue
-        _place(ex, view, a, jid, i, victims, final=True)
+        _place(ex, view, used, a, jid, i, victims, final=True)
     return ex
 
 
@@ -250,7 +260,49 @@ class _Victims(dict[str, list[Allocation]]):
         return self.get(mid, [])
 
 
-def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
+class _Used:
+    """What holds each machine as the view shows it, counted without summing the
+    machine's allocations where the graph manager already counts them: a record the
+    network was brought to, plus this extraction's own placements on it. The store
+    validates every claim all the same; this only spares the repair step reading a
+    dozen allocations per claim on records decoded since the last round."""
+
+    def __init__(self, graph: GraphManager, view: CellView) -> None:
+        self._graph = graph
+        self._view = view
+        self._used: dict[str, Resources] = {}
+        self._off: set[str] = set()  # machines counted the usual way (fit.misfit)
+
+    def of(self, m: Machine) -> Resources | None:
+        mid = m.id
+        if mid in self._off:
+            return None
+        u = self._used.get(mid)
+        if u is None:
+            # The view shows the snapshot's record only where no claim of this
+            # scheduler's lies on it yet (committed earlier, not in the snapshot).
+            u = (self._graph.used_on(m) if self._view.snap.machines.get(mid) is m
+                 else None)
+            if u is None:
+                self._off.add(mid)
+            else:
+                self._used[mid] = u
+        return u
+
+    def claimed(self, c: Claim, need: Resources) -> None:
+        """Count a claim just made: a placement adds to its machine; anything that
+        also frees room (an eviction, a move) leaves both machines to the usual sum."""
+        u = self._used.get(c.machine)
+        if c.evict or c.moves_from or u is None:
+            for mid in (c.machine, c.moves_from):
+                if mid:
+                    self._used.pop(mid, None)
+                    self._off.add(mid)
+        else:
+            self._used[c.machine] = u + need
+
+
+def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, index: int,
            victims: _Victims, final: bool, evict: bool = True) -> bool:
     """Claim task ``index`` of ``jid`` on the arrival's machine if the fit rules let it
     (evicting lower-precedence tasks there when ``evict``); count it otherwise when
@@ -265,7 +317,7 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
     # The first claim of an affinity group the view has none of founds it (the store's
     # rule); without it the repair step would refuse what the store accepts.
     founding = founds_group(view, job)
-    miss = why_not(view, job, m, founding=founding)
+    miss = why_not(view, job, m, founding=founding, used=used.of(m))
     chosen: list[Allocation] = []
     if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0 and evict:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
@@ -285,8 +337,10 @@ def _place(ex: Extraction, view: CellView, a: Arrival, jid: str, index: int,
             ex.why.setdefault(jid, f"{miss.label} on {a.machine!r} once this round's "
                               "other placements are counted")
         return False
-    ex.claims.append(view.claim(job, index, a.machine, evict=[v.task for v in chosen],
-                                moves_from=origin))
+    claim = view.claim(job, index, a.machine, evict=[v.task for v in chosen],
+                       moves_from=origin)
+    used.claimed(claim, job.task_resources)
+    ex.claims.append(claim)
     ex.preempted += len(chosen)
     for v in chosen:
         ex.moved.append((v.task, a.machine))
@@ -307,7 +361,10 @@ def _still_waiting(latest: CellSnapshot | None, view: CellView, jid: str, index:
         return True
     if jid in latest.statuses or jid not in latest.jobs:
         return False
-    v = task_view(latest, task_id(jid, index))
+    tid = task_id(jid, index)
+    if tid not in latest.tasks:
+        return True  # no record: pending (task_view)
+    v = task_view(latest, tid)
     return v.state in PLACEABLE and not v.reserved_by
 
 

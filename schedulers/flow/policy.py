@@ -175,6 +175,9 @@ class FlowPolicy(Policy):
             # The network cannot see claims committed since the snapshot (the view can,
             # on machines, but the network counts room from the snapshot): rescheduling
             # now would plan on room already taken. The replica catches up in moments.
+            # What changed up to this snapshot is handed to no later round: the network
+            # takes it now (and the next round has that much less to update).
+            graph.update(ctx.view.snap, ctx.changes, ctx.now)
             return Plan()
         return self._round(ctx, [])
 
