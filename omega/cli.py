@@ -210,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--insecure", action="store_true",
                    help="run every process over plaintext gRPC, without identities "
                         "(default: mutual TLS with certificates made in the data dir)")
+    d.add_argument("--contention", choices=["low", "high"], default="low",
+                   help="low (default), or high: at least 4 batch instances with "
+                        "coarse-grained conflict detection and 3x the jobs, so schedulers "
+                        "visibly conflict and retry")
+    d.add_argument("--keep-going", action="store_true",
+                   help="when a process dies (kill a scheduler, agent or server to see "
+                        "failover), report it and go on (default: stop the demo)")
+    d.add_argument("--no-metrics", action="store_true",
+                   help="do not serve Prometheus metrics (default: every server, scheduler "
+                        "and agent serves them; the demo prints where)")
 
     cs = sub.add_parser("certs", help="make a development CA and certificates for a cell")
     cs.add_argument("dir", metavar="DIR", help="folder of the CA and the certificates "
@@ -449,8 +459,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = cliglobal.parse(parser, _subcommands(parser), argv)
     except BrokenPipeError:  # --help into `| head -1`
         return cliglobal.pipe_closed()
+    from omega import logfmt
+
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logfmt.configure(level, logfmt.log_format(args.log_format))
+    except ValueError as e:
+        print(f"omega: {e}", file=sys.stderr)
+        return cliglobal.BAD_INPUT
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
     from cellstate.errors import KVError
@@ -492,6 +508,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 def _dispatch(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "demo":
+        from omega import logfmt
         from omega.demo import DemoOptions, run_demo
 
         stats = run_demo(DemoOptions(
@@ -499,7 +516,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
-            jobs=args.jobs, insecure=args.insecure), sys.stdout)
+            jobs=args.jobs, insecure=args.insecure, contention=args.contention,
+            keep_going=args.keep_going, metrics=not args.no_metrics,
+            log_format=logfmt.log_format(args.log_format)), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
@@ -606,6 +625,7 @@ def _server(args: argparse.Namespace) -> int:
             raise ValueError(f"--insecure, but {args.config} has a [tls] table: give one")
         config = attrs.evolve(config, tls=tls_from_args(args))
     from omega.cliglobal import check_listen, start_server
+    from omega.logfmt import announce
 
     check_listen(config.listen)  # before loading the cell: a taken port fails at once
     stop = stop_event_on_signals()
@@ -622,9 +642,9 @@ def _server(args: argparse.Namespace) -> int:
         exporter.enter_context(contextlib.closing(_Stopper(server)))
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
-        print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
-              f"(etcd {','.join(config.etcd)}; "
-              f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
+        announce("cellstate %s serving cell %s on port %d (etcd %s; %s)", config.name,
+                 config.cell, port, ",".join(config.etcd),
+                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure")
         with exporter:
             stop.wait()
     finally:
@@ -773,7 +793,9 @@ def _workload(args: argparse.Namespace) -> int:
                 logging.getLogger("omega.workload").warning("%s", e)
 
         n = generate(submit, opts, stop, hosts=hosts)
-    print(f"submitted {n - len(refused)} jobs ({len(refused)} refused)")
+    from omega.logfmt import announce
+
+    announce("submitted %d jobs (%d refused)", n - len(refused), len(refused))
     return 0
 
 

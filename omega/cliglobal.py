@@ -66,6 +66,9 @@ def add_global_flags(p: argparse.ArgumentParser, top: bool) -> None:
     add("-o", "--output", choices=OUTPUTS, default=None,
         help="output format: table (default), wide (more columns) or json; default "
              "$OMEGA_OUTPUT")
+    add("--log-format", choices=("text", "json"), default=None,
+        help="log lines as text (default) or one JSON object each; every line has a UTC "
+             "timestamp; default $OMEGA_LOG_FORMAT")
 
 
 def install(parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]

@@ -46,7 +46,11 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
                           "service-0", "flow-0", "mapreduce-0", "fair-0", "workload"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
-    assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
+    placed = re.search(r"; (\d+) tasks placed \(running (\d+), finished (\d+), failed (\d+), "
+                       r"lost (\d+), preempted (\d+)\)", last)
+    assert placed, last
+    total, *parts = map(int, placed.groups())
+    assert total > 0 and total == sum(parts)  # the totals agree with themselves
     assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
     assert "flow/f0:" in proc.stdout
     # The flow scheduler's rounds, as the demo shows them while it runs.
@@ -86,7 +90,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("[rev"):  # running: a status line came in
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
                 break
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))

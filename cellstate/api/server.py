@@ -105,6 +105,11 @@ def pending_prefix(cell: str, job: str = "") -> bytes:
     return f"/omega-pending/{cell}/".encode() + (job.encode() + b"/" if job else b"")
 
 
+def _span(ids: list[str]) -> str:
+    """A list of machine ids, short: the first and last of many."""
+    return ", ".join(ids) if len(ids) <= 4 else f"{ids[0]} ... {ids[-1]}"
+
+
 def metrics_prefix(cell: str) -> bytes:
     """Where scheduler instances' metric reports live: outside the cell's prefix, so
     that replicas (which watch the cell) never decode them."""
@@ -650,12 +655,18 @@ class Reaper:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            for mid in self.orphans(self.replica.snapshot()):
+            snap = self.replica.snapshot()
+            down: dict[str, list[str]] = {}  # agent -> machines taken down now
+            for mid in self.orphans(snap):
                 try:
                     if self.store.machine_lost(mid):
-                        log.info("machine %s is down: its agent's lease lapsed", mid)
+                        down.setdefault(snap.machines[mid].agent, []).append(mid)
                 except (StoreError, KVError) as e:
                     log.warning("taking machine %s down failed (%s); will retry", mid, e)
+            for agent, mids in sorted(down.items()):
+                # One line per agent, not per machine: an agent of 150 machines dies at once.
+                log.warning("%d machine(s) down, their tasks lost: agent %s's lease lapsed "
+                            "(%s)", len(mids), agent, _span(mids))
 
     def stop(self) -> None:
         self._stop.set()
