@@ -195,6 +195,7 @@ class Demo:
         self.reports: dict[tuple[str, str], dict[str, Any]] = {}  # instances' last reports
         self.metrics: list[tuple[str, str]] = []  # (process, its metrics address)
         self.totals = Totals({}, {})  # as of the last status seen
+        self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -290,6 +291,8 @@ class Demo:
                        f"{machines} machines to register")
             for name, args in topo.schedulers:
                 self._start(name, args, logs)
+                self.instances[name] = (process_identity(args).name,
+                                        args[args.index("--instance") + 1])
             # Submission refuses jobs for schedulers that have not run here yet, once
             # any has: the workload starts when every instance reports (within 2 s).
             self._wait(lambda: len(client.status()["schedulers"]) >= len(topo.schedulers),
@@ -357,7 +360,11 @@ class Demo:
     def _view(self, status: dict[str, Any]) -> list[str]:
         for r in status["schedulers"]:
             self.reports[instance_key(r)] = r
+        # Gone: withdrawn or lapsed, or its process has ended (its lease may live on a
+        # few seconds more).
         gone = set(self.reports) - {instance_key(r) for r in status["schedulers"]}
+        gone |= {self.instances[c.name] for c in self.children
+                 if c.name in self.instances and not c.running()}
         t = totals(status, self.reports.values())
         self.totals = t
         s = self.stats
