@@ -271,6 +271,39 @@ def update_machine(
     return replace_machine(cell, m, changed)
 
 
+MACHINE_ACTIONS = ("cordon", "uncordon", "drain")
+
+
+def machine_action(cell: CellReader, machine_id: str, action: str,
+                   budget: int | None = None) -> Change:
+    """An operator's change to a machine that is up or draining: ``cordon`` (draining:
+    it runs what it has and takes nothing new), ``uncordon`` (up again) or ``drain``
+    (draining, and every task on it lost, so that its scheduler places it elsewhere;
+    ``budget`` as for :func:`take_down`). A machine that is down is refused: it comes
+    back when its agent registers it. Nothing to write when the machine is in that
+    state already (a drained machine holding no task)."""
+    if action not in MACHINE_ACTIONS:
+        raise StoreError(f"machine {machine_id}: {action!r} is not one of "
+                         f"{', '.join(MACHINE_ACTIONS)}")
+    m = cell.machines.get(machine_id)
+    if m is None:
+        raise NotFoundError(f"unknown machine {machine_id!r}")
+    if m.state is MachineState.DOWN:
+        raise StoreError(f"cannot {action} machine {machine_id}: it is down (it comes back "
+                         "up when its agent registers it)")
+    nothing = Change(frozenset(), {})
+    if action == "uncordon":
+        up = attrs.evolve(m, state=MachineState.UP)
+        return nothing if m.state is MachineState.UP else replace_machine(cell, m, up)
+    draining = attrs.evolve(m, state=MachineState.DRAINING)
+    if action == "cordon":
+        return nothing if m.state is MachineState.DRAINING else replace_machine(cell, m,
+                                                                                draining)
+    if m.state is MachineState.DRAINING and not m.allocations:
+        return nothing
+    return take_down(cell, m, draining, budget)
+
+
 def remove_machine(cell: CellReader, machine_id: str) -> Change:
     """Delete a machine that is down and holds nothing (take it down first)."""
     m = cell.machines.get(machine_id)

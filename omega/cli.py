@@ -437,10 +437,11 @@ NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simul
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, plan
+    from omega import completion, machinecmds, plan
 
     completion.register(sub, build_parser)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
+    machinecmds.register(sub, _cellstate_flag, _positive(int))
 
 
 def _add_simulator(sub: Any) -> None:

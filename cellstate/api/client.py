@@ -284,6 +284,19 @@ class CellClient:
                           what=f"killing job {job}")
         return int(reply.revision)
 
+    def resize(self, job: str, task_count: int) -> int:
+        reply = self.call("ResizeJob", pb.ResizeJobRequest(job=job, task_count=task_count),
+                          what=f"resizing job {job}")
+        return int(reply.revision)
+
+    def set_machine_state(self, machine: str, action: str) -> dict[str, Any]:
+        """Cordon, uncordon or drain (operators only): the revision (0 if nothing had to
+        change), the machine's state and the tasks a drain lost."""
+        reply = self.call("SetMachineState", pb.SetMachineStateRequest(
+            machine=machine, action=action), what=f"{action} machine {machine}")
+        return {"machine": machine, "revision": int(reply.revision), "state": reply.state,
+                "tasks_lost": int(reply.tasks_lost)}
+
     def list_machines(self, state: str = "", limit: int = 0) -> list[dict[str, Any]]:
         reply = self.call("ListMachines", pb.ListMachinesRequest(state=state, limit=limit),
                           what="listing machines")

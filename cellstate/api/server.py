@@ -40,6 +40,7 @@ from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_gr
 from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
+from cellstate.decisions import MACHINE_ACTIONS
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import KeyKind
 from cellstate.kv.base import (
@@ -439,6 +440,19 @@ class CellStateService(pb_grpc.CellStateServicer):
             if request.limit and len(out.machines) >= request.limit:
                 break
         return out
+
+    @rpc
+    def SetMachineState(self, request: pb.SetMachineStateRequest,
+                        context: grpc.ServicerContext) -> pb.SetMachineStateResponse:
+        check_name(request.machine, "machine")
+        if request.action not in MACHINE_ACTIONS:
+            raise convert.WireError(f"action: {request.action!r} is not one of "
+                                    f"{', '.join(MACHINE_ACTIONS)}")
+        self.auth.operate_machine(context, request.machine, request.action)
+        with self.stores.get() as store:
+            revision, state, lost = store.set_machine_state(request.machine, request.action)
+        return pb.SetMachineStateResponse(revision=revision, state=state.value,
+                                          tasks_lost=lost)
 
     @rpc
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,

@@ -275,6 +275,24 @@ class ResizeJobResponse(_message.Message):
     revision: int
     def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
+class SetMachineStateRequest(_message.Message):
+    __slots__ = ("machine", "action")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    machine: str
+    action: str
+    def __init__(self, machine: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+
+class SetMachineStateResponse(_message.Message):
+    __slots__ = ("revision", "state", "tasks_lost")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_LOST_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    state: str
+    tasks_lost: int
+    def __init__(self, revision: _Optional[int] = ..., state: _Optional[str] = ..., tasks_lost: _Optional[int] = ...) -> None: ...
+
 class ListMachinesRequest(_message.Message):
     __slots__ = ("state", "limit")
     STATE_FIELD_NUMBER: _ClassVar[int]
