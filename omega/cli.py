@@ -159,9 +159,11 @@ def options_from_flags(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _cellstate_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cellstate", default=os.environ.get("OMEGA_CELLSTATE", DEFAULT_CELLSTATE),
-                   help="cellstate server address(es), comma-separated "
-                        f"(default $OMEGA_CELLSTATE or {DEFAULT_CELLSTATE})")
+    from omega.clientconfig import default
+
+    p.add_argument("--cellstate", default=default("cellstate", DEFAULT_CELLSTATE),
+                   help="cellstate server address(es), comma-separated (default "
+                        f"$OMEGA_CELLSTATE, the config file's, or {DEFAULT_CELLSTATE})")
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
@@ -437,9 +439,10 @@ NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simul
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, machinecmds, plan
+    from omega import completion, logscmd, machinecmds, plan
 
     completion.register(sub, build_parser)
+    logscmd.register(sub, _cellstate_flag, _non_negative_int)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
     machinecmds.register(sub, _cellstate_flag, _positive(int))
 
@@ -455,6 +458,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from omega.proc import die_with_parent
 
     die_with_parent()
+    from cellstate.errors import ConfigError
+    from omega import clientconfig
+
+    try:
+        clientconfig.load()  # a bad config file is named before anything else
+    except ConfigError as e:
+        print(f"omega: {e}", file=sys.stderr)
+        return cliglobal.BAD_INPUT
     parser = build_parser()
     try:
         args = cliglobal.parse(parser, _subcommands(parser), argv)
@@ -691,9 +702,10 @@ def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig
     overrides = {"name": name, "policy": policy, "instance": args.instance,
                  "cell": args.cell, "mode": args.mode, "detection": args.detection,
                  "seed": args.seed}
+    from omega.clientconfig import default
+
     overrides["cellstate"] = args.cellstate or (
-        None if "cellstate" in in_file else os.environ.get("OMEGA_CELLSTATE",
-                                                            DEFAULT_CELLSTATE))
+        None if "cellstate" in in_file else default("cellstate", DEFAULT_CELLSTATE))
     return scheduler_config(doc, overrides, args.config or "", options)
 
 

@@ -84,7 +84,9 @@ def output_format(args: argparse.Namespace) -> str:
     """json, table or wide: ``--json`` wins, then ``-o``, then $OMEGA_OUTPUT."""
     if getattr(args, "json", False):
         return "json"
-    chosen = getattr(args, "output", None) or os.environ.get("OMEGA_OUTPUT", "") or "table"
+    from omega.clientconfig import default
+
+    chosen = getattr(args, "output", None) or default("output", "") or "table"
     return chosen if chosen in OUTPUTS else "table"
 
 

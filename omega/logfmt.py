@@ -66,15 +66,22 @@ def log_format(chosen: str | None) -> str:
     env = os.environ.get("OMEGA_LOG_FORMAT", "")
     if env and env not in FORMATS:
         raise ValueError(f"$OMEGA_LOG_FORMAT: {env!r} is not one of {', '.join(FORMATS)}")
-    return env or "text"
+    from omega.clientconfig import default  # the file's value is checked when it is read
+
+    return env or str(default("log_format", "text"))
 
 
-def configure(level: int, fmt: str, stream: TextIO | None = None) -> None:
+def configure(level: int, fmt: str, stream: TextIO | None = None, force: bool = False,
+              ) -> None:
     """The root logger at ``level``, writing ``fmt`` lines to ``stream`` (stderr);
-    announcements (:func:`announce`) pass at any level."""
+    announcements (:func:`announce`) pass at any level. Like :func:`logging.basicConfig`,
+    nothing changes where the root logger has handlers already (a test runner's), unless
+    ``force``."""
+    root = logging.getLogger()
+    if root.handlers and not force:
+        return
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)

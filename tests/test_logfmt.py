@@ -29,7 +29,7 @@ def restore_logging() -> Iterator[None]:
 
 def test_json_lines_parse_and_carry_the_traceback(restore_logging: None) -> None:
     out = io.StringIO()
-    logfmt.configure(logging.INFO, "json", out)
+    logfmt.configure(logging.INFO, "json", out, force=True)
     logging.getLogger("cellstate.api.server").warning("%d machine(s) down", 3)
     try:
         raise RuntimeError("boom")
@@ -46,7 +46,7 @@ def test_json_lines_parse_and_carry_the_traceback(restore_logging: None) -> None
 def test_announcements_show_at_the_default_level_and_modules_do_not(
         restore_logging: None) -> None:
     out = io.StringIO()
-    logfmt.configure(logging.WARNING, "text", out)
+    logfmt.configure(logging.WARNING, "text", out, force=True)
     logfmt.announce("serving on port %d", 7070)
     logging.getLogger("omega.etcd_launcher").info("an INFO line of a module")
     lines = out.getvalue().splitlines()

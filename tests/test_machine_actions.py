@@ -149,5 +149,7 @@ def test_refusals_say_why(live: tuple[CellStateServer, CellStore],
                           capsys: pytest.CaptureFixture[str], argv: list[str],
                           message: str) -> None:
     server, admin = live
+    before = admin.read_snapshot().revision
     code, _, err = _omega(server, capsys, *argv)
     assert code == 2 and message in err, err
+    assert admin.read_snapshot().revision == before
