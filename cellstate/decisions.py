@@ -39,6 +39,7 @@ from cellstate.model import (
     MachineState,
     Resources,
     TaskRecord,
+    TaskResult,
     TaskState,
     split_task_id,
     sum_resources,
@@ -112,12 +113,13 @@ def claims_change(decision: Decision) -> Change:
 
 
 def release_task(
-    cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None
+    cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None,
+    result: TaskResult | None = None,
 ) -> Change:
-    """A running task ended (finished, failed, lost): record it and free its hold. With
-    ``machine``, refused unless the task runs there (a late report from an agent must
-    not end the task's next run elsewhere). The caller must have read the task, its
-    machine and the gangs staged on it."""
+    """A running task ended (finished, failed, lost): record it (with ``result``, how
+    its run ended) and free its hold. With ``machine``, refused unless the task runs
+    there (a late report from an agent must not end the task's next run elsewhere).
+    The caller must have read the task, its machine and the gangs staged on it."""
     if outcome not in RELEASE_OUTCOMES:
         raise StoreError(f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}")
     split_task_id(tid)
@@ -142,7 +144,9 @@ def release_task(
         reads.add((KeyKind.GANG, rec.gang))
     return Change(
         frozenset(reads),
-        {(KeyKind.TASK, tid): TaskRecord(rec.job, rec.index, outcome, m.id, a.scheduler),
+        {(KeyKind.TASK, tid): TaskRecord(
+            rec.job, rec.index, outcome, m.id, a.scheduler,
+            **(attrs.asdict(result) if result is not None else {})),
          (KeyKind.MACHINE, m.id): _without(m, [tid])},
         removed={a.scheduler: a.resources},
     )

@@ -462,10 +462,26 @@ class TaskRecord:
     scheduler: str = ""
     gang: str = ""  # staged by this gang; placed once the gang commits
     revision: int = 0
+    # How its last run ended, as its agent reported it (finished or failed tasks):
+    # the command's exit code (None: no command, or not known) and wall-clock times.
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
     @property
     def id(self) -> str:
         return task_id(self.job, self.index)
+
+
+@attrs.frozen(slots=True)
+class TaskResult:
+    """What an agent reports about a run that ended: the command's exit code (None for a
+    task without a command) and when it started and ended (seconds since the epoch; 0:
+    not known)."""
+
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
 
 class GangState(enum.Enum):

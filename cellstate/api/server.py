@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -65,6 +66,7 @@ from cellstate.model import (
     JobStatus,
     MachineState,
     ModelError,
+    TaskResult,
     TaskState,
     check_name,
     split_task_id,
@@ -614,10 +616,25 @@ class CellStateService(pb_grpc.CellStateServicer):
                 f"outcome: {request.outcome!r} is not one of finished, failed, lost")
         assert outcome is not None
         split_task_id(request.task)  # a malformed id is the caller's error
+        result = _task_result(request)
         self.auth.report_task(context, request.agent, request.task, request.machine)
         with self.stores.get() as store:
-            revision = store.release_task(request.task, outcome, request.machine or None)
+            revision = store.release_task(request.task, outcome, request.machine or None,
+                                          result)
         return pb.ReportTaskResponse(revision=revision)
+
+
+def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
+    for name in ("started_at", "ended_at"):
+        value = getattr(request, name)
+        if not math.isfinite(value) or value < 0:
+            raise convert.WireError(f"{name}: {value!r} is not a time (seconds since the "
+                                    "epoch, or 0 for not known)")
+    if request.ended_at and request.started_at > request.ended_at:
+        raise convert.WireError(f"started_at {request.started_at} is after ended_at "
+                                f"{request.ended_at}")
+    return TaskResult(request.exit_code if request.has_exit_code else None,
+                      request.started_at, request.ended_at)
 
 
 def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: int) -> None:
@@ -627,8 +644,10 @@ def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: in
     for i in range(task_count):
         tid = f"{job_id}/{i}"
         if tid in tasks:
-            v = task_view(snap, tid)
-            add(index=i, state=v.state.value, machine=v.machine)
+            v, rec = task_view(snap, tid), tasks[tid]
+            add(index=i, state=v.state.value, machine=v.machine,
+                has_exit_code=rec.exit_code is not None, exit_code=rec.exit_code or 0,
+                started_at=rec.started_at, ended_at=rec.ended_at)
         else:
             add(index=i, state="pending")
 

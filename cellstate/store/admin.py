@@ -34,6 +34,7 @@ from cellstate.model import (
     MachineState,
     ModelError,
     Resources,
+    TaskResult,
     TaskState,
     labels_from as model_labels,
     split_task_id,
@@ -168,9 +169,11 @@ class AdminWrites(LargeGangs):
                 if res.succeeded:
                     return res.revision
 
-    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
-        """Record that a running task ended (finished, failed, lost) and free its hold
-        (decisions.release_task says when it is refused)."""
+    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None,
+                     result: TaskResult | None = None) -> int:
+        """Record that a running task ended (finished, failed, lost; ``result``: its exit
+        code and times) and free its hold (decisions.release_task says when it is
+        refused)."""
         try:
             split_task_id(tid)
         except ModelError as e:
@@ -191,7 +194,7 @@ class AdminWrites(LargeGangs):
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
-                return decisions.release_task(self.view, tid, outcome, machine)
+                return decisions.release_task(self.view, tid, outcome, machine, result)
 
             return self._decide_and_write(f"releasing task {tid}", decide)
 
