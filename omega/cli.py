@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep-going", action="store_true",
                    help="when a process dies (kill a scheduler, agent or server to see "
                         "failover), report it and go on (default: stop the demo)")
+    d.add_argument("--no-dashboard", action="store_true",
+                   help="do not start the web dashboard (default: `omega dashboard` on a "
+                        "free port; the demo prints its address)")
     d.add_argument("--no-metrics", action="store_true",
                    help="do not serve Prometheus metrics (default: every server, scheduler "
                         "and agent serves them; the demo prints where)")
@@ -439,9 +442,10 @@ NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simul
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, logscmd, machinecmds, plan
+    from omega import completion, dashboard, logscmd, machinecmds, plan
 
     completion.register(sub, build_parser)
+    dashboard.register(sub, _cellstate_flag)
     logscmd.register(sub, _cellstate_flag, _non_negative_int)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
     machinecmds.register(sub, _cellstate_flag, _positive(int))
@@ -530,6 +534,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
             jobs=args.jobs, insecure=args.insecure, contention=args.contention,
             keep_going=args.keep_going, metrics=not args.no_metrics,
+            dashboard=not args.no_dashboard,
             log_format=logfmt.log_format(args.log_format)), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -85,6 +86,7 @@ class DemoOptions:
     keep_going: bool = False  # a process that dies is reported and the rest go on
     log_format: str = "text"  # the processes' logs: text or json
     metrics: bool = True  # every server, scheduler and agent serves Prometheus metrics
+    dashboard: bool = True  # an `omega dashboard` process serves the web page
 
 
 # What --contention high changes (docs/operations.md): the small cell (unless --spec
@@ -196,6 +198,7 @@ class Demo:
         self.metrics: list[tuple[str, str]] = []  # (process, its metrics address)
         self.totals = Totals({}, {})  # as of the last status seen
         self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
+        self.dashboard_url = ""
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -298,12 +301,20 @@ class Demo:
             self._wait(lambda: len(client.status()["schedulers"]) >= len(topo.schedulers),
                        60.0, "every scheduler instance to register")
             self._start(*topo.workload, logs)
+            if o.dashboard:
+                web = f"127.0.0.1:{free_ports(1)[0]}"
+                self._start("dashboard", ["dashboard", "--cellstate", ",".join(endpoints),
+                                          "--listen", web], logs)
+                self._wait(lambda: _answers(web), 60.0, "the dashboard to serve")
+                self.dashboard_url = f"http://{web}/"
             for doc in self.file_jobs:
                 client.submit_job(doc)
             if self.file_jobs:
                 self.say(f"job file {o.jobs}: submitted {len(self.file_jobs)} jobs")
             self.say(f"{len(self.children)} processes: "
                      + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
+            if self.dashboard_url:
+                self.say(f"dashboard: {self.dashboard_url} (open it in a browser)")
             if self.metrics:
                 self.say("Prometheus metrics (scrape these): " + ", ".join(
                     f"{name} http://{address}/metrics" for name, address in self.metrics))
@@ -472,6 +483,13 @@ def _job_file(path: Path) -> list[dict[str, Any]]:
         except ModelError as e:
             raise ValueError(f"{path}: job {i} ({doc.get('id', '?')}): {e}") from None
     return docs
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1.0):
+        return True
+    return False
 
 
 def _ended(code: int | None) -> str:

@@ -97,6 +97,8 @@ def process_identity(argv: Sequence[str]) -> Identity:
         return Identity(Kind.SCHEDULER, name)
     if command == "workload":
         return Identity(Kind.OPERATOR, "workload")
+    if command == "dashboard":
+        return Identity(Kind.USER, "dashboard")  # it only reads
     return Identity(Kind.OPERATOR, "admin")
 
 
