@@ -43,7 +43,8 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert started, proc.stdout
     names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
     assert set(names) == {"cellstate-0", "agent-0", "agent-1", "batch-0", "batch-1",
-                          "service-0", "flow-0", "mapreduce-0", "fair-0", "workload"}
+                          "service-0", "flow-0", "mapreduce-0", "fair-0", "workload",
+                          "dashboard"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     placed = re.search(r"; (\d+) tasks placed \(running (\d+), finished (\d+), failed (\d+), "
@@ -95,7 +96,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 10, "".join(lines)
+        assert etcd and len(names) == 11, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:
