@@ -17,8 +17,8 @@ import attrs
 
 # A task that has a record was placed at least once; these are the states it can be in.
 PLACED_STATES = ("running", "finished", "failed", "lost", "preempted")
-INSTANCE_COLUMNS = ("scheduler", "placed", "txns", "conflicted", "conflict%", "attempts/job",
-                    "busy%", "wait")
+INSTANCE_COLUMNS = ("scheduler", "placed", "txns", "conflicted", "conflict%", "refused",
+                    "attempts/job", "busy%", "wait")
 
 
 def instance_key(report: Mapping[str, Any]) -> tuple[str, str]:
@@ -33,6 +33,7 @@ class Totals:
     tasks: dict[str, int]
     transactions: int = 0
     conflicted: int = 0
+    refused: int = 0  # turned down for another reason than a conflict (a limit, say)
 
     @property
     def jobs_total(self) -> int:
@@ -55,7 +56,17 @@ def totals(status: Mapping[str, Any], reports: Iterable[Mapping[str, Any]]) -> T
     reports = list(reports)
     return Totals(dict(status["jobs"]), dict(status["tasks"]),
                   sum(int(r.get("transactions", 0)) for r in reports),
-                  sum(int(r.get("conflicted", 0)) for r in reports))
+                  sum(int(r.get("conflicted", 0)) for r in reports),
+                  sum(_refused(r) for r in reports))
+
+
+def _refused(r: Mapping[str, Any]) -> int:
+    """Transactions neither committed whole nor conflicted: claims refused by a limit
+    (say, the scheduler's quota) or as invalid."""
+    if "successful" not in r:
+        return 0
+    return max(int(r.get("transactions", 0)) - int(r["successful"])
+               - int(r.get("conflicted", 0)), 0)
 
 
 def _states(counts: Mapping[str, int], shown: Iterable[str]) -> str:
@@ -88,7 +99,7 @@ def instance_rows(reports: Iterable[Mapping[str, Any]], gone: set[tuple[str, str
         name = "/".join(instance_key(r)) + (" (gone)" if instance_key(r) in gone else "")
         txns, conflicted = int(r.get("transactions", 0)), int(r.get("conflicted", 0))
         rows.append([name, str(r.get("tasks_placed", 0)), str(txns), str(conflicted),
-                     f"{100 * conflicted / txns if txns else 0:.0f}",
+                     f"{100 * conflicted / txns if txns else 0:.0f}", str(_refused(r)),
                      f"{float(r.get('attempts_per_job', 0)):.2f}",
                      f"{100 * float(r.get('busyness', 0)):.1f}",
                      f"{float(r.get('wait_mean_s', 0)):.2f}s"])
@@ -103,5 +114,5 @@ def done_line(t: Totals, extras: str, verdict: str) -> str:
     return (f"done: {t.jobs_total} jobs ({_states(t.jobs, ('finished', 'running', 'pending'))}"
             f"); {t.tasks_placed} tasks placed ({_states(t.placed_states, PLACED_STATES)}), "
             f"{t.tasks.get('pending', 0)} pending; {t.transactions} transactions, "
-            f"{t.conflicted} conflicted "
-            f"({100 * t.conflict_fraction:.1f}%); {extras}; invariants {verdict}")
+            f"{t.conflicted} conflicted ({100 * t.conflict_fraction:.1f}%), {t.refused} "
+            f"refused (limits); {extras}; invariants {verdict}")

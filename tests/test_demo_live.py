@@ -40,7 +40,7 @@ def test_high_contention_shows_conflicts_and_retries_with_json_logs(tmp_path: Pa
     conflicts = re.search(r"(\d+) transactions, (\d+) conflicted", last)
     assert conflicts and int(conflicts.group(2)) > 0, last  # the store turned claims down
     # ... and the schedulers retried: some instance made more than one attempt per job.
-    attempts = [float(m) for m in re.findall(r"^    \S+/\S+ +\d+ +\d+ +\d+ +\d+ +([\d.]+) ",
+    attempts = [float(m) for m in re.findall(r"^    \S+/\S+ +\d+ +\d+ +\d+ +\d+ +\d+ +([\d.]+) ",
                                              out, re.MULTILINE)]
     assert attempts and max(attempts) > 1.0, out
     assert "invariants hold" in last

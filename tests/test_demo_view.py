@@ -15,7 +15,8 @@ STATUS = {
 }
 REPORTS = [
     {"scheduler": "batch", "instance": "b1", "tasks_placed": 12, "transactions": 8,
-     "conflicted": 2, "attempts_per_job": 1.5, "busyness": 0.125, "wait_mean_s": 0.25},
+     "successful": 5, "conflicted": 2, "attempts_per_job": 1.5, "busyness": 0.125,
+     "wait_mean_s": 0.25},
     {"scheduler": "batch", "instance": "b0", "tasks_placed": 9, "transactions": 2,
      "conflicted": 0},
 ]
@@ -39,9 +40,11 @@ def test_the_cell_line_labels_every_number_and_its_parts_add_up() -> None:
 def test_the_instance_table_has_a_header_and_marks_instances_gone() -> None:
     header, b0, b1 = instance_rows(REPORTS, gone={("batch", "b0")})
     assert header.split() == ["scheduler", "placed", "txns", "conflicted", "conflict%",
-                              "attempts/job", "busy%", "wait"]
-    assert b0.split() == ["batch/b0", "(gone)", "9", "2", "0", "0", "0.00", "0.0", "0.00s"]
-    assert b1.split() == ["batch/b1", "12", "8", "2", "25", "1.50", "12.5", "0.25s"]
+                              "refused", "attempts/job", "busy%", "wait"]
+    assert b0.split() == ["batch/b0", "(gone)", "9", "2", "0", "0", "0", "0.00", "0.0",
+                          "0.00s"]
+    # 8 transactions: 5 committed whole, 2 conflicted, so 1 refused (by a limit, say).
+    assert b1.split() == ["batch/b1", "12", "8", "2", "25", "1", "1.50", "12.5", "0.25s"]
     # Columns line up: every row's numbers end where the header's labels do.
     assert len({len(r) for r in (header, b0, b1)}) == 1
 
@@ -51,5 +54,6 @@ def test_the_done_line_sums_hold_and_count_conflicts_of_every_instance() -> None
     line = done_line(t, "0 flow rounds", "hold")
     assert line.startswith("done: 7 jobs (finished 2, running 3, pending 1, abandoned 1); "
                            "20 tasks placed (running 10, finished 7, failed 0, lost 2, "
-                           "preempted 1), 5 pending; 10 transactions, 2 conflicted (20.0%)")
+                           "preempted 1), 5 pending; 10 transactions, 2 conflicted (20.0%), "
+                           "1 refused (limits)")
     assert line.endswith("; 0 flow rounds; invariants hold")
