@@ -483,6 +483,8 @@ def encode_task(t: TaskRecord) -> bytes:
         doc["started_at"] = t.started_at
     if t.ended_at:
         doc["ended_at"] = t.ended_at
+    if t.detail:
+        doc["detail"] = t.detail
     return orjson.dumps(doc)
 
 
@@ -501,6 +503,7 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
             _optional_int(doc.get("exit_code")),
             float(doc.get("started_at", 0.0)),
             float(doc.get("ended_at", 0.0)),
+            str(doc.get("detail", "")),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"task {tid!r}: stored record is corrupt ({e})") from e

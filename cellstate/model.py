@@ -467,6 +467,7 @@ class TaskRecord:
     exit_code: int | None = None
     started_at: float = 0.0
     ended_at: float = 0.0
+    detail: str = ""  # why a run failed without an exit code (its command could not start)
 
     @property
     def id(self) -> str:
@@ -482,6 +483,10 @@ class TaskResult:
     exit_code: int | None = None
     started_at: float = 0.0
     ended_at: float = 0.0
+    detail: str = ""  # e.g. why the command could not start (at most MAX_DETAIL characters)
+
+
+MAX_DETAIL = 500
 
 
 class GangState(enum.Enum):

@@ -72,6 +72,7 @@ from cellstate.keys import KeyKind
 from cellstate.kv.base import LeaseNotFoundError
 from cellstate.mapreduce import Tracker
 from cellstate.model import (
+    MAX_DETAIL,
     JobState,
     Machine,
     TaskResult,
@@ -369,6 +370,7 @@ class _Run:
     outcome: TaskState | None = None  # set when it ended on its own (or its job was killed)
     ended_at: float | None = None
     exit_code: int | None = None  # commands
+    detail: str = ""  # why a command did not start
     reported: bool = False
     report_failures: int = 0
     next_report: float = 0.0
@@ -848,6 +850,7 @@ class Agent:
         if refused:
             log.warning("agent %s: task %s: not running %r: %s", self.agent_id, tid,
                         command[0], refused)
+            run.detail = f"agent {self.agent_id} did not run {command[0]!r}: {refused}"
             self.stats.refused += 1
             self._ended(run, TaskState.FAILED, now)
             return
@@ -856,6 +859,7 @@ class Agent:
         except OSError as e:
             log.warning("agent %s: task %s: cannot start %r: %s", self.agent_id, tid,
                         command[0], e)
+            run.detail = f"cannot start {command[0]!r}: {e}"
             self._ended(run, TaskState.FAILED, now)
             return
         self._procs[tid] = run
@@ -935,7 +939,7 @@ class Agent:
         # The agent's clock may be monotonic (or virtual): the run's times in wall time.
         offset = self._wall() - now
         result = TaskResult(run.exit_code, max(run.started_at + offset, 0.0),
-                            max((run.ended_at or now) + offset, 0.0))
+                            max((run.ended_at or now) + offset, 0.0), run.detail[:MAX_DETAIL])
         try:
             self._backend.report_task(run.task, run.outcome, self.agent_id, run.machine,
                                       result)

@@ -66,6 +66,8 @@ def _run(t: dict[str, Any]) -> str:
         parts.append(f"{_clock(start)} -> {_clock(end)} ({end - start:.1f} s)")
     elif start:
         parts.append(f"started {_clock(start)}")
+    if t.get("detail"):
+        parts.append(t["detail"])
     return "  ".join(parts)
 
 

@@ -283,6 +283,10 @@ def test_command_that_cannot_start_fails(kv: KV, make_rig: RigFactory) -> None:
     rig.step()
     assert rig.state("nope/0") is TaskState.FAILED
     assert rig.agent.stats.failed == 1
+    # The record says why, for `omega job` (not only the agent's log).
+    record = rig.store.read_snapshot().tasks["nope/0"]
+    assert record.exit_code is None
+    assert record.detail.startswith("cannot start '/nonexistent/omega-test-binary': ")
 
 
 SLEEP = "import time; time.sleep(60)"

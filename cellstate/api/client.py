@@ -341,6 +341,8 @@ def _task_doc(t: pb.TaskInfo) -> dict[str, Any]:
         doc["started_at"] = t.started_at
     if t.ended_at:
         doc["ended_at"] = t.ended_at
+    if t.detail:
+        doc["detail"] = t.detail
     return doc
 
 
@@ -651,7 +653,7 @@ class RemoteAgentBackend:
             self.client.call("ReportTask", pb.ReportTaskRequest(
                 task=task, outcome=outcome.value, agent=agent, machine=machine,
                 has_exit_code=r.exit_code is not None, exit_code=r.exit_code or 0,
-                started_at=r.started_at, ended_at=r.ended_at),
+                started_at=r.started_at, ended_at=r.ended_at, detail=r.detail),
                 what=f"reporting task {task} {outcome.value}",
                 retry_for=min(self.client.retry_for, 5.0))
         except (NotFoundError, ContentionError) as e:

@@ -59,6 +59,7 @@ from cellstate.kv.base import (
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
+    MAX_DETAIL,
     RELEASE_OUTCOMES,
     InstanceRecord,
     Job,
@@ -633,8 +634,11 @@ def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
     if request.ended_at and request.started_at > request.ended_at:
         raise convert.WireError(f"started_at {request.started_at} is after ended_at "
                                 f"{request.ended_at}")
+    if len(request.detail) > MAX_DETAIL:
+        raise convert.WireError(f"detail: {len(request.detail)} characters, above the "
+                                f"limit of {MAX_DETAIL}")
     return TaskResult(request.exit_code if request.has_exit_code else None,
-                      request.started_at, request.ended_at)
+                      request.started_at, request.ended_at, request.detail)
 
 
 def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: int) -> None:
@@ -647,7 +651,7 @@ def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: in
             v, rec = task_view(snap, tid), tasks[tid]
             add(index=i, state=v.state.value, machine=v.machine,
                 has_exit_code=rec.exit_code is not None, exit_code=rec.exit_code or 0,
-                started_at=rec.started_at, ended_at=rec.ended_at)
+                started_at=rec.started_at, ended_at=rec.ended_at, detail=rec.detail)
         else:
             add(index=i, state="pending")
 

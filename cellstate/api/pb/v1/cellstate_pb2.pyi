@@ -171,7 +171,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at")
+    __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class TaskInfo(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     machine: str
@@ -186,7 +187,8 @@ class TaskInfo(_message.Message):
     exit_code: int
     started_at: float
     ended_at: float
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
+    detail: str
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision", "why_json")
@@ -509,7 +511,7 @@ class RegisterAgentResponse(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("task", "outcome", "agent", "machine", "has_exit_code", "exit_code", "started_at", "ended_at")
+    __slots__ = ("task", "outcome", "agent", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
     TASK_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
@@ -518,6 +520,7 @@ class ReportTaskRequest(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     task: str
     outcome: str
     agent: str
@@ -526,7 +529,8 @@ class ReportTaskRequest(_message.Message):
     exit_code: int
     started_at: float
     ended_at: float
-    def __init__(self, task: _Optional[str] = ..., outcome: _Optional[str] = ..., agent: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
+    detail: str
+    def __init__(self, task: _Optional[str] = ..., outcome: _Optional[str] = ..., agent: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ("revision",)
