@@ -199,6 +199,7 @@ class Demo:
         self.totals = Totals({}, {})  # as of the last status seen
         self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
         self.dashboard_url = ""
+        self.spare_ports: list[int] = []  # free ports drawn together, for what serves
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -257,7 +258,7 @@ class Demo:
         # conflicts) with timestamps, in the format asked for.
         argv += ["-v", "--log-format", self.opts.log_format]
         if self.opts.metrics and args[0] in ("server", "agent", "scheduler"):
-            address = f"127.0.0.1:{free_ports(1)[0]}"
+            address = f"127.0.0.1:{self.spare_ports.pop()}"
             argv += ["--metrics", address]
             self.metrics.append((name, address))
         child = Child(name, omega(*argv), logs / f"{name}.log")
@@ -267,7 +268,11 @@ class Demo:
     def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path, data: Path,
              ) -> None:
         o = self.opts
-        ports = free_ports(o.servers)
+        # Every port the demo hands out, drawn at once so that no two are the same: the
+        # servers', then one per process that serves metrics, and the dashboard's.
+        extra = o.agents + o.batch_instances + 5 + 1  # + the other schedulers, dashboard
+        drawn = free_ports(o.servers * 2 + extra)
+        ports, self.spare_ports = drawn[:o.servers], drawn[o.servers:]
         topo = topology(o, etcd, ports, spec_path, data / "agents")
         if not o.insecure:
             schedulers = {process_identity(args).name for _, args in topo.schedulers}
@@ -302,7 +307,7 @@ class Demo:
                        60.0, "every scheduler instance to register")
             self._start(*topo.workload, logs)
             if o.dashboard:
-                web = f"127.0.0.1:{free_ports(1)[0]}"
+                web = f"127.0.0.1:{self.spare_ports.pop()}"
                 self._start("dashboard", ["dashboard", "--cellstate", ",".join(endpoints),
                                           "--listen", web], logs)
                 self._wait(lambda: _answers(web), 60.0, "the dashboard to serve")
