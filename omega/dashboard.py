@@ -36,6 +36,7 @@ from omega.dashview import History, PreemptionLog, dashboard_doc
 
 log = logging.getLogger(__name__)
 PAGE = "dashboard.html"
+PENDING_EVERY = 3  # refreshes between reads of the pending jobs' reasons
 
 
 class Dashboard:
@@ -57,6 +58,8 @@ class Dashboard:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: http.server.ThreadingHTTPServer | None = None
+        self._rounds = 0
+        self._pending: list[dict[str, Any]] = []  # the last pending jobs read, with why
 
     # -- the document ------------------------------------------------------------------
 
@@ -65,11 +68,16 @@ class Dashboard:
         now = self.clock()
         try:
             status = self.client.status()
-            listed = self.client.list_jobs(state="pending", limit=self.pending_limit)
-            pending = [self.client.get_job(j["spec"]["id"]) for j in listed]
+            if self._rounds % PENDING_EVERY == 0:
+                # GetJob lists a job's tasks: asked for a few jobs every few seconds only.
+                listed = self.client.list_jobs(state="pending", limit=self.pending_limit)
+                self._pending = [self.client.get_job(j["spec"]["id"]) for j in listed]
         except (ServiceUnavailable, StoreError) as e:
             log.warning("dashboard: cannot read the cell (%s); showing the last view", e)
             return
+        finally:
+            self._rounds += 1
+        pending = self._pending
         self.history.add(now, status["schedulers"])
         doc = dashboard_doc(self.replica.snapshot(), status, self.history, self.preemptions,
                             pending, now)
