@@ -83,9 +83,32 @@ def demo(tmp_path: Path) -> Iterator[tuple[str, list[str], subprocess.Popen[str]
     assert "invariants hold" in out, "".join(lines) + out
 
 
-def _until(driver: Any, what: str, check: Callable[[Any], Any], timeout: float = 90) -> Any:
+# What the page shows, read in one go inside the page (it redraws every second, so
+# element handles held across a redraw would go stale): texts and states as drawn.
+READ_PAGE = """
+const rows = (id) => [...document.querySelectorAll(`#${id} tbody tr`)].map(
+  (tr) => [...tr.cells].map((td) => td.innerText));
+return {
+  summary: document.getElementById("summary").innerText,
+  note: document.getElementById("machines-note").innerText,
+  machines: [...document.querySelectorAll("#heatmap .m")].map(
+    (m) => [m.dataset.machine, m.dataset.state]),
+  schedulers: rows("schedulers"),
+  charts: document.querySelectorAll("#schedulers tbody tr svg polyline.busyness").length,
+  pending: rows("pending"),
+  preemptions: rows("preemptions"),
+  preempt_total: document.getElementById("preempt-total").innerText,
+};
+"""
+
+
+def _until(driver: Any, what: str, check: Callable[[dict[str, Any]], Any],
+           timeout: float = 90) -> dict[str, Any]:
+    """The page as read once ``check`` holds for it."""
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(check)
+        return dict(WebDriverWait(driver, timeout, poll_frequency=0.5).until(
+            lambda d: (lambda page: page if check(page) else False)(
+                d.execute_script(READ_PAGE))))
     except Exception:
         pytest.fail(f"the page never showed {what}:\n"
                     f"{driver.find_element(By.TAG_NAME, 'body').text[:3000]}")
@@ -96,40 +119,30 @@ def test_a_person_sees_the_cell_live(browser: Any, demo: tuple[str, list[str], A
     url, operator, _ = demo
     browser.get(url)
     # The heat map: one square per machine of the small cell, each with a state.
-    cells = _until(browser, "32 machines", lambda d: (
-        len(d.find_elements(By.CSS_SELECTOR, "#heatmap .m")) == 32
-        and d.find_elements(By.CSS_SELECTOR, "#heatmap .m")))
-    assert {c.get_attribute("data-state") for c in cells} == {"up"}
-    assert "32 up, 0 down" in browser.find_element(By.ID, "machines-note").text
+    page = _until(browser, "32 machines", lambda p: len(p["machines"]) == 32)
+    assert {state for _, state in page["machines"]} == {"up"}
+    assert page["note"] == "32 up, 0 down"
     # A row per scheduler instance, each with its chart once reports have come in.
-    rows = _until(browser, "the scheduler instances", lambda d: (
-        len(d.find_elements(By.CSS_SELECTOR, "#schedulers tbody tr svg polyline")) >= 8
-        and d.find_elements(By.CSS_SELECTOR, "#schedulers tbody tr")))
-    names = {r.find_element(By.TAG_NAME, "td").text for r in rows}
+    page = _until(browser, "the scheduler instances", lambda p: p["charts"] >= 8)
+    names = {row[0] for row in page["schedulers"]}
     assert {"batch/b0", "batch/b3", "service/s0", "flow/f0", "fair/fa0",
             "mapreduce/mr0"} <= names
     # Schedulers conflict at this contention: some instance's conflicted count is not 0.
-    _until(browser, "a conflict", lambda d: any(
-        not r.find_elements(By.TAG_NAME, "td")[3].text.startswith("0 ")
-        for r in d.find_elements(By.CSS_SELECTOR, "#schedulers tbody tr")))
+    _until(browser, "a conflict", lambda p: any(
+        len(row) == 6 and not row[3].startswith("0 ") for row in p["schedulers"]))
     # Pending jobs with their reasons in words, and preemptions as they happen.
-    _until(browser, "a pending job with a reason", lambda d: any(
-        len(r.find_elements(By.TAG_NAME, "td")) == 4
-        and r.find_elements(By.TAG_NAME, "td")[3].text.strip()
-        for r in d.find_elements(By.CSS_SELECTOR, "#pending tbody tr")))
-    _until(browser, "a preemption", lambda d: re.match(
-        r"[1-9]\d* since", d.find_element(By.ID, "preempt-total").text))
-    first = browser.find_element(By.CSS_SELECTOR, "#preemptions tbody tr").text
-    assert re.search(r"\S+/\d+ m\d{5}", first), first  # a task and the machine it left
+    _until(browser, "a pending job with a reason", lambda p: any(
+        len(row) == 4 and row[3].strip() for row in p["pending"]))
+    page = _until(browser, "a preemption", lambda p: re.match(
+        r"[1-9]\d* since", p["preempt_total"]) and len(p["preemptions"][0]) == 4)
+    _, task, machine, _ = page["preemptions"][0]
+    assert re.fullmatch(r"\S+/\d+", task) and re.fullmatch(r"m\d{5}", machine)
     # Live: cordon a machine from the command line; the page shows it, no reload.
     subprocess.run([sys.executable, "-m", "omega.cli", "cordon", "m00007", *operator],
                    check=True, timeout=60)
-    _until(browser, "m00007 cordoned", lambda d: d.find_element(
-        By.CSS_SELECTOR, '#heatmap .m[data-machine="m00007"]').get_attribute(
-        "data-state") == "draining")
-    before = browser.find_element(By.ID, "summary").text
-    _until(browser, "the revision move on", lambda d: d.find_element(
-        By.ID, "summary").text != before and "revision" in d.find_element(
-        By.ID, "summary").text)
+    _until(browser, "m00007 cordoned", lambda p: ["m00007", "draining"] in p["machines"])
+    before = page["summary"]
+    _until(browser, "the revision move on",
+           lambda p: p["summary"] != before and "revision" in p["summary"])
     shot = Path(os.environ.get("OMEGA_DASHBOARD_SCREENSHOT", tmp_path / "dashboard.png"))
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
