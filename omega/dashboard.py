@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from cellstate.api.client import CellClient, ServiceUnavailable, remote_replica
-from cellstate.errors import StoreError
+from cellstate.errors import KVError, StoreError
 from omega.dashview import History, PreemptionLog, dashboard_doc
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,14 @@ class Dashboard:
                 seen, doc = self._version, self._doc
             yield doc
 
-    def _loop(self) -> None:
+    def _sync(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.replica.start()
+                break
+            except (ServiceUnavailable, KVError) as e:
+                log.warning("dashboard: cannot load the cell (%s); trying again", e)
+                self._stop.wait(1.0)
         while not self._stop.is_set():
             self.refresh()
             self._stop.wait(self.interval)
@@ -110,13 +117,12 @@ class Dashboard:
     # -- serving -----------------------------------------------------------------------
 
     def start(self, host: str, port: int) -> int:
-        """Sync, build the first document and serve on ``host:port`` (0: any free
-        port); returns the port."""
-        self.replica.start()
-        self.refresh()
+        """Serve on ``host:port`` (0: any free port) at once, and sync and build the
+        documents from a thread (a large cell's copy takes seconds to load; the page
+        says it is connecting meanwhile); returns the port."""
         self._http = http.server.ThreadingHTTPServer((host, port), _handler(self))
         self._http.daemon_threads = True
-        for target, name in ((self._http.serve_forever, "http"), (self._loop, "refresh")):
+        for target, name in ((self._http.serve_forever, "http"), (self._sync, "refresh")):
             t = threading.Thread(target=target, name=f"dashboard-{name}", daemon=True)
             t.start()
             self._threads.append(t)

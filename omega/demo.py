@@ -306,16 +306,16 @@ class Demo:
             self._wait(lambda: len(client.status()["schedulers"]) >= len(topo.schedulers),
                        60.0, "every scheduler instance to register")
             self._start(*topo.workload, logs)
+            for doc in self.file_jobs:
+                client.submit_job(doc)
+            if self.file_jobs:
+                self.say(f"job file {o.jobs}: submitted {len(self.file_jobs)} jobs")
             if o.dashboard:
                 web = f"127.0.0.1:{self.spare_ports.pop()}"
                 self._start("dashboard", ["dashboard", "--cellstate", ",".join(endpoints),
                                           "--listen", web], logs)
                 self._wait(lambda: _answers(web), 60.0, "the dashboard to serve")
                 self.dashboard_url = f"http://{web}/"
-            for doc in self.file_jobs:
-                client.submit_job(doc)
-            if self.file_jobs:
-                self.say(f"job file {o.jobs}: submitted {len(self.file_jobs)} jobs")
             self.say(f"{len(self.children)} processes: "
                      + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
             if self.dashboard_url:

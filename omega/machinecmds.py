@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 MACHINE_HELP = {
-    "cordon": "stop placing tasks on machines (they keep what they run)",
+    "cordon": "stop placing tasks on machines, which keep what they run",
     "uncordon": "let schedulers place tasks on cordoned or drained machines again",
     "drain": "cordon machines and take their tasks off (lost: their schedulers place "
              "them elsewhere)",
@@ -23,7 +23,7 @@ MACHINE_HELP = {
 def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
              positive_int: Callable[[str], Any]) -> None:
     for action, text in MACHINE_HELP.items():
-        p = sub.add_parser(action, help=text + " (operators only)",
+        p = sub.add_parser(action, help=text + "; operators only",
                            description=f"{text[0].upper()}{text[1:]}. Operators only.")
         cellstate_flag(p)
         p.add_argument("machines", nargs="+", metavar="MACHINE", help="machine id(s)")
@@ -51,6 +51,13 @@ def machines(args: argparse.Namespace, action: str) -> int:
 
     done = []
     with _client(args) as client:
+        # A typo among several machines changes none of them (each is its own write).
+        known = {m["id"] for m in client.list_machines()}
+        unknown = [m for m in args.machines if m not in known]
+        if unknown:
+            raise ValueError(f"unknown machine {unknown[0]!r}"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+                             + f"; nothing was {action}ed")
         for mid in args.machines:  # one at a time: a refusal names its machine
             done.append(client.set_machine_state(mid, action))
     emit(args, done, "\n".join(_text(action, d) for d in done))

@@ -4,9 +4,11 @@ page, the document as JSON, the event stream, and an unknown path."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -42,10 +44,22 @@ def _get(url: str) -> bytes:
         return bytes(r.read())
 
 
+def _document(url: str) -> dict[str, Any]:
+    """The first document built (the dashboard serves at once and loads the cell
+    behind: until then the document is empty, and the page says it is connecting)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        doc = json.loads(_get(url + "/api/state"))
+        if doc:
+            return dict(doc)
+        time.sleep(0.1)
+    pytest.fail("the dashboard built no document")
+
+
 def test_the_page_and_its_document(dash: tuple[str, CellStore]) -> None:
     url, _ = dash
     assert b'id="heatmap"' in _get(url + "/")
-    doc = json.loads(_get(url + "/api/state"))
+    doc = _document(url)
     assert [(m["id"], m["fill"], m["tasks"]) for m in doc["machines"]] == [
         ("m1", 1.0, 2), ("m2", 0.0, 0)]
     assert doc["jobs"] == {"pending": 1, "running": 1}
@@ -56,6 +70,7 @@ def test_the_page_and_its_document(dash: tuple[str, CellStore]) -> None:
 
 def test_the_event_stream_follows_the_cell(dash: tuple[str, CellStore]) -> None:
     url, store = dash
+    _document(url)
     with urllib.request.urlopen(url + "/api/events", timeout=10) as stream:
         assert stream.headers["Content-Type"] == "text/event-stream"
         store.set_machine_state("m2", "cordon")
