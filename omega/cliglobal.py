@@ -123,6 +123,10 @@ def check_listen(address: str) -> None:
         raise CannotListen(f"cannot listen on {address}: {e}") from None
     family, kind, proto, _, sockaddr = infos[0]
     with socket.socket(family, kind, proto) as s:
+        # As the server's own listener does: a port whose last server just died still
+        # has connections in TIME_WAIT, which must not count as taken (a live listener
+        # still does).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(sockaddr)
         except OSError as e:

@@ -46,6 +46,8 @@ def test_jobs_of_both_kinds_finish(fresh_etcd: LocalEtcd, tmp_path: Path) -> Non
                 "service", "--instance", "s0")
         with c.client(port_b) as client:
             wait_for("6 machines", lambda: client.status()["machines_up"] == 6, c)
+            # Submission refuses a job whose scheduler has not run yet, once any has.
+            wait_for("both schedulers", lambda: len(client.status()["schedulers"]) == 2, c)
             client.submit_job(_job("b1", "batch", 8, 1.0))
             client.submit_job(_job("s1", "service", 3, 2.0,
                                    constraints={"max_per_machine": 1}))
