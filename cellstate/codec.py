@@ -477,6 +477,14 @@ def encode_task(t: TaskRecord) -> bytes:
         doc["scheduler"] = t.scheduler
     if t.gang:
         doc["gang"] = t.gang
+    if t.exit_code is not None:
+        doc["exit_code"] = t.exit_code
+    if t.started_at:
+        doc["started_at"] = t.started_at
+    if t.ended_at:
+        doc["ended_at"] = t.ended_at
+    if t.detail:
+        doc["detail"] = t.detail
     return orjson.dumps(doc)
 
 
@@ -492,9 +500,21 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
             doc.get("scheduler", ""),
             doc.get("gang", ""),
             revision,
+            _optional_int(doc.get("exit_code")),
+            float(doc.get("started_at", 0.0)),
+            float(doc.get("ended_at", 0.0)),
+            str(doc.get("detail", "")),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"task {tid!r}: stored record is corrupt ({e})") from e
+
+
+def _optional_int(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"exit_code {value!r} is not a whole number")
+    return value
 
 
 def encode_gang(g: GangRecord) -> bytes:

@@ -39,6 +39,7 @@ from cellstate.model import (
     MachineState,
     Resources,
     TaskRecord,
+    TaskResult,
     TaskState,
     split_task_id,
     sum_resources,
@@ -112,12 +113,13 @@ def claims_change(decision: Decision) -> Change:
 
 
 def release_task(
-    cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None
+    cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None,
+    result: TaskResult | None = None,
 ) -> Change:
-    """A running task ended (finished, failed, lost): record it and free its hold. With
-    ``machine``, refused unless the task runs there (a late report from an agent must
-    not end the task's next run elsewhere). The caller must have read the task, its
-    machine and the gangs staged on it."""
+    """A running task ended (finished, failed, lost): record it (with ``result``, how
+    its run ended) and free its hold. With ``machine``, refused unless the task runs
+    there (a late report from an agent must not end the task's next run elsewhere).
+    The caller must have read the task, its machine and the gangs staged on it."""
     if outcome not in RELEASE_OUTCOMES:
         raise StoreError(f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}")
     split_task_id(tid)
@@ -142,7 +144,9 @@ def release_task(
         reads.add((KeyKind.GANG, rec.gang))
     return Change(
         frozenset(reads),
-        {(KeyKind.TASK, tid): TaskRecord(rec.job, rec.index, outcome, m.id, a.scheduler),
+        {(KeyKind.TASK, tid): TaskRecord(
+            rec.job, rec.index, outcome, m.id, a.scheduler,
+            **(attrs.asdict(result) if result is not None else {})),
          (KeyKind.MACHINE, m.id): _without(m, [tid])},
         removed={a.scheduler: a.resources},
     )
@@ -269,6 +273,39 @@ def update_machine(
     if state is MachineState.DOWN:
         return take_down(cell, m, changed, budget)
     return replace_machine(cell, m, changed)
+
+
+MACHINE_ACTIONS = ("cordon", "uncordon", "drain")
+
+
+def machine_action(cell: CellReader, machine_id: str, action: str,
+                   budget: int | None = None) -> Change:
+    """An operator's change to a machine that is up or draining: ``cordon`` (draining:
+    it runs what it has and takes nothing new), ``uncordon`` (up again) or ``drain``
+    (draining, and every task on it lost, so that its scheduler places it elsewhere;
+    ``budget`` as for :func:`take_down`). A machine that is down is refused: it comes
+    back when its agent registers it. Nothing to write when the machine is in that
+    state already (a drained machine holding no task)."""
+    if action not in MACHINE_ACTIONS:
+        raise StoreError(f"machine {machine_id}: {action!r} is not one of "
+                         f"{', '.join(MACHINE_ACTIONS)}")
+    m = cell.machines.get(machine_id)
+    if m is None:
+        raise NotFoundError(f"unknown machine {machine_id!r}")
+    if m.state is MachineState.DOWN:
+        raise StoreError(f"cannot {action} machine {machine_id}: it is down (it comes back "
+                         "up when its agent registers it)")
+    nothing = Change(frozenset(), {})
+    if action == "uncordon":
+        up = attrs.evolve(m, state=MachineState.UP)
+        return nothing if m.state is MachineState.UP else replace_machine(cell, m, up)
+    draining = attrs.evolve(m, state=MachineState.DRAINING)
+    if action == "cordon":
+        return nothing if m.state is MachineState.DRAINING else replace_machine(cell, m,
+                                                                                draining)
+    if m.state is MachineState.DRAINING and not m.allocations:
+        return nothing
+    return take_down(cell, m, draining, budget)
 
 
 def remove_machine(cell: CellReader, machine_id: str) -> Change:

@@ -462,10 +462,31 @@ class TaskRecord:
     scheduler: str = ""
     gang: str = ""  # staged by this gang; placed once the gang commits
     revision: int = 0
+    # How its last run ended, as its agent reported it (finished or failed tasks):
+    # the command's exit code (None: no command, or not known) and wall-clock times.
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    detail: str = ""  # why a run failed without an exit code (its command could not start)
 
     @property
     def id(self) -> str:
         return task_id(self.job, self.index)
+
+
+@attrs.frozen(slots=True)
+class TaskResult:
+    """What an agent reports about a run that ended: the command's exit code (None for a
+    task without a command) and when it started and ended (seconds since the epoch; 0:
+    not known)."""
+
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    detail: str = ""  # e.g. why the command could not start (at most MAX_DETAIL characters)
+
+
+MAX_DETAIL = 500
 
 
 class GangState(enum.Enum):

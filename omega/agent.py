@@ -71,7 +71,16 @@ from cellstate.cell import CellSnapshot, alloc_placed, task_view
 from cellstate.keys import KeyKind
 from cellstate.kv.base import LeaseNotFoundError
 from cellstate.mapreduce import Tracker
-from cellstate.model import JobState, Machine, TaskState, check_name, split_task_id, task_id
+from cellstate.model import (
+    MAX_DETAIL,
+    JobState,
+    Machine,
+    TaskResult,
+    TaskState,
+    check_name,
+    split_task_id,
+    task_id,
+)
 from cellstate.replica import ChangeListener
 from cellstate.store import CellStore, ContentionError, StoreError
 from omega.agent_state import AgentState
@@ -109,9 +118,11 @@ class AgentBackend(Protocol):
         (lapsed or revoked), so the agent must register again. Raises when the backend
         cannot tell (unavailable); the agent tries again soon."""
 
-    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
+    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str,
+                    result: TaskResult | None = None) -> None:
         """Record that ``task``, running on ``machine`` of ``agent``, ended with
-        ``outcome`` (FINISHED or FAILED), freeing its resources. Returns when the
+        ``outcome`` (FINISHED or FAILED; ``result``: its exit code and times), freeing
+        its resources. Returns when the
         outcome is recorded, and also when the report is moot (the task is not running
         on that machine any more: preempted, lost, released by someone else), which the
         backend logs. Raises when it could not tell (e.g. the cell state is
@@ -343,11 +354,12 @@ class DirectBackend:
             return False
         return True  # any other KVError propagates: we cannot tell
 
-    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
+    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str,
+                    result: TaskResult | None = None) -> None:
         try:
             # With the machine named, a late report cannot end the task's next run
             # elsewhere: the store refuses it in the same guarded write.
-            self.store.release_task(task, outcome, machine)
+            self.store.release_task(task, outcome, machine, result)
         except ContentionError:
             raise  # busy, not moot: the agent retries
         except StoreError as e:
@@ -376,6 +388,8 @@ class _Run:
     process: TaskProcess | None = None  # commands
     outcome: TaskState | None = None  # set when it ended on its own (or its job was killed)
     ended_at: float | None = None
+    exit_code: int | None = None  # commands
+    detail: str = ""  # why a command did not start
     reported: bool = False
     report_failures: int = 0
     next_report: float = 0.0
@@ -443,6 +457,7 @@ class Agent:
         poll_interval: float = 0.1,
         state: AgentState | None = None,
         commands: CommandPolicy | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         check_name(agent_id, "agent id")
         if ttl < 1:
@@ -453,6 +468,7 @@ class Agent:
         self._backend = backend
         self._source = source
         self._clock = clock
+        self._wall = wall_clock  # reported times are wall-clock (``clock`` may not be)
         self._ttl = ttl
         self._runner: Runner = runner or SubprocessRunner(state=state, grace=grace)
         # The library runs what its caller trusts; `omega agent` passes a policy that
@@ -853,6 +869,7 @@ class Agent:
         if refused:
             log.warning("agent %s: task %s: not running %r: %s", self.agent_id, tid,
                         command[0], refused)
+            run.detail = f"agent {self.agent_id} did not run {command[0]!r}: {refused}"
             self.stats.refused += 1
             self._ended(run, TaskState.FAILED, now)
             return
@@ -861,6 +878,7 @@ class Agent:
         except OSError as e:
             log.warning("agent %s: task %s: cannot start %r: %s", self.agent_id, tid,
                         command[0], e)
+            run.detail = f"cannot start {command[0]!r}: {e}"
             self._ended(run, TaskState.FAILED, now)
             return
         self._procs[tid] = run
@@ -926,6 +944,7 @@ class Agent:
             code = run.process.poll()
             if code is not None:
                 run.process = None
+                run.exit_code = code
                 del self._procs[run.task]
                 self._ended(run, TaskState.FINISHED if code == 0 else TaskState.FAILED, now)
 
@@ -936,8 +955,13 @@ class Agent:
 
     def _send(self, run: _Run, now: float) -> bool:
         assert run.outcome is not None
+        # The agent's clock may be monotonic (or virtual): the run's times in wall time.
+        offset = self._wall() - now
+        result = TaskResult(run.exit_code, max(run.started_at + offset, 0.0),
+                            max((run.ended_at or now) + offset, 0.0), run.detail[:MAX_DETAIL])
         try:
-            self._backend.report_task(run.task, run.outcome, self.agent_id, run.machine)
+            self._backend.report_task(run.task, run.outcome, self.agent_id, run.machine,
+                                      result)
         except Exception as e:
             run.report_failures += 1
             self.stats.report_errors += 1

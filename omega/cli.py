@@ -159,9 +159,11 @@ def options_from_flags(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _cellstate_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cellstate", default=os.environ.get("OMEGA_CELLSTATE", DEFAULT_CELLSTATE),
-                   help="cellstate server address(es), comma-separated "
-                        f"(default $OMEGA_CELLSTATE or {DEFAULT_CELLSTATE})")
+    from omega.clientconfig import default
+
+    p.add_argument("--cellstate", default=default("cellstate", DEFAULT_CELLSTATE),
+                   help="cellstate server address(es), comma-separated (default "
+                        f"$OMEGA_CELLSTATE, the config file's, or {DEFAULT_CELLSTATE})")
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
@@ -210,6 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--insecure", action="store_true",
                    help="run every process over plaintext gRPC, without identities "
                         "(default: mutual TLS with certificates made in the data dir)")
+    d.add_argument("--contention", choices=["low", "high"], default="low",
+                   help="low (default), or high: at least 4 batch instances with "
+                        "coarse-grained conflict detection and 3x the jobs, so schedulers "
+                        "visibly conflict and retry")
+    d.add_argument("--keep-going", action="store_true",
+                   help="when a process dies (kill a scheduler, agent or server to see "
+                        "failover), report it and go on (default: stop the demo)")
+    d.add_argument("--no-dashboard", action="store_true",
+                   help="do not start the web dashboard (default: `omega dashboard` on a "
+                        "free port; the demo prints its address)")
+    d.add_argument("--no-metrics", action="store_true",
+                   help="do not serve Prometheus metrics (default: every server, scheduler "
+                        "and agent serves them; the demo prints where)")
 
     cs = sub.add_parser("certs", help="make a development CA and certificates for a cell")
     cs.add_argument("dir", metavar="DIR", help="folder of the CA and the certificates "
@@ -236,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dir", help="keep its data here (default: a temporary folder)")
     e.add_argument("--no-fsync", action="store_true",
                    help="etcd --unsafe-no-fsync (faster; for tests and demos)")
+    e.add_argument("--listen", metavar="127.0.0.1:PORT",
+                   help="the client address (loopback only: a local etcd; default: a free "
+                        "port, printed)")
 
     s = sub.add_parser("server", help="run a cellstate server replica")
     s.add_argument("--config", help="TOML file (see docs/operations.md); flags override it")
@@ -467,10 +485,13 @@ NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simul
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, plan
+    from omega import completion, dashboard, logscmd, machinecmds, plan
 
     completion.register(sub, build_parser)
+    dashboard.register(sub, _cellstate_flag)
+    logscmd.register(sub, _cellstate_flag, _non_negative_int)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
+    machinecmds.register(sub, _cellstate_flag, _positive(int))
 
 
 def _add_simulator(sub: Any) -> None:
@@ -484,13 +505,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from omega.proc import die_with_parent
 
     die_with_parent()
+    from cellstate.errors import ConfigError
+    from omega import clientconfig
+
+    try:
+        clientconfig.load()  # a bad config file is named before anything else
+    except ConfigError as e:
+        print(f"omega: {e}", file=sys.stderr)
+        return cliglobal.BAD_INPUT
     parser = build_parser()
     try:
         args = cliglobal.parse(parser, _subcommands(parser), argv)
     except BrokenPipeError:  # --help into `| head -1`
         return cliglobal.pipe_closed()
+    from omega import logfmt
+
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logfmt.configure(level, logfmt.log_format(args.log_format))
+    except ValueError as e:
+        print(f"omega: {e}", file=sys.stderr)
+        return cliglobal.BAD_INPUT
     from cellstate.api.client import ClientError, ServiceUnavailable
     from cellstate.api.config import ConfigError
     from cellstate.errors import EtcdAuthError, KVError
@@ -525,6 +560,19 @@ def _subcommands(parser: argparse.ArgumentParser) -> Any:
     raise AssertionError("omega's parser has no subcommands")
 
 
+def _etcd_port(listen: str) -> int:
+    """``omega etcd --listen``'s port: the local etcd serves on loopback only."""
+    from cellstate.api.config import address
+    from omega.cliglobal import check_listen
+
+    host, _, port = address(listen, "--listen", listen=True).rpartition(":")
+    if host not in ("127.0.0.1", "localhost"):
+        raise ValueError(f"--listen {listen}: omega etcd serves on 127.0.0.1 only (a local "
+                         "etcd for one machine); run an etcd cluster for other hosts")
+    check_listen(f"127.0.0.1:{port}")
+    return int(port)
+
+
 def _endpoints(text: str) -> tuple[str, ...]:
     from cellstate.api.config import addresses
 
@@ -534,6 +582,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 def _dispatch(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "demo":
+        from omega import logfmt
         from omega.demo import DemoOptions, run_demo
 
         stats = run_demo(DemoOptions(
@@ -541,13 +590,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
-            jobs=args.jobs, insecure=args.insecure), sys.stdout)
+            jobs=args.jobs, insecure=args.insecure, contention=args.contention,
+            keep_going=args.keep_going, metrics=not args.no_metrics,
+            dashboard=not args.no_dashboard,
+            log_format=logfmt.log_format(args.log_format)), sys.stdout)
         return 0 if stats.ok else 1
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
 
         return etcd_main([*(["--data-dir", args.data_dir] if args.data_dir else []),
-                          *(["--unsafe-no-fsync"] if args.no_fsync else [])])
+                          *(["--unsafe-no-fsync"] if args.no_fsync else []),
+                          *(["--port", str(_etcd_port(args.listen))] if args.listen else [])])
     if cmd == "certs":
         return _certs(args)
     if cmd == "server":
@@ -658,6 +711,7 @@ def _server(args: argparse.Namespace) -> int:
               "lock it down (docs/security.md, --etcd-cert or [etcd] cert)",
               file=sys.stderr, flush=True)
     from omega.cliglobal import check_listen, start_server
+    from omega.logfmt import announce
 
     check_listen(config.listen)  # before loading the cell: a taken port fails at once
     stop = stop_event_on_signals()
@@ -674,9 +728,9 @@ def _server(args: argparse.Namespace) -> int:
         exporter.enter_context(contextlib.closing(_Stopper(server)))
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
-        print(f"cellstate {config.name} serving cell {config.cell} on port {port} "
-              f"(etcd {','.join(config.etcd)}, {config.etcd_access.describe()}; "
-              f"{'mutual TLS' if config.tls else 'PLAINTEXT, --insecure'})", flush=True)
+        announce("cellstate %s serving cell %s on port %d (etcd %s, %s; %s)", config.name,
+                 config.cell, port, ",".join(config.etcd), config.etcd_access.describe(),
+                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure")
         with exporter:
             stop.wait()
     finally:
@@ -722,9 +776,10 @@ def scheduler_process_config(args: argparse.Namespace) -> SchedulerProcessConfig
     overrides = {"name": name, "policy": policy, "instance": args.instance,
                  "cell": args.cell, "mode": args.mode, "detection": args.detection,
                  "seed": args.seed}
+    from omega.clientconfig import default
+
     overrides["cellstate"] = args.cellstate or (
-        None if "cellstate" in in_file else os.environ.get("OMEGA_CELLSTATE",
-                                                            DEFAULT_CELLSTATE))
+        None if "cellstate" in in_file else default("cellstate", DEFAULT_CELLSTATE))
     return scheduler_config(doc, overrides, args.config or "", options)
 
 
@@ -833,7 +888,9 @@ def _workload(args: argparse.Namespace) -> int:
                 logging.getLogger("omega.workload").warning("%s", e)
 
         n = generate(submit, opts, stop, hosts=hosts)
-    print(f"submitted {n - len(refused)} jobs ({len(refused)} refused)")
+    from omega.logfmt import announce
+
+    announce("submitted %d jobs (%d refused)", n - len(refused), len(refused))
     return 0
 
 

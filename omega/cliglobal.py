@@ -65,7 +65,10 @@ def add_global_flags(p: argparse.ArgumentParser, top: bool) -> None:
         help="machine-readable output (same as -o json); anywhere on the line")
     add("-o", "--output", choices=OUTPUTS, default=None,
         help="output format: table (default), wide (more columns) or json; default "
-             "$OMEGA_OUTPUT")
+             "$OMEGA_OUTPUT or the config file's")
+    add("--log-format", choices=("text", "json"), default=None,
+        help="log lines as text (default) or one JSON object each; every line has a UTC "
+             "timestamp; default $OMEGA_LOG_FORMAT or the config file's")
 
 
 def install(parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
@@ -81,7 +84,9 @@ def output_format(args: argparse.Namespace) -> str:
     """json, table or wide: ``--json`` wins, then ``-o``, then $OMEGA_OUTPUT."""
     if getattr(args, "json", False):
         return "json"
-    chosen = getattr(args, "output", None) or os.environ.get("OMEGA_OUTPUT", "") or "table"
+    from omega.clientconfig import default
+
+    chosen = getattr(args, "output", None) or default("output", "") or "table"
     return chosen if chosen in OUTPUTS else "table"
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -50,6 +51,7 @@ from cellstate.invariants import constraint_violations, placed_tasks_of, violati
 from cellstate.model import ModelError
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
+from omega.demoview import Totals, cell_line, done_line, instance_key, instance_rows, totals
 from omega.etcd_launcher import LocalEtcd, free_ports
 from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
@@ -84,6 +86,33 @@ class DemoOptions:
     jobs: str | None = None  # a job file submitted once the schedulers run
     insecure: bool = False  # plaintext gRPC, no identities (default: mutual TLS)
     fair_pool: float = 0.05  # the share of the cell's cpus the fair scheduler may hold
+    contention: str = "low"  # low, or high: schedulers visibly conflict (CONTENTION)
+    keep_going: bool = False  # a process that dies is reported and the rest go on
+    log_format: str = "text"  # the processes' logs: text or json
+    metrics: bool = True  # every server, scheduler and agent serves Prometheus metrics
+    dashboard: bool = True  # an `omega dashboard` process serves the web page
+
+
+# What --contention high changes (docs/operations.md): the small cell (unless --spec
+# names another), which the workload keeps full, more batch instances sharing the
+# queue, coarse-grained conflict detection for them (any change to a machine since
+# their snapshot conflicts: Omega's §5 shows what that costs) and three times the jobs.
+CONTENTION = ("low", "high")
+HIGH_BATCH_INSTANCES = 4
+HIGH_LOAD = 3.0
+HIGH_SPEC = "small"
+
+
+def contended(opts: DemoOptions) -> DemoOptions:
+    """The options as ``--contention`` leaves them."""
+    if opts.contention not in CONTENTION:
+        raise ValueError(f"--contention: {opts.contention!r} is not one of "
+                         f"{', '.join(CONTENTION)}")
+    if opts.contention == "low":
+        return opts
+    return attrs.evolve(opts, batch_instances=max(opts.batch_instances, HIGH_BATCH_INSTANCES),
+                        jobs_per_second=opts.jobs_per_second * HIGH_LOAD,
+                        spec=opts.spec or HIGH_SPEC)
 
 
 @attrs.define
@@ -97,7 +126,9 @@ class DemoStats:
     workers_added: int = 0  # extra MapReduce workers the mapreduce scheduler proposed
     jobs_sped_up: int = 0  # MapReduce jobs that finished with extra workers
     fair_preempted: int = 0  # tasks the fair scheduler preempted for a fairer share
+    transactions: int = 0
     crashed: list[str] = attrs.field(factory=list)
+    exited: list[str] = attrs.field(factory=list)  # ended during the run (--keep-going)
     violations: list[str] = attrs.field(factory=list)
     file_tasks: int = 0  # tasks of the job file's jobs
     file_placed: int = 0  # of which running at the end
@@ -130,8 +161,10 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
                               "--index", str(i), "--of", str(opts.agents), "--id", f"agent-{i}",
                               *(["--state-dir", str(state / f"agent-{i}")] if state else [])])
               for i in range(opts.agents)]
+    coarse = ["--detection", "coarse"] if opts.contention == "high" else []
     scheds = [(f"batch-{i}", ["scheduler", "--cellstate", cellstate, "--name", "batch",
-                              "--instance", f"b{i}", "--seed", str(opts.seed * 100 + i)])
+                              "--instance", f"b{i}", "--seed", str(opts.seed * 100 + i),
+                              *coarse])
               for i in range(opts.batch_instances)]
     scheds.append(("service-0", ["scheduler", "--cellstate", cellstate, "--name", "service",
                                  "--instance", "s0", "--seed", str(opts.seed * 100 + 99)]))
@@ -157,7 +190,7 @@ def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
 class Demo:
     def __init__(self, opts: DemoOptions, out: TextIO,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.opts = opts
+        self.opts = contended(opts)
         self.out = out
         self.clock = clock
         self.stats = DemoStats()
@@ -165,6 +198,12 @@ class Demo:
         self.certs: CellCredentials | None = None  # None with --insecure
         self.server_config = Path()  # the servers' limits, with --insecure
         self.pools: dict[str, dict[str, float]] = {}  # scheduler -> its resource limit
+        self.reports: dict[tuple[str, str], dict[str, Any]] = {}  # instances' last reports
+        self.metrics: list[tuple[str, str]] = []  # (process, its metrics address)
+        self.totals = Totals({}, {})  # as of the last status seen
+        self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
+        self.dashboard_url = ""
+        self.spare_ports: list[int] = []  # free ports drawn together, for what serves
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -253,6 +292,13 @@ class Demo:
             argv = insecure_argv(args)
             if args[0] == "server":
                 argv += ["--config", str(self.server_config)]
+        # Every process logs its events (machines down, leases lost, preemptions,
+        # conflicts) with timestamps, in the format asked for.
+        argv += ["-v", "--log-format", self.opts.log_format]
+        if self.opts.metrics and args[0] in ("server", "agent", "scheduler"):
+            address = f"127.0.0.1:{self.spare_ports.pop()}"
+            argv += ["--metrics", address]
+            self.metrics.append((name, address))
         child = Child(name, omega(*argv), logs / f"{name}.log")
         self.children.append(child)
         return child
@@ -260,7 +306,11 @@ class Demo:
     def _run(self, etcd: str, spec_path: Path, machines: int, logs: Path, data: Path,
              ) -> None:
         o = self.opts
-        ports = free_ports(o.servers)
+        # Every port the demo hands out, drawn at once so that no two are the same: the
+        # servers', then one per process that serves metrics, and the dashboard's.
+        extra = o.agents + o.batch_instances + 5 + 1  # + the other schedulers, dashboard
+        drawn = free_ports(o.servers * 2 + extra)
+        ports, self.spare_ports = drawn[:o.servers], drawn[o.servers:]
         topo = topology(o, etcd, ports, spec_path, data / "agents")
         if o.insecure:
             self.server_config = data / "server.toml"
@@ -284,6 +334,8 @@ class Demo:
                        f"{machines} machines to register")
             for name, args in topo.schedulers:
                 self._start(name, args, logs)
+                self.instances[name] = (process_identity(args).name,
+                                        args[args.index("--instance") + 1])
             # Submission refuses jobs for schedulers that have not run here yet, once
             # any has: the workload starts when every instance reports (within 2 s).
             self._wait(lambda: len(client.status()["schedulers"]) >= len(topo.schedulers),
@@ -293,22 +345,57 @@ class Demo:
                 client.submit_job(doc)
             if self.file_jobs:
                 self.say(f"job file {o.jobs}: submitted {len(self.file_jobs)} jobs")
+            if o.dashboard:
+                web = f"127.0.0.1:{self.spare_ports.pop()}"
+                self._start("dashboard", ["dashboard", "--cellstate", ",".join(endpoints),
+                                          "--listen", web], logs)
+                self._wait(lambda: _answers(web), 60.0, "the dashboard to serve")
+                self.dashboard_url = f"http://{web}/"
             self.say(f"{len(self.children)} processes: "
                      + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
-            deadline = self.clock() + o.duration
-            while self.clock() < deadline:
-                time.sleep(min(1.0, max(deadline - self.clock(), 0.0)))
-                dead = [c for c in self.children if not c.running()]
-                if dead:
-                    for c in dead:
-                        self.stats.crashed.append(c.name)
-                        self.say(f"{c.name} exited ({c.popen.returncode}):\n{c.log_tail()}")
-                    return
+            if self.dashboard_url:
+                self.say(f"dashboard: {self.dashboard_url} (open it in a browser)")
+            if self.metrics:
+                self.say("Prometheus metrics (scrape these): " + ", ".join(
+                    f"{name} http://{address}/metrics" for name, address in self.metrics))
+            if o.keep_going:
+                self.say("--keep-going: kill any of these processes (kill PID) and the rest "
+                         "go on; the demo reports it")
+            self._watch(client)
+
+    def _watch(self, client: CellClient) -> None:
+        """A labelled view of the cell every second until the duration is up (or, without
+        --keep-going, until a process dies)."""
+        deadline = self.clock() + self.opts.duration
+        while self.clock() < deadline:
+            time.sleep(min(1.0, max(deadline - self.clock(), 0.0)))
+            if self._deaths() and not self.opts.keep_going:
+                return
+            try:
                 status = client.status()
-                self.say(self._line(status))
-                for line in self._rounds(status):
-                    self.say(line)
+            except ServiceUnavailable as e:
+                self.say(f"[{time.strftime('%H:%M:%S')}] no cellstate server answered "
+                         f"({e}); trying again")
+                continue
+            for line in self._view(status):
+                self.say(line)
+        try:
             self.say("final status:\n" + status_text(client.status()))
+        except ServiceUnavailable as e:
+            self.say(f"final status: no cellstate server answered ({e})")
+
+    def _deaths(self) -> list[Child]:
+        """Children that ended since the last look, each reported once: its exit and
+        the end of its log."""
+        reported = {*self.stats.crashed, *self.stats.exited}
+        dead = [c for c in self.children if not c.running() and c.name not in reported]
+        for c in dead:
+            (self.stats.exited if self.opts.keep_going else self.stats.crashed).append(c.name)
+            left = sum(1 for x in self.children if x.running())
+            self.say(f"[{time.strftime('%H:%M:%S')}] {c.name} (pid {c.pid}) "
+                     f"{_ended(c.popen.returncode)}; {left} processes still run; its log "
+                     f"ends:\n{c.log_tail(8)}")
+        return dead
 
     def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = self.clock() + timeout
@@ -321,22 +408,22 @@ class Demo:
                 raise RuntimeError(f"timed out waiting for {what}")
             time.sleep(0.2)
 
-    def _line(self, s: dict[str, Any]) -> str:
-        jobs = s["jobs"]
-        self.stats.jobs = sum(jobs.values())
-        self.stats.finished = jobs.get("finished", 0)
-        self.stats.abandoned = jobs.get("abandoned", 0)
-        self.stats.placed = sum(x.get("tasks_placed", 0) for x in s["schedulers"])
-        self.stats.conflicts = sum(x.get("conflicted", 0) for x in s["schedulers"])
-        cap, used = s["capacity"].get("cpu", 0.0), s["used"].get("cpu", 0.0)
-        per = "  ".join(
-            f"{x['scheduler']}/{x['instance']} {x.get('transactions', 0)}t "
-            f"{x.get('conflicted', 0)}c {100 * x.get('busyness', 0):.0f}%b"
-            for x in sorted(s["schedulers"], key=lambda x: (x["scheduler"], x["instance"])))
-        return (f"[rev {s['revision']:>6}] jobs {self.stats.jobs:>4} (running "
-                f"{jobs.get('running', 0):>3}, finished {self.stats.finished:>4}, pending "
-                f"{jobs.get('pending', 0):>3})  cpu {100 * used / cap if cap else 0:5.1f}%  "
-                f"| {per}")
+    def _view(self, status: dict[str, Any]) -> list[str]:
+        for r in status["schedulers"]:
+            self.reports[instance_key(r)] = r
+        # Gone: withdrawn or lapsed, or its process has ended (its lease may live on a
+        # few seconds more).
+        gone = set(self.reports) - {instance_key(r) for r in status["schedulers"]}
+        gone |= {self.instances[c.name] for c in self.children
+                 if c.name in self.instances and not c.running()}
+        t = totals(status, self.reports.values())
+        self.totals = t
+        s = self.stats
+        s.jobs, s.placed = t.jobs_total, t.tasks_placed
+        s.finished, s.abandoned = t.jobs.get("finished", 0), t.jobs.get("abandoned", 0)
+        s.transactions, s.conflicts = t.transactions, t.conflicted
+        return [cell_line(status, t), *instance_rows(self.reports.values(), gone),
+                *self._rounds(status)]
 
     def _rounds(self, s: dict[str, Any]) -> list[str]:
         """A line per scheduler instance that reports rounds (the flow scheduler) or
@@ -379,7 +466,8 @@ class Demo:
                 child.terminate()
             for child in group:
                 code = child.stop(timeout=15.0)
-                if code not in (0, -signal.SIGTERM) and child.name not in self.stats.crashed:
+                if code not in (0, -signal.SIGTERM) and child.name not in (
+                        *self.stats.crashed, *self.stats.exited):
                     self.stats.crashed.append(child.name)
                     self.say(f"{child.name} ended with {code}:\n{child.log_tail()}")
         self.children.clear()
@@ -406,12 +494,12 @@ class Demo:
                      else "BROKEN: " + "; ".join(s.broken_rules[:3]))
             self.say(f"job file: {s.file_placed}/{s.file_tasks} tasks placed; {rules}")
         verdict = "hold" if not s.violations else "BROKEN: " + "; ".join(s.violations[:3])
-        self.say(f"done: {s.jobs} jobs, {s.placed} tasks placed, {s.conflicts} conflicted "
-                 f"transactions, {s.finished} jobs finished, {s.abandoned} abandoned, "
-                 f"{s.flow_rounds} flow rounds, {s.workers_added} MapReduce workers added, "
-                 f"{s.jobs_sped_up} MapReduce jobs sped up, {s.fair_preempted} tasks "
-                 f"preempted for fair shares; invariants {verdict}; every "
-                 "process stopped")
+        extras = (f"{s.flow_rounds} flow rounds, {s.workers_added} MapReduce workers added, "
+                  f"{s.jobs_sped_up} MapReduce jobs sped up, {s.fair_preempted} tasks "
+                  "preempted for fair shares")
+        if s.exited:
+            extras += f"; ended during the run: {', '.join(s.exited)}"
+        self.say(done_line(self.totals, extras, verdict) + "; every process stopped")
 
 
 def _check_flow_policy(name: str) -> None:
@@ -439,6 +527,19 @@ def _job_file(path: Path) -> list[dict[str, Any]]:
         except ModelError as e:
             raise ValueError(f"{path}: job {i} ({doc.get('id', '?')}): {e}") from None
     return docs
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1.0):
+        return True
+    return False
+
+
+def _ended(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

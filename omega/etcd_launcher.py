@@ -681,6 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run a local single-member etcd with cellstate's settings until Ctrl-C.",
     )
     parser.add_argument("--data-dir", help="keep data here (default: a temporary directory)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="client port on 127.0.0.1 (default: a free one)")
     parser.add_argument(
         "--unsafe-no-fsync", action="store_true", help="faster, loses data on crash"
     )
@@ -707,6 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_request_bytes=args.max_request_bytes,
         auto_compaction_retention=args.auto_compaction_retention,
         progress_notify_interval=args.progress_notify_interval,
+        ports=(args.port, free_ports(1)[0]) if args.port else None,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -13,7 +13,8 @@ def job_text(info: dict[str, Any], now: float | None = None) -> str:
     lines = [_head(info)]
     spec = info["spec"]
     for t in info.get("tasks", []):
-        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']}")
+        lines.append(f"  {spec['id']}/{t['index']:<5} {t['state']:<10} {t['machine']:<10}"
+                     f"{_run(t)}".rstrip())
     why = why_lines(info, now)
     if why:
         lines.append("why pending:")
@@ -53,6 +54,25 @@ def why_lines(info: dict[str, Any], now: float | None = None) -> list[str]:
         if not reasons:
             out.append("    (no reason given: the rest is waiting for its retry)")
     return out
+
+
+def _run(t: dict[str, Any]) -> str:
+    """How a task's last run ended: ``exit 1  10:02:03 -> 10:02:05 (2.0 s)``."""
+    parts = []
+    if "exit_code" in t:
+        parts.append(f"exit {t['exit_code']}")
+    start, end = t.get("started_at"), t.get("ended_at")
+    if start and end:
+        parts.append(f"{_clock(start)} -> {_clock(end)} ({end - start:.1f} s)")
+    elif start:
+        parts.append(f"started {_clock(start)}")
+    if t.get("detail"):
+        parts.append(t["detail"])
+    return "  ".join(parts)
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def _head(info: dict[str, Any]) -> str:

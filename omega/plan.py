@@ -156,7 +156,10 @@ def run(args: argparse.Namespace, options_from_flags: Callable[[Any], dict[str, 
         raise ValueError(f"{args.file}: plan takes one job, the file has {len(docs)}")
     job = codec.parse_job(docs[0], "job")
     job = attrs.evolve(job, submitted_at=job.submitted_at or time.time())
-    with CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0) as client:
+    from omega.security import tls_from_args
+
+    with CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0,
+                    tls=tls_from_args(args)) as client:
         replica = remote_replica(client, args.cell)
         replica.load()
         snap = replica.snapshot()

@@ -36,20 +36,21 @@ NO_CREDENTIALS = ("no TLS credentials: give --ca, --cert and --key (or $OMEGA_CA
 
 
 def add_tls_flags(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
+    from omega.clientconfig import default
+
     g = p.add_argument_group("TLS (docs/security.md)")
-    g.add_argument("--ca", default=env("OMEGA_CA"),
-                   help="the cell's CA certificate (default $OMEGA_CA)")
-    g.add_argument("--cert", default=env("OMEGA_CERT"),
+    g.add_argument("--ca", default=default("ca"),
+                   help="the cell's CA certificate (default $OMEGA_CA or the config file's)")
+    g.add_argument("--cert", default=default("cert"),
                    help="this process's certificate; its common name is the identity "
-                        "(default $OMEGA_CERT)")
-    g.add_argument("--key", default=env("OMEGA_KEY"),
-                   help="the certificate's private key (default $OMEGA_KEY, else the "
-                        "certificate's path with .key for .pem)")
-    g.add_argument("--insecure", action="store_true",
-                   default=env("OMEGA_INSECURE", "") not in ("", "0"),
+                        "(default $OMEGA_CERT or the config file's)")
+    g.add_argument("--key", default=default("key"),
+                   help="the certificate's private key (default $OMEGA_KEY, the config "
+                        "file's, else the certificate's path with .key for .pem)")
+    g.add_argument("--insecure", action="store_true", default=default("insecure", False),
                    help="plaintext gRPC: no encryption, no identities, anyone who can "
-                        "reach a server may do anything (default $OMEGA_INSECURE)")
+                        "reach a server may do anything (default $OMEGA_INSECURE or the "
+                        "config file's)")
 
 
 def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
@@ -101,6 +102,8 @@ def process_identity(argv: Sequence[str]) -> Identity:
         return Identity(Kind.SCHEDULER, name)
     if command == "workload":
         return Identity(Kind.OPERATOR, "workload")
+    if command == "dashboard":
+        return Identity(Kind.USER, "dashboard")  # it only reads
     return Identity(Kind.OPERATOR, "admin")
 
 

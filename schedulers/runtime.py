@@ -37,6 +37,7 @@ import math
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -568,9 +569,24 @@ class SchedulerInstance:
         results: dict[str, CommitResult] = {}
         for (job, _), res in zip(txns, answers, strict=True):
             results[job.id] = res
+            self._log_outcome(job.id, res)
             # As applied: on the machine each claim took (a fallback, maybe).
             self._inflight.extend((res.revision, c, job) for c in res.committed)
         return results
+
+    def _log_outcome(self, job_id: str, res: CommitResult) -> None:
+        """The events an operator looks for in a scheduler's log: preemptions, and
+        claims the store turned down (another scheduler got there first)."""
+        if res.evicted:
+            log.info("%s/%s: job %s preempted %d task(s): %s", self.scheduler, self.instance,
+                     job_id, len(res.evicted), ", ".join(res.evicted[:5])
+                     + (" ..." if len(res.evicted) > 5 else ""))
+        if res.rejected:
+            reasons = Counter(r.reason.value for r in res.rejected)
+            log.info("%s/%s: job %s: %d of %d claim(s) conflicted (%s); will retry",
+                     self.scheduler, self.instance, job_id, len(res.rejected),
+                     len(res.rejected) + len(res.committed),
+                     ", ".join(f"{n} {why}" for why, n in reasons.most_common()))
 
     def _after_attempt(self, job: Job, plan: Plan, res: CommitResult | None, now: float) -> None:
         st = self._state(job.id)

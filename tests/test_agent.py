@@ -25,6 +25,7 @@ from cellstate.model import (
     Machine,
     MachineState,
     Resources,
+    TaskResult,
     TaskState,
 )
 from cellstate.replica import Replica
@@ -78,11 +79,12 @@ class FlakyBackend(DirectBackend):
 
     failures = 0
 
-    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
+    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str,
+                    result: TaskResult | None = None) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise UnavailableError("cellstate unavailable")
-        super().report_task(task, outcome, agent, machine)
+        super().report_task(task, outcome, agent, machine, result)
 
 
 @attrs.define
@@ -265,6 +267,11 @@ def test_commands_report_finished_or_failed(kv: KV, make_rig: RigFactory,
     assert rig.state("bad/0") is TaskState.FAILED
     assert rig.machine(M1).allocations == {} and rig.machine(M2).allocations == {}
     assert rig.runner.started["bad/0"].poll() == 3
+    # The records say how each run ended: the exit code, and when (wall-clock seconds).
+    tasks = rig.store.read_snapshot().tasks
+    assert (tasks["ok/0"].exit_code, tasks["bad/0"].exit_code) == (0, 3)
+    for t in (tasks["ok/0"], tasks["bad/0"]):
+        assert time.time() - 60 < t.started_at <= t.ended_at <= time.time()
     assert (tmp_path / "logs" / "ok" / "0.log").read_text() == "task ok/0\n"
     assert (rig.agent.stats.finished, rig.agent.stats.failed) == (1, 1)
 
@@ -276,6 +283,10 @@ def test_command_that_cannot_start_fails(kv: KV, make_rig: RigFactory) -> None:
     rig.step()
     assert rig.state("nope/0") is TaskState.FAILED
     assert rig.agent.stats.failed == 1
+    # The record says why, for `omega job` (not only the agent's log).
+    record = rig.store.read_snapshot().tasks["nope/0"]
+    assert record.exit_code is None
+    assert record.detail.startswith("cannot start '/nonexistent/omega-test-binary': ")
 
 
 SLEEP = "import time; time.sleep(60)"

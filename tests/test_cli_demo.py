@@ -43,10 +43,15 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert started, proc.stdout
     names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
     assert set(names) == {"cellstate-0", "agent-0", "agent-1", "batch-0", "batch-1",
-                          "service-0", "flow-0", "mapreduce-0", "fair-0", "workload"}
+                          "service-0", "flow-0", "mapreduce-0", "fair-0", "workload",
+                          "dashboard"}
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
-    assert int(last.split("tasks placed")[0].split(",")[-1]) > 0
+    placed = re.search(r"; (\d+) tasks placed \(running (\d+), finished (\d+), failed (\d+), "
+                       r"lost (\d+), preempted (\d+)\)", last)
+    assert placed, last
+    total, *parts = map(int, placed.groups())
+    assert total > 0 and total == sum(parts)  # the totals agree with themselves
     assert "batch/b0:" in proc.stdout and "service/s0:" in proc.stdout
     assert "flow/f0:" in proc.stdout
     # The flow scheduler's rounds, as the demo shows them while it runs.
@@ -86,12 +91,12 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("[rev"):  # running: a status line came in
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
                 break
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 10, "".join(lines)
+        assert etcd and len(names) == 11, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:

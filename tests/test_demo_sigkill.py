@@ -44,7 +44,7 @@ def test_sigkill_of_the_demo_leaves_no_etcd_and_no_data_folder() -> None:
         lines: list[str] = []
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("[rev"):  # running: a status line came in
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
                 break
         logs = re.search(r"^etcd .*; logs in (\S+)$", "".join(lines), re.MULTILINE)
         assert logs, "".join(lines)

@@ -77,7 +77,8 @@ def live(kv: KV) -> Iterator[tuple[CellStateServer, CellStore, KV]]:
 
 def _plan(server: CellStateServer, capsys: pytest.CaptureFixture[str], path: Path,
           *extra: str) -> tuple[int, str, str]:
-    code = main(["plan", str(path), "--cellstate", f"127.0.0.1:{server.port}", *extra])
+    code = main(["plan", str(path), "--cellstate", f"127.0.0.1:{server.port}", "--insecure",
+                 *extra])
     out = capsys.readouterr()
     return code, out.out, out.err
 

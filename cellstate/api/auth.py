@@ -4,7 +4,8 @@ Every caller has an :class:`Identity`, ``kind:name``, taken from the common name
 client certificate it presented over mutual TLS (the server accepts only certificates
 its CA signed, so a name cannot be claimed without the CA's key):
 
-* ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job.
+* ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job,
+  and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
   registers its instances, commits claims for jobs that name it, abandons and resizes
@@ -199,6 +200,16 @@ class Authorizer:
         if who.kind is Kind.SCHEDULER and job.scheduler != who.name:
             raise PermissionDenied(f"{who} may not {what} job {job_id}: it names scheduler "
                                    f"{job.scheduler!r}")
+
+    # -- machines --------------------------------------------------------------------
+
+    def operate_machine(self, context: grpc.ServicerContext, machine: str, action: str,
+                        ) -> None:
+        """Cordon, uncordon and drain: operators only (a machine's state decides what
+        every scheduler may place on it)."""
+        who = self.caller(context)
+        if who is not INSECURE:
+            self._only(who, (Kind.OPERATOR,), f"{action} machine {machine}")
 
     # -- schedulers ------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ from cellstate.model import (
     Job,
     JobStatus,
     Machine,
+    TaskResult,
     TaskState,
     Transaction,
 )
@@ -284,6 +285,19 @@ class CellClient:
                           what=f"killing job {job}")
         return int(reply.revision)
 
+    def resize(self, job: str, task_count: int) -> int:
+        reply = self.call("ResizeJob", pb.ResizeJobRequest(job=job, task_count=task_count),
+                          what=f"resizing job {job}")
+        return int(reply.revision)
+
+    def set_machine_state(self, machine: str, action: str) -> dict[str, Any]:
+        """Cordon, uncordon or drain (operators only): the revision (0 if nothing had to
+        change), the machine's state and the tasks a drain lost."""
+        reply = self.call("SetMachineState", pb.SetMachineStateRequest(
+            machine=machine, action=action), what=f"{action} machine {machine}")
+        return {"machine": machine, "revision": int(reply.revision), "state": reply.state,
+                "tasks_lost": int(reply.tasks_lost)}
+
     def list_machines(self, state: str = "", limit: int = 0) -> list[dict[str, Any]]:
         reply = self.call("ListMachines", pb.ListMachinesRequest(state=state, limit=limit),
                           what="listing machines")
@@ -319,14 +333,26 @@ def _channel(endpoint: str, tls: TlsFiles | None, options: Sequence[tuple[str, A
     return grpc.secure_channel(endpoint, channel_credentials(tls), options=options)
 
 
+def _task_doc(t: pb.TaskInfo) -> dict[str, Any]:
+    doc: dict[str, Any] = {"index": t.index, "state": t.state, "machine": t.machine}
+    if t.has_exit_code:
+        doc["exit_code"] = t.exit_code
+    if t.started_at:
+        doc["started_at"] = t.started_at
+    if t.ended_at:
+        doc["ended_at"] = t.ended_at
+    if t.detail:
+        doc["detail"] = t.detail
+    return doc
+
+
 def job_info_doc(info: pb.JobInfo) -> dict[str, Any]:
     doc: dict[str, Any] = {"spec": orjson.loads(info.spec_json), "state": info.state,
                            "task_states": dict(info.task_states), "revision": info.revision}
     if info.reason:
         doc["reason"] = info.reason
     if info.tasks:
-        doc["tasks"] = [{"index": t.index, "state": t.state, "machine": t.machine}
-                        for t in info.tasks]
+        doc["tasks"] = [_task_doc(t) for t in info.tasks]
     if info.why_json:
         doc["why"] = orjson.loads(info.why_json)
     return doc
@@ -616,14 +642,18 @@ class RemoteAgentBackend:
     def keep_alive(self, lease: int) -> bool:
         return self.client.keep_alive(lease, self._ttl) > 0
 
-    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str) -> None:
+    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str,
+                    result: TaskResult | None = None) -> None:
         """Raises only when the report may not have been recorded (the service is
         unavailable); a report the cell has moved past (the task was preempted, lost
         or moved meanwhile) is dropped with a log line."""
+        r = result or TaskResult()
         try:
             # Briefly: the agent keeps the report and tries again with its own backoff.
             self.client.call("ReportTask", pb.ReportTaskRequest(
-                task=task, outcome=outcome.value, agent=agent, machine=machine),
+                task=task, outcome=outcome.value, agent=agent, machine=machine,
+                has_exit_code=r.exit_code is not None, exit_code=r.exit_code or 0,
+                started_at=r.started_at, ended_at=r.ended_at, detail=r.detail),
                 what=f"reporting task {task} {outcome.value}",
                 retry_for=min(self.client.retry_for, 5.0))
         except (NotFoundError, ContentionError) as e:

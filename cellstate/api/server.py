@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,6 +41,7 @@ from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_gr
 from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
+from cellstate.decisions import MACHINE_ACTIONS
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -61,6 +63,7 @@ from cellstate.kv.base import (
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
+    MAX_DETAIL,
     RELEASE_OUTCOMES,
     InstanceRecord,
     Job,
@@ -68,6 +71,7 @@ from cellstate.model import (
     JobStatus,
     MachineState,
     ModelError,
+    TaskResult,
     TaskState,
     check_name,
     split_task_id,
@@ -100,6 +104,11 @@ MAX_METRICS_BYTES = 16 * 1024
 # Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
 MAX_PENDING_BYTES = 8 * 1024
 MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
+
+
+def _span(ids: list[str]) -> str:
+    """A list of machine ids, short: the first and last of many."""
+    return ", ".join(ids) if len(ids) <= 4 else f"{ids[0]} ... {ids[-1]}"
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> Any:
@@ -427,6 +436,19 @@ class CellStateService(pb_grpc.CellStateServicer):
         return out
 
     @rpc
+    def SetMachineState(self, request: pb.SetMachineStateRequest,
+                        context: grpc.ServicerContext) -> pb.SetMachineStateResponse:
+        check_name(request.machine, "machine")
+        if request.action not in MACHINE_ACTIONS:
+            raise convert.WireError(f"action: {request.action!r} is not one of "
+                                    f"{', '.join(MACHINE_ACTIONS)}")
+        self.auth.operate_machine(context, request.machine, request.action)
+        with self.stores.get() as store:
+            revision, state, lost = store.set_machine_state(request.machine, request.action)
+        return pb.SetMachineStateResponse(revision=revision, state=state.value,
+                                          tasks_lost=lost)
+
+    @rpc
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
         self.auth.read(context)
@@ -587,10 +609,28 @@ class CellStateService(pb_grpc.CellStateServicer):
                 f"outcome: {request.outcome!r} is not one of finished, failed, lost")
         assert outcome is not None
         split_task_id(request.task)  # a malformed id is the caller's error
+        result = _task_result(request)
         self.auth.report_task(context, request.agent, request.task, request.machine)
         with self.stores.get() as store:
-            revision = store.release_task(request.task, outcome, request.machine or None)
+            revision = store.release_task(request.task, outcome, request.machine or None,
+                                          result)
         return pb.ReportTaskResponse(revision=revision)
+
+
+def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
+    for name in ("started_at", "ended_at"):
+        value = getattr(request, name)
+        if not math.isfinite(value) or value < 0:
+            raise convert.WireError(f"{name}: {value!r} is not a time (seconds since the "
+                                    "epoch, or 0 for not known)")
+    if request.ended_at and request.started_at > request.ended_at:
+        raise convert.WireError(f"started_at {request.started_at} is after ended_at "
+                                f"{request.ended_at}")
+    if len(request.detail) > MAX_DETAIL:
+        raise convert.WireError(f"detail: {len(request.detail)} characters, above the "
+                                f"limit of {MAX_DETAIL}")
+    return TaskResult(request.exit_code if request.has_exit_code else None,
+                      request.started_at, request.ended_at, request.detail)
 
 
 def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: int) -> None:
@@ -600,8 +640,10 @@ def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: in
     for i in range(task_count):
         tid = f"{job_id}/{i}"
         if tid in tasks:
-            v = task_view(snap, tid)
-            add(index=i, state=v.state.value, machine=v.machine)
+            v, rec = task_view(snap, tid), tasks[tid]
+            add(index=i, state=v.state.value, machine=v.machine,
+                has_exit_code=rec.exit_code is not None, exit_code=rec.exit_code or 0,
+                started_at=rec.started_at, ended_at=rec.ended_at, detail=rec.detail)
         else:
             add(index=i, state="pending")
 
@@ -642,12 +684,18 @@ class Reaper:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            for mid in self.orphans(self.replica.snapshot()):
+            snap = self.replica.snapshot()
+            down: dict[str, list[str]] = {}  # agent -> machines taken down now
+            for mid in self.orphans(snap):
                 try:
                     if self.store.machine_lost(mid):
-                        log.info("machine %s is down: its agent's lease lapsed", mid)
+                        down.setdefault(snap.machines[mid].agent, []).append(mid)
                 except (StoreError, KVError) as e:
                     log.warning("taking machine %s down failed (%s); will retry", mid, e)
+            for agent, mids in sorted(down.items()):
+                # One line per agent, not per machine: an agent of 150 machines dies at once.
+                log.warning("%d machine(s) down, their tasks lost: agent %s's lease lapsed "
+                            "(%s)", len(mids), agent, _span(mids))
 
     def stop(self) -> None:
         self._stop.set()

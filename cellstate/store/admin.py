@@ -18,6 +18,7 @@ from cellstate.errors import (
     NotFoundError as NotFoundError,
     StoreError as StoreError,
 )
+from cellstate.keys import KeyKind
 from cellstate.kv.base import (
     Compare,
     CompareResult,
@@ -33,6 +34,7 @@ from cellstate.model import (
     MachineState,
     ModelError,
     Resources,
+    TaskResult,
     TaskState,
     labels_from as model_labels,
     split_task_id,
@@ -105,6 +107,37 @@ class AdminWrites(LargeGangs):
 
             return self._decide_and_write(f"updating machine {machine_id}", decide)
 
+    def set_machine_state(self, machine_id: str, action: str) -> tuple[int, MachineState, int]:
+        """An operator's cordon, uncordon or drain (:func:`decisions.machine_action`).
+        Returns the revision (0 if nothing had to change), the machine's state and how
+        many tasks a drain lost (a machine holding more than one write can lose is
+        drained in several writes)."""
+        revision, lost = 0, 0
+        written: list[Change] = []  # the change of the last attempt: the one written
+        with self._lock:
+            self._ensure_config()
+            while True:
+
+                def decide() -> Change:
+                    self._fetch([self.keys.machine(machine_id)])
+                    m = self.view.machines.get(machine_id)
+                    if m is not None:
+                        self._fetch_gangs(m)
+                    written[:] = [decisions.machine_action(self.view, machine_id, action,
+                                                           self._lose_budget())]
+                    return written[0]
+
+                wrote = self._decide_and_write(f"{action} machine {machine_id}", decide)
+                change = written[0]
+                after = change.writes.get((KeyKind.MACHINE, machine_id))
+                if not isinstance(after, Machine):  # nothing had to change
+                    self._fetch([self.keys.machine(machine_id)])
+                    return revision, self.view.machines[machine_id].state, lost
+                revision = wrote
+                lost += sum(1 for kind, _ in change.writes if kind is KeyKind.TASK)
+                if action != "drain" or not after.allocations:
+                    return revision, after.state, lost
+
     def _lose_budget(self) -> int:
         # Each task lost deletes its allocation and rewrites its record: two ops.
         return (self.kv.max_txn_ops - _RESERVED_OPS) // 2
@@ -136,9 +169,11 @@ class AdminWrites(LargeGangs):
                 if res.succeeded:
                     return res.revision
 
-    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
-        """Record that a running task ended (finished, failed, lost) and free its hold
-        (decisions.release_task says when it is refused)."""
+    def release_task(self, tid: str, outcome: TaskState, machine: str | None = None,
+                     result: TaskResult | None = None) -> int:
+        """Record that a running task ended (finished, failed, lost; ``result``: its exit
+        code and times) and free its hold (decisions.release_task says when it is
+        refused)."""
         try:
             split_task_id(tid)
         except ModelError as e:
@@ -159,7 +194,7 @@ class AdminWrites(LargeGangs):
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
-                return decisions.release_task(self.view, tid, outcome, machine)
+                return decisions.release_task(self.view, tid, outcome, machine, result)
 
             return self._decide_and_write(f"releasing task {tid}", decide)
 

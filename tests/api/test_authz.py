@@ -177,6 +177,12 @@ OPERATIONS: dict[str, Call] = {
                                                        _register("agent-1", "m1")),
     "report ja/0 (on m1) finished": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
         task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m1")),
+    "cordon m2": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
+        machine="m2", action="cordon")),
+    "drain m1": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
+        machine="m1", action="drain")),
+    "uncordon m1": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
+        machine="m1", action="uncordon")),
 }
 
 # Who may do what; every other (identity, operation) pair must be refused with
@@ -203,6 +209,11 @@ ALLOWED: dict[str, set[str]] = {
     "register as agent-0 with m1": {"operator:root", "agent:agent-0"},
     "register as agent-1 with m1": set(),
     "report ja/0 (on m1) finished": {"operator:root", "agent:agent-0"},
+    # A machine's state decides what every scheduler may place there: operators only
+    # (not even the machine's own agent).
+    "cordon m2": {"operator:root"},
+    "drain m1": {"operator:root"},
+    "uncordon m1": {"operator:root"},
 }
 # Refused for a reason that is not the caller's identity: the job is in a final state.
 OTHER_REFUSAL = {("kill finished job", "operator:root"): (FINAL, "final state"),

@@ -171,14 +171,24 @@ class GetJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("index", "state", "machine")
+    __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     machine: str
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
+    has_exit_code: bool
+    exit_code: int
+    started_at: float
+    ended_at: float
+    detail: str
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision", "why_json")
@@ -274,6 +284,24 @@ class ResizeJobResponse(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     revision: int
     def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class SetMachineStateRequest(_message.Message):
+    __slots__ = ("machine", "action")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    machine: str
+    action: str
+    def __init__(self, machine: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+
+class SetMachineStateResponse(_message.Message):
+    __slots__ = ("revision", "state", "tasks_lost")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_LOST_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    state: str
+    tasks_lost: int
+    def __init__(self, revision: _Optional[int] = ..., state: _Optional[str] = ..., tasks_lost: _Optional[int] = ...) -> None: ...
 
 class ListMachinesRequest(_message.Message):
     __slots__ = ("state", "limit")
@@ -483,16 +511,26 @@ class RegisterAgentResponse(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("task", "outcome", "agent", "machine")
+    __slots__ = ("task", "outcome", "agent", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
     TASK_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     task: str
     outcome: str
     agent: str
     machine: str
-    def __init__(self, task: _Optional[str] = ..., outcome: _Optional[str] = ..., agent: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
+    has_exit_code: bool
+    exit_code: int
+    started_at: float
+    ended_at: float
+    detail: str
+    def __init__(self, task: _Optional[str] = ..., outcome: _Optional[str] = ..., agent: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ("revision",)

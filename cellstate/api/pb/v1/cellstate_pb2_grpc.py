@@ -79,6 +79,11 @@ class CellStateStub:
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesRequest.SerializeToString,
                 response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesResponse.FromString,
                 _registered_method=True)
+        self.SetMachineState = channel.unary_unary(
+                '/omega.cellstate.v1.CellState/SetMachineState',
+                request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.SerializeToString,
+                response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/omega.cellstate.v1.CellState/GetStatus',
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.GetStatusRequest.SerializeToString,
@@ -173,6 +178,12 @@ class CellStateServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMachines(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMachineState(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -273,6 +284,11 @@ def add_CellStateServicer_to_server(servicer, server):
                     servicer.ListMachines,
                     request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesRequest.FromString,
                     response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesResponse.SerializeToString,
+            ),
+            'SetMachineState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMachineState,
+                    request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.FromString,
+                    response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -558,6 +574,33 @@ class CellState:
             '/omega.cellstate.v1.CellState/ListMachines',
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesRequest.SerializeToString,
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.ListMachinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMachineState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omega.cellstate.v1.CellState/SetMachineState',
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.SerializeToString,
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

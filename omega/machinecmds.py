@@ -1,0 +1,81 @@
+"""Operators' commands on machines and jobs: ``omega cordon|uncordon|drain MACHINE...``
+and ``omega resize JOB --tasks N``.
+
+Each is one call to a cellstate server, which authorizes it (machines: operators only;
+a resize: the job's owner, an operator or its scheduler) and has the store's judge
+(``cellstate.decisions``) decide it, so a refused change leaves the cell as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+MACHINE_HELP = {
+    "cordon": "stop placing tasks on machines, which keep what they run",
+    "uncordon": "let schedulers place tasks on cordoned or drained machines again",
+    "drain": "cordon machines and take their tasks off (lost: their schedulers place "
+             "them elsewhere)",
+}
+
+
+def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
+             positive_int: Callable[[str], Any]) -> None:
+    for action, text in MACHINE_HELP.items():
+        p = sub.add_parser(action, help=text + "; operators only",
+                           description=f"{text[0].upper()}{text[1:]}. Operators only.")
+        cellstate_flag(p)
+        p.add_argument("machines", nargs="+", metavar="MACHINE", help="machine id(s)")
+        p.set_defaults(func=lambda args, a=action: machines(args, a))
+    r = sub.add_parser("resize", help="change a job's task count (grow it, or shrink it to "
+                                      "no fewer tasks than have run)")
+    cellstate_flag(r)
+    r.add_argument("job_id", metavar="JOB")
+    r.add_argument("--tasks", type=positive_int, required=True,
+                   help="the job's new number of tasks")
+    r.set_defaults(func=resize)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from cellstate.api.client import CellClient
+    from cellstate.api.config import addresses
+    from omega.security import tls_from_args
+
+    return CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0,
+                      tls=tls_from_args(args))
+
+
+def machines(args: argparse.Namespace, action: str) -> int:
+    from omega.cliglobal import emit
+
+    done = []
+    with _client(args) as client:
+        # A typo among several machines changes none of them (each is its own write).
+        known = {m["id"] for m in client.list_machines()}
+        unknown = [m for m in args.machines if m not in known]
+        if unknown:
+            raise ValueError(f"unknown machine {unknown[0]!r}"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+                             + f"; nothing was {action}ed")
+        for mid in args.machines:  # one at a time: a refusal names its machine
+            done.append(client.set_machine_state(mid, action))
+    emit(args, done, "\n".join(_text(action, d) for d in done))
+    return 0
+
+
+def _text(action: str, d: dict[str, Any]) -> str:
+    if not d["revision"]:
+        return f"machine {d['machine']}: {d['state']} already, nothing to {action}"
+    lost = f", {d['tasks_lost']} task(s) taken off" if action == "drain" else ""
+    return f"machine {d['machine']}: {d['state']}{lost} (revision {d['revision']})"
+
+
+def resize(args: argparse.Namespace) -> int:
+    from omega.cliglobal import emit
+
+    with _client(args) as client:
+        revision = client.resize(args.job_id, args.tasks)
+    emit(args, {"job": args.job_id, "task_count": args.tasks, "revision": revision},
+         f"job {args.job_id}: {args.tasks} tasks (revision {revision})")
+    return 0
