@@ -177,11 +177,11 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
     scheduler's other instances at once) before returning."""
     registry = registry or Registry.from_entry_points()
     policy = make_policy(registry, config)  # bad names and options fail before connecting
-    tune_for_large_heap()
     client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
     try:
         replica.start()
+        tune_for_large_heap()  # after the load: the cell is what to keep out of its sight
         store = RemoteStore(client)
         rng = random.Random(config.seed) if config.seed is not None else random.Random()
         inst = SchedulerInstance(policy, store, replica, scheduler=config.name,
