@@ -118,6 +118,9 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(history_etcd: LocalEtcd,
                 "--instance", "b0")
         jobs: dict[str, int] = {}
         with c.client() as client:
+            # Once the flow scheduler has run, jobs for a scheduler that has not are
+            # refused: the batch scheduler must have registered before then.
+            wait_for_schedulers(client, c, "batch")
             # Queued before the flow scheduler starts: its first round plans them all.
             for i in range(30):
                 # (not refused: the flow scheduler is about to start)
