@@ -141,15 +141,20 @@ class Usage:
 
     def add(self, cpu: float, start: float, end: float, effective: bool) -> None:
         end = min(end, self.until)
+        last = len(self.raw) - 1
         t = start
-        while t < end:
-            i = min(int(t // self.width), len(self.raw) - 1)
-            stop = min(end, (i + 1) * self.width)
-            amount = cpu * (stop - t)
-            self.raw[i] += amount
-            if effective:
-                self.effective[i] += amount
-            t = stop
+        # Bucket by bucket, moving on one bucket each time: float rounding can make a
+        # bucket's computed end equal the time already reached, which must not stall.
+        i = max(0, min(int(t // self.width), last))
+        while t < end and i <= last:
+            stop = end if i == last else min(end, (i + 1) * self.width)
+            if stop > t:
+                amount = cpu * (stop - t)
+                self.raw[i] += amount
+                if effective:
+                    self.effective[i] += amount
+                t = stop
+            i += 1
 
     def series(self, capacity: float) -> dict[str, list[float]]:
         """Each bucket's utilization: CPU-seconds over the CPU-seconds it had."""
