@@ -17,7 +17,7 @@ from cellstate.store import CellStore
 from omega.agent import SubprocessRunner, TaskLaunch
 from omega.cli import main
 from schedulers.testing import job, machine, txn
-from tests.api.service_fixture import running_server
+from tests.api.service_fixture import run_omega, running_server
 
 
 @pytest.fixture
@@ -39,20 +39,14 @@ def live(kv: KV, tmp_path: Path) -> Iterator[tuple[CellStateServer, Path]]:
         yield server, logs
 
 
-def _omega(server: CellStateServer, capsys: pytest.CaptureFixture[str], *argv: str,
-           ) -> tuple[int, str, str]:
-    code = main([*argv, "--cellstate", f"127.0.0.1:{server.port}", "--insecure"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
 
 def test_one_tasks_log(live: tuple[CellStateServer, Path],
                        capsys: pytest.CaptureFixture[str]) -> None:
     server, logs = live
-    code, out, _ = _omega(server, capsys, "logs", "j", "1", "--log-dir", str(logs))
+    code, out, _ = run_omega(server, capsys, "logs", "j", "1", "--log-dir", str(logs))
     assert code == 0
     assert out.splitlines() == ["task 1 says hello", "task 1 line 2", "to stderr"]
-    code, out, _ = _omega(server, capsys, "logs", "j", "1", "--log-dir", str(logs),
+    code, out, _ = run_omega(server, capsys, "logs", "j", "1", "--log-dir", str(logs),
                           "--tail", "1")
     assert out.splitlines() == ["to stderr"]
 
@@ -62,12 +56,12 @@ def test_every_task_that_ran_with_headers(live: tuple[CellStateServer, Path],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     server, logs = live
     monkeypatch.setenv("OMEGA_LOG_DIR", str(logs))  # the folder from the environment
-    code, out, _ = _omega(server, capsys, "logs", "j")
+    code, out, _ = run_omega(server, capsys, "logs", "j")
     assert code == 0
     assert "==> j/0 (running on m1) <==\ntask 0 says hello" in out
     assert "==> j/1 (running on m1) <==\ntask 1 says hello" in out
     assert "j/2" not in out  # never ran
-    code, out, _ = _omega(server, capsys, "logs", "j", "--json")
+    code, out, _ = run_omega(server, capsys, "logs", "j", "--json")
     assert [d["task"] for d in json.loads(out)] == ["j/0", "j/1"]
 
 
@@ -80,7 +74,7 @@ def test_what_has_no_log_says_why(live: tuple[CellStateServer, Path],
                                   capsys: pytest.CaptureFixture[str], argv: list[str],
                                   message: str) -> None:
     server, logs = live
-    code, _, err = _omega(server, capsys, *argv, "--log-dir", str(logs))
+    code, _, err = run_omega(server, capsys, *argv, "--log-dir", str(logs))
     assert code == 2 and message in err, err
 
 
@@ -92,7 +86,7 @@ def test_no_log_dir_says_where_to_give_it(live: tuple[CellStateServer, Path],
     monkeypatch.setenv("OMEGA_CONFIG", str(tmp_path / "empty.toml"))
     (tmp_path / "empty.toml").write_text("")
     server, _ = live
-    code, _, err = _omega(server, capsys, "logs", "j")
+    code, _, err = run_omega(server, capsys, "logs", "j")
     assert code == 2 and "--log-dir DIR (or $OMEGA_LOG_DIR" in err
 
 

@@ -18,9 +18,8 @@ from cellstate.keys import KeyKind
 from cellstate.kv.base import KV
 from cellstate.model import Claim, InstanceRecord, MachineState, Reason, TaskState
 from cellstate.store import CellStore
-from omega.cli import main
 from schedulers.testing import job, machine, txn
-from tests.api.service_fixture import running_server
+from tests.api.service_fixture import run_omega, running_server
 
 UP, DRAINING, DOWN = MachineState.UP, MachineState.DRAINING, MachineState.DOWN
 
@@ -111,30 +110,24 @@ def live(kv: KV) -> Iterator[tuple[CellStateServer, CellStore]]:
         yield server, admin
 
 
-def _omega(server: CellStateServer, capsys: pytest.CaptureFixture[str], *argv: str,
-           ) -> tuple[int, str, str]:
-    code = main([*argv, "--cellstate", f"127.0.0.1:{server.port}", "--insecure"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
 
 def test_the_commands(live: tuple[CellStateServer, CellStore],
                       capsys: pytest.CaptureFixture[str]) -> None:
     server, admin = live
-    code, out, _ = _omega(server, capsys, "cordon", "m2")
+    code, out, _ = run_omega(server, capsys, "cordon", "m2")
     assert code == 0 and out.startswith("machine m2: draining (revision "), out
-    code, out, _ = _omega(server, capsys, "cordon", "m2")
+    code, out, _ = run_omega(server, capsys, "cordon", "m2")
     assert code == 0 and "machine m2: draining already, nothing to cordon" in out
-    code, out, _ = _omega(server, capsys, "drain", "m1", "--json")
+    code, out, _ = run_omega(server, capsys, "drain", "m1", "--json")
     assert code == 0
     (doc,) = json.loads(out)
     assert doc["machine"] == "m1" and doc["state"] == "draining" and doc["tasks_lost"] == 2
-    code, out, _ = _omega(server, capsys, "machines", "--status", "draining", "--json")
+    code, out, _ = run_omega(server, capsys, "machines", "--status", "draining", "--json")
     assert sorted(m["id"] for m in json.loads(out)) == ["m1", "m2"]
-    code, out, _ = _omega(server, capsys, "uncordon", "m1", "m2")
+    code, out, _ = run_omega(server, capsys, "uncordon", "m1", "m2")
     assert code == 0 and out.count(": up (revision") == 2
     assert {m.state for m in admin.read_snapshot().machines.values()} == {UP}
-    code, out, _ = _omega(server, capsys, "resize", "j", "--tasks", "5")
+    code, out, _ = run_omega(server, capsys, "resize", "j", "--tasks", "5")
     assert code == 0 and out.startswith("job j: 5 tasks")
     assert admin.read_snapshot().jobs["j"].task_count == 5
 
@@ -150,6 +143,6 @@ def test_refusals_say_why(live: tuple[CellStateServer, CellStore],
                           message: str) -> None:
     server, admin = live
     before = admin.read_snapshot().revision
-    code, _, err = _omega(server, capsys, *argv)
+    code, _, err = run_omega(server, capsys, *argv)
     assert code == 2 and message in err, err
     assert admin.read_snapshot().revision == before

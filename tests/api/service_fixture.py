@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from cellstate.api.client import CellClient
 from cellstate.api.config import ServerConfig
@@ -29,3 +30,13 @@ def client_for(*servers: CellStateServer, retry_for: float = 5.0) -> Iterator[Ce
         yield client
     finally:
         client.close()
+
+
+def run_omega(server: CellStateServer, capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """``omega ARGV`` in process against a plaintext ``server``: (exit code, stdout,
+    stderr). ``capsys`` is pytest's capture fixture."""
+    from omega.cli import main
+
+    code = main([*argv, "--cellstate", f"127.0.0.1:{server.port}", "--insecure"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
