@@ -74,7 +74,13 @@ def _report(c: Cluster, job: str, scheduler: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     with c.client() as client:
         def reported() -> bool:
-            for r in client.get_job(job).get("why", {}).get("schedulers", []):
+            try:
+                info = client.get_job(job)
+            except NotFoundError:
+                # A job written straight to etcd reaches the server's replica a moment
+                # later; until then the server does not know it.
+                return False
+            for r in info.get("why", {}).get("schedulers", []):
                 if r["scheduler"] == scheduler:
                     found.update(r)
                     return True
