@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs", help="a job file (JSON or TOML, as omega submit --file) to "
                                   "submit once the schedulers run; the demo checks at the "
                                   "end that their placement rules hold")
+    d.add_argument("--settle", type=_non_negative_float, default=60.0,
+                   help="with --jobs: after --duration, seconds to wait at most for the "
+                        "job file's tasks to be placed before the final check (default 60)")
     d.add_argument("--seed", type=int, default=1,
                    help="random seed of the workload and schedulers (default 1; the same "
                         "seed submits the same jobs)")
@@ -590,7 +593,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             batch_instances=args.batch_instances, jobs_per_second=args.jobs_per_second,
             seed=args.seed, no_fsync=args.no_fsync, data_dir=args.data_dir,
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
-            jobs=args.jobs, insecure=args.insecure, contention=args.contention,
+            jobs=args.jobs, settle=args.settle, insecure=args.insecure, contention=args.contention,
             keep_going=args.keep_going, metrics=not args.no_metrics,
             dashboard=not args.no_dashboard,
             log_format=logfmt.log_format(args.log_format)), sys.stdout)

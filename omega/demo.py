@@ -46,6 +46,7 @@ import attrs
 from cellstate.api.auth import Identity, Kind
 from cellstate.api.client import CellClient, ServiceUnavailable, wait_until_serving
 from cellstate.codec import parse_job
+from cellstate.errors import NotFoundError
 from cellstate.etcd_auth import EtcdAccess, EtcdUser, RoleKind, lock_down, role_name
 from cellstate.invariants import constraint_violations, placed_tasks_of, violations
 from cellstate.model import ModelError
@@ -84,6 +85,7 @@ class DemoOptions:
     flow_policy: str = "quincy"  # the flow scheduler's cost model
     mapreduce_policy: str = "max-parallel"  # the mapreduce scheduler's policy
     jobs: str | None = None  # a job file submitted once the schedulers run
+    settle: float = 60.0  # after the duration, how long to wait for the job file's tasks
     insecure: bool = False  # plaintext gRPC, no identities (default: mutual TLS)
     fair_pool: float = 0.05  # the share of the cell's cpus the fair scheduler may hold
     contention: str = "low"  # low, or high: schedulers visibly conflict (CONTENTION)
@@ -379,10 +381,40 @@ class Demo:
                 continue
             for line in self._view(status):
                 self.say(line)
+        self._settle(client)
         try:
             self.say("final status:\n" + status_text(client.status()))
         except ServiceUnavailable as e:
             self.say(f"final status: no cellstate server answered ({e})")
+
+    def _settle(self, client: CellClient) -> None:
+        """Once the duration is up, wait (up to --settle seconds) for the job file's
+        tasks to be placed: on a slow or busy machine a large cell takes longer than a
+        short --duration to place them, which says nothing about whether they fit."""
+        if not self.file_jobs:
+            return
+        ids = [str(d["id"]) for d in self.file_jobs]
+        total = sum(int(d["task_count"]) for d in self.file_jobs)
+
+        waiting = ("pending", "preempted", "lost")  # the rest are placed or have ended
+
+        def placed() -> int:
+            try:
+                return sum(n for j in ids for state, n in
+                           client.get_job(j)["task_states"].items() if state not in waiting)
+            except (ServiceUnavailable, NotFoundError):
+                return -1
+
+        deadline = self.clock() + self.opts.settle
+        n = placed()
+        if n < total:
+            self.say(f"job file: {max(n, 0)}/{total} tasks placed; waiting up to "
+                     f"{self.opts.settle:g} s more (--settle) for the rest")
+        while n < total and self.clock() < deadline:
+            time.sleep(0.5)
+            if self._deaths() and not self.opts.keep_going:
+                return
+            n = placed()
 
     def _deaths(self) -> list[Child]:
         """Children that ended since the last look, each reported once: its exit and

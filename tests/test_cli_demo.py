@@ -114,6 +114,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     [
         (["demo", "--duration", "-1"], "must be positive"),
         (["demo", "--agents", "lots"], "is not a number"),
+        (["demo", "--settle", "-5"], "argument --settle: '-5' must be a number of at least 0"),
         (["agent"], "--spec"),
         (["submit", "--tasks", "0"], "must be positive"),
         (["jobs", "--state", "sideways"], "invalid choice"),
