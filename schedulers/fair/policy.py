@@ -47,7 +47,7 @@ from cellstate.model import (
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.fair.guard import PreemptionGuard
 from schedulers.fair.shares import CellShares, OrderKey, ShareBook, read_shares, task_order
-from schedulers.fair.victims import Victim, choose, eligible
+from schedulers.fair.victims import RoundMemo, Victim, choose, eligible
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible, why_not
 
@@ -141,6 +141,7 @@ class FairPolicy(Policy):
         unplaced: Counter[str] = Counter()
         free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
         tallies: dict[str, FitTally] = defaultdict(FitTally)
+        memo = RoundMemo(view, shares, self.guard.old_enough)
         while (head := self._next(shares.book, queues)) is not None:
             unit = queues[head].popleft()
             if not queues[head]:
@@ -149,7 +150,7 @@ class FairPolicy(Policy):
             if jid in failed:
                 unplaced[jid] += len(unit.indexes)
                 continue
-            why = self._place(ctx, shares, unit, r, free, tallies[jid], no_victims)
+            why = self._place(ctx, shares, unit, r, free, tallies[jid], no_victims, memo)
             if why is not None:
                 failed[jid] = why
                 unplaced[jid] += len(unit.indexes)
@@ -179,8 +180,8 @@ class FairPolicy(Policy):
         return None if best is None else best[1]
 
     def _place(self, ctx: Context, shares: CellShares, unit: _Unit, r: _Round,
-               free: dict[str, list[str]], tally: FitTally, no_victims: set[str]
-               ) -> str | None:
+               free: dict[str, list[str]], tally: FitTally, no_victims: set[str],
+               memo: RoundMemo) -> str | None:
         """Claim every task of the unit (or none); None if it was placed, else why not."""
         view, job, book = ctx.view, unit.job, shares.book
         user = job.owner
@@ -197,7 +198,7 @@ class FairPolicy(Policy):
             mid = None if full else self._free_fit(ctx, job, free, tally)
             evict: tuple[Victim, ...] = ()
             if mid is None:
-                found, why = self._preemption(ctx, shares, job, index, no_victims)
+                found, why = self._preemption(ctx, shares, job, index, no_victims, memo)
                 if found is None:
                     break
                 mid, evict = found.machine, found.victims
@@ -236,6 +237,7 @@ class FairPolicy(Policy):
         for task in added:
             book.remove(task)
             shares.where.pop(task, None)
+        memo.forget(added)
         for owner, key, task, need, mid in removed:
             book.add(owner, key, task, need)
             shares.where[task] = mid
@@ -267,7 +269,7 @@ class FairPolicy(Policy):
         return None
 
     def _preemption(self, ctx: Context, shares: CellShares, job: Job, index: int,
-                    no_victims: set[str]) -> tuple[Any, str]:
+                    no_victims: set[str], memo: RoundMemo) -> tuple[Any, str]:
         c, book = self.config, shares.book
         if not c.preempt:
             return None, "no machine has room now (this fair scheduler does not preempt)"
@@ -282,7 +284,7 @@ class FairPolicy(Policy):
                                   f"({c.max_preemptions_per_round} per round, "
                                   f"{c.max_preemptions_per_minute} per minute)")
         by_machine, young = eligible(ctx.view, shares, task_precedence(job, index), threshold,
-                                     self.guard.old_enough)
+                                     self.guard.old_enough, memo)
         if not by_machine:
             if not young:
                 no_victims.add(user)  # the user's later tasks have a CRS no lower

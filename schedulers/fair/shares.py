@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import attrs
+import numpy as np
 
 from cellstate.cell import alloc_placed
 from cellstate.fit import machine_up
@@ -46,11 +47,21 @@ class _UserTasks:
     keys: list[OrderKey] = attrs.field(factory=list)
     tasks: list[str] = attrs.field(factory=list)
     needs: list[Resources] = attrs.field(factory=list)
-    # Cumulative amounts and CRS of the first positions; a change drops those from its
-    # position on, and they are extended again lazily (placing a user's tasks one by
-    # one, mostly at the end of their order, costs O(1) each rather than O(tasks)).
-    cum: list[dict[str, float]] = attrs.field(factory=list)
-    crs: list[float] = attrs.field(factory=list)
+    rows: list[tuple[float, ...]] = attrs.field(factory=list)  # needs on the book's dims
+    # Cumulative amounts (one row per position, one column per dimension of the book)
+    # and CRS of the first ``valid`` positions; a change at a position drops the rest,
+    # and they are extended again lazily, on arrays: a preemption in the middle of a
+    # user's order then costs one vectorized pass, not a dict per later task.
+    cum: np.ndarray = attrs.field(factory=lambda: np.zeros((0, 0)))
+    crs: np.ndarray = attrs.field(factory=lambda: np.zeros(0))
+    valid: int = 0
+    version: int = 0  # grows with every change: what was computed from it is stale
+    changes: list[int] = attrs.field(factory=list)  # the first position each change moved
+
+    def changed_at(self, at: int) -> None:
+        self.valid = min(self.valid, at)
+        self.version += 1
+        self.changes.append(at)
 
 
 class ShareBook:
@@ -61,6 +72,8 @@ class ShareBook:
     def __init__(self, totals: Resources, weights: Mapping[str, float] | None = None,
                  default_weight: float = 1.0) -> None:
         self.totals = {d: a for d, a in totals.amounts if a > 0}
+        self._dims = tuple(self.totals)
+        self._per = np.array([self.totals[d] for d in self._dims], dtype=float)
         self.weights = dict(weights or {})
         self.default_weight = default_weight
         self._users: dict[str, _UserTasks] = {}
@@ -72,6 +85,9 @@ class ShareBook:
     def users(self) -> list[str]:
         return sorted(u for u, t in self._users.items() if t.tasks)
 
+    def _row(self, need: Resources) -> tuple[float, ...]:
+        return tuple(need.get(d) for d in self._dims)
+
     def add(self, user: str, key: OrderKey, task: str, need: Resources) -> None:
         if task in self._owner:
             raise ValueError(f"task {task} is in the book already")
@@ -80,7 +96,8 @@ class ShareBook:
         ut.keys.insert(at, key)
         ut.tasks.insert(at, task)
         ut.needs.insert(at, need)
-        del ut.cum[at:], ut.crs[at:]
+        ut.rows.insert(at, self._row(need))
+        ut.changed_at(at)
         self._owner[task] = user
 
     def load(self, user: str, entries: Iterable[tuple[OrderKey, str, Resources]]) -> None:
@@ -93,14 +110,32 @@ class ShareBook:
         ut.keys = [r[0] for r in rows]
         ut.tasks = [r[1] for r in rows]
         ut.needs = [r[2] for r in rows]
-        ut.cum, ut.crs = [], []
+        ut.rows = [self._row(r[2]) for r in rows]
+        ut.changed_at(0)
 
     def remove(self, task: str) -> None:
         user = self._owner.pop(task)
         ut = self._users[user]
         at = ut.tasks.index(task)
-        del ut.keys[at], ut.tasks[at], ut.needs[at]
-        del ut.cum[at:], ut.crs[at:]
+        del ut.keys[at], ut.tasks[at], ut.needs[at], ut.rows[at]
+        ut.changed_at(at)
+
+    def version(self, user: str) -> int:
+        """Changes so far to the user's tasks (what is derived from them at one version
+        holds until the next)."""
+        ut = self._users.get(user)
+        return -1 if ut is None else ut.version
+
+    def size(self, user: str) -> int:
+        ut = self._users.get(user)
+        return 0 if ut is None else len(ut.tasks)
+
+    def changed_since(self, user: str, version: int) -> int:
+        """The first position of the user's order that moved since ``version``: the
+        positions before it hold the same tasks with the same CRS."""
+        ut = self._users[user]
+        since = ut.changes[version:] if 0 <= version <= ut.version else [0]
+        return min(since, default=len(ut.tasks))
 
     def owner(self, task: str) -> str | None:
         return self._owner.get(task)
@@ -110,21 +145,19 @@ class ShareBook:
         ut = self._users.get(user)
         if ut is None or not ut.tasks:
             return Resources()
-        return Resources(tuple(sorted(self._cum(ut)[-1].items())))
+        return sum_resources(ut.needs)
 
     def share(self, user: str) -> float:
         """The user's whole weighted dominant share (the CRS of their last task)."""
         ut = self._users.get(user)
         if ut is None or not ut.tasks:
             return 0.0
-        return dominant_share(self._cum(ut)[-1], self.totals) / self.weight(user)
+        return float(self._crs(ut)[-1])
 
     def crs(self, task: str) -> float:
         """The CRS of a running task in the book."""
-        user = self._owner[task]
-        ut = self._users[user]
-        at = ut.tasks.index(task)
-        return dominant_share(self._cum(ut, at + 1)[at], self.totals) / self.weight(user)
+        ut = self._users[self._owner[task]]
+        return float(self._crs(ut)[ut.tasks.index(task)])
 
     def crs_of_all(self, user: str) -> list[tuple[str, float]]:
         """(task, CRS) of every running task of the user, in the user's order (so in
@@ -132,7 +165,7 @@ class ShareBook:
         ut = self._users.get(user)
         if ut is None:
             return []
-        return list(zip(ut.tasks, self._crs(ut), strict=True))
+        return list(zip(ut.tasks, self._crs(ut).tolist(), strict=True))
 
     def above(self, user: str, threshold: float) -> list[tuple[str, float]]:
         """(task, CRS) of the user's running tasks whose CRS exceeds ``threshold``: the
@@ -141,8 +174,8 @@ class ShareBook:
         if ut is None:
             return []
         crs = self._crs(ut)
-        start = bisect.bisect_right(crs, threshold)
-        return list(zip(ut.tasks[start:], crs[start:], strict=True))
+        start = int(np.searchsorted(crs, threshold, side="right"))
+        return list(zip(ut.tasks[start:], crs[start:].tolist(), strict=True))
 
     def crs_waiting(self, user: str, key: OrderKey, need: Resources) -> float:
         """The CRS a waiting task would have: its owner's running tasks that come
@@ -152,30 +185,35 @@ class ShareBook:
         if ut is not None and ut.tasks:
             before = bisect.bisect_left(ut.keys, key)
             if before:
-                for d, a in self._cum(ut, before)[before - 1].items():
+                self._crs(ut)
+                for d, a in zip(self._dims, ut.cum[before - 1].tolist(), strict=True):
                     amounts[d] = amounts.get(d, 0.0) + a
         return dominant_share(amounts, self.totals) / self.weight(user)
 
-    def _crs(self, ut: _UserTasks) -> list[float]:
-        crs = ut.crs
-        if len(crs) < len(ut.tasks):
-            w = self.weight(self._owner[ut.tasks[0]])
-            cum = self._cum(ut)
-            crs.extend(dominant_share(c, self.totals) / w for c in cum[len(crs):])
-        return crs
-
-    def _cum(self, ut: _UserTasks, upto: int | None = None) -> list[dict[str, float]]:
-        """The user's cumulative amounts, correct at least for the first ``upto``
-        positions (default: all)."""
-        cum = ut.cum
-        stop = len(ut.needs) if upto is None else upto
-        run = cum[-1] if cum else {}
-        for need in ut.needs[len(cum):stop]:
-            run = dict(run)
-            for d, a in need.amounts:
-                run[d] = run.get(d, 0.0) + a
-            cum.append(run)
-        return cum
+    def _crs(self, ut: _UserTasks) -> np.ndarray:
+        """The user's CRS at every position (and their cumulative amounts in ``cum``),
+        brought up to date from the first changed position on."""
+        n = len(ut.tasks)
+        if ut.valid < n or len(ut.crs) != n:
+            start = ut.valid
+            base = ut.cum[start - 1] if start else np.zeros(len(self._dims))
+            # One sequential cumsum from the last good row: the same additions in the
+            # same order as adding the needs one by one.
+            tail = np.cumsum(np.vstack([base, np.array(ut.rows[start:], dtype=float)
+                                        .reshape(n - start, len(self._dims))]), axis=0)[1:]
+            cum = np.empty((n, len(self._dims)))
+            cum[start:] = tail
+            w = self.weight(self._owner[ut.tasks[0]]) if n else 1.0
+            crs = np.empty(n)
+            if start:
+                cum[:start] = ut.cum[:start]
+                crs[:start] = ut.crs[:start]
+            if len(self._dims):
+                crs[start:] = (tail / self._per).max(axis=1) / w
+            else:
+                crs[start:] = 0.0
+            ut.cum, ut.crs, ut.valid = cum, crs, n
+        return ut.crs
 
 
 @attrs.define

@@ -4,14 +4,15 @@ waiting task's CRS plus delta, make room."""
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
 from cellstate.model import Job, split_task_id
 from schedulers.api import CellView
-from schedulers.fair.shares import CellShares
+from schedulers.fair.shares import CellShares, ShareBook
 from schedulers.placement import can_host
 
 
@@ -85,49 +86,147 @@ def _greedy(view: CellView, job: Job, victims: Sequence[Victim], budget: int
     return None
 
 
+class RoundMemo:
+    """What a round learns once about each running task and reuses in every search
+    for victims: its job, machine and precedence do not change within a round, nor
+    does whether it ran long enough (the round has one ``now``). Without it a round
+    that preempts k times read every candidate's record k times (seconds of CPU at
+    thousands of machines)."""
+
+    def __init__(self, view: CellView, shares: CellShares,
+                 old_enough: Callable[[str], bool]) -> None:
+        self._view = view
+        self._where = shares.where
+        self._old_enough = old_enough
+        self._facts: dict[str, tuple[str, str, int | None, bool]] = {}
+        # user -> what eligible() found among their tasks at a book version,
+        # precedence and threshold (see _Found).
+        self.found: dict[str, _Found] = {}
+
+    def facts(self, task: str) -> tuple[str, str, int | None, bool]:
+        """(job, machine, precedence or None if it no longer runs there, old enough)."""
+        f = self._facts.get(task)
+        if f is None:
+            mid = self._where[task]
+            m = self._view.machine(mid)
+            a = m.allocations.get(task) if m is not None else None
+            f = self._facts[task] = (split_task_id(task)[0], mid,
+                                     None if a is None else a.precedence,
+                                     self._old_enough(task))
+        return f
+
+    def forget(self, tasks: Iterable[str]) -> None:
+        """Tasks claimed and taken back: the same task may be claimed elsewhere next."""
+        for t in tasks:
+            self._facts.pop(t, None)
+
+
 def eligible(view: CellView, shares: CellShares, precedence: int, threshold: float,
-             old_enough: Callable[[str], bool]) -> tuple[dict[str, list[Victim]], int]:
+             old_enough: Callable[[str], bool], memo: RoundMemo | None = None,
+             ) -> tuple[dict[str, list[Victim]], int]:
     """Victims per machine (highest CRS first): running tasks of the scheduler's users
     with a CRS above ``threshold`` and a precedence no higher than ``precedence``, that
     ``old_enough`` lets go; and how many more it protects. A gang job is taken whole
     or not at all: every running task of it must qualify, and each stands for the gang
     at its most important task's CRS (the gang's work ends whichever of its tasks
-    goes)."""
+    goes). ``memo``: the round's memo, if this is one of several searches in a round
+    (its ``old_enough`` is then the memo's)."""
+    memo = memo or RoundMemo(view, shares, old_enough)
     book = shares.book
     out: dict[str, list[Victim]] = defaultdict(list)
     young = 0
     for user in book.users():
-        tail = book.above(user, threshold)  # the user's order is the order of CRS
-        if not tail:
-            continue
-        gang_floor: dict[str, float] = {}
-        gang_ok: dict[str, bool] = {}
-        gang_seen: Counter[str] = Counter()
-        found: list[tuple[str, float, str]] = []  # (task, crs, machine)
-        for task, crs in tail:
-            jid = split_task_id(task)[0]
-            mid = shares.where[task]
-            m = view.machine(mid)
-            a = m.allocations.get(task) if m is not None else None
-            ok = a is not None and a.precedence <= precedence
-            if ok and not old_enough(task):
-                young += 1
-                ok = False
-            if jid in shares.gang_sizes:
-                gang_floor.setdefault(jid, crs)  # listed in the user's order
-                gang_ok[jid] = gang_ok.get(jid, True) and ok
-                gang_seen[jid] += 1
-            if ok:
-                found.append((task, crs, mid))
-        for task, crs, mid in found:
-            jid = split_task_id(task)[0]
-            size = shares.gang_sizes.get(jid, 0)
-            if size:
-                # Whole or not at all: a gang task at or below the threshold keeps it.
-                if not gang_ok[jid] or gang_seen[jid] < size:
-                    continue
-                crs = gang_floor[jid]
-            out[mid].append(Victim(task, jid, mid, crs, size))
+        f = _found(memo, book, shares.gang_sizes, user, precedence, threshold)
+        young += len(f.young) - bisect.bisect_right(f.young, threshold)
+        for v in f.victims[bisect.bisect_right(f.keys, threshold):]:
+            out[v.machine].append(v)
     for victims in out.values():
         victims.sort(key=lambda v: (-v.crs, v.task))
     return dict(out), young
+
+
+@attrs.define
+class _Found:
+    """A user's victims above ``threshold`` and the CRS of their tasks above it too
+    young to go, both in the user's order (so in ascending CRS), with their positions.
+
+    It answers a higher threshold at the same precedence by cutting both lists: a task
+    (or a gang, at its lowest CRS) qualifies above a higher threshold exactly when it
+    qualified and lies above. After the user's order changed from a position on (a
+    victim preempted, a task claimed), what lies before that position still holds and
+    only the rest is found again, unless a gang is among the tasks (a gang's members
+    decide together, wherever they lie)."""
+
+    version: int
+    precedence: int
+    threshold: float
+    victims: list[Victim]
+    keys: list[float]  # the victims' CRS
+    at: list[int]  # the victims' positions
+    young: list[float]
+    young_at: list[int]
+    gangs: bool  # a gang's task lies above the threshold
+
+
+def _found(memo: RoundMemo, book: ShareBook, gang_sizes: Mapping[str, int], user: str,
+           precedence: int, threshold: float) -> _Found:
+    version = book.version(user)
+    f = memo.found.get(user)
+    if f is not None and f.version == version:
+        if f.precedence == precedence and threshold >= f.threshold:
+            return f
+    elif (f is not None and not f.gangs and f.precedence == precedence
+          and threshold >= f.threshold):
+        q = book.changed_since(user, f.version)
+        k, ky = bisect.bisect_left(f.at, q), bisect.bisect_left(f.young_at, q)
+        rest = _user_victims(book, gang_sizes, user, precedence, f.threshold, memo, q)
+        f = memo.found[user] = _Found(
+            version, precedence, f.threshold, f.victims[:k] + rest.victims,
+            f.keys[:k] + rest.keys, f.at[:k] + rest.at, f.young[:ky] + rest.young,
+            f.young_at[:ky] + rest.young_at, rest.gangs)
+        return f
+    f = memo.found[user] = _user_victims(book, gang_sizes, user, precedence, threshold,
+                                         memo)
+    return f
+
+
+def _user_victims(book: ShareBook, gang_sizes: Mapping[str, int], user: str,
+                  precedence: int, threshold: float, memo: RoundMemo, start: int = 0,
+                  ) -> _Found:
+    """What :class:`_Found` holds, for the user's tasks from position ``start`` on."""
+    tail = book.above(user, threshold)  # the user's order is the order of CRS
+    first = book.size(user) - len(tail)
+    skip = max(0, start - first)
+    gang_floor: dict[str, float] = {}
+    gang_ok: dict[str, bool] = {}
+    gang_seen: Counter[str] = Counter()
+    found: list[tuple[str, float, str, str, int]] = []  # (task, crs, machine, job, at)
+    young: list[float] = []
+    young_at: list[int] = []
+    for i, (task, crs) in enumerate(tail[skip:], first + skip):
+        jid, mid, prec, old = memo.facts(task)
+        ok = prec is not None and prec <= precedence
+        if ok and not old:
+            young.append(crs)
+            young_at.append(i)
+            ok = False
+        if jid in gang_sizes:
+            gang_floor.setdefault(jid, crs)  # listed in the user's order
+            gang_ok[jid] = gang_ok.get(jid, True) and ok
+            gang_seen[jid] += 1
+        if ok:
+            found.append((task, crs, mid, jid, i))
+    victims: list[tuple[float, int, Victim]] = []
+    for task, crs, mid, jid, i in found:
+        size = gang_sizes.get(jid, 0)
+        if size:
+            # Whole or not at all: a gang task at or below the threshold keeps it.
+            if not gang_ok[jid] or gang_seen[jid] < size:
+                continue
+            crs = gang_floor[jid]
+        victims.append((crs, i, Victim(task, jid, mid, crs, size)))
+    if gang_seen:
+        victims.sort(key=lambda x: x[0])  # a gang's tasks stand at its lowest CRS
+    return _Found(book.version(user), precedence, threshold, [v for _, _, v in victims],
+                  [c for c, _, _ in victims], [i for _, i, _ in victims], young, young_at,
+                  bool(gang_seen))
