@@ -371,10 +371,13 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
 
 
 def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
-                         committed: bool) -> Change:
+                         committed: bool, limit: int | None = None) -> Change:
     """Rewrite the machines where gang ``gid`` staged records: its holds become plain
     allocations and its marked victims are preempted if it committed; both are dropped
-    if it aborted."""
+    if it aborted. ``limit``: settle at most this many of each machine's records (a
+    machine holding more of the gang's records than one etcd transaction can write is
+    settled over several; each record counts as held whichever side of the settling it
+    is on, so a machine settled in part is still a consistent cell)."""
     writes: dict[Ref, object] = {}
     reads: set[Ref] = {(KeyKind.GANG, gid)}
     for mid in machine_ids:
@@ -382,7 +385,14 @@ def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
         if m is None:
             continue
         allocs: dict[str, Allocation] = dict(m.allocations)
+        left = limit
         for tid, a in m.allocations.items():
+            if a.gang != gid and a.evicted_by != gid:
+                continue
+            if left is not None:
+                if left <= 0:
+                    break
+                left -= 1
             if a.gang == gid:
                 if committed:
                     allocs[tid] = attrs.evolve(a, gang="")

@@ -276,10 +276,26 @@ class LargeGangs(ClaimCommits):
         tasks = [t.id for t in self.view.tasks.values()
                  if (task_hint is None or t.id in task_hint) and t.gang == gid]
         budget = self.kv.max_txn_ops - _RESERVED_OPS
-        self._write_in_batches(f"settling gang {gid}", machines, max(1, budget // 2),
-                               lambda b: self._settle_machines(gid, b, committed))
+        # A record settled costs up to two ops (an evicted victim's allocation and its
+        # task record), and its machine one: so many fit one write of a single machine.
+        per_machine = max(1, (budget - 1) // 2)
+        left = self._marks(gid, machines)
+        while left:
+            self._write_in_batches(
+                f"settling gang {gid}", machines, max(1, budget // 2),
+                lambda b: self._settle_machines(gid, b, committed, per_machine))
+            before, left = left, self._marks(gid, machines)
+            if left >= before:
+                raise StoreError(f"settling gang {gid}: {left} records stay marked")
+            machines = [mid for mid in machines if (m := self.view.machines.get(mid))
+                        and any(gid in (a.gang, a.evicted_by) for a in m.allocations.values())]
         self._write_in_batches(f"settling gang {gid}", tasks, budget,
                                lambda b: self._settle_tasks(gid, b, committed))
+
+    def _marks(self, gid: str, machines: Sequence[str]) -> int:
+        """Records on ``machines`` still marked with gang ``gid`` (its holds, its victims)."""
+        return sum(1 for mid in machines if (m := self.view.machines.get(mid))
+                   for a in m.allocations.values() if gid in (a.gang, a.evicted_by))
 
     def _write_in_batches(
         self, what: str, items: Sequence[str], step: int,
@@ -302,8 +318,10 @@ class LargeGangs(ClaimCommits):
                 raise ContentionError(f"{what}: gave up after {self.options.max_attempts} "
                                       "attempts; the records it needs keep changing")
 
-    def _settle_machines(self, gid: str, mids: Sequence[str], committed: bool) -> _Write:
-        return self._write_for(decisions.settle_gang_machines(self.view, gid, mids, committed))
+    def _settle_machines(self, gid: str, mids: Sequence[str], committed: bool,
+                         limit: int | None = None) -> _Write:
+        return self._write_for(
+            decisions.settle_gang_machines(self.view, gid, mids, committed, limit))
 
     def _settle_tasks(self, gid: str, tids: Sequence[str], committed: bool) -> _Write:
         return self._write_for(decisions.settle_gang_tasks(self.view, gid, tids, committed))

@@ -485,6 +485,41 @@ def test_staged_gang_with_evictions_preempts_only_at_the_commit_point(kv: KV) ->
     assert violations(final) == []
 
 
+def test_a_gang_with_more_tasks_on_one_machine_than_one_txn_writes_settles(kv: KV) -> None:
+    """Settling rewrites each of the machine's gang records: more than one etcd
+    transaction can carry (it used to fail with "too many operations" after the commit
+    point, leaving the gang's marks for recover())."""
+    n = 2 * kv.max_txn_ops + 5
+    store = make_cell(kv, [machine("m1", cpu=n + 8, mem=4 * n), machine("m2")],
+                      [job("big", tasks=n)])
+    snap = store.read_snapshot()
+    res = store.commit(txn(claims(snap, "big", [(i, "m1") for i in range(n)]), gang=True))
+    assert res.ok and len(res.committed) == n
+    final = store.read_snapshot()
+    assert len(final.gangs) == 0 and placed_tasks_of(final, "big") == n
+    assert not any(a.gang for a in final.machines["m1"].allocations.values())
+    assert violations(final) == []
+
+
+def test_a_gang_evicting_more_tasks_on_one_machine_than_one_txn_writes(kv: KV) -> None:
+    n = kv.max_txn_ops + 5
+    store = make_cell(
+        kv, [machine("m1", cpu=n, mem=4 * n)],
+        [job("low", tasks=n, precedence=1),
+         job("big", tasks=n, precedence=5, scheduler="svc")],
+    )
+    assert store.commit(txn(claims(store.read_snapshot(), "low",
+                                   [(i, "m1") for i in range(n)]))).ok
+    seq = store.read_snapshot().machines["m1"].seq
+    cs = tuple(Claim("big", i, "m1", seq, evict=(f"low/{i}",)) for i in range(n))
+    res = store.commit(Transaction("svc", cs, mode=TxnMode.GANG))
+    assert res.ok and len(res.evicted) == n
+    final = store.read_snapshot()
+    assert placed_tasks_of(final, "big") == n and placed_tasks_of(final, "low") == 0
+    assert {task_view(final, f"low/{i}").state for i in range(n)} == {TaskState.PREEMPTED}
+    assert len(final.gangs) == 0 and violations(final) == []
+
+
 def test_per_machine_writes_retry_only_the_machines_that_changed(kv: KV) -> None:
     from cellstate.store import StoreOptions
 
