@@ -561,8 +561,6 @@ def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
         tid = task_id(job.id, i)
         if cell.tasks.get(tid) is None or task_view(cell, tid).state in PLACEABLE:
             out.append(i)
-            if len(out) > 1000:
-                break  # enough to say what is wrong
     return out
 
 

@@ -5,16 +5,20 @@ change of cellstate/model.py left unnoticed by the rest of the fast suite."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from cellstate.errors import ModelError
 from cellstate.model import (
+    Allocation,
     Claim,
     Fallback,
     Machine,
+    MachineState,
     Requirement,
     Resources,
     SelectorOp,
+    fallbacks_taken,
     labels_from,
 )
 
@@ -80,3 +84,73 @@ def test_bad_labels_are_named_as_labels_by_default() -> None:
         labels_from({"bad key": "v"})
     with pytest.raises(ModelError, match=r"^machine m0 labels key"):
         labels_from({"bad key": "v"}, "machine m0 labels")
+
+
+# -- resource arithmetic -------------------------------------------------------------
+
+
+def test_subtracting_a_dimension_self_lacks_leaves_it_negative() -> None:
+    # Usage counters go through differences like this one (invariants compare both ways).
+    assert (Resources.of(cpu=1) - Resources.of(mem=2)).as_dict() == {"cpu": 1, "mem": -2}
+    assert (Resources.of(cpu=1) - Resources.of(cpu=1)) == Resources()
+
+
+# -- labels ------------------------------------------------------------------------------
+
+
+def test_label_values_up_to_256_characters_pass_and_longer_ones_are_named() -> None:
+    assert labels_from({"k": "v" * 256}) == (("k", "v" * 256),)
+    with pytest.raises(ModelError,
+                       match=r"^labels\['k'\] must be a string of at most 256 characters$"):
+        labels_from({"k": "v" * 257})
+    with pytest.raises(ModelError, match=r"^labels\['k'\] must be a string"):
+        labels_from({"k": 5})  # type: ignore[dict-item]
+
+
+def test_labels_that_are_not_a_mapping_are_refused() -> None:
+    with pytest.raises(ModelError, match=r"^job j labels must be a mapping of string to string$"):
+        labels_from([("k", "v")], "job j labels")  # type: ignore[arg-type]
+
+
+# -- machine copies ------------------------------------------------------------------------
+
+
+def _full_machine() -> Machine:
+    a = Allocation("j/0", "j", "batch", 0, Resources.of(cpu=1))
+    return Machine("m1", Resources.of(cpu=4), rack="r1", failure_domain="fd1",
+                   labels=(("zone", "a"),), state=MachineState.DRAINING, agent="ag1",
+                   allocations={"j/0": a}, seq=7)
+
+
+def test_a_machine_copy_with_other_allocations_keeps_everything_else() -> None:
+    m = _full_machine()
+    b = Allocation("k/0", "k", "batch", 0, Resources.of(cpu=2))
+    for settled in (None, Resources.of(cpu=2)):
+        c = m.with_allocations({"k/0": b}, settled)
+        assert attrs.evolve(c, allocations=m.allocations) == m  # eq leaves allocations out
+        assert (c.rack, c.failure_domain, c.agent, c.seq) == ("r1", "fd1", "ag1", 7)
+        assert dict(c.allocations) == {"k/0": b}
+        assert c.settled_used == Resources.of(cpu=2)
+
+
+def test_a_machine_copy_at_another_sequence_keeps_everything_else() -> None:
+    m = _full_machine()
+    assert m.settled_used == Resources.of(cpu=1)  # computed before the copy, and carried
+    c = m.with_seq(9)
+    assert (c.id, c.capacity, c.rack, c.failure_domain, c.labels, c.state, c.agent) == (
+        "m1", Resources.of(cpu=4), "r1", "fd1", (("zone", "a"),), MachineState.DRAINING, "ag1")
+    assert c.seq == 9 and c.allocations == m.allocations
+    assert c.settled_used == Resources.of(cpu=1) and c.has_tags is False
+
+
+# -- fallbacks taken -------------------------------------------------------------------------
+
+
+def test_fallbacks_taken_names_the_tasks_committed_away_from_their_first_machine() -> None:
+    sent = (Claim("j", 0, "m0", fallbacks=(Fallback("m1"),)),
+            Claim("j", 1, "m0", fallbacks=(Fallback("m1"),)),
+            Claim("j", 2, "m5"))
+    committed = (Claim("j", 0, "m1"), Claim("j", 1, "m0"), Claim("j", 2, "m5"))
+    assert fallbacks_taken(sent, committed) == ("j/0",)
+    assert fallbacks_taken(sent[2:], committed) == ()
+    assert fallbacks_taken(sent, ()) == ()

@@ -1,0 +1,84 @@
+"""What each rejection of validate() says, and what its decision read.
+
+The detail is the sentence a scheduler's log and ``omega why-pending`` show: it must
+say what is wrong and where. The reads are the records the store guards by revision
+when it writes the decision (cellstate/validation.py): a record missing from them is
+a race the store no longer sees (a claim refused on a job's record while the job is
+resized, say). Written against the survivors of a mutation-testing run
+(docs/testing.md), where a message replaced by None or a read dropped went unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from cellstate.validation import Reads, validate
+from tests.test_validation import CASES
+
+
+def _reads(machines: Iterable[str] = (), tasks: Iterable[str] = (), jobs: Iterable[str] = (),
+           gangs: Iterable[str] = (), usage: Iterable[str] = (),
+           statuses: Iterable[str] = ()) -> Reads:
+    return Reads(frozenset(machines), frozenset(tasks), frozenset(jobs), frozenset(gangs),
+                 frozenset(usage), frozenset(statuses))
+
+
+# case in tests/test_validation.CASES -> (detail, dimension, reads)
+EXPECTED: dict[str, tuple[str, str, Reads]] = {
+    # An unknown job is refused on its absence: a job submitted meanwhile must retry it.
+    "unknown job": ("unknown job 'nope'", "", _reads(jobs={"nope"})),
+    "other scheduler's job": ("job 'j' belongs to scheduler 'batch', not 'svc'", "",
+                              _reads(jobs={"j"})),
+    "task out of range": ("job 'j' has 4 tasks; there is no task 4", "",
+                          _reads(jobs={"j"}, statuses={"j"})),
+    "already running": ("task j/0 is running on machine 'm1'", "",
+                        _reads(tasks={"j/0"}, jobs={"j"}, statuses={"j"})),
+    "reserved by a gang in flight": (
+        "task j/0 is reserved by gang g1 in flight", "",
+        _reads(tasks={"j/0"}, jobs={"j"}, gangs={"g1"}, statuses={"j"})),
+    "unknown machine": ("unknown machine 'm9'", "",
+                        _reads({"m9"}, {"j/0"}, {"j"}, statuses={"j"})),
+    "coarse, sequence moved": ("machine 'm1' is at sequence 7, the claim saw 6", "",
+                               _reads({"m1"}, {"j/0"}, {"j"}, statuses={"j"})),
+    "draining machine": ("machine 'm1' is draining", "",
+                         _reads({"m1"}, {"j/0"}, {"j"}, statuses={"j"})),
+    "precedence above the scheduler's limit": (
+        "job 'hi' has precedence 5, above scheduler 'batch''s limit of 4", "",
+        _reads({"m1"}, {"hi/0"}, {"hi"}, statuses={"hi"})),
+    "victim of equal precedence, another scheduler's": (
+        "cannot evict low/0 (precedence 5, scheduler 'svc') for task hi/0 (precedence 5): "
+        "victims must have lower precedence, or the same and be the scheduler's own", "",
+        _reads({"m1"}, {"hi/0", "low/0"}, {"hi"}, statuses={"hi"})),
+    "victim of higher precedence, the scheduler's own": (
+        "cannot evict low/0 (precedence 6, scheduler 'batch') for task hi/0 (precedence 5): "
+        "victims must have lower precedence, or the same and be the scheduler's own", "",
+        _reads({"m1"}, {"hi/0", "low/0"}, {"hi"}, statuses={"hi"})),
+    "selector": ("machine 'm1' does not match the selector", "",
+                 _reads({"m1"}, {"j/0"}, {"j"}, statuses={"j"})),
+    "does not fit": ("machine 'm1' has 1 cpu free, task needs 2", "cpu",
+                     _reads({"m1"}, {"j/0"}, {"j"}, statuses={"j"})),
+    # The staged hold is read through its gang: the gang's abort frees the room.
+    "preparing gang's hold counts": ("machine 'm1' has 1 cpu free, task needs 2", "cpu",
+                                     _reads({"m1"}, {"j/0"}, {"j"}, {"g1"}, statuses={"j"})),
+    "resource limit": (
+        "scheduler 'batch' holds 2 cpu; this task would take it past its limit of 3", "cpu",
+        _reads({"m1"}, {"j/0"}, {"j"}, usage={"batch"}, statuses={"j"})),
+}
+
+
+def test_every_rule_has_its_expected_detail_and_reads() -> None:
+    assert set(EXPECTED) == set(CASES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_rejection_says_what_and_where_and_reads_what_it_relied_on(name: str) -> None:
+    make, txn, _reason = CASES[name]
+    detail, dimension, reads = EXPECTED[name]
+    d = validate(make(), txn)
+    (r,) = d.rejected
+    assert (r.detail, r.dimension) == (detail, dimension)
+    assert d.reads == reads
+    (claim,) = txn.claims
+    assert d.claim_machines == {claim.task: reads.machines}
