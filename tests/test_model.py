@@ -10,6 +10,7 @@ import pytest
 
 from cellstate.errors import ModelError
 from cellstate.model import (
+    MAX_AMOUNT,
     Allocation,
     Claim,
     Fallback,
@@ -18,8 +19,11 @@ from cellstate.model import (
     Requirement,
     Resources,
     SelectorOp,
+    check_amount,
+    check_name,
     fallbacks_taken,
     labels_from,
+    split_task_id,
 )
 
 # -- fit slack: exactly at capacity fits; past it by more than 1e-9 of it does not ----
@@ -154,3 +158,70 @@ def test_fallbacks_taken_names_the_tasks_committed_away_from_their_first_machine
     assert fallbacks_taken(sent, committed) == ("j/0",)
     assert fallbacks_taken(sent[2:], committed) == ()
     assert fallbacks_taken(sent, ()) == ()
+
+
+# -- checked input: what is wrong and where ------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("x", "job j cpu must be a number, got 'x'"),
+    (True, "job j cpu must be a number, got True"),  # a bool is not an amount
+    (float("nan"), "job j cpu is NaN"),
+    (float("inf"), "job j cpu is infinite"),
+    (-0.5, "job j cpu is negative (-0.5)"),
+    (2e12, "job j cpu is 2e+12, above the limit of 1e+12"),
+])
+def test_a_bad_amount_is_refused_saying_what_and_where(value: object, message: str) -> None:
+    with pytest.raises(ModelError) as info:
+        check_amount(value, "job j cpu")
+    assert str(info.value) == message
+
+
+def test_amounts_up_to_the_limit_pass() -> None:
+    assert check_amount(MAX_AMOUNT, "cpu") == MAX_AMOUNT
+    assert check_amount(0, "cpu") == 0.0 and check_amount(3, "cpu") == 3.0
+
+
+@pytest.mark.parametrize(("mapping", "message"), [
+    ([("cpu", 1)], "job j resources must be a mapping of dimension to amount"),
+    ({"CPU": 1}, "job j resources: 'CPU' is not a valid dimension name (lowercase letters, "
+                 "digits and '_', starting with a letter)"),
+    ({5: 1}, "job j resources: 5 is not a valid dimension name (lowercase letters, digits and "
+             "'_', starting with a letter)"),
+    ({"cpu": -1}, "job j resources.cpu is negative (-1)"),
+])
+def test_bad_resources_are_refused_naming_the_dimension(mapping: object, message: str) -> None:
+    with pytest.raises(ModelError) as info:
+        Resources.from_mapping(mapping, "job j resources")  # type: ignore[arg-type]
+    assert str(info.value) == message
+
+
+def test_resources_drop_zero_amounts_and_sort_by_name() -> None:
+    assert Resources.from_mapping({"mem": 2, "cpu": 1, "gpu": 0}).amounts == (
+        ("cpu", 1.0), ("mem", 2.0))
+
+
+@pytest.mark.parametrize("tid", ["j/01", "j/x", "/3", "j/", "j0", "j/\u0663", "j/-1"])
+def test_a_string_that_is_not_a_task_id_is_refused(tid: str) -> None:
+    """A leading zero or a Unicode digit would name a task key other than the index."""
+    with pytest.raises(ModelError) as info:
+        split_task_id(tid)
+    assert str(info.value) == f"{tid!r} is not a task id (expected JOB/INDEX)"
+
+
+def test_task_ids_split_into_job_and_index() -> None:
+    assert split_task_id("j/0") == ("j", 0)
+    assert split_task_id("job-1.x/10") == ("job-1.x", 10)
+
+
+@pytest.mark.parametrize("name", ["a" * 129, "_a", "a b", "job\n", 5, ""])
+def test_a_bad_name_is_refused_with_the_rule(name: object) -> None:
+    with pytest.raises(ModelError) as info:
+        check_name(name, "job")  # type: ignore[arg-type]
+    assert str(info.value) == (f"job {name!r} is not a valid name: use 1-128 letters, digits, "
+                               "'_', '.', '-', starting with a letter or digit")
+
+
+def test_names_of_1_to_128_safe_characters_pass() -> None:
+    for name in ("a", "a" * 128, "0.job_x-1"):
+        assert check_name(name, "job") == name
