@@ -14,8 +14,10 @@ from collections.abc import Iterable
 
 import pytest
 
+from cellstate.model import Claim, GangRecord, GangState, Transaction
 from cellstate.validation import Reads, validate
-from tests.test_validation import CASES
+from schedulers.testing import job, machine
+from tests.test_validation import CASES, cell, running
 
 
 def _reads(machines: Iterable[str] = (), tasks: Iterable[str] = (), jobs: Iterable[str] = (),
@@ -77,8 +79,23 @@ def test_each_rejection_says_what_and_where_and_reads_what_it_relied_on(name: st
     make, txn, _reason = CASES[name]
     detail, dimension, reads = EXPECTED[name]
     d = validate(make(), txn)
-    (r,) = d.rejected
-    assert (r.detail, r.dimension) == (detail, dimension)
-    assert d.reads == reads
     (claim,) = txn.claims
+    (r,) = d.rejected
+    assert (r.claim, r.detail, r.dimension) == (claim, detail, dimension)
+    assert d.reads == reads
     assert d.claim_machines == {claim.task: reads.machines}
+
+
+def test_the_gangs_of_every_staged_hold_read_are_guarded() -> None:
+    """Two machines with holds of two gangs in flight: the decision relies on both
+    gangs' records (an abort frees the room), and on each machine."""
+    m1 = running(machine("m1", cpu=8), "x/0", "x", 1, gang="g1")
+    m2 = running(machine("m2", cpu=8), "y/0", "y", 1, gang="g2")
+    snap = cell([m1, m2], [job("x"), job("y"), job("j", tasks=2)],
+                gangs=[GangRecord("g1", "batch", GangState.PREPARING, 1),
+                       GangRecord("g2", "batch", GangState.PREPARING, 1)])
+    d = validate(snap, Transaction("batch", (Claim("j", 0, "m1"), Claim("j", 1, "m2"))))
+    assert not d.rejected, d.rejected
+    assert d.reads == _reads({"m1", "m2"}, {"j/0", "j/1"}, {"j"}, {"g1", "g2"},
+                             statuses={"j"})
+    assert d.claim_machines == {"j/0": {"m1"}, "j/1": {"m2"}}
