@@ -12,9 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import attrs
+import immutables
 import pytest
 
-from cellstate.model import Claim, GangRecord, GangState, Transaction
+from cellstate.cell import CellSnapshot
+from cellstate.model import (
+    Claim,
+    GangRecord,
+    GangState,
+    JobState,
+    JobStatus,
+    Reason,
+    Rejection,
+    TaskRecord,
+    TaskState,
+    Transaction,
+)
 from cellstate.validation import Reads, validate
 from schedulers.testing import job, machine
 from tests.test_validation import CASES, cell, running
@@ -99,3 +113,50 @@ def test_the_gangs_of_every_staged_hold_read_are_guarded() -> None:
     assert d.reads == _reads({"m1", "m2"}, {"j/0", "j/1"}, {"j"}, {"g1", "g2"},
                              statuses={"j"})
     assert d.claim_machines == {"j/0": {"m1"}, "j/1": {"m2"}}
+
+
+def _one(snap: CellSnapshot, claim: Claim) -> tuple[Rejection, Reads]:
+    d = validate(snap, Transaction("batch", (claim,)))
+    (r,) = d.rejected
+    assert r.claim == claim
+    return r, d.reads
+
+
+def test_a_claim_for_a_killed_job_says_so_and_reads_the_status() -> None:
+    snap = cell([machine("m1")], [job("j")])
+    snap = attrs.evolve(snap, statuses=immutables.Map(
+        {"j": JobStatus("j", JobState.KILLED, "the owner withdrew it")}))
+    r, reads = _one(snap, Claim("j", 0, "m1"))
+    assert (r.reason, r.detail) == (Reason.JOB_ENDED, "job 'j' was killed: the owner withdrew it")
+    assert reads == _reads(jobs={"j"}, statuses={"j"})
+
+
+def test_a_task_that_ended_says_how_without_a_machine() -> None:
+    snap = cell([machine("m1")], [job("j")], [TaskRecord("j", 0, TaskState.FINISHED)])
+    r, reads = _one(snap, Claim("j", 0, "m1"))
+    assert (r.reason, r.detail) == (Reason.TASK_ALREADY_PLACED, "task j/0 is finished")
+    assert reads == _reads(tasks={"j/0"}, jobs={"j"}, statuses={"j"})
+
+
+def test_a_task_evicted_earlier_in_the_transaction_is_not_claimable_in_it() -> None:
+    """check_shape refuses such a transaction; validate() refuses the claim too when
+    the caller says the shape was checked (the store's split parts)."""
+    m1 = running(machine("m1", cpu=8), "low/0", "low", 1)
+    snap = cell([m1], [job("low"), job("hi", precedence=5)],
+                [TaskRecord("low", 0, TaskState.RUNNING, "m1", "batch")])
+    again = Claim("low", 0, "m1")
+    d = validate(snap, Transaction("batch", (Claim("hi", 0, "m1", evict=("low/0",)), again)),
+                 shape_checked=True)
+    assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
+        (again, Reason.TASK_ALREADY_PLACED, "task low/0 changed earlier in this transaction")]
+
+
+def test_a_task_a_gang_placed_before_is_read_through_its_gang() -> None:
+    """A task lost after its gang committed may be placed again; the decision relies on
+    the gang's record (its state says whether the record is the task's last word)."""
+    snap = cell([machine("m1")], [job("j")], [TaskRecord("j", 0, TaskState.LOST, "", "batch",
+                                                         "g1")],
+                gangs=[GangRecord("g1", "batch", GangState.COMMITTED, 1)])
+    d = validate(snap, Transaction("batch", (Claim("j", 0, "m1"),)))
+    assert not d.rejected, d.rejected
+    assert d.reads == _reads({"m1"}, {"j/0"}, {"j"}, {"g1"}, statuses={"j"})
