@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from cellstate import validation
 from cellstate.model import Claim, Detection, Fallback, Resources, Transaction, TxnMode
-from cellstate.validation import TransactionError, check_shape
+from cellstate.validation import TransactionError, check_batch, check_shape
 
 NAME_RULE = ("is not a valid name: use 1-128 letters, digits, '_', '.', '-', starting with a "
              "letter or digit")
@@ -137,3 +138,30 @@ def test_problems_past_twenty_are_cut_short() -> None:
     assert message.startswith(f"invalid transaction: scheduler 'b b' {NAME_RULE}; claim 0: ")
     assert message.endswith("claim 18: evicts task j/19, which this transaction claims"
                             " (and 2 more)")
+
+
+# -- a batch's limits, at small sizes (the real limits' tests take seconds) --------------
+
+
+def test_a_batch_at_its_limits_passes_and_one_more_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validation, "MAX_TRANSACTIONS_PER_COMMIT", 3)
+    monkeypatch.setattr(validation, "MAX_CLAIMS_PER_TRANSACTION", 5)
+
+    def txn(claims: int, first: int = 0) -> Transaction:
+        return _t(*(_c(index=first + i) for i in range(claims)))
+
+    check_batch([txn(1), txn(1, 1), txn(1, 2)])
+    check_batch([txn(2), txn(3, 2)])  # five claims in all
+    with pytest.raises(TransactionError) as info:
+        check_batch([txn(1)] * 4)
+    assert str(info.value) == "4 transactions in one commit, more than the limit of 3"
+    with pytest.raises(TransactionError) as info:
+        check_batch([txn(2), txn(2, 2), txn(2, 4)])
+    assert str(info.value) == "6 claims in one commit, more than the limit of 5"
+
+
+def test_a_batch_with_a_transaction_whose_claims_are_not_a_tuple_names_it() -> None:
+    with pytest.raises(TransactionError) as info:
+        check_batch([_t(OK), Transaction("batch", 5)])  # type: ignore[arg-type]
+    assert str(info.value) == "transactions[1]: claims must be a tuple of Claim, not int"
