@@ -139,7 +139,8 @@ def test_a_machine_copy_with_other_allocations_keeps_everything_else() -> None:
 
 def test_a_machine_copy_at_another_sequence_keeps_everything_else() -> None:
     m = _full_machine()
-    assert m.settled_used == Resources.of(cpu=1)  # computed before the copy, and carried
+    # Both cached sums computed before the copy, which carries them.
+    assert m.settled_used == Resources.of(cpu=1) and m.has_tags is False
     c = m.with_seq(9)
     assert (c.id, c.capacity, c.rack, c.failure_domain, c.labels, c.state, c.agent) == (
         "m1", Resources.of(cpu=4), "r1", "fd1", (("zone", "a"),), MachineState.DRAINING, "ag1")
