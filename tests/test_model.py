@@ -93,6 +93,11 @@ def test_bad_labels_are_named_as_labels_by_default() -> None:
 # -- resource arithmetic -------------------------------------------------------------
 
 
+def test_adding_a_dimension_self_lacks_takes_its_amount() -> None:
+    assert (Resources.of(cpu=1) + Resources.of(mem=2)).as_dict() == {"cpu": 1, "mem": 2}
+    assert (Resources.of(cpu=1) + Resources.of(cpu=0.5)).as_dict() == {"cpu": 1.5}
+
+
 def test_subtracting_a_dimension_self_lacks_leaves_it_negative() -> None:
     # Usage counters go through differences like this one (invariants compare both ways).
     assert (Resources.of(cpu=1) - Resources.of(mem=2)).as_dict() == {"cpu": 1, "mem": -2}

@@ -138,9 +138,11 @@ def test_a_mapreduce_worker_may_evict_its_schedulers_extra_workers() -> None:
 
 
 def test_a_staged_gangs_own_eviction_frees_room_for_its_next_claim() -> None:
+    """m1 (6 cpu) runs x/0 and low/0 (2 each). The gang's hi/0 (1) evicts low/0; j/0 (3)
+    fits only if the eviction counts as done and hi/0's staged hold counts as held."""
     m1 = running(running(machine("m1", cpu=6), "x/0", "x", 2), "low/0", "low", 2)
-    snap = cell([m1], [job("x", cpu=2), job("low", cpu=2), job("hi", cpu=2, precedence=5),
-                       job("j", cpu=2)])
+    snap = cell([m1], [job("x", cpu=2), job("low", cpu=2), job("hi", cpu=1, precedence=5),
+                       job("j", cpu=3)])
     d = validate(snap, Transaction("batch", (Claim("hi", 0, "m1", evict=("low/0",)),
                                              Claim("j", 0, "m1")), TxnMode.GANG),
                  staging_gang="g1")
