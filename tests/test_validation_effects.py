@@ -14,10 +14,12 @@ from cellstate.model import (
     CellConfig,
     Claim,
     Constraints,
+    Fallback,
     GangRecord,
     GangState,
     Job,
     JobKind,
+    MachineState,
     MapReduceSpec,
     Reason,
     Requirement,
@@ -213,3 +215,77 @@ def test_a_job_at_the_schedulers_precedence_limit_is_allowed() -> None:
     snap = cell([machine("m1")], [job("j", precedence=4)],
                 config=CellConfig({"batch": SchedulerLimits(max_precedence=4)}))
     assert not validate(snap, Transaction("batch", (Claim("j", 0, "m1"),))).rejected
+
+
+# -- claims that name their resources, fallbacks, gangs ------------------------------------
+
+
+def test_a_claim_naming_other_resources_than_its_jobs_is_refused() -> None:
+    snap = cell([machine("m1")], [job("j", tasks=2, cpu=1)])
+    same = Claim("j", 0, "m1", resources=Resources.of(cpu=1, mem=1))
+    other = Claim("j", 1, "m1", resources=Resources.of(cpu=2))
+    d = validate(snap, Transaction("batch", (same, other)))
+    assert [c.task for c in d.accepted] == ["j/0"]
+    assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
+        (other, Reason.INVALID, "claim asks for cpu=2, but job 'j' tasks need cpu=1,mem=1")]
+
+
+def test_a_claim_whose_machines_all_fail_lists_each_ones_reason() -> None:
+    full = running(machine("m1", cpu=1), "x/0", "x", 1)
+    snap = cell([full, attrs.evolve(machine("m2"), state=MachineState.DOWN)],
+                [job("x"), job("j", cpu=1)])
+    claim = Claim("j", 0, "m1", fallbacks=(Fallback("m2"), Fallback("m9")))
+    (r,) = validate(snap, Transaction("batch", (claim,))).rejected
+    assert (r.claim, r.reason, r.detail) == (
+        claim, Reason.INSUFFICIENT_RESOURCES,
+        "machine 'm1' has 0 cpu free, task needs 1; fallbacks: machine 'm2' is down; "
+        "unknown machine 'm9'")
+
+
+def test_a_gang_jobs_claim_in_an_incremental_transaction_is_refused_on_the_jobs_record() -> None:
+    snap = cell([machine("m1")], [job("g", tasks=2, gang=True)])
+    claim = Claim("g", 0, "m1")
+    d = validate(snap, Transaction("batch", (claim,)))
+    assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
+        (claim, Reason.INVALID, "job 'g' is a gang: its tasks are claimed all together in a "
+                                "gang transaction, not an incremental one")]
+    assert d.reads.jobs == {"g"}
+
+
+def test_each_gang_job_of_a_transaction_must_be_claimed_whole() -> None:
+    """Two gang jobs in one gang transaction: the first is claimed whole, the second is
+    not, and the second's rule still applies."""
+    snap = cell([machine("m1", cpu=8)], [job("a", tasks=2, gang=True),
+                                         job("b", tasks=2, gang=True)])
+    d = validate(snap, Transaction("batch", (Claim("a", 0, "m1"), Claim("a", 1, "m1"),
+                                             Claim("b", 0, "m1")), TxnMode.GANG))
+    assert [(r.claim.task, r.reason) for r in d.rejected] == [
+        ("a/0", Reason.GANG_ABORTED), ("a/1", Reason.GANG_ABORTED), ("b/0", Reason.INVALID)]
+
+
+def test_an_aborted_gang_writes_nothing_and_says_which_claim_failed_first() -> None:
+    snap = cell([machine("m1", cpu=8)], [job("j", tasks=4)])
+    claims = (Claim("j", 0, "m1"), Claim("j", 1, "m9"), Claim("j", 2, "m1"), Claim("j", 3, "m8"))
+    d = validate(snap, Transaction("batch", claims, TxnMode.GANG))
+    aborted = "gang aborted: 2 claim(s) failed, first j/1: unknown machine 'm9'"
+    assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
+        (claims[0], Reason.GANG_ABORTED, aborted),
+        (claims[1], Reason.UNKNOWN_MACHINE, "unknown machine 'm9'"),
+        (claims[2], Reason.GANG_ABORTED, aborted),
+        (claims[3], Reason.UNKNOWN_MACHINE, "unknown machine 'm8'")]
+    assert (d.accepted, d.machines, d.tasks, d.evicted, d.added, d.removed) == (
+        (), {}, {}, (), {}, {})
+
+
+def test_a_part_of_a_split_transaction_founds_the_groups_it_is_told_to() -> None:
+    """The store validates parts of a gang it split with the founders of the whole
+    transaction: a part holding only grp/0 founds the group if told so, and not else."""
+    together = Constraints(affinity=(Requirement("app", SelectorOp.IN, ("grp",)),))
+    grp = job("grp", tasks=2, cpu=1, labels=[("app", "grp")], constraints=together)
+    snap = cell([machine("m1", cpu=8)], [grp])
+    part = Transaction("batch", (Claim("grp", 0, "m1"),))
+    assert not validate(snap, part, founders=frozenset({"grp/0"})).rejected
+    assert [r.reason for r in validate(snap, part, founders=frozenset()).rejected] == [
+        Reason.CONSTRAINT_VIOLATED]
+    whole = Transaction("batch", (Claim("grp", 0, "m1"), Claim("grp", 1, "m1")))
+    assert len(validate(snap, whole, founders=frozenset()).rejected) == 2
