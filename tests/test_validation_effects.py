@@ -275,6 +275,9 @@ def test_an_aborted_gang_writes_nothing_and_says_which_claim_failed_first() -> N
         (claims[3], Reason.UNKNOWN_MACHINE, "unknown machine 'm8'")]
     assert (d.accepted, d.machines, d.tasks, d.evicted, d.added, d.removed) == (
         (), {}, {}, (), {}, {})
+    # What the decision read still guards it: the cell might let the gang pass later.
+    assert d.reads.machines == {"m1", "m8", "m9"} and d.reads.jobs == {"j"}
+    assert d.claim_machines == {"j/0": {"m1"}, "j/1": {"m9"}, "j/2": {"m1"}, "j/3": {"m8"}}
 
 
 def test_a_part_of_a_split_transaction_founds_the_groups_it_is_told_to() -> None:

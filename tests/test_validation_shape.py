@@ -165,3 +165,46 @@ def test_a_batch_with_a_transaction_whose_claims_are_not_a_tuple_names_it() -> N
     with pytest.raises(TransactionError) as info:
         check_batch([_t(OK), Transaction("batch", 5)])  # type: ignore[arg-type]
     assert str(info.value) == "transactions[1]: claims must be a tuple of Claim, not int"
+
+
+# -- several problems in one claim or transaction: each is named -------------------------
+
+
+@pytest.mark.parametrize(("claim", "problems"), [
+    (_c(fallbacks=("m2", Fallback("m/3"))),
+     ["fallbacks[0] is not a Fallback", f"fallbacks[1]: machine 'm/3' {NAME_RULE}"]),
+    (_c(fallbacks=(Fallback("m/2"), Fallback("m1"))),
+     [f"fallbacks[0]: machine 'm/2' {NAME_RULE}",
+      "fallbacks[1]: machine 'm1' is named twice by this claim"]),
+    (_c(fallbacks=(Fallback("m2"), Fallback("m3"), Fallback("m4"), Fallback("m/5"))),
+     [f"fallbacks[3]: machine 'm/5' {NAME_RULE}"]),
+    (_c(fallbacks=(*(Fallback(f"m{i}") for i in range(2, 7)), Fallback("m1"))),
+     ["6 fallbacks, more than the limit of 4"]),
+    (_c(evict=("x", "y/01")),
+     ["evict: 'x' is not a task id (expected JOB/INDEX)",
+      "evict: 'y/01' is not a task id (expected JOB/INDEX)"]),
+])
+def test_every_problem_of_a_claim_is_named(claim: Claim, problems: list[str]) -> None:
+    with pytest.raises(TransactionError) as info:
+        check_shape(_t(claim))
+    assert str(info.value) == "invalid transaction: " + "; ".join(
+        f"claim 0: {p}" for p in problems)
+
+
+def test_four_fallbacks_are_allowed() -> None:
+    check_shape(_t(_c(fallbacks=tuple(Fallback(f"m{i}") for i in range(2, 6)))))
+
+
+def test_claims_after_one_that_is_not_a_claim_are_still_checked() -> None:
+    with pytest.raises(TransactionError) as info:
+        check_shape(_t(OK, "junk", OK))
+    assert str(info.value) == ("invalid transaction: claim 1 is not a Claim; claim 2: task j/0 "
+                               "is already claimed by claim 0")
+
+
+@pytest.mark.parametrize(("bad", "suffix"), [(20, ""), (21, " (and more)")])
+def test_twenty_problems_are_all_shown(bad: int, suffix: str) -> None:
+    with pytest.raises(TransactionError) as info:
+        check_shape(_t(*(_c(index=i, seen_seq=-1) for i in range(bad)), _c(index=99)))
+    shown = [f"claim {i}: seen_seq -1 is not a non-negative integer" for i in range(20)]
+    assert str(info.value) == "invalid transaction: " + "; ".join(shown) + suffix
