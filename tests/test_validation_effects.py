@@ -31,6 +31,7 @@ from cellstate.model import (
     Transaction,
     TxnMode,
     UsageRecord,
+    required_tasks,
     task_precedence,
 )
 from cellstate.validation import validate
@@ -45,6 +46,11 @@ def _mapreduce(jid: str, workers: int, max_workers: int, precedence: int = 3) ->
                          workers=workers, max_workers=max_workers)
     return attrs.evolve(job(jid, tasks=max_workers, cpu=1, precedence=precedence),
                         kind=JobKind.MAPREDUCE, mapreduce=spec)
+
+
+def test_a_mapreduce_job_requires_only_the_workers_it_asked_for() -> None:
+    assert required_tasks(_mapreduce("mr", workers=2, max_workers=4)) == 2
+    assert required_tasks(job("b", tasks=3)) == 3
 
 
 def test_a_mapreduce_jobs_extra_workers_run_at_opportunistic_precedence() -> None:
@@ -268,6 +274,8 @@ def test_an_aborted_gang_writes_nothing_and_says_which_claim_failed_first() -> N
     claims = (Claim("j", 0, "m1"), Claim("j", 1, "m9"), Claim("j", 2, "m1"), Claim("j", 3, "m8"))
     d = validate(snap, Transaction("batch", claims, TxnMode.GANG))
     aborted = "gang aborted: 2 claim(s) failed, first j/1: unknown machine 'm9'"
+    assert d.rejection_of("j/2").detail == aborted
+    assert d.rejection_of("j/3").reason is Reason.UNKNOWN_MACHINE
     assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
         (claims[0], Reason.GANG_ABORTED, aborted),
         (claims[1], Reason.UNKNOWN_MACHINE, "unknown machine 'm9'"),
