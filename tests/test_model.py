@@ -29,7 +29,7 @@ from cellstate.model import (
 # -- fit slack: exactly at capacity fits; past it by more than 1e-9 of it does not ----
 
 
-@pytest.mark.parametrize("cap", [0.5, 1.0, 64.0, 1e6])
+@pytest.mark.parametrize("cap", [0.5, 1.0, 1.5, 2.0, 64.0, 1e6])
 def test_at_capacity_fits_and_past_the_slack_does_not(cap: float) -> None:
     limit = Resources.of(mem=cap)
     slack = 1e-9 * max(cap, 1.0)  # relative above 1, absolute below
@@ -200,6 +200,11 @@ def test_bad_resources_are_refused_naming_the_dimension(mapping: object, message
     with pytest.raises(ModelError) as info:
         Resources.from_mapping(mapping, "job j resources")  # type: ignore[arg-type]
     assert str(info.value) == message
+
+
+def test_resources_are_named_resources_by_default() -> None:
+    with pytest.raises(ModelError, match=r"^resources\.cpu is negative \(-1\)$"):
+        Resources.from_mapping({"cpu": -1})
 
 
 def test_resources_drop_zero_amounts_and_sort_by_name() -> None:
