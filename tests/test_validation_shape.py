@@ -208,3 +208,14 @@ def test_twenty_problems_are_all_shown(bad: int, suffix: str) -> None:
         check_shape(_t(*(_c(index=i, seen_seq=-1) for i in range(bad)), _c(index=99)))
     shown = [f"claim {i}: seen_seq -1 is not a non-negative integer" for i in range(20)]
     assert str(info.value) == "invalid transaction: " + "; ".join(shown) + suffix
+
+
+def test_twenty_one_problems_found_with_every_claim_checked_say_one_more() -> None:
+    """Every claim passes on its own; then each of 20 evicts a task another claims, and
+    the scheduler's name is bad: 21 problems, the last one counted."""
+    claims = [_c(index=i, evict=(f"j/{(i + 1) % 20}",)) for i in range(20)]
+    with pytest.raises(TransactionError) as info:
+        check_shape(_t(*claims, scheduler="b b"))
+    message = str(info.value)
+    assert message.endswith("claim 18: evicts task j/19, which this transaction claims"
+                            " (and 1 more)")
