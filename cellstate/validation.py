@@ -161,6 +161,9 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         problems.append(f"mode {mode!r} is not one of incremental, gang")
     if not isinstance(detection, Detection):
         problems.append(f"detection {detection!r} is not one of fine, coarse")
+    claims: object = txn.claims
+    if not isinstance(claims, tuple):
+        raise TransactionError(f"claims must be a tuple of Claim, not {type(claims).__name__}")
     if not txn.claims:
         raise TransactionError("transaction has no claims")
     if len(txn.claims) > max_claims:
@@ -168,22 +171,29 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
             f"transaction has {len(txn.claims)} claims, more than the limit of {max_claims}"
         )
     first_claim: dict[str, int] = {}
-    for i, c in enumerate(txn.claims):
-        problems.extend(_claim_problems(i, c, txn))
+    cut = False
+    for i, item in enumerate(txn.claims):
+        problems.extend(_claim_problems(i, item, txn))
         if len(problems) > 20:
+            cut = True  # enough to say what is wrong; the rest are not counted
             break
+        c: object = item
+        if not isinstance(c, Claim):
+            continue  # said so above
         tid = f"{c.job}/{c.index}"
         if tid in first_claim:
             problems.append(f"claim {i}: task {tid} is already claimed by claim {first_claim[tid]}")
         else:
             first_claim.setdefault(tid, i)
-    for i, c in enumerate(txn.claims):
-        for victim in c.evict if isinstance(c.evict, tuple) else ():
+    for i, item in enumerate(txn.claims):
+        victims: object = getattr(item, "evict", ())
+        for victim in victims if isinstance(victims, tuple) else ():
             if victim in first_claim:
                 problems.append(f"claim {i}: evicts task {victim}, which this transaction claims")
     if problems:
         shown = problems[:20]
-        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+        more = (" (and more)" if cut
+                else f" (and {len(problems) - 20} more)" if len(problems) > 20 else "")
         raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
 
 
@@ -561,8 +571,6 @@ def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
         tid = task_id(job.id, i)
         if cell.tasks.get(tid) is None or task_view(cell, tid).state in PLACEABLE:
             out.append(i)
-            if len(out) > 1000:
-                break  # enough to say what is wrong
     return out
 
 

@@ -6,17 +6,23 @@ shape's limits and messages."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from cellstate.model import (
     CellConfig,
     Claim,
+    Constraints,
+    Detection,
     GangRecord,
     GangState,
     Job,
+    Machine,
     Reason,
+    Requirement,
     Resources,
     SchedulerLimits,
+    SelectorOp,
     TaskRecord,
     TaskState,
     Transaction,
@@ -127,12 +133,13 @@ def test_a_gang_must_claim_its_lost_and_preempted_tasks(state: TaskState) -> Non
                                     "placeable tasks unclaimed (first: task 0)")
 
 
-def test_a_gang_of_thousands_claimed_in_part_is_refused() -> None:
-    """Past 1,000 unclaimed tasks the rule stops counting, and still refuses."""
+def test_a_gang_of_thousands_claimed_in_part_is_refused_with_the_count_it_leaves() -> None:
+    """(The rule once stopped counting at 1,001 and said so for any number beyond.)"""
     snap = cell([M1], [_gang(1500)])
     d = validate(snap, Transaction("batch", (Claim("g", 0, "m1"),), TxnMode.GANG))
-    assert [r.reason for r in d.rejected] == [Reason.INVALID]
-    assert "unclaimed (first: task 1)" in d.rejected[0].detail
+    assert [(r.reason, r.detail) for r in d.rejected] == [
+        (Reason.INVALID, "job 'g' is a gang: the transaction leaves 1499 of its placeable "
+                         "tasks unclaimed (first: task 1)")]
 
 
 # -- the shape of a batch --------------------------------------------------------------
@@ -170,3 +177,126 @@ def test_validate_many_checks_each_transactions_shape() -> None:
     bad = Transaction("batch", (Claim("j", 0, "m1"), Claim("j", 0, "m1")))
     with pytest.raises(TransactionError, match="claim 1: task j/0 is already claimed"):
         validate_many(snap, [_txn(1), bad])
+
+
+# -- a batch: later transactions decide over the earlier ones' records -------------------
+
+
+def _placed_machine() -> Machine:
+    return attrs.evolve(machine("m1", cpu=8, rack="r1", failure_domain="fd1",
+                                labels=[("zone", "a")]), agent="ag1")
+
+
+def test_a_later_transaction_sees_a_rewritten_machine_with_all_it_was() -> None:
+    """The second transaction's job selects by rack, failure domain and label, and lands
+    on the machine the first rewrote: that copy keeps them, and the machine record the
+    second decision writes is the machine as it was plus both tasks."""
+    select = Constraints(machine_selector=(Requirement("rack", SelectorOp.IN, ("r1",)),
+                                           Requirement("failure_domain", SelectorOp.IN, ("fd1",)),
+                                           Requirement("zone", SelectorOp.IN, ("a",))))
+    m1 = _placed_machine()
+    snap = cell([m1], [job("a", cpu=1), job("b", cpu=1, constraints=select)])
+    first, second = validate_many(snap, [Transaction("batch", (Claim("a", 0, "m1"),)),
+                                         Transaction("batch", (Claim("b", 0, "m1"),))])
+    assert not first.rejected and not second.rejected, second.rejected
+    written = second.machines["m1"]
+    assert (written.rack, written.failure_domain, written.labels, written.agent) == (
+        "r1", "fd1", (("zone", "a"),), "ag1")
+    assert sorted(written.allocations) == ["a/0", "b/0"]
+    assert written.settled_used == Resources.of(cpu=2, mem=2)
+
+
+def test_coarse_claims_on_a_machine_an_earlier_transaction_rewrote_conflict() -> None:
+    """As after a separate commit, the machine is at a sequence the claim did not see
+    (the batch's copy reads at -1, which no scheduler sees)."""
+    snap = cell([M1], [job("a", cpu=1), job("b", cpu=1)])
+    _, second = validate_many(snap, [
+        Transaction("batch", (Claim("a", 0, "m1"),)),
+        Transaction("batch", (Claim("b", 0, "m1", 0),), detection=Detection.COARSE)])
+    assert [(r.reason, r.detail) for r in second.rejected] == [
+        (Reason.SEQUENCE_CHANGED, "machine 'm1' is at sequence -1, the claim saw 0")]
+
+
+def test_validate_many_passes_each_transaction_its_own_sequence_rewrites() -> None:
+    snap = cell([attrs.evolve(M1, seq=12), attrs.evolve(M2, seq=20)], [job("a"), job("b")])
+    txns = [Transaction("batch", (Claim("a", 0, "m1", 10),), detection=Detection.COARSE),
+            Transaction("batch", (Claim("b", 0, "m2", 18),), detection=Detection.COARSE)]
+    first, second = validate_many(snap, txns, seq_rewrites=[{"m1": (10, 12)}, {"m2": (18, 20)}])
+    assert not first.rejected and not second.rejected
+    first, second = validate_many(snap, txns, seq_rewrites=[{"m1": (10, 12)}, {}])
+    assert not first.rejected
+    assert [r.reason for r in second.rejected] == [Reason.SEQUENCE_CHANGED]
+
+
+def test_a_task_an_earlier_transaction_preempted_may_be_placed_by_a_later_one() -> None:
+    m1 = running(M1, "x/0", "x", 1)
+    snap = cell([m1, M2], [job("x", cpu=1), job("hi", cpu=8, precedence=5, scheduler="svc")],
+                [TaskRecord("x", 0, TaskState.RUNNING, "m1", "batch")])
+    evict, again = validate_many(snap, [
+        Transaction("svc", (Claim("hi", 0, "m1", evict=("x/0",)),)),
+        Transaction("batch", (Claim("x", 0, "m2"),))])
+    assert evict.evicted == ("x/0",)
+    assert [c.task for c in again.accepted] == ["x/0"], again.rejected
+
+
+def test_a_task_running_before_the_batch_is_still_placed_for_a_later_transaction() -> None:
+    m1 = running(M1, "x/0", "x", 1)
+    snap = cell([m1, M2], [job("x", cpu=1), job("a", cpu=1)],
+                [TaskRecord("x", 0, TaskState.RUNNING, "m1", "batch")])
+    _, second = validate_many(snap, [Transaction("batch", (Claim("a", 0, "m2"),)),
+                                     Transaction("batch", (Claim("x", 0, "m2"),))])
+    assert [(r.reason, r.detail) for r in second.rejected] == [
+        (Reason.TASK_ALREADY_PLACED, "task x/0 is running on machine 'm1'")]
+
+
+# -- moves: what the old machine holds ---------------------------------------------------
+
+
+def test_a_move_from_a_machine_with_an_aborted_gangs_hold_drops_the_hold() -> None:
+    m1 = running(running(M1, "x/0", "x", 1), "y/0", "y", 2, gang="gone")
+    snap = cell([m1, M2], [job("x", cpu=1), job("y", cpu=2)],
+                [TaskRecord("x", 0, TaskState.RUNNING, "m1", "batch")])
+    d = validate(snap, Transaction("batch", (Claim("x", 0, "m2", moves_from="m1"),)))
+    assert not d.rejected, d.rejected
+    assert dict(d.machines["m1"].allocations) == {}
+    assert sorted(d.machines["m2"].allocations) == ["x/0"]
+
+
+def test_a_task_a_committed_gang_placed_moves_off_without_freeing_room_twice() -> None:
+    """x/0 came with a committed gang (its hold is tagged, outside the settled sum). It
+    moves to m2; in the same transaction z/0 (3 cpu) asks for m1, where y/0 still holds
+    2 of 4: it does not fit."""
+    m1 = running(running(machine("m1", cpu=4), "x/0", "x", 2, gang="g1"), "y/0", "y", 2)
+    snap = cell([m1, M2], [job("x", cpu=2), job("y", cpu=2), job("z", cpu=3)],
+                [TaskRecord("x", 0, TaskState.RUNNING, "m1", "batch", "g1"),
+                 TaskRecord("y", 0, TaskState.RUNNING, "m1", "batch")],
+                gangs=[GangRecord("g1", "batch", GangState.COMMITTED, 1)])
+    d = validate(snap, Transaction("batch", (Claim("x", 0, "m2", moves_from="m1"),
+                                             Claim("z", 0, "m1"))))
+    assert [c.task for c in d.accepted] == ["x/0"]
+    assert [(r.claim.task, r.reason, r.detail) for r in d.rejected] == [
+        ("z/0", Reason.INSUFFICIENT_RESOURCES, "machine 'm1' has 2 cpu free, task needs 3")]
+    assert d.machines["m1"].settled_used == Resources.of(cpu=2, mem=1)
+
+
+def test_a_move_from_a_machine_the_cell_does_not_have_is_refused() -> None:
+    """The task's record says it runs on m9, which is gone: refused, not a crash."""
+    snap = cell([M2], [job("x", cpu=1)], [TaskRecord("x", 0, TaskState.RUNNING, "m9", "batch")])
+    claim = Claim("x", 0, "m2", moves_from="m9")
+    d = validate(snap, Transaction("batch", (claim,)))
+    assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
+        (claim, Reason.INVALID, "cannot move task x/0: it does not run on 'm9'")]
+
+
+def test_move_refusals_name_the_claim_and_say_why() -> None:
+    pending = Claim("x", 0, "m2", moves_from="m1")
+    snap = cell([M1, M2], [job("x", cpu=1)])
+    assert [(r.claim, r.detail) for r in validate(snap, Transaction("batch", (pending,))).rejected
+            ] == [(pending, "cannot move task x/0 from 'm1': it is pending")]
+    snap = cell([M1, M2], [job("x", cpu=1)], [TaskRecord("x", 0, TaskState.RUNNING, "m1", "batch")])
+    staged = validate(snap, Transaction("batch", (pending,), TxnMode.GANG), staging_gang="g1")
+    assert [(r.claim, r.detail) for r in staged.rejected] == [
+        (pending, "cannot move task x/0: a move cannot be part of a gang too large for one "
+                  "etcd transaction")]
+    assert [(r.claim, r.detail) for r in validate(snap, Transaction("batch", (pending,))).rejected
+            ] == [(pending, "cannot move task x/0: it does not run on 'm1'")]
