@@ -126,6 +126,37 @@ def test_the_users_own_order_decides_which_of_their_tasks_go() -> None:
     assert evicted(h, inst) == ["early/3"]
 
 
+def test_of_equal_priority_the_most_recently_started_task_goes_first() -> None:
+    # As Cook orders a user's tasks: by start, not by submission. alice's job "newer"
+    # (submitted at 20) starts first, "older" (submitted at 10) 100 s later; ordered
+    # by submission, bob's task would take newer/3, which has run longest, and lose
+    # the most work.
+    h, inst = cell(delta=0.05)
+    h.submit([fair_job("newer", "alice", 4, at=20.0)])
+    h.run(lambda s: len(running(s, "newer")) == 4)
+    settle(h, rounds=2)  # the instance sees newer's tasks run
+    h.clock.now += 100
+    h.submit([fair_job("older", "alice", 4, at=10.0)])
+    h.run(lambda s: len(running(s, "older")) == 4)
+    settle(h, rounds=2)
+    h.submit([fair_job("b", "bob", 2)])
+    h.run(lambda s: len(running(s, "b")) == 2)
+    assert evicted(h, inst) == ["older/3", "older/2"]
+
+
+def test_a_waiting_task_does_not_preempt_its_owners_running_tasks_of_its_priority() -> None:
+    # alice's waiting job was submitted before the one that holds the cell, but it
+    # comes after every running task of its priority in her order (CRS 9/8), so it
+    # waits rather than preempting her own work.
+    h, inst = cell(delta=0.05)
+    h.submit([fair_job("later", "alice", 8, at=20.0)])
+    h.run(lambda s: len(running(s, "later")) == 8)
+    h.submit([fair_job("earlier", "alice", 2, at=10.0)])
+    settle(h)
+    assert evicted(h, inst) == []
+    assert running(h.snapshot(), "earlier") == []
+
+
 @pytest.mark.parametrize(("delta", "preempts"), [(0.875, False), (0.87, True)])
 def test_equal_crs_plus_delta_does_not_preempt(delta: float, preempts: bool) -> None:
     h, inst = cell(delta=delta)

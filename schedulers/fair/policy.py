@@ -131,9 +131,12 @@ class FairPolicy(Policy):
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
         view = ctx.view
+        # A task not seen running before started now (the guard records it so below).
+        now = ctx.now
         shares = read_shares(view, ctx.scheduler, self.config.weights,
-                             self.config.default_weight)
-        self.guard.begin_round(ctx.now, shares.where)
+                             self.config.default_weight,
+                             started=lambda task: self.guard.started(task, now))
+        self.guard.begin_round(now, shares.where)
         queues = _queues(view, jobs)
         r = _Round()
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
@@ -211,7 +214,8 @@ class FairPolicy(Policy):
                 shares.held = shares.held - freed
                 for v in evict:
                     removed.append((view.jobs[v.job].owner,
-                                    task_order(view.jobs[v.job], split_task_id(v.task)[1]),
+                                    task_order(view.jobs[v.job], split_task_id(v.task)[1],
+                                               self.guard.started(v.task, ctx.now)),
                                     v.task, on.allocations[v.task].resources,
                                     shares.where.pop(v.task)))
                     book.remove(v.task)
@@ -223,7 +227,8 @@ class FairPolicy(Policy):
                     if mid not in machines:
                         machines.append(mid)  # the victims may leave room over
             c = view.claim(job, index, mid, [v.task for v in evict])
-            book.add(user, task_order(job, index), c.task, job.task_resources)
+            # It starts now: after the user's tasks running already, in their order.
+            book.add(user, task_order(job, index, ctx.now), c.task, job.task_resources)
             shares.held = shares.held + job.task_resources
             shares.where[c.task] = mid
             added.append(c.task)
