@@ -137,29 +137,40 @@ class FairPolicy(Policy):
                              self.config.default_weight,
                              started=lambda task: self.guard.started(task, now))
         self.guard.begin_round(now, shares.where)
-        queues = _queues(view, jobs)
+        queues, waiting = _queues(view, jobs)
         r = _Round()
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
         no_victims: set[str] = set()  # users whose CRS is already too high to preempt
         unplaced: Counter[str] = Counter()
+        placed: set[str] = set()  # jobs this round placed tasks of
         free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
         tallies: dict[str, FitTally] = defaultdict(FitTally)
         while (head := self._next(shares.book, queues)) is not None:
-            unit = queues[head].popleft()
-            if not queues[head]:
-                del queues[head]
+            q = queues[head]
+            unit = q.popleft()
             jid = unit.job.id
-            if jid in failed:
-                unplaced[jid] += len(unit.indexes)
-                continue
             why = self._place(ctx, shares, unit, r, free, tallies[jid], no_victims)
-            if why is not None:
+            if why is None:
+                placed.add(jid)
+            else:
                 failed[jid] = why
-                unplaced[jid] += len(unit.indexes)
+                # The job's other waiting tasks follow in the queue (they share its
+                # place in the order) and would fail alike: drop them at once, not one
+                # choice of user at a time (a backlog of thousands of waiting tasks
+                # made every round cost that many choices).
+                n = len(unit.indexes)
+                while q and q[0].job.id == jid:
+                    n += len(q.popleft().indexes)
+                unplaced[jid] += n
+            if not q:
+                del queues[head]
         out = []
         for jid, n in sorted(unplaced.items()):
             job = view.jobs[jid]
-            untouched = len(view.pending_tasks(job)) == job.task_count
+            # None of its tasks ran before this round, nor did this round place any
+            # (counted rather than read from the view again: that costs a look at
+            # every task of every waiting job, each round).
+            untouched = waiting[jid] == job.task_count and jid not in placed
             never = impossible(view, job) if untouched else None
             if never is not None:
                 out.append(Unplaced(jid, never, n, permanent=True))
@@ -329,15 +340,19 @@ def _waiting(crs: float, delta: float, rest: str) -> str:
             f"tasks above {crs + delta:.3f} (delta {delta:g}), and {rest}")
 
 
-def _queues(view: CellView, jobs: Iterable[Job]) -> dict[str, deque[_Unit]]:
-    """Each user's waiting units in the user's own order."""
+def _queues(view: CellView, jobs: Iterable[Job]
+            ) -> tuple[dict[str, deque[_Unit]], dict[str, int]]:
+    """Each user's waiting units in the user's own order, and each job's waiting
+    tasks."""
     units: dict[str, list[_Unit]] = defaultdict(list)
+    waiting: dict[str, int] = {}
     for job in jobs:
         pending = view.pending_tasks(job)
         if not pending:
             continue
+        waiting[job.id] = len(pending)
         if job.gang:
             units[job.owner].append(_Unit(job, pending))
         else:
             units[job.owner].extend(_Unit(job, [i]) for i in pending)
-    return {u: deque(sorted(us, key=lambda x: x.key)) for u, us in units.items()}
+    return {u: deque(sorted(us, key=lambda x: x.key)) for u, us in units.items()}, waiting
