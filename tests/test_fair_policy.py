@@ -388,3 +388,22 @@ def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
     assert says in u.reason, u.reason
     # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
     assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason
+
+
+def test_a_job_no_machine_could_ever_hold_is_refused_for_good() -> None:
+    # "big" (5 cpu a task, machines have 4) can never run: its refusal is permanent.
+    # "b2" gets the one free cpu for one of its 3 tasks; the others wait for now.
+    h, _ = cell(preempt=False)
+    h.submit([fair_job("a", "alice", 7)])
+    h.run(lambda s: len(running(s, "a")) == 7)
+    h.submit([fair_job("b2", "bob", 3),
+              attrs.evolve(fair_job("big", "bob", 2), task_resources=Resources.of(cpu=5, mem=1))])
+    snap = h.snapshot()
+    ctx = Context(CellView(snap, "fair"), h.clock.now, random.Random(0), "fair", "t")
+    plan = FairPolicy(min_runtime=0.0, preempt=False).schedule_jobs(
+        ctx, [snap.jobs["b2"], snap.jobs["big"]])
+    assert [c.task for c in plan.claims] == ["b2/0"]
+    why = {u.job: u for u in plan.unplaced}
+    assert why["big"].permanent and "each task needs 5 cpu" in why["big"].reason
+    assert why["big"].tasks == 2
+    assert not why["b2"].permanent and why["b2"].tasks == 2
