@@ -126,6 +126,37 @@ def test_the_users_own_order_decides_which_of_their_tasks_go() -> None:
     assert evicted(h, inst) == ["early/3"]
 
 
+def test_of_equal_priority_the_most_recently_started_task_goes_first() -> None:
+    # As Cook orders a user's tasks: by start, not by submission. alice's job "newer"
+    # (submitted at 20) starts first, "older" (submitted at 10) 100 s later; ordered
+    # by submission, bob's task would take newer/3, which has run longest, and lose
+    # the most work.
+    h, inst = cell(delta=0.05)
+    h.submit([fair_job("newer", "alice", 4, at=20.0)])
+    h.run(lambda s: len(running(s, "newer")) == 4)
+    settle(h, rounds=2)  # the instance sees newer's tasks run
+    h.clock.now += 100
+    h.submit([fair_job("older", "alice", 4, at=10.0)])
+    h.run(lambda s: len(running(s, "older")) == 4)
+    settle(h, rounds=2)
+    h.submit([fair_job("b", "bob", 2)])
+    h.run(lambda s: len(running(s, "b")) == 2)
+    assert evicted(h, inst) == ["older/3", "older/2"]
+
+
+def test_a_waiting_task_does_not_preempt_its_owners_running_tasks_of_its_priority() -> None:
+    # alice's waiting job was submitted before the one that holds the cell, but it
+    # comes after every running task of its priority in her order (CRS 9/8), so it
+    # waits rather than preempting her own work.
+    h, inst = cell(delta=0.05)
+    h.submit([fair_job("later", "alice", 8, at=20.0)])
+    h.run(lambda s: len(running(s, "later")) == 8)
+    h.submit([fair_job("earlier", "alice", 2, at=10.0)])
+    settle(h)
+    assert evicted(h, inst) == []
+    assert running(h.snapshot(), "earlier") == []
+
+
 @pytest.mark.parametrize(("delta", "preempts"), [(0.875, False), (0.87, True)])
 def test_equal_crs_plus_delta_does_not_preempt(delta: float, preempts: bool) -> None:
     h, inst = cell(delta=delta)
@@ -357,3 +388,22 @@ def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
     assert says in u.reason, u.reason
     # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
     assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason
+
+
+def test_a_job_no_machine_could_ever_hold_is_refused_for_good() -> None:
+    # "big" (5 cpu a task, machines have 4) can never run: its refusal is permanent.
+    # "b2" gets the one free cpu for one of its 3 tasks; the others wait for now.
+    h, _ = cell(preempt=False)
+    h.submit([fair_job("a", "alice", 7)])
+    h.run(lambda s: len(running(s, "a")) == 7)
+    h.submit([fair_job("b2", "bob", 3),
+              attrs.evolve(fair_job("big", "bob", 2), task_resources=Resources.of(cpu=5, mem=1))])
+    snap = h.snapshot()
+    ctx = Context(CellView(snap, "fair"), h.clock.now, random.Random(0), "fair", "t")
+    plan = FairPolicy(min_runtime=0.0, preempt=False).schedule_jobs(
+        ctx, [snap.jobs["b2"], snap.jobs["big"]])
+    assert [c.task for c in plan.claims] == ["b2/0"]
+    why = {u.job: u for u in plan.unplaced}
+    assert why["big"].permanent and "each task needs 5 cpu" in why["big"].reason
+    assert why["big"].tasks == 2
+    assert not why["b2"].permanent and why["b2"].tasks == 2

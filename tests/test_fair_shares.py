@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from cellstate.model import Resources
-from schedulers.fair.shares import ShareBook, dominant_share
+from schedulers.fair.shares import OrderKey, ShareBook, dominant_share
 
 # Two machines of 4 cpu and 16 GiB: the cell has 8 cpu and 32 GiB.
 CELL = Resources.of(cpu=8, mem=32)
 
 
-def key(priority: int, job: str, index: int = 0) -> tuple[int, float, str, int]:
-    return (-priority, 0.0, job, index)
+def key(priority: int, job: str, index: int = 0) -> OrderKey:
+    return (-priority, 0.0, 0.0, job, index)
 
 
 def book(weights: dict[str, float] | None = None) -> ShareBook:

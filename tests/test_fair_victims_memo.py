@@ -8,7 +8,7 @@ import random
 
 from cellstate.model import split_task_id
 from schedulers.api import CellView
-from schedulers.fair.shares import read_shares, task_order
+from schedulers.fair.shares import OrderKey, read_shares, task_order
 from schedulers.fair.victims import RoundMemo, eligible
 from schedulers.testing import Harness, claims, machine, txn
 from tests.test_fair_policy import fair_job
@@ -52,7 +52,7 @@ def test_the_rounds_memo_finds_what_a_fresh_search_finds() -> None:
 
         memo = RoundMemo(view, shares, old_enough)
         book = shares.book
-        gone: dict[str, tuple[str, tuple[int, float, str, int], str]] = {}
+        gone: dict[str, tuple[str, OrderKey, str]] = {}
         threshold = 0.0
         for _ in range(120):
             r = rng.random()
@@ -61,7 +61,8 @@ def test_the_rounds_memo_finds_what_a_fresh_search_finds() -> None:
                 task = rng.choice(running)
                 jid, index = split_task_id(task)
                 job = view.jobs[jid]
-                gone[task] = (job.owner, task_order(job, index), shares.where.pop(task))
+                # read_shares without start times counts every running task as started at 0
+                gone[task] = (job.owner, task_order(job, index, 0.0), shares.where.pop(task))
                 book.remove(task)
             elif r < 0.35 and gone:  # a gang that did not fit: its victims come back
                 task = rng.choice(sorted(gone))

@@ -46,6 +46,10 @@ class PreemptionGuard:
         started = self._seen.get(task, self._now)
         return self._now - started >= self.min_runtime
 
+    def started(self, task: str, default: float) -> float:
+        """When this instance first saw ``task`` running (``default`` if not yet)."""
+        return self._seen.get(task, default)
+
     def ran_for(self, task: str) -> float:
         return self._now - self._seen.get(task, self._now)
 

@@ -131,33 +131,47 @@ class FairPolicy(Policy):
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
         view = ctx.view
+        # A task not seen running before started now (the guard records it so below).
+        now = ctx.now
         shares = read_shares(view, ctx.scheduler, self.config.weights,
-                             self.config.default_weight)
-        self.guard.begin_round(ctx.now, shares.where)
-        queues = _queues(view, jobs)
+                             self.config.default_weight,
+                             started=lambda task: self.guard.started(task, now))
+        self.guard.begin_round(now, shares.where)
+        queues, waiting = _queues(view, jobs)
         r = _Round()
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
         no_victims: set[str] = set()  # users whose CRS is already too high to preempt
         unplaced: Counter[str] = Counter()
+        placed: set[str] = set()  # jobs this round placed tasks of
         free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
         tallies: dict[str, FitTally] = defaultdict(FitTally)
         memo = RoundMemo(view, shares, self.guard.old_enough)
         while (head := self._next(shares.book, queues)) is not None:
-            unit = queues[head].popleft()
-            if not queues[head]:
-                del queues[head]
+            q = queues[head]
+            unit = q.popleft()
             jid = unit.job.id
-            if jid in failed:
-                unplaced[jid] += len(unit.indexes)
-                continue
             why = self._place(ctx, shares, unit, r, free, tallies[jid], no_victims, memo)
-            if why is not None:
+            if why is None:
+                placed.add(jid)
+            else:
                 failed[jid] = why
-                unplaced[jid] += len(unit.indexes)
+                # The job's other waiting tasks follow in the queue (they share its
+                # place in the order) and would fail alike: drop them at once, not one
+                # choice of user at a time (a backlog of thousands of waiting tasks
+                # made every round cost that many choices).
+                n = len(unit.indexes)
+                while q and q[0].job.id == jid:
+                    n += len(q.popleft().indexes)
+                unplaced[jid] += n
+            if not q:
+                del queues[head]
         out = []
         for jid, n in sorted(unplaced.items()):
             job = view.jobs[jid]
-            untouched = len(view.pending_tasks(job)) == job.task_count
+            # None of its tasks ran before this round, nor did this round place any
+            # (counted rather than read from the view again: that costs a look at
+            # every task of every waiting job, each round).
+            untouched = waiting[jid] == job.task_count and jid not in placed
             never = impossible(view, job) if untouched else None
             if never is not None:
                 out.append(Unplaced(jid, never, n, permanent=True))
@@ -212,7 +226,8 @@ class FairPolicy(Policy):
                 shares.held = shares.held - freed
                 for v in evict:
                     removed.append((view.jobs[v.job].owner,
-                                    task_order(view.jobs[v.job], split_task_id(v.task)[1]),
+                                    task_order(view.jobs[v.job], split_task_id(v.task)[1],
+                                               self.guard.started(v.task, ctx.now)),
                                     v.task, on.allocations[v.task].resources,
                                     shares.where.pop(v.task)))
                     book.remove(v.task)
@@ -224,7 +239,8 @@ class FairPolicy(Policy):
                     if mid not in machines:
                         machines.append(mid)  # the victims may leave room over
             c = view.claim(job, index, mid, [v.task for v in evict])
-            book.add(user, task_order(job, index), c.task, job.task_resources)
+            # It starts now: after the user's tasks running already, in their order.
+            book.add(user, task_order(job, index, ctx.now), c.task, job.task_resources)
             shares.held = shares.held + job.task_resources
             shares.where[c.task] = mid
             added.append(c.task)
@@ -326,15 +342,19 @@ def _waiting(crs: float, delta: float, rest: str) -> str:
             f"tasks above {crs + delta:.3f} (delta {delta:g}), and {rest}")
 
 
-def _queues(view: CellView, jobs: Iterable[Job]) -> dict[str, deque[_Unit]]:
-    """Each user's waiting units in the user's own order."""
+def _queues(view: CellView, jobs: Iterable[Job]
+            ) -> tuple[dict[str, deque[_Unit]], dict[str, int]]:
+    """Each user's waiting units in the user's own order, and each job's waiting
+    tasks."""
     units: dict[str, list[_Unit]] = defaultdict(list)
+    waiting: dict[str, int] = {}
     for job in jobs:
         pending = view.pending_tasks(job)
         if not pending:
             continue
+        waiting[job.id] = len(pending)
         if job.gang:
             units[job.owner].append(_Unit(job, pending))
         else:
             units[job.owner].extend(_Unit(job, [i]) for i in pending)
-    return {u: deque(sorted(us, key=lambda x: x.key)) for u, us in units.items()}
+    return {u: deque(sorted(us, key=lambda x: x.key)) for u, us in units.items()}, waiting

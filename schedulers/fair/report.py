@@ -16,7 +16,7 @@ import attrs
 from cellstate.cell import CellSnapshot
 from cellstate.model import Job, task_id, task_precedence
 from schedulers.api import CellView
-from schedulers.fair.shares import CellShares, read_shares, task_order
+from schedulers.fair.shares import CellShares, OrderKey, read_shares, task_order
 from schedulers.fair.victims import choose, eligible
 from schedulers.placement import can_host
 
@@ -43,7 +43,7 @@ def share_table(snap: CellSnapshot, scheduler: str, weights: Mapping[str, float]
     view = CellView(snap, scheduler)
     shares = read_shares(view, scheduler, weights, default_weight)
     book = shares.book
-    waiting: dict[str, list[tuple[tuple[int, float, str, int], Job, int]]] = {}
+    waiting: dict[str, list[tuple[OrderKey, Job, int]]] = {}
     for job in snap.jobs.values():
         if job.scheduler != scheduler or job.id in snap.statuses:
             continue
