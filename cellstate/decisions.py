@@ -191,7 +191,7 @@ def _without(m: Machine, gone: Sequence[str]) -> Machine:
     if m.has_tags:
         return m.with_allocations(allocs)
     freed = sum_resources(m.allocations[t].resources for t in gone)
-    return m.with_allocations(allocs, m.settled_used - freed)
+    return m.with_allocations(allocs, m.settled_used - freed, False)
 
 
 # -- machines ------------------------------------------------------------------------

@@ -93,6 +93,7 @@ from cellstate.model import (
     UsageRecord,
     check_amount,
     check_name,
+    is_name,
     split_task_id,
     sum_resources,
     task_id,
@@ -168,10 +169,12 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
             f"transaction has {len(txn.claims)} claims, more than the limit of {max_claims}"
         )
     first_claim: dict[str, int] = {}
+    names: set[str] = set()  # names found valid in this transaction
     for i, c in enumerate(txn.claims):
-        problems.extend(_claim_problems(i, c, txn))
-        if len(problems) > 20:
-            break
+        if not _plain_claim(c, txn, names):
+            problems.extend(_claim_problems(i, c, txn))
+            if len(problems) > 20:
+                break
         tid = f"{c.job}/{c.index}"
         if tid in first_claim:
             problems.append(f"claim {i}: task {tid} is already claimed by claim {first_claim[tid]}")
@@ -185,6 +188,30 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         shown = problems[:20]
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
         raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
+
+
+def _plain_claim(item: object, txn: Transaction, names: set[str]) -> bool:
+    """Whether ``item`` is certainly a good claim of the common kind (no resources,
+    victims, fallbacks or move; well-typed numbers; valid names), checked quickly;
+    False sends it to :func:`_claim_problems`, which says what is wrong, if anything.
+    ``names`` holds the names found valid so far (a transaction's claims share their
+    job's name)."""
+    if type(item) is not Claim:
+        return False
+    c = item
+    if (c.resources is not None or type(c.evict) is not tuple or c.evict
+            or type(c.fallbacks) is not tuple or c.fallbacks or c.moves_from != ""
+            or type(c.moves_from) is not str
+            or type(c.index) is not int or c.index < 0
+            or type(c.seen_seq) is not int or c.seen_seq < 0
+            or (txn.job and c.job != txn.job)):
+        return False
+    for name in (c.job, c.machine):
+        if name not in names:
+            if type(name) is not str or not is_name(name):
+                return False
+            names.add(name)
+    return True
 
 
 def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
@@ -813,7 +840,9 @@ def _apply(w: _Work, claim: Claim, mid: str) -> None:
     )
     if not w.gang:
         settled = settled + job.task_resources
-    w.machines[m.id] = m.with_allocations(allocs, settled)
+    # Tagged once staging (the hold is), untagged if the machine was and stays so.
+    tags = True if w.gang else (None if m.has_tags else False)
+    w.machines[m.id] = m.with_allocations(allocs, settled, tags)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
@@ -837,5 +866,5 @@ def _leave(w: _Work, claim: Claim) -> None:
     allocs = _without_void_holds(w, m)
     a = allocs.pop(claim.task)
     settled = m.settled_used if a.gang else m.settled_used - a.resources
-    w.machines[m.id] = m.with_allocations(allocs, settled)
+    w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False)
     w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources

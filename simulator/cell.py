@@ -16,13 +16,14 @@ one etcd transaction (here every transaction is one write).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from cellstate import decisions
-from cellstate.cell import CellSnapshot
+from cellstate.cell import CellSnapshot, machine_used
 from cellstate.decisions import claims_change
 from cellstate.keys import KeyKind
 from cellstate.model import (
@@ -61,6 +62,12 @@ class SimCell:
         # Resources each scheduler holds, kept as counters so that utilization and the
         # two-level allocator's dominant shares cost O(1) rather than a cell scan.
         self.usage: dict[str, Resources] = {}
+        # Each machine's CPU in use over its CPU capacity, and how many machines are at
+        # each such value, kept as machines are written: the load spread sampled over a
+        # run then costs O(distinct values) instead of a scan of every machine.
+        self._cpu_share: dict[str, float] = {}
+        self._cpu_shares: Counter[float] = Counter()
+        self._tagged: set[str] = set()  # machines whose use depends on gang records
 
     # -- reading (the SnapshotSource side) -----------------------------------------------
 
@@ -216,7 +223,9 @@ class SimCell:
             if rec is None:
                 table.pop(ref[1], None)
             else:
-                table[ref[1]] = with_revision(rec, rev)
+                rec = table[ref[1]] = with_revision(rec, rev)
+            if ref[0] is KeyKind.MACHINE:
+                self._machine_written(ref[1], rec)
             changes.append(ref)
         for sched, res in change.added.items():
             self.usage[sched] = self.usage.get(sched, Resources()) + res
@@ -235,6 +244,37 @@ class SimCell:
     def used(self, dimension: str) -> float:
         """What all schedulers hold of one resource dimension."""
         return sum(r.get(dimension) for r in self.usage.values())
+
+    def cpu_share_counts(self) -> Mapping[float, int]:
+        """How many machines (with CPUs) are at each value of CPU in use over CPU
+        capacity, as ``machine_used`` reads them now."""
+        if not self._tagged:
+            return self._cpu_shares
+        # Staged gang holds count by their gangs' records: read every machine.
+        snap = self._snap
+        return Counter(machine_used(m, snap.gangs).get("cpu") / cap
+                       for m in snap.machines.values() if (cap := m.capacity.get("cpu")) > 0)
+
+    def _machine_written(self, mid: str, m: Machine | None) -> None:
+        """Keep the CPU share counts as machine ``mid`` becomes ``m`` (None: removed)."""
+        old = self._cpu_share.pop(mid, None)
+        if old is not None:
+            left = self._cpu_shares[old] - 1
+            if left:
+                self._cpu_shares[old] = left
+            else:
+                del self._cpu_shares[old]
+        if m is None:
+            self._tagged.discard(mid)
+            return
+        if m.has_tags:
+            self._tagged.add(mid)
+        else:
+            self._tagged.discard(mid)
+        cap = m.capacity.get("cpu")
+        if cap > 0:
+            share = self._cpu_share[mid] = m.settled_used.get("cpu") / cap
+            self._cpu_shares[share] += 1
 
 
 def capacity_of(snap: CellSnapshot) -> Resources:
