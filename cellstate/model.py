@@ -218,9 +218,30 @@ def _resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
 
 
 def sum_resources(items: Iterable[Resources]) -> Resources:
+    it = iter(items)
     total: dict[str, float] = {}
-    for r in items:
-        for name, amount in r.amounts:
+    for r in it:
+        a = r.amounts
+        if len(a) == 2 and not total:
+            # Fast path while every vector has the first one's two dimensions: the
+            # same sums, in the same order, as the loop below.
+            (n0, s0), (n1, s1) = a
+            for r2 in it:
+                b = r2.amounts
+                if len(b) == 2 and b[0][0] == n0 and b[1][0] == n1:
+                    s0 += b[0][1]
+                    s1 += b[1][1]
+                    continue
+                total[n0], total[n1] = s0, s1
+                for name, amount in b:
+                    total[name] = total.get(name, 0.0) + amount
+                break
+            else:
+                if (s0 > 1e-9 or s0 < -1e-9) and (s1 > 1e-9 or s1 < -1e-9):
+                    return _resources(((n0, s0), (n1, s1)))
+                total[n0], total[n1] = s0, s1
+            continue
+        for name, amount in a:
             total[name] = total.get(name, 0.0) + amount
     if not total:
         return _NO_RESOURCES

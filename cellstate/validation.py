@@ -100,6 +100,7 @@ from cellstate.model import (
     task_precedence,
 )
 
+_NOTHING = Resources()
 MAX_CLAIMS_PER_TRANSACTION = 100_000
 # One commit call (CellStore.commit_many, the service's Commit) carries at most this
 # many transactions, and all of them together at most MAX_CLAIMS_PER_TRANSACTION claims.
@@ -360,6 +361,9 @@ class _Work:
         self.read_statuses: set[str] = set()
         self.claim_reads: set[str] = set()  # machines read by the claim being decided
         self.founders: frozenset[str] = frozenset()  # claims that found affinity groups
+        self.limits = cell.config.limits_for(txn.scheduler)
+        # The job and machine of the claim that just passed its checks, for _apply.
+        self.taking: tuple[Job, Machine] | None = None
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -416,7 +420,7 @@ def validate(
             w.read_jobs.add(claim.job)  # refused on the job's record: guard it too
         outcome = refusal if refusal is not None else _check_claim(w, claim)
         if isinstance(outcome, str):
-            _apply(w, claim, outcome)
+            _apply(w, claim)
             accepted.append(claim.taking(outcome))
         else:
             rejected.append(outcome)
@@ -649,10 +653,9 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     m = w.machine(mid)
     if m is None:
         return _reject(claim, Reason.UNKNOWN_MACHINE, f"unknown machine {mid!r}")
-    committed = w.cell.machines.get(mid)
     if (
         txn.detection is Detection.COARSE
-        and committed is not None
+        and (committed := w.cell.machines.get(mid)) is not None
         and committed.seq != seen_seq
         and w.seq_rewrites.get(m.id) != (seen_seq, committed.seq)
     ):
@@ -664,7 +667,7 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     miss = fit.machine_up(m)
     if miss is not None:
         return _reject(claim, miss.reason, miss.detail)
-    limits = w.cell.config.limits_for(txn.scheduler)
+    limits = w.limits
     if (
         limits is not None
         and limits.max_precedence is not None
@@ -682,7 +685,10 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     rejection = _check_constraints(w, claim, job, m, victims)
     if rejection is not None:
         return rejection
-    return _check_resources(w, claim, job, m, victims)
+    rejection = _check_resources(w, claim, job, m, victims)
+    if rejection is None:
+        w.taking = (job, m)
+    return rejection
 
 
 def _check_task(w: _Work, claim: Claim) -> Rejection | None:
@@ -692,6 +698,9 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
         # Preempted earlier in this same transaction: not claimable within it.
         return _reject(claim, Reason.TASK_ALREADY_PLACED, f"task {tid} changed earlier in this "
                        "transaction")
+    rec = w.cell.tasks.get(tid)
+    if rec is None and not claim.moves_from:
+        return None  # pending, never placed: the common case (task_view would say so)
     view = task_view(w.cell, tid)
     if view.reserved_by:
         w.read_gangs.add(view.reserved_by)
@@ -700,7 +709,6 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
             Reason.TASK_ALREADY_PLACED,
             f"task {tid} is reserved by gang {view.reserved_by} in flight",
         )
-    rec = w.cell.tasks.get(tid)
     if rec is not None and rec.gang:
         w.read_gangs.add(rec.gang)
     if claim.moves_from:
@@ -772,12 +780,14 @@ def _check_constraints(
 def _check_resources(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    freed = sum_resources(v.resources for v in victims)
+    freed = sum_resources(v.resources for v in victims) if victims else _NOTHING
     miss = fit.resources(job.task_resources, m, machine_used(m, w.gangs, w.gang), freed)
     if miss is not None:
         return _reject(claim, miss.reason, miss.detail, miss.dimension)
-    if claim.moves_from:
-        return None  # a move does not change what the scheduler holds
+    if claim.moves_from or w.limits is None or w.limits.max_resources is None:
+        # A move does not change what the scheduler holds; without a resource limit
+        # there is nothing to check.
+        return None
     # What the scheduler's own victims hold comes back to it as the task takes it.
     own = sum_resources(v.resources for v in victims if v.scheduler == w.txn.scheduler)
     return _check_usage_limit(w, claim, job.task_resources, own)
@@ -786,7 +796,7 @@ def _check_resources(
 def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
                        returned: Resources | None = None) -> Rejection | None:
     scheduler = w.txn.scheduler
-    limits = w.cell.config.limits_for(scheduler)
+    limits = w.limits
     if limits is None or limits.max_resources is None:
         return None
     w.read_usage.add(scheduler)
@@ -812,13 +822,12 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
     return None
 
 
-def _apply(w: _Work, claim: Claim, mid: str) -> None:
-    """Apply an accepted claim, on ``mid``, the machine it took."""
-    job = w.cell.jobs[claim.job]
+def _apply(w: _Work, claim: Claim) -> None:
+    """Apply an accepted claim on the machine it took (``w.taking``)."""
+    assert w.taking is not None
+    job, m = w.taking
     if claim.moves_from:
         _leave(w, claim)
-    m = w.machine(mid)
-    assert m is not None
     allocs = _without_void_holds(w, m)
     settled = m.settled_used
     for victim in claim.evict:

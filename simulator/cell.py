@@ -24,7 +24,6 @@ import attrs
 
 from cellstate import decisions
 from cellstate.cell import CellSnapshot, machine_used
-from cellstate.decisions import claims_change
 from cellstate.keys import KeyKind
 from cellstate.model import (
     CommitResult,
@@ -43,9 +42,11 @@ from cellstate.model import (
     task_id,
 )
 from cellstate.records import RECORDS, with_revision
-from cellstate.validation import check_batch, check_shape, validate_many
+from cellstate.validation import Decision, check_batch, check_shape, validate_many
 
 Changes = list[tuple[KeyKind, str]]
+# The snapshot table each kind of record lives in.
+_TABLES = {kind: r.table for kind, r in RECORDS.items()}
 Listener = Callable[[CellSnapshot, Changes | None], None]
 
 
@@ -101,7 +102,7 @@ class SimCell:
         if not any(d.accepted for d in ds):
             return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
         # Each decision was made over the ones before it: one change, later records win.
-        rev = self._apply(decisions.merged([claims_change(d) for d in ds if d.accepted]))
+        rev = self._apply(_claims_writes([d for d in ds if d.accepted]))
         return [CommitResult(d.accepted, d.rejected, rev, d.evicted,
                              fell_back=fallbacks_taken(t.claims, d.accepted))
                 for t, d in zip(txns, ds, strict=True)]
@@ -214,19 +215,18 @@ class SimCell:
         snap = self._snap
         rev = snap.revision + 1
         tables: dict[str, Any] = {}
-        changes: Changes = []
-        for ref, rec in change.writes.items():
-            name = RECORDS[ref[0]].table
+        for (kind, ident), rec in change.writes.items():
+            name = _TABLES[kind]
             table = tables.get(name)
             if table is None:
                 table = tables[name] = getattr(snap, name).mutate()
             if rec is None:
-                table.pop(ref[1], None)
+                table.pop(ident, None)
             else:
-                rec = table[ref[1]] = with_revision(rec, rev)
-            if ref[0] is KeyKind.MACHINE:
-                self._machine_written(ref[1], rec)
-            changes.append(ref)
+                rec = table[ident] = with_revision(rec, rev)
+            if kind is KeyKind.MACHINE:
+                self._machine_written(ident, rec)
+        changes: Changes = list(change.writes)
         for sched, res in change.added.items():
             self.usage[sched] = self.usage.get(sched, Resources()) + res
         for sched, res in change.removed.items():
@@ -275,6 +275,22 @@ class SimCell:
         if cap > 0:
             share = self._cpu_share[mid] = m.settled_used.get("cpu") / cap
             self._cpu_shares[share] += 1
+
+
+def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
+    """``decisions.merged([claims_change(d) for d in ds])`` without its reads, which
+    only the real store's guards use (here the decision is applied to the state it was
+    made on): the same writes in the same order, the same sums per scheduler."""
+    writes: dict[decisions.Ref, object] = {}
+    added: dict[str, Resources] = {}
+    removed: dict[str, Resources] = {}
+    for d in ds:
+        writes.update(((KeyKind.MACHINE, i), m) for i, m in d.machines.items())
+        writes.update(((KeyKind.TASK, i), t) for i, t in d.tasks.items())
+        for into, more in ((added, d.added), (removed, d.removed)):
+            for s, r in more.items():
+                into[s] = into.get(s, Resources()) + r
+    return decisions.Change(frozenset(), writes, added, removed)
 
 
 def capacity_of(snap: CellSnapshot) -> Resources:

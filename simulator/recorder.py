@@ -377,7 +377,8 @@ class Recorder:
         mean = float(sum(Fraction(v) * c for v, c in counts.items() if c)) / n
         if mean <= 0:
             return
-        squares = sum(Fraction((d := v - mean) * d) * c for v, c in counts.items() if c)
+        squares = sum((Fraction((d := v - mean) * d) * c for v, c in counts.items() if c),
+                      Fraction(0))
         self.placements.spread_cv.append(_sqrt_of_fraction(squares / n) / mean)
         self.placements.spread_max.append(max(v for v, c in counts.items() if c) / mean)
 

@@ -61,17 +61,18 @@ class Offer:
         self.id = ident
         self.framework = framework
         self.locks = locks
-        self._frozen: dict[str, Resources] | None = None
+        self._shared = False  # a view holds ``locks``: copy before changing them
 
     def frozen(self) -> dict[str, Resources]:
-        """A copy of the locks as they are now, shared by the views taken before they
-        change (a framework's view is taken more than once per offer)."""
-        if self._frozen is None:
-            self._frozen = dict(self.locks)
-        return self._frozen
+        """The locks as they are now, for a view: they are copied (once) before they
+        next change, not for every view taken (thousands of machines each)."""
+        self._shared = True
+        return self.locks
 
     def consume(self, mid: str, used: Resources) -> None:
-        self._frozen = None
+        if self._shared:
+            self.locks = dict(self.locks)
+            self._shared = False
         left = _positive(self.locks.get(mid, Resources()) - used)
         if left:
             self.locks[mid] = left
