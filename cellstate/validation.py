@@ -679,7 +679,7 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
             f"job {job.id!r} has precedence {job.precedence}, above scheduler "
             f"{txn.scheduler!r}'s limit of {limits.max_precedence}",
         )
-    victims, rejection = _check_victims(w, claim, job, m)
+    victims, rejection = _check_victims(w, claim, job, m) if claim.evict else ([], None)
     if rejection is not None:
         return rejection
     rejection = _check_constraints(w, claim, job, m, victims)
@@ -841,7 +841,7 @@ def _apply(w: _Work, claim: Claim) -> None:
             w.tasks[victim] = TaskRecord(
                 *split_task_id(victim), TaskState.PREEMPTED, m.id, a.scheduler
             )
-        w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
+        w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources
         w.evicted.append(victim)
     allocs[claim.task] = Allocation(
         claim.task, job.id, w.txn.scheduler, task_precedence(job, claim.index),
@@ -855,7 +855,7 @@ def _apply(w: _Work, claim: Claim) -> None:
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
-    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, Resources()) + job.task_resources
+    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, _NOTHING) + job.task_resources
 
 
 def _without_void_holds(w: _Work, m: Machine) -> dict[str, Allocation]:
@@ -876,4 +876,4 @@ def _leave(w: _Work, claim: Claim) -> None:
     a = allocs.pop(claim.task)
     settled = m.settled_used if a.gang else m.settled_used - a.resources
     w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False)
-    w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
+    w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources
