@@ -208,13 +208,18 @@ _new_object = object.__new__
 _set_slot = object.__setattr__
 
 
-def _resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
+def _new_resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
     """``Resources(amounts)`` without attrs' ``__init__`` (the hottest constructor of
     the model): the same two slots set, the hash not computed yet."""
     r = _new_object(Resources)
     _set_slot(r, "amounts", amounts)
     _set_slot(r, "_attrs_cached_hash", None)
     return r
+
+
+# attrs keeps a cached hash in that slot; should a version name it otherwise, the
+# class itself builds the vectors (slower, the same values).
+_resources = _new_resources if "_attrs_cached_hash" in Resources.__slots__ else Resources
 
 
 def sum_resources(items: Iterable[Resources]) -> Resources:
