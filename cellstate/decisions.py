@@ -47,6 +47,7 @@ from cellstate.model import (
 from cellstate.validation import Decision
 
 Ref = tuple[KeyKind, str]  # a record: its kind and id
+_NOTHING = Resources()
 
 
 @attrs.frozen
@@ -173,7 +174,7 @@ def end_tasks(
         by_machine.setdefault(rec.machine, []).append(tid)
         records[(KeyKind.TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, rec.machine,
                                                   rec.scheduler)
-        removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
+        removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
     reads: set[Ref] = set()
     for mid, gone in by_machine.items():
         m = cell.machines[mid]
@@ -191,7 +192,7 @@ def _without(m: Machine, gone: Sequence[str]) -> Machine:
     if m.has_tags:
         return m.with_allocations(allocs)
     freed = sum_resources(m.allocations[t].resources for t in gone)
-    return m.with_allocations(allocs, m.settled_used - freed)
+    return m.with_allocations(allocs, m.settled_used - freed, False)
 
 
 # -- machines ------------------------------------------------------------------------

@@ -47,6 +47,10 @@ class KeyKind(enum.Enum):
     SCHEDULER = "schedulers"
     AGENT = "agents"
 
+    # Members are singletons, so the identity hash (in C) agrees with their equality;
+    # Enum's own hashes the name in Python, on every set or dict of record refs.
+    __hash__ = object.__hash__
+
 
 @attrs.frozen
 class Keyspace:

@@ -35,6 +35,11 @@ MAX_INPUT_LOCATIONS = 10_000
 _FIT_SLACK = 1e-9
 
 
+def is_name(value: object) -> bool:
+    """Whether ``value`` is a valid name (what :func:`check_name` accepts)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
 def check_name(value: str, what: str) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ModelError(
@@ -98,24 +103,49 @@ class Resources:
     def as_dict(self) -> dict[str, float]:
         return dict(self.amounts)
 
+    # The arithmetic below has a fast path for two vectors over the same two dimensions
+    # (cpu and mem: nearly every vector the schedulers and the simulator add), which
+    # computes exactly what the general path does (the same float operations) without
+    # building a dict and sorting it.
+
     def __add__(self, other: Resources) -> Resources:
-        if not other.amounts:
+        b = other.amounts
+        if not b:
             return self
-        if not self.amounts:
+        a = self.amounts
+        if not a:
             return other
-        out = dict(self.amounts)
-        for name, amount in other.amounts:
+        if len(a) == 2 and len(b) == 2:
+            (n0, x0), (n1, x1) = a
+            (m0, y0), (m1, y1) = b
+            if n0 == m0 and n1 == m1:
+                s0 = x0 + y0
+                s1 = x1 + y1
+                if s0 and s1:
+                    return _resources(((n0, s0), (n1, s1)))
+        out = dict(a)
+        for name, amount in b:
             out[name] = out.get(name, 0.0) + amount
-        return Resources(tuple(sorted((n, a) for n, a in out.items() if a)))
+        return _resources(tuple(sorted((n, x) for n, x in out.items() if x)))
 
     def __sub__(self, other: Resources) -> Resources:
-        if not other.amounts:
+        b = other.amounts
+        if not b:
             return self
-        out = dict(self.amounts)
-        for name, amount in other.amounts:
+        a = self.amounts
+        if len(a) == 2 and len(b) == 2:
+            (n0, x0), (n1, x1) = a
+            (m0, y0), (m1, y1) = b
+            if n0 == m0 and n1 == m1:
+                s0 = x0 - y0
+                s1 = x1 - y1
+                if (s0 > 1e-9 or s0 < -1e-9) and (s1 > 1e-9 or s1 < -1e-9):
+                    return _resources(((n0, s0), (n1, s1)))
+        out = dict(a)
+        for name, amount in b:
             out[name] = out.get(name, 0.0) - amount
         # Clamp float residue so that releasing everything returns exactly to zero.
-        return Resources(tuple(sorted((n, a) for n, a in out.items() if abs(a) > 1e-9)))
+        return _resources(tuple(sorted((n, x) for n, x in out.items() if abs(x) > 1e-9)))
 
     def exceeding(self, capacity: Resources) -> str | None:
         """The first dimension in which ``self`` exceeds ``capacity``, or None if it fits."""
@@ -128,9 +158,26 @@ class Resources:
     def exceeding_with(self, extra: Resources, capacity: Resources) -> str | None:
         """``(self + extra).exceeding(capacity)`` without building the sum: the fit
         rules ask it of every machine a policy looks at."""
-        total = dict(self.amounts)
+        a, b, c = self.amounts, extra.amounts, capacity.amounts
+        if len(b) == 2 and len(c) == 2:
+            (n0, y0), (n1, y1) = b
+            (k0, c0), (k1, c1) = c
+            if n0 == k0 and n1 == k1:
+                if not a:
+                    x0 = x1 = 0.0
+                elif len(a) == 2 and a[0][0] == n0 and a[1][0] == n1:
+                    x0, x1 = a[0][1], a[1][1]
+                else:
+                    x0 = -1.0  # other dimensions: the general path below
+                if x0 >= 0.0:
+                    if x0 + y0 > c0 + _FIT_SLACK * (c0 if c0 > 1.0 else 1.0):
+                        return n0
+                    if x1 + y1 > c1 + _FIT_SLACK * (c1 if c1 > 1.0 else 1.0):
+                        return n1
+                    return None
+        total = dict(a)
         known = len(total)
-        for name, amount in extra.amounts:
+        for name, amount in b:
             total[name] = total.get(name, 0.0) + amount
         # In name order, as exceeding() reports; already so unless extra added a name.
         for name in total if len(total) == known else sorted(total):
@@ -157,13 +204,56 @@ class Resources:
         return ",".join(f"{n}={a:g}" for n, a in self.amounts) or "0"
 
 
-def sum_resources(items: Iterable[Resources]) -> Resources:
-    total: dict[str, float] = {}
-    for r in items:
-        for name, amount in r.amounts:
-            total[name] = total.get(name, 0.0) + amount
-    return Resources(tuple(sorted((n, a) for n, a in total.items() if abs(a) > 1e-9)))
+_new_object = object.__new__
+_set_slot = object.__setattr__
 
+
+def _new_resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
+    """``Resources(amounts)`` without attrs' ``__init__`` (the hottest constructor of
+    the model): the same two slots set, the hash not computed yet."""
+    r = _new_object(Resources)
+    _set_slot(r, "amounts", amounts)
+    _set_slot(r, "_attrs_cached_hash", None)
+    return r
+
+
+# attrs keeps a cached hash in that slot; should a version name it otherwise, the
+# class itself builds the vectors (slower, the same values).
+_resources = _new_resources if "_attrs_cached_hash" in Resources.__slots__ else Resources
+
+
+def sum_resources(items: Iterable[Resources]) -> Resources:
+    it = iter(items)
+    total: dict[str, float] = {}
+    for r in it:
+        a = r.amounts
+        if len(a) == 2 and not total:
+            # Fast path while every vector has the first one's two dimensions: the
+            # same sums, in the same order, as the loop below.
+            (n0, s0), (n1, s1) = a
+            for r2 in it:
+                b = r2.amounts
+                if len(b) == 2 and b[0][0] == n0 and b[1][0] == n1:
+                    s0 += b[0][1]
+                    s1 += b[1][1]
+                    continue
+                total[n0], total[n1] = s0, s1
+                for name, amount in b:
+                    total[name] = total.get(name, 0.0) + amount
+                break
+            else:
+                if (s0 > 1e-9 or s0 < -1e-9) and (s1 > 1e-9 or s1 < -1e-9):
+                    return _resources(((n0, s0), (n1, s1)))
+                total[n0], total[n1] = s0, s1
+            continue
+        for name, amount in a:
+            total[name] = total.get(name, 0.0) + amount
+    if not total:
+        return _NO_RESOURCES
+    return _resources(tuple(sorted((n, a) for n, a in total.items() if abs(a) > 1e-9)))
+
+
+_NO_RESOURCES = Resources()
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -245,14 +335,17 @@ class Machine:
                          for g in (a.gang, a.evicted_by) if g)
 
     def with_allocations(
-        self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None
+        self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None,
+        has_tags: bool | None = None,
     ) -> Machine:
-        """A copy with other allocations; pass their settled usage if known, to save
-        summing them again."""
+        """A copy with other allocations; pass their settled usage and whether any is
+        tagged if known, to save going over them again."""
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
                     self.state, self.agent, allocations, self.seq)
         if settled_used is not None:
             object.__setattr__(m, "settled_used", settled_used)
+        if has_tags is not None:
+            object.__setattr__(m, "has_tags", has_tags)
         return m
 
     def with_seq(self, seq: int) -> Machine:
@@ -427,6 +520,10 @@ class TaskState(enum.Enum):
     FAILED = "failed"
     LOST = "lost"
     PREEMPTED = "preempted"
+
+    # Members are singletons, so the identity hash (in C) agrees with their equality;
+    # Enum's own hashes the name in Python, on every ``state in PLACEABLE``.
+    __hash__ = object.__hash__
 
 
 # A task in one of these states may be (re)claimed.

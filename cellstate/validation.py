@@ -93,12 +93,14 @@ from cellstate.model import (
     UsageRecord,
     check_amount,
     check_name,
+    is_name,
     split_task_id,
     sum_resources,
     task_id,
     task_precedence,
 )
 
+_NOTHING = Resources()
 MAX_CLAIMS_PER_TRANSACTION = 100_000
 # One commit call (CellStore.commit_many, the service's Commit) carries at most this
 # many transactions, and all of them together at most MAX_CLAIMS_PER_TRANSACTION claims.
@@ -172,11 +174,13 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         )
     first_claim: dict[str, int] = {}
     cut = False
+    names: set[str] = set()  # names found valid in this transaction
     for i, item in enumerate(txn.claims):
-        problems.extend(_claim_problems(i, item, txn))
-        if len(problems) > 20:
-            cut = True  # enough to say what is wrong; the rest are not counted
-            break
+        if not _plain_claim(item, txn, names):
+            problems.extend(_claim_problems(i, item, txn))
+            if len(problems) > 20:
+                cut = True  # enough to say what is wrong; the rest are not counted
+                break
         c: object = item
         if not isinstance(c, Claim):
             continue  # said so above
@@ -195,6 +199,30 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         more = (" (and more)" if cut
                 else f" (and {len(problems) - 20} more)" if len(problems) > 20 else "")
         raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
+
+
+def _plain_claim(item: object, txn: Transaction, names: set[str]) -> bool:
+    """Whether ``item`` is certainly a good claim of the common kind (no resources,
+    victims, fallbacks or move; well-typed numbers; valid names), checked quickly;
+    False sends it to :func:`_claim_problems`, which says what is wrong, if anything.
+    ``names`` holds the names found valid so far (a transaction's claims share their
+    job's name)."""
+    if type(item) is not Claim:
+        return False
+    c = item
+    if (c.resources is not None or type(c.evict) is not tuple or c.evict
+            or type(c.fallbacks) is not tuple or c.fallbacks or c.moves_from != ""
+            or type(c.moves_from) is not str
+            or type(c.index) is not int or c.index < 0
+            or type(c.seen_seq) is not int or c.seen_seq < 0
+            or (txn.job and c.job != txn.job)):
+        return False
+    for name in (c.job, c.machine):
+        if name not in names:
+            if type(name) is not str or not is_name(name):
+                return False
+            names.add(name)
+    return True
 
 
 def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
@@ -343,6 +371,9 @@ class _Work:
         self.read_statuses: set[str] = set()
         self.claim_reads: set[str] = set()  # machines read by the claim being decided
         self.founders: frozenset[str] = frozenset()  # claims that found affinity groups
+        self.limits = cell.config.limits_for(txn.scheduler)
+        # The job and machine of the claim that just passed its checks, for _apply.
+        self.taking: tuple[Job, Machine] | None = None
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -399,7 +430,7 @@ def validate(
             w.read_jobs.add(claim.job)  # refused on the job's record: guard it too
         outcome = refusal if refusal is not None else _check_claim(w, claim)
         if isinstance(outcome, str):
-            _apply(w, claim, outcome)
+            _apply(w, claim)
             accepted.append(claim.taking(outcome))
         else:
             rejected.append(outcome)
@@ -630,10 +661,9 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     m = w.machine(mid)
     if m is None:
         return _reject(claim, Reason.UNKNOWN_MACHINE, f"unknown machine {mid!r}")
-    committed = w.cell.machines.get(mid)
     if (
         txn.detection is Detection.COARSE
-        and committed is not None
+        and (committed := w.cell.machines.get(mid)) is not None
         and committed.seq != seen_seq
         and w.seq_rewrites.get(m.id) != (seen_seq, committed.seq)
     ):
@@ -645,7 +675,7 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     miss = fit.machine_up(m)
     if miss is not None:
         return _reject(claim, miss.reason, miss.detail)
-    limits = w.cell.config.limits_for(txn.scheduler)
+    limits = w.limits
     if (
         limits is not None
         and limits.max_precedence is not None
@@ -657,13 +687,16 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
             f"job {job.id!r} has precedence {job.precedence}, above scheduler "
             f"{txn.scheduler!r}'s limit of {limits.max_precedence}",
         )
-    victims, rejection = _check_victims(w, claim, job, m)
+    victims, rejection = _check_victims(w, claim, job, m) if claim.evict else ([], None)
     if rejection is not None:
         return rejection
     rejection = _check_constraints(w, claim, job, m, victims)
     if rejection is not None:
         return rejection
-    return _check_resources(w, claim, job, m, victims)
+    rejection = _check_resources(w, claim, job, m, victims)
+    if rejection is None:
+        w.taking = (job, m)
+    return rejection
 
 
 def _check_task(w: _Work, claim: Claim) -> Rejection | None:
@@ -673,6 +706,9 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
         # Preempted earlier in this same transaction: not claimable within it.
         return _reject(claim, Reason.TASK_ALREADY_PLACED, f"task {tid} changed earlier in this "
                        "transaction")
+    rec = w.cell.tasks.get(tid)
+    if rec is None and not claim.moves_from:
+        return None  # pending, never placed: the common case (task_view would say so)
     view = task_view(w.cell, tid)
     if view.reserved_by:
         w.read_gangs.add(view.reserved_by)
@@ -681,7 +717,6 @@ def _check_task(w: _Work, claim: Claim) -> Rejection | None:
             Reason.TASK_ALREADY_PLACED,
             f"task {tid} is reserved by gang {view.reserved_by} in flight",
         )
-    rec = w.cell.tasks.get(tid)
     if rec is not None and rec.gang:
         w.read_gangs.add(rec.gang)
     if claim.moves_from:
@@ -753,12 +788,14 @@ def _check_constraints(
 def _check_resources(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
-    freed = sum_resources(v.resources for v in victims)
+    freed = sum_resources(v.resources for v in victims) if victims else _NOTHING
     miss = fit.resources(job.task_resources, m, machine_used(m, w.gangs, w.gang), freed)
     if miss is not None:
         return _reject(claim, miss.reason, miss.detail, miss.dimension)
-    if claim.moves_from:
-        return None  # a move does not change what the scheduler holds
+    if claim.moves_from or w.limits is None or w.limits.max_resources is None:
+        # A move does not change what the scheduler holds; without a resource limit
+        # there is nothing to check.
+        return None
     # What the scheduler's own victims hold comes back to it as the task takes it.
     own = sum_resources(v.resources for v in victims if v.scheduler == w.txn.scheduler)
     return _check_usage_limit(w, claim, job.task_resources, own)
@@ -767,7 +804,7 @@ def _check_resources(
 def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
                        returned: Resources | None = None) -> Rejection | None:
     scheduler = w.txn.scheduler
-    limits = w.cell.config.limits_for(scheduler)
+    limits = w.limits
     if limits is None or limits.max_resources is None:
         return None
     w.read_usage.add(scheduler)
@@ -793,13 +830,12 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
     return None
 
 
-def _apply(w: _Work, claim: Claim, mid: str) -> None:
-    """Apply an accepted claim, on ``mid``, the machine it took."""
-    job = w.cell.jobs[claim.job]
+def _apply(w: _Work, claim: Claim) -> None:
+    """Apply an accepted claim on the machine it took (``w.taking``)."""
+    assert w.taking is not None
+    job, m = w.taking
     if claim.moves_from:
         _leave(w, claim)
-    m = w.machine(mid)
-    assert m is not None
     allocs = _without_void_holds(w, m)
     settled = m.settled_used
     for victim in claim.evict:
@@ -813,7 +849,7 @@ def _apply(w: _Work, claim: Claim, mid: str) -> None:
             w.tasks[victim] = TaskRecord(
                 *split_task_id(victim), TaskState.PREEMPTED, m.id, a.scheduler
             )
-        w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
+        w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources
         w.evicted.append(victim)
     allocs[claim.task] = Allocation(
         claim.task, job.id, w.txn.scheduler, task_precedence(job, claim.index),
@@ -821,11 +857,13 @@ def _apply(w: _Work, claim: Claim, mid: str) -> None:
     )
     if not w.gang:
         settled = settled + job.task_resources
-    w.machines[m.id] = m.with_allocations(allocs, settled)
+    # Tagged once staging (the hold is), untagged if the machine was and stays so.
+    tags = True if w.gang else (None if m.has_tags else False)
+    w.machines[m.id] = m.with_allocations(allocs, settled, tags)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
-    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, Resources()) + job.task_resources
+    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, _NOTHING) + job.task_resources
 
 
 def _without_void_holds(w: _Work, m: Machine) -> dict[str, Allocation]:
@@ -845,5 +883,5 @@ def _leave(w: _Work, claim: Claim) -> None:
     allocs = _without_void_holds(w, m)
     a = allocs.pop(claim.task)
     settled = m.settled_used if a.gang else m.settled_used - a.resources
-    w.machines[m.id] = m.with_allocations(allocs, settled)
-    w.removed[a.scheduler] = w.removed.get(a.scheduler, Resources()) + a.resources
+    w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False)
+    w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources

@@ -16,14 +16,14 @@ one etcd transaction (here every transaction is one write).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from cellstate import decisions
-from cellstate.cell import CellSnapshot
-from cellstate.decisions import claims_change
+from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
 from cellstate.model import (
     CommitResult,
@@ -42,9 +42,11 @@ from cellstate.model import (
     task_id,
 )
 from cellstate.records import RECORDS, with_revision
-from cellstate.validation import check_batch, check_shape, validate_many
+from cellstate.validation import Decision, check_batch, check_shape, validate_many
 
 Changes = list[tuple[KeyKind, str]]
+# The snapshot table each kind of record lives in.
+_TABLES = {kind: r.table for kind, r in RECORDS.items()}
 Listener = Callable[[CellSnapshot, Changes | None], None]
 
 
@@ -61,6 +63,12 @@ class SimCell:
         # Resources each scheduler holds, kept as counters so that utilization and the
         # two-level allocator's dominant shares cost O(1) rather than a cell scan.
         self.usage: dict[str, Resources] = {}
+        # Each machine's CPU in use over its CPU capacity, and how many machines are at
+        # each such value, kept as machines are written: the load spread sampled over a
+        # run then costs O(distinct values) instead of a scan of every machine.
+        self._cpu_share: dict[str, float] = {}
+        self._cpu_shares: Counter[float] = Counter()
+        self._tagged: set[str] = set()  # machines whose use depends on gang records
 
     # -- reading (the SnapshotSource side) -----------------------------------------------
 
@@ -94,7 +102,7 @@ class SimCell:
         if not any(d.accepted for d in ds):
             return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
         # Each decision was made over the ones before it: one change, later records win.
-        rev = self._apply(decisions.merged([claims_change(d) for d in ds if d.accepted]))
+        rev = self._apply(_claims_writes([d for d in ds if d.accepted]))
         return [CommitResult(d.accepted, d.rejected, rev, d.evicted,
                              fell_back=fallbacks_taken(t.claims, d.accepted))
                 for t, d in zip(txns, ds, strict=True)]
@@ -207,17 +215,18 @@ class SimCell:
         snap = self._snap
         rev = snap.revision + 1
         tables: dict[str, Any] = {}
-        changes: Changes = []
-        for ref, rec in change.writes.items():
-            name = RECORDS[ref[0]].table
+        for (kind, ident), rec in change.writes.items():
+            name = _TABLES[kind]
             table = tables.get(name)
             if table is None:
                 table = tables[name] = getattr(snap, name).mutate()
             if rec is None:
-                table.pop(ref[1], None)
+                table.pop(ident, None)
             else:
-                table[ref[1]] = with_revision(rec, rev)
-            changes.append(ref)
+                rec = table[ident] = with_revision(rec, rev)
+            if kind is KeyKind.MACHINE:
+                self._machine_written(ident, rec)
+        changes: Changes = list(change.writes)
         for sched, res in change.added.items():
             self.usage[sched] = self.usage.get(sched, Resources()) + res
         for sched, res in change.removed.items():
@@ -235,6 +244,53 @@ class SimCell:
     def used(self, dimension: str) -> float:
         """What all schedulers hold of one resource dimension."""
         return sum(r.get(dimension) for r in self.usage.values())
+
+    def cpu_share_counts(self) -> Mapping[float, int]:
+        """How many machines (with CPUs) are at each value of CPU in use over CPU
+        capacity, as ``machine_used`` reads them now."""
+        if not self._tagged:
+            return self._cpu_shares
+        # Staged gang holds count by their gangs' records: read every machine.
+        snap = self._snap
+        return Counter(machine_used(m, snap.gangs).get("cpu") / cap
+                       for m in snap.machines.values() if (cap := m.capacity.get("cpu")) > 0)
+
+    def _machine_written(self, mid: str, m: Machine | None) -> None:
+        """Keep the CPU share counts as machine ``mid`` becomes ``m`` (None: removed)."""
+        old = self._cpu_share.pop(mid, None)
+        if old is not None:
+            left = self._cpu_shares[old] - 1
+            if left:
+                self._cpu_shares[old] = left
+            else:
+                del self._cpu_shares[old]
+        if m is None:
+            self._tagged.discard(mid)
+            return
+        if m.has_tags:
+            self._tagged.add(mid)
+        else:
+            self._tagged.discard(mid)
+        cap = m.capacity.get("cpu")
+        if cap > 0:
+            share = self._cpu_share[mid] = m.settled_used.get("cpu") / cap
+            self._cpu_shares[share] += 1
+
+
+def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
+    """``decisions.merged([claims_change(d) for d in ds])`` without its reads, which
+    only the real store's guards use (here the decision is applied to the state it was
+    made on): the same writes in the same order, the same sums per scheduler."""
+    writes: dict[decisions.Ref, object] = {}
+    added: dict[str, Resources] = {}
+    removed: dict[str, Resources] = {}
+    for d in ds:
+        writes.update(((KeyKind.MACHINE, i), m) for i, m in d.machines.items())
+        writes.update(((KeyKind.TASK, i), t) for i, t in d.tasks.items())
+        for into, more in ((added, d.added), (removed, d.removed)):
+            for s, r in more.items():
+                into[s] = into.get(s, Resources()) + r
+    return decisions.Change(frozenset(), writes, added, removed)
 
 
 def capacity_of(snap: CellSnapshot) -> Resources:

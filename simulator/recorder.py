@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 import attrs
@@ -61,6 +63,20 @@ class SchedulerStats:
     conflicted: int = 0
     tasks_placed: int = 0
     fell_back: int = 0  # claims committed on one of their fallback machines
+
+
+def _sqrt_of_fraction(x: Fraction) -> float:
+    """The square root of ``x`` >= 0, correctly rounded to a float (as
+    ``statistics.pstdev`` rounds it since Python 3.11)."""
+    num, den = x.numerator, x.denominator
+    # Scale so the integer root has at least 55 bits, then set its last bit if the root
+    # is inexact: rounding that integer to a float's 53 bits rounds the true root.
+    shift = max(0, 112 - num.bit_length() + den.bit_length())
+    shift += shift & 1  # even: the root scales by 2 ** (shift / 2)
+    scaled = num << shift
+    root = math.isqrt(scaled // den)
+    root |= root * root * den != scaled
+    return root / (1 << (shift // 2))
 
 
 def median_abs_deviation(values: Sequence[float]) -> float:
@@ -145,14 +161,21 @@ class Usage:
         t = start
         # Bucket by bucket, moving on one bucket each time: float rounding can make a
         # bucket's computed end equal the time already reached, which must not stall.
-        i = max(0, min(int(t // self.width), last))
+        width, raw, done = self.width, self.raw, self.effective
+        i = max(0, min(int(t // width), last))
+        # Called for every run that ends: locals and no min() calls (the same floats).
         while t < end and i <= last:
-            stop = end if i == last else min(end, (i + 1) * self.width)
+            if i == last:
+                stop = end
+            else:
+                stop = (i + 1) * width
+                if end <= stop:
+                    stop = end
             if stop > t:
                 amount = cpu * (stop - t)
-                self.raw[i] += amount
+                raw[i] += amount
                 if effective:
-                    self.effective[i] += amount
+                    done[i] += amount
                 t = stop
             i += 1
 
@@ -340,13 +363,24 @@ class Recorder:
 
     def spread(self, t: float, used: Sequence[float]) -> None:
         """Machines' utilization (0..1) at ``t``."""
-        if t < self.warmup or not used:
+        self.spread_counts(t, Counter(used))
+
+    def spread_counts(self, t: float, counts: Mapping[float, int]) -> None:
+        """Machines' utilization (0..1) at ``t``, as how many machines are at each
+        value: a cell of thousands of machines has a few distinct values, so this costs
+        O(values), not O(machines). The figures are exactly ``statistics.fmean`` and
+        ``statistics.pstdev(used, mean)`` of the machines' values (both exact sums,
+        rounded once: tests/simulator/test_recorder_spread.py)."""
+        n = sum(counts.values())
+        if t < self.warmup or not n:
             return
-        mean = statistics.fmean(used)
+        mean = float(sum(Fraction(v) * c for v, c in counts.items() if c)) / n
         if mean <= 0:
             return
-        self.placements.spread_cv.append(statistics.pstdev(used, mean) / mean)
-        self.placements.spread_max.append(max(used) / mean)
+        squares = sum((Fraction((d := v - mean) * d) * c for v, c in counts.items() if c),
+                      Fraction(0))
+        self.placements.spread_cv.append(_sqrt_of_fraction(squares / n) / mean)
+        self.placements.spread_max.append(max(v for v, c in counts.items() if c) / mean)
 
     def flow_round(self, scheduler: str, update: float, solve: float, extract: float,
                    nodes: int, arcs: int, placed: int, migrated: int, preempted: int,

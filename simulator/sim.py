@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from cellstate.cell import CellSnapshot, machine_used
+from cellstate.cell import CellSnapshot
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
@@ -379,10 +379,7 @@ class Simulation:
         mem = self.cell.used("mem") / max(self.capacity.get("mem"), 1e-9)
         self.recorder.sample(self.loop.now, cpu, mem)
         if self.loop.now >= self.config.warmup:
-            snap = self.cell.snapshot()
-            self.recorder.spread(self.loop.now, [
-                machine_used(m, snap.gangs).get("cpu") / cap
-                for m in snap.machines.values() if (cap := m.capacity.get("cpu")) > 0])
+            self.recorder.spread_counts(self.loop.now, self.cell.cpu_share_counts())
         nxt = self.loop.now + self.config.sample_interval
         if nxt <= self.config.horizon:
             self.loop.at(nxt, SAMPLE, self._sample)

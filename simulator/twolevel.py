@@ -37,6 +37,23 @@ def _positive(r: Resources) -> Resources:
     return Resources(tuple((d, a) for d, a in r.amounts if a > 1e-9))
 
 
+def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
+    """``_positive(capacity - used - taken[0] - ...)`` without the intermediate vectors
+    (the allocator asks it for every machine that changes or that a framework looks
+    at): the same float operations in the same order. A dimension an intermediate
+    difference drops (within 1e-9 of zero) ends at most 1e-9 either way, as every
+    later term is non-negative, so the result is the same; so is a dimension the
+    capacity lacks (negative)."""
+    out = []
+    for d, x in capacity.amounts:
+        x = x - used.get(d)
+        for t in taken:
+            x = x - t.get(d)
+        if x > 1e-9:
+            out.append((d, x))
+    return Resources(tuple(out))
+
+
 class Offer:
     """What one framework was offered and has not used yet, per machine."""
 
@@ -44,8 +61,18 @@ class Offer:
         self.id = ident
         self.framework = framework
         self.locks = locks
+        self._shared = False  # a view holds ``locks``: copy before changing them
+
+    def frozen(self) -> dict[str, Resources]:
+        """The locks as they are now, for a view: they are copied (once) before they
+        next change, not for every view taken (thousands of machines each)."""
+        self._shared = True
+        return self.locks
 
     def consume(self, mid: str, used: Resources) -> None:
+        if self._shared:
+            self.locks = dict(self.locks)
+            self._shared = False
         left = _positive(self.locks.get(mid, Resources()) - used)
         if left:
             self.locks[mid] = left
@@ -59,7 +86,7 @@ class OfferedMachines(Mapping[str, Machine]):
 
     def __init__(self, base: Mapping[str, Machine], offer: Offer) -> None:
         self._base = base
-        self._offered = dict(offer.locks)
+        self._offered = offer.frozen()
         self._memo: dict[str, Machine] = {}
 
     def __getitem__(self, mid: str) -> Machine:
@@ -68,8 +95,7 @@ class OfferedMachines(Mapping[str, Machine]):
             return hit
         offered = self._offered[mid]
         m = self._base[mid]
-        used = machine_used(m, {})
-        hidden = _positive(m.capacity - used - offered)
+        hidden = _left(m.capacity, machine_used(m, {}), offered)
         if hidden:
             allocs = dict(m.allocations)
             allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
@@ -114,12 +140,11 @@ class Allocator:
 
     def _recount(self, snap: CellSnapshot, mid: str) -> None:
         m = snap.machines.get(mid)
-        free = Resources() if m is None else m.capacity - machine_used(m, snap.gangs)
-        for o in self.outstanding.values():
-            lock = o.locks.get(mid)
-            if lock is not None:
-                free = free - lock
-        free = _positive(free)
+        if m is None:
+            self.available.pop(mid, None)
+            return
+        locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
+        free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
         if free:
             self.available[mid] = free
         else:
@@ -189,16 +214,25 @@ class OfferView:
         self.offer: Offer | None = None
         self._listeners: list[Listener] = []
         self._visible: frozenset[str] | None = None  # None: every machine
+        # The last view: (cell snapshot, offer's locks, view), reused while neither
+        # changed (show() and the framework's decision both take one).
+        self._last: tuple[CellSnapshot, dict[str, Resources], CellSnapshot] | None = None
 
     def snapshot(self) -> CellSnapshot:
         snap = self.cell.snapshot()
         if self.offer is None:
             return snap
+        locks = self.offer.frozen()
+        last = self._last
+        if last is not None and last[0] is snap and last[1] is locks:
+            return last[2]
         # CellSnapshot annotates immutables.Map; readers only use the Mapping interface.
         machines = cast(Any, OfferedMachines(snap.machines, self.offer))
-        return CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
+        view = CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
                             snap.gangs, snap.usage, snap.statuses, snap.instances,
                             snap.schedulers, snap.agents)
+        self._last = (snap, locks, view)
+        return view
 
     def on_changes(self, listener: Listener) -> None:
         self._listeners.append(listener)

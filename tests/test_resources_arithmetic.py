@@ -1,0 +1,109 @@
+"""Resources arithmetic (cellstate/model.py) against an independent oracle.
+
+``+``, ``-``, ``sum_resources`` and ``exceeding_with`` have fast paths for vectors over
+the same two dimensions (cpu and mem, nearly every vector a run adds); the simulator's
+outputs must stay byte-identical, so each result must be exactly the oracle's: the
+same dimensions and the same float bits (0.0 and -0.0 told apart), for canonical
+vectors and for the uncanonical ones arithmetic can make (negative, tiny)."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings, strategies as st
+
+from cellstate.model import _FIT_SLACK, Resources, sum_resources
+
+DIMS = ("cpu", "disk", "gpu", "mem")
+AMOUNTS = st.one_of(
+    st.sampled_from([0.5, 1.0, 2.0, 4.0, 16.0, 1e-10, -1e-10, 3.0000000001, -0.0, 0.1, 0.2]),
+    st.floats(min_value=-20, max_value=20, allow_nan=False),
+)
+
+
+@st.composite
+def vectors(draw: st.DrawFn) -> Resources:
+    # Mostly cpu and mem (the fast path), sometimes other or fewer dimensions.
+    if draw(st.integers(0, 4)):
+        names = ["cpu", "mem"]
+    else:
+        names = sorted(draw(st.sets(st.sampled_from(DIMS), max_size=4)))
+    return Resources(tuple((n, draw(AMOUNTS)) for n in names))
+
+
+def _bits(r: Resources) -> tuple[tuple[str, bytes], ...]:
+    return tuple((n, struct.pack("<d", a)) for n, a in r.amounts)
+
+
+def _combine(a: Resources, b: Resources, sign: float, keep: float) -> Resources:
+    out = dict(a.amounts)
+    for n, x in b.amounts:
+        out[n] = out.get(n, 0.0) + x if sign > 0 else out.get(n, 0.0) - x
+    return Resources(tuple(sorted((n, x) for n, x in out.items() if abs(x) > keep)))
+
+
+def oracle_add(a: Resources, b: Resources) -> Resources:
+    if not b.amounts:
+        return a
+    if not a.amounts:
+        return b
+    # Exact zeros are dropped from a sum.
+    out = dict(a.amounts)
+    for n, x in b.amounts:
+        out[n] = out.get(n, 0.0) + x
+    return Resources(tuple(sorted((n, x) for n, x in out.items() if x != 0.0)))
+
+
+def oracle_sub(a: Resources, b: Resources) -> Resources:
+    if not b.amounts:
+        return a
+    return _combine(a, b, -1.0, 1e-9)
+
+
+def oracle_sum(items: list[Resources]) -> Resources:
+    total: dict[str, float] = {}
+    for r in items:
+        for n, x in r.amounts:
+            total[n] = total.get(n, 0.0) + x
+    return Resources(tuple(sorted((n, x) for n, x in total.items() if abs(x) > 1e-9)))
+
+
+def oracle_exceeding_with(used: Resources, extra: Resources, cap: Resources) -> str | None:
+    total = dict(used.amounts)
+    for n, x in extra.amounts:
+        total[n] = total.get(n, 0.0) + x
+    for n in sorted(total):
+        c = cap.get(n)
+        if total[n] > c + _FIT_SLACK * max(c, 1.0):
+            return n
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(vectors(), vectors())
+def test_add_and_sub_match_the_oracle_bit_for_bit(a: Resources, b: Resources) -> None:
+    assert _bits(a + b) == _bits(oracle_add(a, b))
+    assert _bits(a - b) == _bits(oracle_sub(a, b))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(vectors(), max_size=8))
+def test_sum_matches_the_oracle_bit_for_bit(items: list[Resources]) -> None:
+    assert _bits(sum_resources(items)) == _bits(oracle_sum(items))
+    assert _bits(sum_resources(iter(items))) == _bits(oracle_sum(items))
+
+
+@settings(max_examples=400, deadline=None)
+@given(vectors(), vectors(), vectors())
+def test_exceeding_with_matches_the_oracle(used: Resources, extra: Resources,
+                                           cap: Resources) -> None:
+    assert used.exceeding_with(extra, cap) == oracle_exceeding_with(used, extra, cap)
+
+
+def test_fast_results_are_ordinary_values() -> None:
+    a = Resources.of(cpu=1, mem=2) + Resources.of(cpu=1, mem=2)
+    assert a == Resources.of(cpu=2, mem=4)
+    assert hash(a) == hash(Resources.of(cpu=2, mem=4))
+    assert {a: 1}[Resources.of(cpu=2, mem=4)] == 1
+    assert sum_resources([]) == Resources()
+    assert Resources.of(cpu=1, mem=2) - Resources.of(cpu=1, mem=2) == Resources()
