@@ -80,7 +80,8 @@ class WorkingView:
             elif held is None or held.seq != kv.mod_revision:
                 # The same sequence means the same allocations: no need to decode.
                 self.machines[kind[1]] = codec.decode_machine(
-                    kind[1], kv.value, kv.mod_revision, _allocations(self.keys, allocs))
+                    kind[1], kv.value, kv.mod_revision,
+                    _allocations(self.keys.allocs(kind[1]), allocs, held))
             return
         if as_of > self.revision:
             self.revision = as_of
@@ -158,11 +159,19 @@ class WorkingView:
             self._set(kind[0], kind[1], None)
 
 
-def _allocations(keys: Keyspace, kvs: Iterable[KeyValue]) -> dict[str, Allocation]:
+def _allocations(prefix: bytes, kvs: Iterable[KeyValue], held: Machine | None
+                 ) -> dict[str, Allocation]:
+    """A machine's allocations from its allocation keys (under ``prefix``). One the
+    view holds already (``held``) is kept rather than decoded again when its key has
+    not changed since: every change to a machine's allocations rewrites the machine's
+    key, so the allocations ``held`` has are exactly those in etcd at its sequence, and
+    a key last modified at or before that sequence holds the same value now."""
     out = {}
+    start = len(prefix)
+    known = held.allocations if held is not None else {}
+    seq = held.seq if held is not None else 0
     for kv in kvs:
-        kind = keys.classify(kv.key)
-        if kind is not None:
-            tid = kind[1].partition("/")[2]
-            out[tid] = codec.decode_alloc(tid, kv.value)
+        tid = kv.key[start:].decode()
+        a = known.get(tid) if kv.mod_revision <= seq else None
+        out[tid] = a if a is not None else codec.decode_alloc(tid, kv.value)
     return out
