@@ -39,6 +39,7 @@ from benchmarks.commit_throughput import (  # noqa: E402
     scheduler_name,
     setup_cell,
 )
+from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import Claim, Detection, Transaction, TxnMode  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
@@ -46,7 +47,7 @@ from omega.etcd_launcher import LocalEtcd  # noqa: E402
 
 
 def run(kv: EtcdKV, cell: str, committers: int, commits: int, batch: int, machines: int,
-        seed: int, profile: str | None) -> dict[str, float]:
+        seed: int, profile: str | None, tune_gc: bool) -> dict[str, float]:
     setup_cell(kv, cell, machines, committers)
     countings = [CountingKV(kv) for _ in range(committers)]
     stores = [CellStore(c, cell) for c in countings]
@@ -57,6 +58,8 @@ def run(kv: EtcdKV, cell: str, committers: int, commits: int, batch: int, machin
     index = [0] * committers
     for c in countings:
         c.reset()
+    if tune_gc:
+        tune_for_large_heap()
     prof = cProfile.Profile(time.process_time) if profile else None
     attempts = committed = 0
     cpu0 = time.process_time()
@@ -101,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--machines", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", metavar="OUT", help="cProfile (CPU time) into OUT-<n>.prof")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="leave the garbage collector as it is (by default it is tuned as "
+                         "scheduler and server processes tune it: gc_tuning)")
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.committers.split(",") if n.strip()]
     print(f"{'stores':>6} {'cpu ms/commit':>13} {'txn/c':>6} {'writes/c':>8} "
@@ -110,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for k, n in enumerate(counts):
                 r = run(kv, f"cpu-{k}", n, args.commits, args.batch, args.machines,
-                        args.seed, f"{args.profile}-{n}.prof" if args.profile else None)
+                        args.seed, f"{args.profile}-{n}.prof" if args.profile else None,
+                        not args.default_gc)
                 print(f"{n:>6} {r['cpu_ms_per_commit']:>13.2f} {r['txns_per_commit']:>6.2f} "
                       f"{r['write_txns_per_commit']:>8.2f} {r['fetch_txns_per_commit']:>7.2f} "
                       f"{100 * r['failed_fraction']:>7.1f} {100 * r['placed_fraction']:>7.1f} "

@@ -86,6 +86,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from cellstate import codec  # noqa: E402
+from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.base import (  # noqa: E402
     KV,
     Compare,
@@ -422,6 +423,9 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                     counting = CountingKV(kv)
                     store = CellStore(counting, p["cell"])
                     store.load()
+                    if not p.get("default_gc"):
+                        # As scheduler and server processes do after their first load.
+                        tune_for_large_heap()
                     if p.get("follow"):
                         replica = Replica(kv, p["cell"]).start()
                         store.follow(replica)
@@ -757,7 +761,7 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                 params = [{"cell": cell, "mode": mode, "detection": det, "batch": args.batch,
                            "seed": args.seed + 1000 * n + i, "follow": args.follow_replica,
                            "max_txn_ops": args.max_txn_ops,
-                           "fallbacks": args.fallbacks,
+                           "fallbacks": args.fallbacks, "default_gc": args.default_gc,
                            "profile": f"{profile}/committers-{n}-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results, cpu = workers.round("store", params, args.seconds, meter)
@@ -911,6 +915,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile every committer of the incremental/fine etcd runs into "
                          "DIR/committers-<n>-<i>.prof (slows them down)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="leave the committer processes' garbage collector as it is (by "
+                         "default each tunes it after loading the cell, as scheduler and "
+                         "server processes do: cellstate.gc_tuning)")
     ap.add_argument("--committers", default=",".join(map(str, COMMITTER_COUNTS)),
                     help="comma-separated committer counts to run (default %(default)s)")
     ap.add_argument("--modes", default=",".join(m.value for m in MODES),

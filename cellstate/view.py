@@ -89,6 +89,50 @@ class WorkingView:
             return  # the record we hold is this one: no need to decode it again
         self._set(kind[0], kind[1], kv)
 
+    def observe_changed(self, key: bytes, kv: KeyValue | None, as_of: int,
+                        changed: Iterable[KeyValue], count: int) -> None:
+        """Learn a machine's record read at ``as_of`` with only its allocation keys
+        changed since the sequence the view holds for it (``changed``) and how many
+        allocation keys it has (``count``). Every change to a machine's allocations
+        rewrites its key, so the allocations are the held ones with the changed ones
+        put in, unless some were deleted: then the count is smaller, and the view
+        forgets the machine (it is read whole when next needed)."""
+        if self._as_of.get(key, -1) > as_of:
+            return
+        kind = self.keys.classify(key)
+        assert kind is not None and kind[0] is KeyKind.MACHINE
+        mid = kind[1]
+        held = self.machines.get(mid)
+        if kv is not None and held is not None and held.seq == kv.mod_revision:
+            self._learnt(key, as_of)
+            return
+        if kv is None or held is None:
+            if kv is None:
+                self._learnt(key, as_of)
+                self.machines.pop(mid, None)
+            else:
+                self.forget(key)
+            return
+        allocs = dict(held.allocations)
+        allocs.update(_allocations(self.keys.allocs(mid), changed, None))
+        if len(allocs) != count:
+            self.forget(key)
+            return
+        self._learnt(key, as_of)
+        self.machines[mid] = codec.decode_machine(mid, kv.value, kv.mod_revision, allocs)
+
+    def _learnt(self, key: bytes, as_of: int) -> None:
+        self._as_of[key] = as_of
+        if as_of > self.revision:
+            self.revision = as_of
+
+    def forget(self, key: bytes) -> None:
+        """Drop what the view knows of a machine's key (read whole when next needed)."""
+        self._as_of.pop(key, None)
+        kind = self.keys.classify(key)
+        if kind is not None and kind[0] is KeyKind.MACHINE:
+            self.machines.pop(kind[1], None)
+
     def _held_revision(self, kind: KeyKind, ident: str) -> int | None:
         """The revision of the record held for a key, or None if none is held."""
         if kind is KeyKind.CONFIG:

@@ -39,6 +39,7 @@ from cellstate.kv.base import (
     EventType,
     FutureRevisionError,
     Get,
+    GetChanged,
     KeyValue,
     KVError,
     LeaseNotFoundError,
@@ -260,6 +261,13 @@ def _add_ops(target: Any, ops: Sequence[Op]) -> bool:
             rng.key = op.key
             if op.range_end is not None:
                 rng.range_end = op.range_end
+        elif type(op) is GetChanged:
+            only_puts = False
+            rng = add().request_range
+            rng.key = op.key
+            if op.range_end is not None:
+                rng.range_end = op.range_end
+            rng.min_mod_revision = op.since
         elif type(op) is TxnOp:
             only_puts = False
             nested = add().request_txn
@@ -286,11 +294,14 @@ def _add_compares(target: Any, compares: Sequence[Compare]) -> None:
 
 def _op_results(
     ops: Sequence[Op], responses: Any, revision: int
-) -> tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]:
-    out: list[tuple[KeyValue, ...] | int | TxnResult | None] = []
+) -> tuple[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None, ...]:
+    out: list[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None] = []
     for op, resp in zip(ops, responses, strict=True):
         if type(op) is Put:
             out.append(None)
+        elif type(op) is GetChanged:
+            rr = resp.response_range
+            out.append(RangeResult(_kvs(rr.kvs), revision, rr.more, rr.count))
         elif type(op) is Delete:
             out.append(resp.response_delete_range.deleted)
         elif type(op) is TxnOp:

@@ -48,9 +48,10 @@ from cellstate.kv.base import (
     Compare,
     Delete,
     Get,
-    KeyValue,
+    GetChanged,
     Op,
     Put,
+    RangeResult,
     TxnResult,
     prefix_end,
     range_all,
@@ -223,29 +224,41 @@ class StoreBase:
             return key[len(self._machine_prefix):].decode()
         return None
 
-    def _gets(self, keys: Iterable[bytes]) -> list[Get]:
+    def _gets(self, keys: Iterable[bytes]) -> list[Get | GetChanged]:
         """Reads of ``keys``; a machine's key is read with its allocation keys (the two
-        make one record: see keys.py)."""
-        out = []
+        make one record: see keys.py). Of a machine the view holds, only the
+        allocations changed since come back (with the count of all, so that deletions
+        show): a busy machine's unchanged allocations are neither sent nor decoded."""
+        out: list[Get | GetChanged] = []
+        machines = self.view.machines
         for key in keys:
             out.append(Get(key))
             mid = self._machine_of(key)
             if mid is not None:
                 prefix = self.keys.allocs(mid)
-                out.append(Get(prefix, prefix_end(prefix)))
+                held = machines.get(mid)
+                if held is not None and held.seq > 0:
+                    out.append(GetChanged(prefix, prefix_end(prefix), held.seq + 1))
+                else:
+                    out.append(Get(prefix, prefix_end(prefix)))
         return out
 
     def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
         """Learn what :meth:`_gets` of ``keys`` returned."""
         found = iter(res.responses)
+        view = self.view
         for key in keys:
             got = next(found)
             kvs = got if isinstance(got, tuple) else ()
-            allocs: tuple[KeyValue, ...] = ()
-            if self._machine_of(key) is not None:
-                more = next(found)
-                allocs = more if isinstance(more, tuple) else ()
-            self.view.observe(key, kvs[0] if kvs else None, res.revision, allocs)
+            kv = kvs[0] if kvs else None
+            if self._machine_of(key) is None:
+                view.observe(key, kv, res.revision)
+                continue
+            more = next(found)
+            if isinstance(more, RangeResult):
+                view.observe_changed(key, kv, res.revision, more.kvs, more.count)
+            else:
+                view.observe(key, kv, res.revision, more if isinstance(more, tuple) else ())
 
     def _ensure_config(self) -> None:
         if not self.view.config_known:

@@ -286,10 +286,9 @@ class ClaimCommits(StoreBase):
             for jid in dict.fromkeys(c.job for c in cs):
                 shared[k.job(jid)] = v.job_rev(jid)
                 shared[k.status(jid)] = v.guard_revision(k.status(jid))
-        grouped = _by_machine(parts, decisions)
-        if grouped is None:
-            grouped = _connected(parts, decisions)
-        comps = list(grouped.values())
+        by_machine = _by_machine(parts, decisions)
+        comps = list((by_machine if by_machine is not None
+                      else _connected(parts, decisions)).values())
         covered_m = {m for comp in comps for m in comp.machines}
         covered_t = {t for comp in comps for t in comp.tasks}
         if not (new_machines.keys() <= covered_m and new_tasks.keys() <= covered_t):
