@@ -280,20 +280,28 @@ class StoreBase:
             if j is not None and not self.view.knows(key):
                 self.view.put_record(key, j, snap.revision)
 
-    def _ensure_loaded(self, claims: Sequence[Claim], schedulers: Iterable[str]) -> None:
-        """Fetch what validating ``claims`` will read and the view does not know."""
+    def _ensure_loaded(self, claims: Sequence[Claim], schedulers: Iterable[str],
+                       refresh: bool = False) -> bool:
+        """Fetch what validating ``claims`` will read and the view does not know.
+        ``refresh``: also read again the claims' machines the view holds (any may have
+        changed since), in the same read-only request; of those only what changed comes
+        back (see _gets). Returns whether a machine read again had changed."""
         self._catch_up()
         self._ensure_config()
         keys = self.keys
+        view = self.view
         machines = {m for c in claims for m in c.machines()}
         jids = {c.job for c in claims}
         self._adopt_from_snapshot(machines, jids)
+        before = {mid: m.seq for mid in machines if (m := view.machines.get(mid)) is not None
+                  } if refresh else {}
         self._fetch(
             k
             for k in (*map(keys.machine, machines), *map(keys.job, jids),
                       *map(keys.status, jids))
-            if not self.view.knows(k)
+            if not view.knows(k) or (refresh and self._machine_of(k) is not None)
         )
+        stale = any(view.machine_rev(mid) != seq for mid, seq in before.items())
         # Jobs of the tasks already on those machines (affinity rules read their labels)
         # and gangs that staged holds there.
         jobs: set[str] = set()
@@ -307,6 +315,7 @@ class StoreBase:
         more = [*map(keys.job, jobs), *map(keys.gang, gangs)]
         self._fetch(k for k in more if not self.view.knows(k))
         self._ensure_usage(schedulers)
+        return stale
 
     # -- per-scheduler usage counters ------------------------------------------------
 

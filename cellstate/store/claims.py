@@ -197,11 +197,20 @@ class ClaimCommits(StoreBase):
         """Decide one group and write it, deciding again after guard failures. Returns
         the steps to run in its place if it turns out not to fit one etcd transaction."""
         parts = group.parts
-        for _ in range(self.options.max_attempts):
+        for attempt in range(self.options.max_attempts):
             for i, _cs in parts:
                 outs[i].attempts += 1
             subs = [attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
-            self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
+            # While guards keep failing (other committers write the machines this view
+            # holds), read the machines again before the first attempt: a read-only
+            # request costs etcd no log entry and no fsync, a write that fails on
+            # stale machines costs both and a second write. Later attempts know the
+            # machines that failed from the failed write itself.
+            refresh = attempt == 0 and self._failing()
+            if self._ensure_loaded([c for _, cs in parts for c in cs],
+                                   {t.scheduler for t in subs}, refresh):
+                # A guard the read kept from failing: others still write these machines.
+                self._note_conflict(True)
             decisions = validate_many(self.view, subs, shape_checked=True,
                                       seq_rewrites=[outs[i].rewrites for i, _ in parts])
             if all(t.mode is TxnMode.INCREMENTAL for t in subs) and self._contended():
