@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import random
 import sys
 import time
@@ -46,8 +47,15 @@ from cellstate.store import CellStore  # noqa: E402
 from omega.etcd_launcher import LocalEtcd  # noqa: E402
 
 
-def run(kv: EtcdKV, cell: str, committers: int, commits: int, batch: int, machines: int,
-        seed: int, profile: str | None, tune_gc: bool) -> dict[str, float]:
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` used so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, batch: int,
+        machines: int, seed: int, profile: str | None, tune_gc: bool) -> dict[str, float]:
     setup_cell(kv, cell, machines, committers)
     countings = [CountingKV(kv) for _ in range(committers)]
     stores = [CellStore(c, cell) for c in countings]
@@ -63,6 +71,7 @@ def run(kv: EtcdKV, cell: str, committers: int, commits: int, batch: int, machin
     prof = cProfile.Profile(time.process_time) if profile else None
     attempts = committed = 0
     cpu0 = time.process_time()
+    etcd0 = process_cpu_s(etcd_pid)
     if prof is not None:
         prof.enable()
     for n in range(commits * committers):
@@ -80,12 +89,14 @@ def run(kv: EtcdKV, cell: str, committers: int, commits: int, batch: int, machin
         prof.disable()
         prof.dump_stats(profile)
     cpu = time.process_time() - cpu0
+    etcd_cpu = process_cpu_s(etcd_pid) - etcd0
     total = commits * committers
     writes = sum(c.write_txns for c in countings)
     ok = writes - sum(c.failed_write_txns for c in countings)
     delete_prefix(kv, stores[0].keys.root)
     return {
         "cpu_ms_per_commit": 1e3 * cpu / total,
+        "etcd_ms_per_commit": 1e3 * etcd_cpu / total,
         "txns_per_commit": attempts / total,
         "write_txns_per_commit": writes / total,
         "fetch_txns_per_commit": sum(c.read_txns for c in countings) / total,
@@ -109,16 +120,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "scheduler and server processes tune it: gc_tuning)")
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.committers.split(",") if n.strip()]
-    print(f"{'stores':>6} {'cpu ms/commit':>13} {'txn/c':>6} {'writes/c':>8} "
+    print(f"{'stores':>6} {'cpu ms/commit':>13} {'etcd ms/c':>9} {'txn/c':>6} {'writes/c':>8} "
           f"{'fetch/c':>7} {'failed%':>7} {'placed%':>7} {'cmp/Txn':>7} {'put/Txn':>7}")
     with LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True) as server:
         kv = EtcdKV([server.endpoint])
         try:
             for k, n in enumerate(counts):
-                r = run(kv, f"cpu-{k}", n, args.commits, args.batch, args.machines,
+                assert server.pid is not None
+                r = run(kv, server.pid, f"cpu-{k}", n, args.commits, args.batch, args.machines,
                         args.seed, f"{args.profile}-{n}.prof" if args.profile else None,
                         not args.default_gc)
-                print(f"{n:>6} {r['cpu_ms_per_commit']:>13.2f} {r['txns_per_commit']:>6.2f} "
+                print(f"{n:>6} {r['cpu_ms_per_commit']:>13.2f} {r['etcd_ms_per_commit']:>9.2f} "
+                      f"{r['txns_per_commit']:>6.2f} "
                       f"{r['write_txns_per_commit']:>8.2f} {r['fetch_txns_per_commit']:>7.2f} "
                       f"{100 * r['failed_fraction']:>7.1f} {100 * r['placed_fraction']:>7.1f} "
                       f"{r['compares']:>7.0f} {r['puts']:>7.0f}", flush=True)

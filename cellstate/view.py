@@ -193,7 +193,11 @@ class WorkingView:
         self._as_of[key] = revision
         if revision > self.revision:
             self.revision = revision
-        if isinstance(record, CellConfig):
+        if type(record) is Machine:  # the records every placement writes, first
+            self.machines[record.id] = record
+        elif type(record) is TaskRecord:
+            self.tasks[record.id] = record
+        elif isinstance(record, CellConfig):
             self.config, self.config_known = record, True
         elif record is not None:
             rk = kind_of(record)

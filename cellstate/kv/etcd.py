@@ -114,6 +114,10 @@ _COMPARE_RESULTS: Final[dict[CompareResult, pb.Compare.CompareResult]] = {
     CompareResult.LESS: pb.Compare.LESS,
 }
 _EVENT_DELETE: Final = mvccpb.Event.DELETE
+_MOD: Final = CompareTarget.MOD
+_EQUAL: Final = CompareResult.EQUAL
+_PB_MOD: Final = pb.Compare.MOD
+_PB_EQUAL: Final = pb.Compare.EQUAL
 
 # Substrings of etcd's error messages (etcd's api/v3rpc/rpctypes), stable since 3.0.
 _MSG_COMPACTED: Final = "required revision has been compacted"
@@ -284,10 +288,15 @@ def _add_compares(target: Any, compares: Sequence[Compare]) -> None:
     for cmp in compares:
         c = add_compare()
         c.key = cmp.key
-        c.result = _COMPARE_RESULTS[cmp.result]
-        kind, field = _COMPARE_TARGETS[cmp.target]
-        c.target = kind
-        setattr(c, field, cmp.value)
+        if cmp.target is _MOD and cmp.result is _EQUAL:  # a guard: most compares
+            c.target = _PB_MOD
+            c.result = _PB_EQUAL
+            c.mod_revision = cmp.value
+        else:
+            c.result = _COMPARE_RESULTS[cmp.result]
+            kind, field = _COMPARE_TARGETS[cmp.target]
+            c.target = kind
+            setattr(c, field, cmp.value)
         if cmp.range_end is not None:
             c.range_end = cmp.range_end
 

@@ -389,9 +389,10 @@ class StoreBase:
                 ops.append(Put(key, value, w.leases.get(key, 0)))
         # Each guard is a compare and a read in the failure branch; a machine's read
         # is two (its record and its allocations' range).
+        machines = self._machine_prefix
         for k in w.guards:
             size += 2 * (len(k) + _OP_BYTES)
-            if self._machine_of(k) is not None:
+            if k.startswith(machines):
                 size += 2 * len(k) + 2 * _OP_BYTES
         return _Prepared(w, ops, size + sum(len(c.key) + 2 * _OP_BYTES for c in w.compares))
 
@@ -413,11 +414,12 @@ class StoreBase:
         ops.append(Put(key, value))
         size = len(key) + len(value) + _OP_BYTES
         after = record.allocations
-        for tid, a in after.items():
-            # Decisions keep the Allocation objects they do not change: compare by
-            # identity first (most of a busy machine's allocations).
-            b = before.get(tid)
-            if b is not a and b != a:
+        # Decisions keep the Allocation objects they do not change: compare by identity
+        # first (most of a busy machine's allocations).
+        get = before.get
+        for tid in [t for t, a in after.items() if get(t) is not a]:
+            a = after[tid]
+            if before.get(tid) != a:
                 akey = self.keys.alloc(mid, tid)
                 avalue = codec.encode_alloc(a)
                 ops.append(Put(akey, avalue))
@@ -430,8 +432,8 @@ class StoreBase:
 
     def _fits(self, p: _Prepared) -> bool:
         limit = self.kv.max_txn_ops
-        reads = len(p.write.guards) + sum(self._machine_of(k) is not None
-                                          for k in p.write.guards)
+        machines = self._machine_prefix
+        reads = len(p.write.guards) + sum(k.startswith(machines) for k in p.write.guards)
         return (
             len(p.write.guards) + len(p.write.compares) <= limit
             and reads <= limit
@@ -449,7 +451,8 @@ class StoreBase:
         costs etcd no log entry and no fsync."""
         p = w if isinstance(w, _Prepared) else self._prepare(w)
         w = p.write
-        compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
+        guard = Compare.mod_revision_is
+        compares = [guard(k, rev) for k, rev in w.guards.items()]
         compares.extend(w.compares)
         read_back = w.read_back
         res = self.kv.txn(compares, p.ops, self._gets(w.guards) if read_back else ())
