@@ -23,6 +23,7 @@ from cellstate.model import (
     Machine,
     TaskRecord,
     UsageRecord,
+    sum_resources,
 )
 from cellstate.records import RECORDS, kind_of, revision_of
 
@@ -114,12 +115,20 @@ class WorkingView:
                 self.forget(key)
             return
         allocs = dict(held.allocations)
-        allocs.update(_allocations(self.keys.allocs(mid), changed, None))
+        new = _allocations(self.keys.allocs(mid), changed, None)
+        allocs.update(new)
         if len(allocs) != count:
             self.forget(key)
             return
         self._learnt(key, as_of)
-        self.machines[mid] = codec.decode_machine(mid, kv.value, kv.mod_revision, allocs)
+        m = codec.decode_machine(mid, kv.value, kv.mod_revision)
+        settled = None
+        if len(allocs) == len(held.allocations) + len(new) and not any(
+                a.gang or a.evicted_by for a in new.values()):
+            # Only plain placements were added: what they hold adds to the held sum
+            # (summing a busy machine's allocations again is the costlier part).
+            settled = held.settled_used + sum_resources(a.resources for a in new.values())
+        self.machines[mid] = m.with_allocations(allocs, settled)
 
     def _learnt(self, key: bytes, as_of: int) -> None:
         self._as_of[key] = as_of

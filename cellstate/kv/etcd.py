@@ -315,9 +315,13 @@ def _op_results(
             out.append(resp.response_delete_range.deleted)
         elif type(op) is TxnOp:
             inner = resp.response_txn
-            branch = op.success if inner.succeeded else op.failure
-            out.append(TxnResult(inner.succeeded, revision,
-                                 _op_results(branch, inner.responses, revision)))
+            ok = inner.succeeded
+            branch = op.success if ok else op.failure
+            if all(type(o) is Put for o in branch):  # nothing to read back
+                out.append(TxnResult(ok, revision, (None,) * len(branch)))
+            else:
+                out.append(TxnResult(ok, revision, _op_results(branch, inner.responses,
+                                                                revision)))
         else:
             out.append(_kvs(resp.response_range.kvs))
     return tuple(out)

@@ -345,10 +345,12 @@ class ClaimCommits(StoreBase):
                 or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
                                                        self.kv.max_request_bytes)):
             return None
+        guard = Compare.mod_revision_is
+        gets = self._gets
         ops: list[Op] = [
-            TxnOp(tuple(Compare.mod_revision_is(key, rev) for key, rev in p.write.guards.items()),
+            TxnOp(tuple([guard(key, rev) for key, rev in p.write.guards.items()]),
                   tuple(p.ops),  # type: ignore[arg-type]
-                  tuple(self._gets(p.write.guards)))
+                  tuple(gets(p.write.guards)))
             for p in prepared
         ]
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
