@@ -200,7 +200,8 @@ class ClaimCommits(StoreBase):
         for attempt in range(self.options.max_attempts):
             for i, _cs in parts:
                 outs[i].attempts += 1
-            subs = [attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
+            subs = [txns[i] if len(cs) == len(txns[i].claims)  # the whole transaction
+                    else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
             # While guards keep failing (other committers write the machines this view
             # holds), read the machines again before the first attempt: a read-only
             # request costs etcd no log entry and no fsync, a write that fails on
