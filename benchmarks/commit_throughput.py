@@ -115,7 +115,7 @@ from cellstate.model import (  # noqa: E402
     TxnMode,
 )
 from cellstate.replica import Replica  # noqa: E402
-from cellstate.store import CellStore  # noqa: E402
+from cellstate.store import CellStore, StoreOptions  # noqa: E402
 from omega.etcd_launcher import DEFAULT_MAX_TXN_OPS, UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
 
 COMMITTER_COUNTS = (1, 4, 8)
@@ -421,7 +421,8 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                 run: Callable[[float, float], dict[str, Any]]
                 if kind == "store":
                     counting = CountingKV(kv)
-                    store = CellStore(counting, p["cell"])
+                    store = CellStore(counting, p["cell"], options=StoreOptions(
+                        refresh_when_contended=not p.get("no_refresh")))
                     store.load()
                     if not p.get("default_gc"):
                         # As scheduler and server processes do after their first load.
@@ -762,6 +763,7 @@ def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: It
                            "seed": args.seed + 1000 * n + i, "follow": args.follow_replica,
                            "max_txn_ops": args.max_txn_ops,
                            "fallbacks": args.fallbacks, "default_gc": args.default_gc,
+                           "no_refresh": args.no_refresh,
                            "profile": f"{profile}/committers-{n}-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results, cpu = workers.round("store", params, args.seconds, meter)
@@ -915,6 +917,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile every committer of the incremental/fine etcd runs into "
                          "DIR/committers-<n>-<i>.prof (slows them down)")
+    ap.add_argument("--no-refresh", action="store_true",
+                    help="stores do not read their claimed machines again before writing "
+                         "while guards keep failing (StoreOptions.refresh_when_contended)")
     ap.add_argument("--default-gc", action="store_true",
                     help="leave the committer processes' garbage collector as it is (by "
                          "default each tunes it after loading the cell, as scheduler and "

@@ -8,9 +8,12 @@ Every write follows one pattern (optimistic concurrency over etcd revisions):
 1. make sure the working view knows every record the decision will read;
 2. decide, with a pure function over the view (``validation.validate`` for claims);
 3. send one etcd transaction: compares on the mod_revision of every record read,
-   the new records as puts, and reads of the same keys as the failure branch;
+   the new records as puts, and reads of the same keys as the failure branch (claim
+   commits, while their guards rarely fail, leave that branch out and read after a
+   failure instead: ``_try_write``);
 4. on success remember what was written; on failure learn the fresh values that came
-   back with the failure and go to 2.
+   back with the failure and go to 2. A machine the view holds is read back as its
+   key and only the allocations changed since (``_gets``).
 
 So any number of stores in any number of processes can commit against one etcd, and a
 machine is never over-committed: two commits that read the same machine cannot both
@@ -96,6 +99,9 @@ class StoreOptions:
     # guards fail often (see CellStore._contended), "always" or "never" force it.
     per_machine_writes: str = attrs.field(
         default="auto", validator=attrs.validators.in_(("auto", "always", "never")))
+    # While guards keep failing, read the claimed machines again (what changed) before
+    # the first write of a group (see ClaimCommits._commit_group).
+    refresh_when_contended: bool = True
 
 
 @attrs.frozen

@@ -207,7 +207,8 @@ class ClaimCommits(StoreBase):
             # request costs etcd no log entry and no fsync, a write that fails on
             # stale machines costs both and a second write. Later attempts know the
             # machines that failed from the failed write itself.
-            refresh = attempt == 0 and self._failing()
+            refresh = (attempt == 0 and self.options.refresh_when_contended
+                       and self._failing())
             if self._ensure_loaded([c for _, cs in parts for c in cs],
                                    {t.scheduler for t in subs}, refresh):
                 # A guard the read kept from failing: others still write these machines.
