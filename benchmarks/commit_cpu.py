@@ -29,17 +29,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+# Runnable as a plain script from anywhere: the repository root holds the package, and
+# the cell set-up comes from the commit benchmark next to this file.
+_HERE = Path(__file__).resolve().parent
+for _p in (_HERE.parent, _HERE):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-from benchmarks.commit_throughput import (  # noqa: E402
+from commit_throughput import (  # noqa: E402
     CountingKV,
     delete_prefix,
     job_id,
     scheduler_name,
     setup_cell,
 )
+
 from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import Claim, Detection, Transaction, TxnMode  # noqa: E402
@@ -85,7 +89,7 @@ def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, bat
                                        Detection.FINE))
         attempts += res.attempts
         committed += len(res.committed)
-    if prof is not None:
+    if prof is not None and profile:
         prof.disable()
         prof.dump_stats(profile)
     cpu = time.process_time() - cpu0

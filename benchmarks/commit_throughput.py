@@ -613,6 +613,7 @@ def summarize(t0: float, results: Sequence[dict[str, Any]], etcd_cpu_s: float | 
         "etcd_txns_per_commit": sum(r["attempts"] for r in results) / max(1, commits),
         "conflict_fraction": (writes - ok_writes) / max(1, writes),
         "fetch_txns": sum(r["read_txns"] for r in results),
+        "read_txns_per_commit": sum(r["read_txns"] for r in results) / max(1, commits),
         "compares_per_write": sum(r["ok_compares"] for r in results) / max(1, ok_writes),
         "puts_per_write": sum(r["ok_puts"] for r in results) / max(1, ok_writes),
         "bytes_per_write": sum(r["ok_bytes"] for r in results) / max(1, ok_writes),
@@ -1091,16 +1092,18 @@ def emit_cpu_table(configs: Sequence[dict[str, Any]], raws: dict[int, dict[str, 
         return f"{'?':>8}" if value is None else f"{value:>8.1f}"
 
     emit("CPU time, etcd backend (ms per commit / per etcd write Txn, all threads; cores = "
-         "committers + etcd CPU over wall time):")
+         "committers + etcd CPU over wall time; reads/c = read-only etcd Txns per commit, "
+         "not counted in txn/c):")
     emit(f"{'comm':>4} {'mode':<11} {'detect':<6} {'cl/commit':>9} {'etcd/cmt':>8} "
-         f"{'cl/Txn':>8} {'etcd/Txn':>8} {'cores':>6}")
+         f"{'cl/Txn':>8} {'etcd/Txn':>8} {'cores':>6} {'reads/c':>7}")
     for c in etcd:
         s = c["result"]
         cores = s.get("cores_used")
         emit(f"{c['committers']:>4} {c['mode']:<11} {c['detection']:<6} "
              f" {ms(s['client_cpu_ms_per_commit'])} {ms(s['etcd_cpu_ms_per_commit'])} "
              f"{ms(s['client_cpu_ms_per_txn'])} {ms(s['etcd_cpu_ms_per_txn'])} "
-             f"{'?' if cores is None else f'{cores:.2f}':>6}")
+             f"{'?' if cores is None else f'{cores:.2f}':>6} "
+             f"{s.get('read_txns_per_commit', 0.0):>7.2f}")
     for n, raw in sorted(raws.items()):
         cores = raw.get("cores_used")
         emit(f"{n:>4} {'raw Txn':<11} {'':<6}  {'':>8} {'':>8} "
@@ -1130,7 +1133,8 @@ def emit_goals(configs: Sequence[dict[str, Any]], bytes_rows: Sequence[dict[str,
              f"(largest / smallest {spread:.2f}) -> {verdict(spread <= GOAL_BYTES_SPREAD)}")
     four = find(4)
     if four is None:
-        emit("throughput goals: not checked (the etcd backend did not run)")
+        emit("throughput goals: not checked (they need the etcd backend's incremental/fine "
+             "runs with 4 committers)")
         return
     rate = four["result"]["placements_per_s"]
     emit(f"goal: >= {GOAL_PLACEMENTS:,.0f} placements/s with 4 committers (incremental, fine, "
