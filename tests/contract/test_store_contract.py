@@ -530,3 +530,19 @@ def test_a_stale_view_learns_added_and_released_allocations(
     expected = {"a/1", "b/0", "a/2"} | ({"a/3"} if release else {"a/0"})
     assert set(fresh.allocations) == expected
     assert violations(store.read_snapshot()) == []
+
+
+def test_a_task_placed_elsewhere_meanwhile_is_not_placed_again(kv: KV) -> None:
+    """Two committers claim one task on two different machines: the machine guards both
+    hold, so only the task's own guard stops the second (no compare is redundant)."""
+    admin = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=2)])
+    stale = CellStore(kv)
+    stale.load()
+    assert admin.commit(txn([Claim("j", 0, "m1")])).ok
+    res = stale.commit(txn([Claim("j", 0, "m2")]))
+    assert res.committed == () and res.attempts == 2
+    assert res.rejected[0].reason is Reason.TASK_ALREADY_PLACED
+    snap = stale.read_snapshot()
+    assert task_view(snap, "j/0").machine == "m1"
+    assert snap.machines["m2"].allocations == {}
+    assert violations(snap) == []
