@@ -52,7 +52,11 @@ default is 128; a claim costs the store 3 ops, so B=50 needs 2 Txns at the defau
 (each with the sequence number the store's view holds for it) that the store takes, in
 order, when the first one no longer passes (``fb%``: committed claims that took one);
 ``--backends``, ``--batch``, ``--machines``, ``--seed``;
-``--profile DIR`` cProfiles the committers of the incremental/fine etcd runs;
+``--no-refresh`` turns off the stores' read of their claimed machines before writing
+under contention (``StoreOptions.refresh_when_contended``; the CPU table's ``reads/c``
+counts those read-only Txns, which ``txn/c`` does not); committer processes tune the
+garbage collector after loading the cell as scheduler processes do (``--default-gc``:
+they do not); ``--profile DIR`` cProfiles the committers of the incremental/fine etcd runs;
 ``--committers``, ``--modes``, ``--detections`` choose the configurations (e.g.
 ``--committers 1,4 --modes incremental --detections fine``, the goals' runs).
 """

@@ -91,35 +91,35 @@ class WorkingView:
         self._set(kind[0], kind[1], kv)
 
     def observe_changed(self, key: bytes, kv: KeyValue | None, as_of: int,
-                        changed: Iterable[KeyValue], count: int) -> None:
+                        changed: Iterable[KeyValue], count: int) -> bool:
         """Learn a machine's record read at ``as_of`` with only its allocation keys
         changed since the sequence the view holds for it (``changed``) and how many
         allocation keys it has (``count``). Every change to a machine's allocations
         rewrites its key, so the allocations are the held ones with the changed ones
         put in, unless some were deleted: then the count is smaller, and the view
-        forgets the machine (it is read whole when next needed)."""
+        forgets the machine and returns False (the caller reads it whole)."""
         if self._as_of.get(key, -1) > as_of:
-            return
+            return True
         kind = self.keys.classify(key)
         assert kind is not None and kind[0] is KeyKind.MACHINE
         mid = kind[1]
         held = self.machines.get(mid)
         if kv is not None and held is not None and held.seq == kv.mod_revision:
             self._learnt(key, as_of)
-            return
-        if kv is None or held is None:
-            if kv is None:
-                self._learnt(key, as_of)
-                self.machines.pop(mid, None)
-            else:
-                self.forget(key)
-            return
+            return True
+        if kv is None:
+            self._learnt(key, as_of)
+            self.machines.pop(mid, None)
+            return True
+        if held is None:
+            self.forget(key)
+            return False
         allocs = dict(held.allocations)
         new = _allocations(self.keys.allocs(mid), changed, None)
         allocs.update(new)
         if len(allocs) != count:
             self.forget(key)
-            return
+            return False
         self._learnt(key, as_of)
         m = codec.decode_machine(mid, kv.value, kv.mod_revision)
         settled = None
@@ -129,6 +129,7 @@ class WorkingView:
             # (summing a busy machine's allocations again is the costlier part).
             settled = held.settled_used + sum_resources(a.resources for a in new.values())
         self.machines[mid] = m.with_allocations(allocs, settled)
+        return True
 
     def _learnt(self, key: bytes, as_of: int) -> None:
         self._as_of[key] = as_of

@@ -250,9 +250,12 @@ class StoreBase:
         return out
 
     def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
-        """Learn what :meth:`_gets` of ``keys`` returned."""
+        """Learn what :meth:`_gets` of ``keys`` returned. Every machine read is in the
+        view afterwards (callers decide right after): one the view forgot because an
+        allocation was deleted since it held it (see _gets) is read again, whole."""
         found = iter(res.responses)
         view = self.view
+        forgotten = []
         for key in keys:
             got = next(found)
             kvs = got if isinstance(got, tuple) else ()
@@ -262,9 +265,12 @@ class StoreBase:
                 continue
             more = next(found)
             if isinstance(more, RangeResult):
-                view.observe_changed(key, kv, res.revision, more.kvs, more.count)
+                if not view.observe_changed(key, kv, res.revision, more.kvs, more.count):
+                    forgotten.append(key)
             else:
                 view.observe(key, kv, res.revision, more if isinstance(more, tuple) else ())
+        if forgotten:
+            self._fetch(forgotten)  # not held any more: read whole (see _gets)
 
     def _ensure_config(self) -> None:
         if not self.view.config_known:

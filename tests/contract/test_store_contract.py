@@ -546,3 +546,23 @@ def test_a_task_placed_elsewhere_meanwhile_is_not_placed_again(kv: KV) -> None:
     assert task_view(snap, "j/0").machine == "m1"
     assert snap.machines["m2"].allocations == {}
     assert violations(snap) == []
+
+
+def test_an_operator_write_on_a_machine_that_lost_an_allocation_meanwhile(kv: KV) -> None:
+    """A store that holds a machine reads back only what changed; when an allocation
+    was deleted since, it reads the machine whole before deciding, so a cordon finds
+    the machine (and a drain loses exactly the tasks it holds now)."""
+    admin = make_cell(kv, [machine("m1", cpu=4)],
+                      [job("a", tasks=2), job("b", tasks=1, scheduler="svc")])
+    store = CellStore(kv)
+    assert store.commit(txn([Claim("a", 0, "m1"), Claim("a", 1, "m1")])).ok
+    admin.release_task("a/0", TaskState.FINISHED)
+    assert admin.commit(txn([Claim("b", 0, "m1")], scheduler="svc")).ok
+    _, state, _ = store.set_machine_state("m1", "cordon")
+    assert state is MachineState.DRAINING
+    assert set(store.view.machines["m1"].allocations) == {"a/1", "b/0"}
+    _, _, lost = store.set_machine_state("m1", "drain")
+    assert lost == 2
+    snap = store.read_snapshot()
+    assert snap.machines["m1"].allocations == {}
+    assert violations(snap) == []
