@@ -52,7 +52,13 @@ default is 128; a claim costs the store 3 ops, so B=50 needs 2 Txns at the defau
 (each with the sequence number the store's view holds for it) that the store takes, in
 order, when the first one no longer passes (``fb%``: committed claims that took one);
 ``--backends``, ``--batch``, ``--machines``, ``--seed``;
-``--profile DIR`` cProfiles the committers of the incremental/fine/4-committer etcd run.
+``--no-refresh`` turns off the stores' read of their claimed machines before writing
+under contention (``StoreOptions.refresh_when_contended``; the CPU table's ``reads/c``
+counts those read-only Txns, which ``txn/c`` does not); committer processes tune the
+garbage collector after loading the cell as scheduler processes do (``--default-gc``:
+they do not); ``--profile DIR`` cProfiles the committers of the incremental/fine etcd runs;
+``--committers``, ``--modes``, ``--detections`` choose the configurations (e.g.
+``--committers 1,4 --modes incremental --detections fine``, the goals' runs).
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from cellstate import codec  # noqa: E402
+from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
 from cellstate.kv.base import (  # noqa: E402
     KV,
     Compare,
@@ -112,7 +119,7 @@ from cellstate.model import (  # noqa: E402
     TxnMode,
 )
 from cellstate.replica import Replica  # noqa: E402
-from cellstate.store import CellStore  # noqa: E402
+from cellstate.store import CellStore, StoreOptions  # noqa: E402
 from omega.etcd_launcher import DEFAULT_MAX_TXN_OPS, UNSAFE_VERSIONS, LocalEtcd  # noqa: E402
 
 COMMITTER_COUNTS = (1, 4, 8)
@@ -418,8 +425,12 @@ def worker_main(conn: Connection, endpoint: str, wid: int) -> None:
                 run: Callable[[float, float], dict[str, Any]]
                 if kind == "store":
                     counting = CountingKV(kv)
-                    store = CellStore(counting, p["cell"])
+                    store = CellStore(counting, p["cell"], options=StoreOptions(
+                        refresh_when_contended=not p.get("no_refresh")))
                     store.load()
+                    if not p.get("default_gc"):
+                        # As scheduler and server processes do after their first load.
+                        tune_for_large_heap()
                     if p.get("follow"):
                         replica = Replica(kv, p["cell"]).start()
                         store.follow(replica)
@@ -606,6 +617,7 @@ def summarize(t0: float, results: Sequence[dict[str, Any]], etcd_cpu_s: float | 
         "etcd_txns_per_commit": sum(r["attempts"] for r in results) / max(1, commits),
         "conflict_fraction": (writes - ok_writes) / max(1, writes),
         "fetch_txns": sum(r["read_txns"] for r in results),
+        "read_txns_per_commit": sum(r["read_txns"] for r in results) / max(1, commits),
         "compares_per_write": sum(r["ok_compares"] for r in results) / max(1, ok_writes),
         "puts_per_write": sum(r["ok_puts"] for r in results) / max(1, ok_writes),
         "bytes_per_write": sum(r["ok_bytes"] for r in results) / max(1, ok_writes),
@@ -680,10 +692,10 @@ def _pct(value: float | None) -> str:
 # -- the benchmark ----------------------------------------------------------------------
 
 
-def configurations() -> Iterator[tuple[int, TxnMode, Detection]]:
-    for n in COMMITTER_COUNTS:
-        for mode in MODES:
-            for det in DETECTIONS:
+def configurations(args: argparse.Namespace) -> Iterator[tuple[int, TxnMode, Detection]]:
+    for n in args.committers:
+        for mode in args.modes:
+            for det in args.detections:
                 yield n, mode, det
 
 
@@ -697,7 +709,7 @@ def _thread_main(results: list[dict[str, Any] | None], errors: list[str], i: int
 
 def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[str, Any]],
                meter: CpuMeter, emit: Callable[[str], None]) -> None:
-    for n, mode, det in configurations():
+    for n, mode, det in configurations(args):
         kv = MemoryKV(max_txn_ops=args.max_txn_ops)
         cell = f"bench-{next(cell_no)}"
         setup_cell(kv, cell, args.machines, n)
@@ -743,20 +755,21 @@ def run_memory(args: argparse.Namespace, cell_no: Iterator[int], out: list[dict[
 def run_etcd(args: argparse.Namespace, kv: EtcdKV, workers: Workers, cell_no: Iterator[int],
              out: list[dict[str, Any]], raws: dict[int, dict[str, Any]], meter: CpuMeter,
              emit: Callable[[str], None]) -> None:
-    for n in COMMITTER_COUNTS:
+    for n in args.committers:
         rows: list[dict[str, Any]] = []
-        for mode in MODES:
-            for det in DETECTIONS:
+        for mode in args.modes:
+            for det in args.detections:
                 cell = f"bench-{next(cell_no)}"
                 setup_cell(kv, cell, args.machines, n)
                 profile = None
-                if args.profile and (n, mode, det) == (4, TxnMode.INCREMENTAL, Detection.FINE):
+                if args.profile and (mode, det) == (TxnMode.INCREMENTAL, Detection.FINE):
                     profile = args.profile
                 params = [{"cell": cell, "mode": mode, "detection": det, "batch": args.batch,
                            "seed": args.seed + 1000 * n + i, "follow": args.follow_replica,
                            "max_txn_ops": args.max_txn_ops,
-                           "fallbacks": args.fallbacks,
-                           "profile": f"{profile}/committer-{i}.prof" if profile else None}
+                           "fallbacks": args.fallbacks, "default_gc": args.default_gc,
+                           "no_refresh": args.no_refresh,
+                           "profile": f"{profile}/committers-{n}-{i}.prof" if profile else None}
                           for i in range(n)]
                 t0, results, cpu = workers.round("store", params, args.seconds, meter)
                 cfg: dict[str, Any] = {"backend": "etcd", "committers": n, "mode": mode.value,
@@ -907,8 +920,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fallbacks", type=int, default=0,
                     help=f"alternative machines per claim (0-{MAX_FALLBACKS})")
     ap.add_argument("--profile", metavar="DIR",
-                    help="cProfile every committer of the incremental/fine/4-committer etcd "
-                         "run into DIR/committer-<i>.prof (slows them down)")
+                    help="cProfile every committer of the incremental/fine etcd runs into "
+                         "DIR/committers-<n>-<i>.prof (slows them down)")
+    ap.add_argument("--no-refresh", action="store_true",
+                    help="stores do not read their claimed machines again before writing "
+                         "while guards keep failing (StoreOptions.refresh_when_contended)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="leave the committer processes' garbage collector as it is (by "
+                         "default each tunes it after loading the cell, as scheduler and "
+                         "server processes do: cellstate.gc_tuning)")
+    ap.add_argument("--committers", default=",".join(map(str, COMMITTER_COUNTS)),
+                    help="comma-separated committer counts to run (default %(default)s)")
+    ap.add_argument("--modes", default=",".join(m.value for m in MODES),
+                    help="comma-separated: incremental, gang (default both)")
+    ap.add_argument("--detections", default=",".join(d.value for d in DETECTIONS),
+                    help="comma-separated: fine, coarse (default both)")
     ap.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS, metavar="N",
                     help="start etcd with --max-txn-ops=N and give every store's KV the same "
                          f"limit (default {DEFAULT_MAX_TXN_OPS}, what omega's etcd launcher sets)")
@@ -920,6 +946,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seconds = 1.5 if args.quick else 4.0
     if not 0 <= args.fallbacks <= MAX_FALLBACKS:
         ap.error(f"--fallbacks takes 0 to {MAX_FALLBACKS}")
+    try:
+        args.committers = tuple(int(n) for n in args.committers.split(",") if n.strip())
+        args.modes = tuple(TxnMode(m.strip()) for m in args.modes.split(",") if m.strip())
+        args.detections = tuple(Detection(d.strip()) for d in args.detections.split(",")
+                                if d.strip())
+    except ValueError as e:
+        ap.error(f"--committers/--modes/--detections: {e}")
+    if not (args.committers and args.modes and args.detections) or min(args.committers) < 1:
+        ap.error("--committers, --modes and --detections each need at least one value "
+                 "(committer counts from 1)")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not set(backends) <= {"etcd", "memory"}:
         ap.error("--backends takes etcd and/or memory")
@@ -964,7 +1000,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta["etcd_binary"] = server.binary
             meta["etcd_db_file_bytes_at_start"] = etcd_db_file_bytes(server)
             kv = EtcdKV([server.endpoint], max_txn_ops=args.max_txn_ops)
-            workers = Workers(server.endpoint, max(COMMITTER_COUNTS))
+            workers = Workers(server.endpoint, max(args.committers))
             meter.pids.extend([p.pid for p in workers.procs if p.pid is not None])
             meter.etcd_pid = server.pid
         emit(f"commit throughput: {args.machines} machines (cpu={MACHINE_CPU:g}, "
@@ -1060,16 +1096,18 @@ def emit_cpu_table(configs: Sequence[dict[str, Any]], raws: dict[int, dict[str, 
         return f"{'?':>8}" if value is None else f"{value:>8.1f}"
 
     emit("CPU time, etcd backend (ms per commit / per etcd write Txn, all threads; cores = "
-         "committers + etcd CPU over wall time):")
+         "committers + etcd CPU over wall time; reads/c = read-only etcd Txns per commit, "
+         "not counted in txn/c):")
     emit(f"{'comm':>4} {'mode':<11} {'detect':<6} {'cl/commit':>9} {'etcd/cmt':>8} "
-         f"{'cl/Txn':>8} {'etcd/Txn':>8} {'cores':>6}")
+         f"{'cl/Txn':>8} {'etcd/Txn':>8} {'cores':>6} {'reads/c':>7}")
     for c in etcd:
         s = c["result"]
         cores = s.get("cores_used")
         emit(f"{c['committers']:>4} {c['mode']:<11} {c['detection']:<6} "
              f" {ms(s['client_cpu_ms_per_commit'])} {ms(s['etcd_cpu_ms_per_commit'])} "
              f"{ms(s['client_cpu_ms_per_txn'])} {ms(s['etcd_cpu_ms_per_txn'])} "
-             f"{'?' if cores is None else f'{cores:.2f}':>6}")
+             f"{'?' if cores is None else f'{cores:.2f}':>6} "
+             f"{s.get('read_txns_per_commit', 0.0):>7.2f}")
     for n, raw in sorted(raws.items()):
         cores = raw.get("cores_used")
         emit(f"{n:>4} {'raw Txn':<11} {'':<6}  {'':>8} {'':>8} "
@@ -1099,13 +1137,14 @@ def emit_goals(configs: Sequence[dict[str, Any]], bytes_rows: Sequence[dict[str,
              f"(largest / smallest {spread:.2f}) -> {verdict(spread <= GOAL_BYTES_SPREAD)}")
     four = find(4)
     if four is None:
-        emit("throughput goals: not checked (the etcd backend did not run)")
+        emit("throughput goals: not checked (they need the etcd backend's incremental/fine "
+             "runs with 4 committers)")
         return
     rate = four["result"]["placements_per_s"]
     emit(f"goal: >= {GOAL_PLACEMENTS:,.0f} placements/s with 4 committers (incremental, fine, "
          f"etcd): {rate:,.0f}/s at {four['result']['etcd_txns_per_commit']:.2f} etcd Txns per "
          f"commit -> {verdict(rate >= GOAL_PLACEMENTS)}")
-    ratios = {n: c["store_over_raw"] for n in COMMITTER_COUNTS
+    ratios = {n: c["store_over_raw"] for n in sorted({c["committers"] for c in configs})
               if (c := find(n)) is not None and "store_over_raw" in c}
     named = {n: r for n, r in ratios.items() if n in GOAL_RATIO_COMMITTERS}
     listed = ", ".join(f"{n} committer(s) {r:.2f}" for n, r in named.items())

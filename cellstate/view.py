@@ -23,6 +23,7 @@ from cellstate.model import (
     Machine,
     TaskRecord,
     UsageRecord,
+    sum_resources,
 )
 from cellstate.records import RECORDS, kind_of, revision_of
 
@@ -80,13 +81,67 @@ class WorkingView:
             elif held is None or held.seq != kv.mod_revision:
                 # The same sequence means the same allocations: no need to decode.
                 self.machines[kind[1]] = codec.decode_machine(
-                    kind[1], kv.value, kv.mod_revision, _allocations(self.keys, allocs))
+                    kind[1], kv.value, kv.mod_revision,
+                    _allocations(self.keys.allocs(kind[1]), allocs, held))
             return
         if as_of > self.revision:
             self.revision = as_of
         if kv is not None and self._held_revision(*kind) == kv.mod_revision:
             return  # the record we hold is this one: no need to decode it again
         self._set(kind[0], kind[1], kv)
+
+    def observe_changed(self, key: bytes, kv: KeyValue | None, as_of: int,
+                        changed: Iterable[KeyValue], count: int) -> bool:
+        """Learn a machine's record read at ``as_of`` with only its allocation keys
+        changed since the sequence the view holds for it (``changed``) and how many
+        allocation keys it has (``count``). Every change to a machine's allocations
+        rewrites its key, so the allocations are the held ones with the changed ones
+        put in, unless some were deleted: then the count is smaller, and the view
+        forgets the machine and returns False (the caller reads it whole)."""
+        if self._as_of.get(key, -1) > as_of:
+            return True
+        kind = self.keys.classify(key)
+        assert kind is not None and kind[0] is KeyKind.MACHINE
+        mid = kind[1]
+        held = self.machines.get(mid)
+        if kv is not None and held is not None and held.seq == kv.mod_revision:
+            self._learnt(key, as_of)
+            return True
+        if kv is None:
+            self._learnt(key, as_of)
+            self.machines.pop(mid, None)
+            return True
+        if held is None:
+            self.forget(key)
+            return False
+        allocs = dict(held.allocations)
+        new = _allocations(self.keys.allocs(mid), changed, None)
+        allocs.update(new)
+        if len(allocs) != count:
+            self.forget(key)
+            return False
+        self._learnt(key, as_of)
+        m = codec.decode_machine(mid, kv.value, kv.mod_revision)
+        settled = None
+        if len(allocs) == len(held.allocations) + len(new) and not any(
+                a.gang or a.evicted_by for a in new.values()):
+            # Only plain placements were added: what they hold adds to the held sum
+            # (summing a busy machine's allocations again is the costlier part).
+            settled = held.settled_used + sum_resources(a.resources for a in new.values())
+        self.machines[mid] = m.with_allocations(allocs, settled)
+        return True
+
+    def _learnt(self, key: bytes, as_of: int) -> None:
+        self._as_of[key] = as_of
+        if as_of > self.revision:
+            self.revision = as_of
+
+    def forget(self, key: bytes) -> None:
+        """Drop what the view knows of a machine's key (read whole when next needed)."""
+        self._as_of.pop(key, None)
+        kind = self.keys.classify(key)
+        if kind is not None and kind[0] is KeyKind.MACHINE:
+            self.machines.pop(kind[1], None)
 
     def _held_revision(self, kind: KeyKind, ident: str) -> int | None:
         """The revision of the record held for a key, or None if none is held."""
@@ -148,7 +203,11 @@ class WorkingView:
         self._as_of[key] = revision
         if revision > self.revision:
             self.revision = revision
-        if isinstance(record, CellConfig):
+        if type(record) is Machine:  # the records every placement writes, first
+            self.machines[record.id] = record
+        elif type(record) is TaskRecord:
+            self.tasks[record.id] = record
+        elif isinstance(record, CellConfig):
             self.config, self.config_known = record, True
         elif record is not None:
             rk = kind_of(record)
@@ -158,11 +217,19 @@ class WorkingView:
             self._set(kind[0], kind[1], None)
 
 
-def _allocations(keys: Keyspace, kvs: Iterable[KeyValue]) -> dict[str, Allocation]:
+def _allocations(prefix: bytes, kvs: Iterable[KeyValue], held: Machine | None
+                 ) -> dict[str, Allocation]:
+    """A machine's allocations from its allocation keys (under ``prefix``). One the
+    view holds already (``held``) is kept rather than decoded again when its key has
+    not changed since: every change to a machine's allocations rewrites the machine's
+    key, so the allocations ``held`` has are exactly those in etcd at its sequence, and
+    a key last modified at or before that sequence holds the same value now."""
     out = {}
+    start = len(prefix)
+    known = held.allocations if held is not None else {}
+    seq = held.seq if held is not None else 0
     for kv in kvs:
-        kind = keys.classify(kv.key)
-        if kind is not None:
-            tid = kind[1].partition("/")[2]
-            out[tid] = codec.decode_alloc(tid, kv.value)
+        tid = kv.key[start:].decode()
+        a = known.get(tid) if kv.mod_revision <= seq else None
+        out[tid] = a if a is not None else codec.decode_alloc(tid, kv.value)
     return out

@@ -39,6 +39,7 @@ from cellstate.kv.base import (
     EventType,
     FutureRevisionError,
     Get,
+    GetChanged,
     KeyValue,
     KVError,
     LeaseNotFoundError,
@@ -113,6 +114,10 @@ _COMPARE_RESULTS: Final[dict[CompareResult, pb.Compare.CompareResult]] = {
     CompareResult.LESS: pb.Compare.LESS,
 }
 _EVENT_DELETE: Final = mvccpb.Event.DELETE
+_MOD: Final = CompareTarget.MOD
+_EQUAL: Final = CompareResult.EQUAL
+_PB_MOD: Final = pb.Compare.MOD
+_PB_EQUAL: Final = pb.Compare.EQUAL
 
 # Substrings of etcd's error messages (etcd's api/v3rpc/rpctypes), stable since 3.0.
 _MSG_COMPACTED: Final = "required revision has been compacted"
@@ -260,6 +265,13 @@ def _add_ops(target: Any, ops: Sequence[Op]) -> bool:
             rng.key = op.key
             if op.range_end is not None:
                 rng.range_end = op.range_end
+        elif type(op) is GetChanged:
+            only_puts = False
+            rng = add().request_range
+            rng.key = op.key
+            if op.range_end is not None:
+                rng.range_end = op.range_end
+            rng.min_mod_revision = op.since
         elif type(op) is TxnOp:
             only_puts = False
             nested = add().request_txn
@@ -276,28 +288,40 @@ def _add_compares(target: Any, compares: Sequence[Compare]) -> None:
     for cmp in compares:
         c = add_compare()
         c.key = cmp.key
-        c.result = _COMPARE_RESULTS[cmp.result]
-        kind, field = _COMPARE_TARGETS[cmp.target]
-        c.target = kind
-        setattr(c, field, cmp.value)
+        if cmp.target is _MOD and cmp.result is _EQUAL:  # a guard: most compares
+            c.target = _PB_MOD
+            c.result = _PB_EQUAL
+            c.mod_revision = cmp.value
+        else:
+            c.result = _COMPARE_RESULTS[cmp.result]
+            kind, field = _COMPARE_TARGETS[cmp.target]
+            c.target = kind
+            setattr(c, field, cmp.value)
         if cmp.range_end is not None:
             c.range_end = cmp.range_end
 
 
 def _op_results(
     ops: Sequence[Op], responses: Any, revision: int
-) -> tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]:
-    out: list[tuple[KeyValue, ...] | int | TxnResult | None] = []
+) -> tuple[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None, ...]:
+    out: list[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None] = []
     for op, resp in zip(ops, responses, strict=True):
         if type(op) is Put:
             out.append(None)
+        elif type(op) is GetChanged:
+            rr = resp.response_range
+            out.append(RangeResult(_kvs(rr.kvs), revision, rr.more, rr.count))
         elif type(op) is Delete:
             out.append(resp.response_delete_range.deleted)
         elif type(op) is TxnOp:
             inner = resp.response_txn
-            branch = op.success if inner.succeeded else op.failure
-            out.append(TxnResult(inner.succeeded, revision,
-                                 _op_results(branch, inner.responses, revision)))
+            ok = inner.succeeded
+            branch = op.success if ok else op.failure
+            if all(type(o) is Put for o in branch):  # nothing to read back
+                out.append(TxnResult(ok, revision, (None,) * len(branch)))
+            else:
+                out.append(TxnResult(ok, revision, _op_results(branch, inner.responses,
+                                                                revision)))
         else:
             out.append(_kvs(resp.response_range.kvs))
     return tuple(out)

@@ -31,6 +31,7 @@ from cellstate.kv.base import (
     EventType,
     FutureRevisionError,
     Get,
+    GetChanged,
     KeyValue,
     LeaseNotFoundError,
     Op,
@@ -65,8 +66,8 @@ def _in_range(key: bytes, start: bytes, end: bytes | None) -> bool:
 
 
 def _with_revision(
-    responses: Sequence[tuple[KeyValue, ...] | int | TxnResult | None], revision: int
-) -> tuple[tuple[KeyValue, ...] | int | TxnResult | None, ...]:
+    responses: Sequence[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None], revision: int
+) -> tuple[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None, ...]:
     return tuple(
         TxnResult(r.succeeded, revision, _with_revision(r.responses, revision))
         if isinstance(r, TxnResult) else r
@@ -308,12 +309,12 @@ class MemoryKV:
 
     def _apply(
         self, branch: Sequence[Op]
-    ) -> tuple[list[tuple[KeyValue, ...] | int | TxnResult | None],
+    ) -> tuple[list[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None],
                list[tuple[EventType, bytes, Put | None]]]:
         """Reads are answered at the state before this transaction's writes. The store
         never mixes reads and writes in one branch, so where etcd differs (a read after a
         write in the same branch sees it) does not matter."""
-        responses: list[tuple[KeyValue, ...] | int | TxnResult | None] = []
+        responses: list[tuple[KeyValue, ...] | int | TxnResult | RangeResult | None] = []
         writes: list[tuple[EventType, bytes, Put | None]] = []
         for op in branch:
             if isinstance(op, TxnOp):
@@ -324,6 +325,10 @@ class MemoryKV:
                 responses.append(TxnResult(ok, -1, tuple(inner)))
             elif isinstance(op, Get):
                 responses.append(tuple(self._scan(op.key, op.range_end, self._revision)))
+            elif isinstance(op, GetChanged):
+                kvs = list(self._scan(op.key, op.range_end, self._revision))
+                changed = tuple(kv for kv in kvs if kv.mod_revision >= op.since)
+                responses.append(RangeResult(changed, self._revision, False, len(kvs)))
             elif isinstance(op, Put):
                 writes.append((EventType.PUT, op.key, op))
                 responses.append(None)

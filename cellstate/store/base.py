@@ -8,9 +8,12 @@ Every write follows one pattern (optimistic concurrency over etcd revisions):
 1. make sure the working view knows every record the decision will read;
 2. decide, with a pure function over the view (``validation.validate`` for claims);
 3. send one etcd transaction: compares on the mod_revision of every record read,
-   the new records as puts, and reads of the same keys as the failure branch;
+   the new records as puts, and reads of the same keys as the failure branch (claim
+   commits, while their guards rarely fail, leave that branch out and read after a
+   failure instead: ``_try_write``);
 4. on success remember what was written; on failure learn the fresh values that came
-   back with the failure and go to 2.
+   back with the failure and go to 2. A machine the view holds is read back as its
+   key and only the allocations changed since (``_gets``).
 
 So any number of stores in any number of processes can commit against one etcd, and a
 machine is never over-committed: two commits that read the same machine cannot both
@@ -48,9 +51,10 @@ from cellstate.kv.base import (
     Compare,
     Delete,
     Get,
-    KeyValue,
+    GetChanged,
     Op,
     Put,
+    RangeResult,
     TxnResult,
     prefix_end,
     range_all,
@@ -95,6 +99,9 @@ class StoreOptions:
     # guards fail often (see CellStore._contended), "always" or "never" force it.
     per_machine_writes: str = attrs.field(
         default="auto", validator=attrs.validators.in_(("auto", "always", "never")))
+    # While guards keep failing, read the claimed machines again (what changed) before
+    # the first write of a group (see ClaimCommits._commit_group).
+    refresh_when_contended: bool = True
 
 
 @attrs.frozen
@@ -106,6 +113,9 @@ class _Write:
     leases: Mapping[bytes, int] = attrs.field(factory=dict)
     # Compares beyond the per-key revision guards (e.g. "no key under a prefix changed").
     compares: tuple[Compare, ...] = ()
+    # Whether a failed guard is learnt from the request's failure branch (else from a
+    # read after it; see StoreBase._try_write).
+    read_back: bool = True
 
 
 @attrs.frozen
@@ -220,29 +230,47 @@ class StoreBase:
             return key[len(self._machine_prefix):].decode()
         return None
 
-    def _gets(self, keys: Iterable[bytes]) -> list[Get]:
+    def _gets(self, keys: Iterable[bytes]) -> list[Get | GetChanged]:
         """Reads of ``keys``; a machine's key is read with its allocation keys (the two
-        make one record: see keys.py)."""
-        out = []
+        make one record: see keys.py). Of a machine the view holds, only the
+        allocations changed since come back (with the count of all, so that deletions
+        show): a busy machine's unchanged allocations are neither sent nor decoded."""
+        out: list[Get | GetChanged] = []
+        machines = self.view.machines
         for key in keys:
             out.append(Get(key))
             mid = self._machine_of(key)
             if mid is not None:
                 prefix = self.keys.allocs(mid)
-                out.append(Get(prefix, prefix_end(prefix)))
+                held = machines.get(mid)
+                if held is not None and held.seq > 0:
+                    out.append(GetChanged(prefix, prefix_end(prefix), held.seq + 1))
+                else:
+                    out.append(Get(prefix, prefix_end(prefix)))
         return out
 
     def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
-        """Learn what :meth:`_gets` of ``keys`` returned."""
+        """Learn what :meth:`_gets` of ``keys`` returned. Every machine read is in the
+        view afterwards (callers decide right after): one the view forgot because an
+        allocation was deleted since it held it (see _gets) is read again, whole."""
         found = iter(res.responses)
+        view = self.view
+        forgotten = []
         for key in keys:
             got = next(found)
             kvs = got if isinstance(got, tuple) else ()
-            allocs: tuple[KeyValue, ...] = ()
-            if self._machine_of(key) is not None:
-                more = next(found)
-                allocs = more if isinstance(more, tuple) else ()
-            self.view.observe(key, kvs[0] if kvs else None, res.revision, allocs)
+            kv = kvs[0] if kvs else None
+            if self._machine_of(key) is None:
+                view.observe(key, kv, res.revision)
+                continue
+            more = next(found)
+            if isinstance(more, RangeResult):
+                if not view.observe_changed(key, kv, res.revision, more.kvs, more.count):
+                    forgotten.append(key)
+            else:
+                view.observe(key, kv, res.revision, more if isinstance(more, tuple) else ())
+        if forgotten:
+            self._fetch(forgotten)  # not held any more: read whole (see _gets)
 
     def _ensure_config(self) -> None:
         if not self.view.config_known:
@@ -264,20 +292,28 @@ class StoreBase:
             if j is not None and not self.view.knows(key):
                 self.view.put_record(key, j, snap.revision)
 
-    def _ensure_loaded(self, claims: Sequence[Claim], schedulers: Iterable[str]) -> None:
-        """Fetch what validating ``claims`` will read and the view does not know."""
+    def _ensure_loaded(self, claims: Sequence[Claim], schedulers: Iterable[str],
+                       refresh: bool = False) -> bool:
+        """Fetch what validating ``claims`` will read and the view does not know.
+        ``refresh``: also read again the claims' machines the view holds (any may have
+        changed since), in the same read-only request; of those only what changed comes
+        back (see _gets). Returns whether a machine read again had changed."""
         self._catch_up()
         self._ensure_config()
         keys = self.keys
+        view = self.view
         machines = {m for c in claims for m in c.machines()}
         jids = {c.job for c in claims}
         self._adopt_from_snapshot(machines, jids)
+        before = {mid: m.seq for mid in machines if (m := view.machines.get(mid)) is not None
+                  } if refresh else {}
         self._fetch(
             k
             for k in (*map(keys.machine, machines), *map(keys.job, jids),
                       *map(keys.status, jids))
-            if not self.view.knows(k)
+            if not view.knows(k) or (refresh and self._machine_of(k) is not None)
         )
+        stale = any(view.machine_rev(mid) != seq for mid, seq in before.items())
         # Jobs of the tasks already on those machines (affinity rules read their labels)
         # and gangs that staged holds there.
         jobs: set[str] = set()
@@ -291,6 +327,7 @@ class StoreBase:
         more = [*map(keys.job, jobs), *map(keys.gang, gangs)]
         self._fetch(k for k in more if not self.view.knows(k))
         self._ensure_usage(schedulers)
+        return stale
 
     # -- per-scheduler usage counters ------------------------------------------------
 
@@ -364,9 +401,10 @@ class StoreBase:
                 ops.append(Put(key, value, w.leases.get(key, 0)))
         # Each guard is a compare and a read in the failure branch; a machine's read
         # is two (its record and its allocations' range).
+        machines = self._machine_prefix
         for k in w.guards:
             size += 2 * (len(k) + _OP_BYTES)
-            if self._machine_of(k) is not None:
+            if k.startswith(machines):
                 size += 2 * len(k) + 2 * _OP_BYTES
         return _Prepared(w, ops, size + sum(len(c.key) + 2 * _OP_BYTES for c in w.compares))
 
@@ -388,7 +426,11 @@ class StoreBase:
         ops.append(Put(key, value))
         size = len(key) + len(value) + _OP_BYTES
         after = record.allocations
-        for tid, a in after.items():
+        # Decisions keep the Allocation objects they do not change: compare by identity
+        # first (most of a busy machine's allocations).
+        get = before.get
+        for tid in [t for t, a in after.items() if get(t) is not a]:
+            a = after[tid]
             if before.get(tid) != a:
                 akey = self.keys.alloc(mid, tid)
                 avalue = codec.encode_alloc(a)
@@ -402,8 +444,8 @@ class StoreBase:
 
     def _fits(self, p: _Prepared) -> bool:
         limit = self.kv.max_txn_ops
-        reads = len(p.write.guards) + sum(self._machine_of(k) is not None
-                                          for k in p.write.guards)
+        machines = self._machine_prefix
+        reads = len(p.write.guards) + sum(k.startswith(machines) for k in p.write.guards)
         return (
             len(p.write.guards) + len(p.write.compares) <= limit
             and reads <= limit
@@ -412,16 +454,28 @@ class StoreBase:
         )
 
     def _try_write(self, w: _Write | _Prepared) -> TxnResult:
+        """Send a guarded write. When a guard fails the view learns the guarded records
+        again: from the failure branch of the same request (``w.read_back``), or else
+        from a read-only request after it. The second is for writes whose guards rarely
+        fail (a claim commit while others seldom write its machines): a failure branch
+        reading every guarded record (about 150 reads for 50 claims) goes into every
+        request and etcd's log though it almost never runs, while a read-only request
+        costs etcd no log entry and no fsync."""
         p = w if isinstance(w, _Prepared) else self._prepare(w)
         w = p.write
-        compares = [Compare.mod_revision_is(k, rev) for k, rev in w.guards.items()]
+        guard = Compare.mod_revision_is
+        compares = [guard(k, rev) for k, rev in w.guards.items()]
         compares.extend(w.compares)
-        res = self.kv.txn(compares, p.ops, self._gets(w.guards))
+        read_back = w.read_back
+        res = self.kv.txn(compares, p.ops, self._gets(w.guards) if read_back else ())
         if res.succeeded:
+            put = self.view.put_record
             for key, record in w.records.items():
-                self.view.put_record(key, _with_revision(record, res.revision), res.revision)
-        else:
+                put(key, _with_revision(record, res.revision), res.revision)
+        elif read_back:
             self._observe_reads(list(w.guards), res)
+        else:
+            self._fetch(w.guards)
         return res
 
     def _write_for(self, change: Change) -> _Write:

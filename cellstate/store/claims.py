@@ -197,11 +197,22 @@ class ClaimCommits(StoreBase):
         """Decide one group and write it, deciding again after guard failures. Returns
         the steps to run in its place if it turns out not to fit one etcd transaction."""
         parts = group.parts
-        for _ in range(self.options.max_attempts):
+        for attempt in range(self.options.max_attempts):
             for i, _cs in parts:
                 outs[i].attempts += 1
-            subs = [attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
-            self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
+            subs = [txns[i] if len(cs) == len(txns[i].claims)  # the whole transaction
+                    else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
+            # While guards keep failing (other committers write the machines this view
+            # holds), read the machines again before the first attempt: a read-only
+            # request costs etcd no log entry and no fsync, a write that fails on
+            # stale machines costs both and a second write. Later attempts know the
+            # machines that failed from the failed write itself.
+            refresh = (attempt == 0 and self.options.refresh_when_contended
+                       and self._failing())
+            if self._ensure_loaded([c for _, cs in parts for c in cs],
+                                   {t.scheduler for t in subs}, refresh):
+                # A guard the read kept from failing: others still write these machines.
+                self._note_conflict(True)
             decisions = validate_many(self.view, subs, shape_checked=True,
                                       seq_rewrites=[outs[i].rewrites for i, _ in parts])
             if all(t.mode is TxnMode.INCREMENTAL for t in subs) and self._contended():
@@ -253,7 +264,11 @@ class ClaimCommits(StoreBase):
         (cheapest when nothing conflicts) loses to one nested transaction per machine
         (a conflict then costs only that machine's claims)."""
         mode = self.options.per_machine_writes
-        return mode == "always" or (mode == "auto" and self._conflicts > 0.15)
+        return mode == "always" or (mode == "auto" and self._failing())
+
+    def _failing(self) -> bool:
+        """Whether guards of commit writes fail often lately."""
+        return self._conflicts > 0.15
 
     def _components(
         self, parts: Sequence[tuple[int, list[Claim]]], decisions: Sequence[Decision]
@@ -277,35 +292,14 @@ class ClaimCommits(StoreBase):
         for d in decisions:
             new_machines.update(d.machines)
             new_tasks.update(d.tasks)
-        parent: dict[tuple[str, str], tuple[str, str]] = {}
-
-        def find(x: tuple[str, str]) -> tuple[str, str]:
-            while (p := parent.setdefault(x, x)) != x:
-                parent[x] = parent.get(p, p)
-                x = p
-            return x
-
         shared: dict[bytes, int] = {k.config: v.config.revision}
-        members: list[tuple[int, Claim, list[tuple[str, str]]]] = []
-        for j, ((_, cs), d) in enumerate(zip(parts, decisions, strict=True)):
-            for c in cs:
-                shared[k.job(c.job)] = v.job_rev(c.job)
-                shared[k.status(c.job)] = v.guard_revision(k.status(c.job))
-                keys = [("m", c.machine), *(("m", m) for m in d.claim_machines.get(c.task, ())),
-                        *(("t", t) for t in (c.task, *c.evict))]
-                root = find(keys[0])
-                for key in keys[1:]:
-                    other = find(key)
-                    if other != root:
-                        parent[other] = root
-                members.append((j, c, keys))
-        grouped: dict[tuple[str, str], _Component] = {}
-        for j, c, keys in members:
-            comp = grouped.setdefault(find(keys[0]), _Component([], set(), set()))
-            comp.claims.append((j, c))
-            for kind, ident in keys:
-                (comp.machines if kind == "m" else comp.tasks).add(ident)
-        comps = list(grouped.values())
+        for _, cs in parts:
+            for jid in dict.fromkeys(c.job for c in cs):
+                shared[k.job(jid)] = v.job_rev(jid)
+                shared[k.status(jid)] = v.guard_revision(k.status(jid))
+        by_machine = _by_machine(parts, decisions)
+        comps = list((by_machine if by_machine is not None
+                      else _connected(parts, decisions)).values())
         covered_m = {m for comp in comps for m in comp.machines}
         covered_t = {t for comp in comps for t in comp.tasks}
         if not (new_machines.keys() <= covered_m and new_tasks.keys() <= covered_t):
@@ -353,10 +347,12 @@ class ClaimCommits(StoreBase):
                 or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
                                                        self.kv.max_request_bytes)):
             return None
+        guard = Compare.mod_revision_is
+        gets = self._gets
         ops: list[Op] = [
-            TxnOp(tuple(Compare.mod_revision_is(key, rev) for key, rev in p.write.guards.items()),
+            TxnOp(tuple([guard(key, rev) for key, rev in p.write.guards.items()]),
                   tuple(p.ops),  # type: ignore[arg-type]
-                  tuple(self._gets(p.write.guards)))
+                  tuple(gets(p.write.guards)))
             for p in prepared
         ]
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
@@ -397,6 +393,10 @@ class ClaimCommits(StoreBase):
         rewrote, the sequence number before that transaction's first write and the one
         after its latest (coarse detection must not count a transaction's own writes)."""
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
+        # While guards rarely fail, a failure is learnt by a read after it rather than
+        # by a failure branch in every request (see _try_write).
+        if not self._failing():
+            p = attrs.evolve(p, write=attrs.evolve(p.write, read_back=False))
         res = self._try_write(p)
         if res.succeeded:
             for (i, _), d in zip(parts, decisions, strict=True):
@@ -550,6 +550,59 @@ def _merged(decisions: Sequence[Decision]) -> Decision:
         tuple(r for d in decisions for r in d.rejected),
         machines, tasks, tuple(v for d in decisions for v in d.evicted), added, removed, reads,
     )
+
+
+def _by_machine(parts: Sequence[tuple[int, list[Claim]]], decisions: Sequence[Decision]
+                ) -> dict[str, _Component] | None:
+    """The components when every claim reads one machine and its own task (no
+    fallback tried, nothing evicted, no move; the usual case): one per machine. None
+    when some claim reads more, or a task is claimed twice."""
+    grouped: dict[str, _Component] = {}
+    tasks: set[str] = set()
+    for j, ((_, cs), d) in enumerate(zip(parts, decisions, strict=True)):
+        read = d.claim_machines
+        for c in cs:
+            mid = c.machine
+            if c.evict or c.moves_from or c.task in tasks or not read.get(c.task, set()) <= {mid}:
+                return None
+            tasks.add(c.task)
+            comp = grouped.get(mid)
+            if comp is None:
+                comp = grouped[mid] = _Component([], {mid}, set())
+            comp.claims.append((j, c))
+            comp.tasks.add(c.task)
+    return grouped
+
+
+def _connected(parts: Sequence[tuple[int, list[Claim]]], decisions: Sequence[Decision]
+               ) -> dict[tuple[str, str], _Component]:
+    """The components in general: claims joined by every machine and task they read."""
+    parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def find(x: tuple[str, str]) -> tuple[str, str]:
+        while (p := parent.setdefault(x, x)) != x:
+            parent[x] = parent.get(p, p)
+            x = p
+        return x
+
+    members: list[tuple[int, Claim, list[tuple[str, str]]]] = []
+    for j, ((_, cs), d) in enumerate(zip(parts, decisions, strict=True)):
+        for c in cs:
+            keys = [("m", c.machine), *(("m", m) for m in d.claim_machines.get(c.task, ())),
+                    *(("t", t) for t in (c.task, *c.evict))]
+            root = find(keys[0])
+            for key in keys[1:]:
+                other = find(key)
+                if other != root:
+                    parent[other] = root
+            members.append((j, c, keys))
+    grouped: dict[tuple[str, str], _Component] = {}
+    for j, c, keys in members:
+        comp = grouped.setdefault(find(keys[0]), _Component([], set(), set()))
+        comp.claims.append((j, c))
+        for kind, ident in keys:
+            (comp.machines if kind == "m" else comp.tasks).add(ident)
+    return grouped
 
 
 def _too_big(claim: Claim) -> Rejection:

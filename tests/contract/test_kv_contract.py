@@ -282,6 +282,39 @@ def test_nested_transactions_commit_independently_in_one_revision(kv: KV) -> Non
                       b"/t/n/c": (b"new", res.revision)}
 
 
+def test_get_changed_returns_keys_modified_since_and_counts_the_whole_range(kv: KV) -> None:
+    from cellstate.kv.base import GetChanged, RangeResult, TxnOp, TxnResult
+
+    r1 = kv.txn([], [Put(b"/t/g/a", b"1"), Put(b"/t/g/b", b"1"), Put(b"/t/g/c", b"1")]).revision
+    r2 = kv.txn([], [Put(b"/t/g/b", b"2"), Put(b"/t/g/d", b"2"), Delete(b"/t/g/c")]).revision
+    res = kv.txn([], [GetChanged(b"/t/g/", prefix_end(b"/t/g/"), r1 + 1),
+                      GetChanged(b"/t/g/", prefix_end(b"/t/g/"), r1),
+                      GetChanged(b"/t/g/a", None, r1 + 1),
+                      GetChanged(b"/t/g/a", None, r1),
+                      GetChanged(b"/t/g/none", None, 1)])
+    since_r2, since_r1, a_unchanged, a_since_r1, absent = res.responses
+    assert isinstance(since_r2, RangeResult)
+    # The deleted key is not counted; the unchanged one is counted but not returned.
+    assert [(k.key, k.value, k.mod_revision) for k in since_r2.kvs] == [
+        (b"/t/g/b", b"2", r2), (b"/t/g/d", b"2", r2)]
+    assert since_r2.count == 3
+    assert isinstance(since_r1, RangeResult)
+    assert [k.key for k in since_r1.kvs] == [b"/t/g/a", b"/t/g/b", b"/t/g/d"]
+    assert since_r1.count == 3
+    assert isinstance(a_unchanged, RangeResult) and isinstance(a_since_r1, RangeResult)
+    assert (a_unchanged.kvs, a_unchanged.count) == ((), 1)
+    assert [k.value for k in a_since_r1.kvs] == [b"1"] and a_since_r1.count == 1
+    assert isinstance(absent, RangeResult) and (absent.kvs, absent.count) == ((), 0)
+    # In a nested transaction's failure branch too.
+    res = kv.txn([], [TxnOp((Compare.absent(b"/t/g/a"),), (Put(b"/t/g/x", b"x"),),
+                            (GetChanged(b"/t/g/", prefix_end(b"/t/g/"), r2),))])
+    (nested,) = res.responses
+    assert isinstance(nested, TxnResult) and not nested.succeeded
+    (got,) = nested.responses
+    assert isinstance(got, RangeResult)
+    assert [k.key for k in got.kvs] == [b"/t/g/b", b"/t/g/d"] and got.count == 3
+
+
 def test_a_key_written_in_two_nested_transactions_is_refused(kv: KV) -> None:
     from cellstate.kv.base import TxnOp
 

@@ -535,3 +535,69 @@ def test_per_machine_writes_retry_only_the_machines_that_changed(kv: KV) -> None
     # m2 committed at the first try; only m1 was decided and written again.
     assert snap.machines["m2"].seq < snap.machines["m1"].seq == res.revision
     assert violations(snap) == []
+
+
+@pytest.mark.parametrize("per_machine", ["always", "never"])
+@pytest.mark.parametrize("release", [False, True])
+def test_a_stale_view_learns_added_and_released_allocations(
+        kv: KV, per_machine: str, release: bool) -> None:
+    """A failed guard on a machine the store holds brings back only the allocations
+    changed since (with the count of all): what another committer placed there is
+    added, and a release (a deleted allocation key) makes the store read the machine
+    whole, so its view ends equal to etcd's either way."""
+    from cellstate.store import StoreOptions
+
+    admin = make_cell(kv, [machine("m1", cpu=4)],
+                      [job("a", tasks=4), job("b", tasks=2, scheduler="svc")])
+    store = CellStore(kv, options=StoreOptions(per_machine_writes=per_machine))
+    assert store.commit(txn([Claim("a", 0, "m1"), Claim("a", 1, "m1")])).ok
+    assert admin.commit(txn([Claim("b", 0, "m1")], scheduler="svc")).ok
+    if release:
+        admin.release_task("a/0", TaskState.FINISHED)
+    # Fits only if the release is seen: 4 CPUs, a/1 + b/0 + a/2 (+ a/0 unless released).
+    res = store.commit(txn([Claim("a", 2, "m1"), Claim("a", 3, "m1")]))
+    assert [c.index for c in res.committed] == ([2, 3] if release else [2])
+    assert res.attempts == 2
+    fresh = store.read_snapshot().machines["m1"]
+    held = store.view.machines["m1"]
+    assert held.seq == fresh.seq
+    assert held.allocations == fresh.allocations
+    expected = {"a/1", "b/0", "a/2"} | ({"a/3"} if release else {"a/0"})
+    assert set(fresh.allocations) == expected
+    assert violations(store.read_snapshot()) == []
+
+
+def test_a_task_placed_elsewhere_meanwhile_is_not_placed_again(kv: KV) -> None:
+    """Two committers claim one task on two different machines: the machine guards both
+    hold, so only the task's own guard stops the second (no compare is redundant)."""
+    admin = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=2)])
+    stale = CellStore(kv)
+    stale.load()
+    assert admin.commit(txn([Claim("j", 0, "m1")])).ok
+    res = stale.commit(txn([Claim("j", 0, "m2")]))
+    assert res.committed == () and res.attempts == 2
+    assert res.rejected[0].reason is Reason.TASK_ALREADY_PLACED
+    snap = stale.read_snapshot()
+    assert task_view(snap, "j/0").machine == "m1"
+    assert snap.machines["m2"].allocations == {}
+    assert violations(snap) == []
+
+
+def test_an_operator_write_on_a_machine_that_lost_an_allocation_meanwhile(kv: KV) -> None:
+    """A store that holds a machine reads back only what changed; when an allocation
+    was deleted since, it reads the machine whole before deciding, so a cordon finds
+    the machine (and a drain loses exactly the tasks it holds now)."""
+    admin = make_cell(kv, [machine("m1", cpu=4)],
+                      [job("a", tasks=2), job("b", tasks=1, scheduler="svc")])
+    store = CellStore(kv)
+    assert store.commit(txn([Claim("a", 0, "m1"), Claim("a", 1, "m1")])).ok
+    admin.release_task("a/0", TaskState.FINISHED)
+    assert admin.commit(txn([Claim("b", 0, "m1")], scheduler="svc")).ok
+    _, state, _ = store.set_machine_state("m1", "cordon")
+    assert state is MachineState.DRAINING
+    assert set(store.view.machines["m1"].allocations) == {"a/1", "b/0"}
+    _, _, lost = store.set_machine_state("m1", "drain")
+    assert lost == 2
+    snap = store.read_snapshot()
+    assert snap.machines["m1"].allocations == {}
+    assert violations(snap) == []

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Committer CPU per commit, measured without a race for the cores.
+
+    python benchmarks/commit_cpu.py [--committers N] [--commits N] [--batch B]
+        [--profile OUT.prof]
+
+``commit_throughput.py`` measures placements per second, which on a shared 2-core
+machine depends on whatever else runs. This measures what the committers' code costs,
+which does not: N stores (each with its own view, as N committer processes would have)
+take turns in one process, each committing a transaction of B claims on machines
+picked at random (as ``commit_throughput``'s committers pick them, incremental, fine),
+against a real etcd started here. Between two commits of one store the others commit,
+so its view is as stale as a busy committer's and its guards fail as they would.
+
+Printed per store count: the committers' CPU (``time.process_time`` of this process,
+which runs no etcd) per commit, etcd Txns per commit, the fraction of write Txns whose
+guards failed, and the shape of the committed Txns. ``--profile`` writes a cProfile
+(CPU time) of the commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# Runnable as a plain script from anywhere: the repository root holds the package, and
+# the cell set-up comes from the commit benchmark next to this file.
+_HERE = Path(__file__).resolve().parent
+for _p in (_HERE.parent, _HERE):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from commit_throughput import (  # noqa: E402
+    CountingKV,
+    delete_prefix,
+    job_id,
+    scheduler_name,
+    setup_cell,
+)
+
+from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
+from cellstate.kv.etcd import EtcdKV  # noqa: E402
+from cellstate.model import Claim, Detection, Transaction, TxnMode  # noqa: E402
+from cellstate.store import CellStore  # noqa: E402
+from omega.etcd_launcher import LocalEtcd  # noqa: E402
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` used so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, batch: int,
+        machines: int, seed: int, profile: str | None, tune_gc: bool) -> dict[str, float]:
+    setup_cell(kv, cell, machines, committers)
+    countings = [CountingKV(kv) for _ in range(committers)]
+    stores = [CellStore(c, cell) for c in countings]
+    for s in stores:
+        s.load()
+    rngs = [random.Random(seed + i) for i in range(committers)]
+    mids = sorted(stores[0].view.machines)
+    index = [0] * committers
+    for c in countings:
+        c.reset()
+    if tune_gc:
+        tune_for_large_heap()
+    prof = cProfile.Profile(time.process_time) if profile else None
+    attempts = committed = 0
+    cpu0 = time.process_time()
+    etcd0 = process_cpu_s(etcd_pid)
+    if prof is not None:
+        prof.enable()
+    for n in range(commits * committers):
+        i = n % committers
+        store, view = stores[i], stores[i].view.machines
+        chosen = rngs[i].choices(mids, k=batch)
+        claims = tuple(Claim(job_id(i), index[i] + j, mid, view[mid].seq)
+                       for j, mid in enumerate(chosen))
+        index[i] += batch
+        res = store.commit(Transaction(scheduler_name(i), claims, TxnMode.INCREMENTAL,
+                                       Detection.FINE))
+        attempts += res.attempts
+        committed += len(res.committed)
+    if prof is not None and profile:
+        prof.disable()
+        prof.dump_stats(profile)
+    cpu = time.process_time() - cpu0
+    etcd_cpu = process_cpu_s(etcd_pid) - etcd0
+    total = commits * committers
+    writes = sum(c.write_txns for c in countings)
+    ok = writes - sum(c.failed_write_txns for c in countings)
+    delete_prefix(kv, stores[0].keys.root)
+    return {
+        "cpu_ms_per_commit": 1e3 * cpu / total,
+        "etcd_ms_per_commit": 1e3 * etcd_cpu / total,
+        "txns_per_commit": attempts / total,
+        "write_txns_per_commit": writes / total,
+        "fetch_txns_per_commit": sum(c.read_txns for c in countings) / total,
+        "failed_fraction": (writes - ok) / max(1, writes),
+        "placed_fraction": committed / (total * batch),
+        "compares": sum(c.ok_compares for c in countings) / max(1, ok),
+        "puts": sum(c.ok_puts for c in countings) / max(1, ok),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--committers", default="1,4", help="comma-separated store counts")
+    ap.add_argument("--commits", type=int, default=200, help="commits per store")
+    ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--machines", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", metavar="OUT", help="cProfile (CPU time) into OUT-<n>.prof")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="leave the garbage collector as it is (by default it is tuned as "
+                         "scheduler and server processes tune it: gc_tuning)")
+    args = ap.parse_args(argv)
+    counts = [int(n) for n in args.committers.split(",") if n.strip()]
+    print(f"{'stores':>6} {'cpu ms/commit':>13} {'etcd ms/c':>9} {'txn/c':>6} {'writes/c':>8} "
+          f"{'fetch/c':>7} {'failed%':>7} {'placed%':>7} {'cmp/Txn':>7} {'put/Txn':>7}")
+    with LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True) as server:
+        kv = EtcdKV([server.endpoint])
+        try:
+            for k, n in enumerate(counts):
+                assert server.pid is not None
+                r = run(kv, server.pid, f"cpu-{k}", n, args.commits, args.batch, args.machines,
+                        args.seed, f"{args.profile}-{n}.prof" if args.profile else None,
+                        not args.default_gc)
+                print(f"{n:>6} {r['cpu_ms_per_commit']:>13.2f} {r['etcd_ms_per_commit']:>9.2f} "
+                      f"{r['txns_per_commit']:>6.2f} "
+                      f"{r['write_txns_per_commit']:>8.2f} {r['fetch_txns_per_commit']:>7.2f} "
+                      f"{100 * r['failed_fraction']:>7.1f} {100 * r['placed_fraction']:>7.1f} "
+                      f"{r['compares']:>7.0f} {r['puts']:>7.0f}", flush=True)
+        finally:
+            kv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
