@@ -67,6 +67,10 @@ class InstanceDriver:
 
     def _wake(self) -> None:
         self._wake_event = None
+        if self.busy:
+            # A poke during the attempt that is now committing (a preemption it made
+            # woke its own scheduler): the commit decides next anyway.
+            return
         result = self.inst.decide()
         if isinstance(result, Attempt):
             self.busy = True
