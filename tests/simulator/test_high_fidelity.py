@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_csv_trace_with_constraints_and_precedence(tmp_path: Path) -> None:
     ({"constraints": "bad key!=x"}, "constraints", "not a valid name"),
     ({"constraints": {"platform": "p1"}}, "constraints", "must be a string"),
 ])
-def test_bad_rows_are_refused_with_their_line(tmp_path: Path, row: dict[str, object],
+def test_bad_rows_are_refused_with_their_line(tmp_path: Path, row: dict[str, Any],
                                               field: str, words: str) -> None:
     path = trace(tmp_path, [job(0.0, "batch"), job(1.0, "batch", **row)])
     with pytest.raises(InputError) as err:
@@ -171,7 +172,7 @@ def test_experiment_file_errors_name_the_field(tmp_path: Path) -> None:
 
 def _hifi(tmp: Path, jobs: list[dict[str, object]], machines: int, cpu: float,
           attributes: tuple[Attribute, ...] = (), horizon: float = 100.0,
-          ) -> tuple[Simulation, dict[str, object]]:
+          ) -> tuple[Simulation, dict[str, Any]]:
     specs = (SchedulerSpec("batch", ("batch",), policy="batch", default=DecisionTime(1.0, 0.0)),
              SchedulerSpec("service", ("service",), policy="service",
                            default=DecisionTime(1.0, 0.0)))
