@@ -29,6 +29,7 @@ from simulator.constraints import (
 )
 from simulator.experiment import load
 from simulator.recorder import Recorder
+from simulator.seeds import by_point, estimate
 from simulator.sim import Simulation
 from simulator.workload import Distribution, InputError, JobClass, generate, load_trace
 from tests.simulator.helpers import CLASSES, job, sched, simulate, trace
@@ -288,3 +289,13 @@ def test_measured_decision_times_recorded_beside_the_model(tmp_path: Path) -> No
     assert r["service_decision_model_per_task_s"] == 0.5
     assert r["service_decision_measured_mean_s"] > 0.0
     assert r["batch_decision_measured_per_task_s"] > 0.0
+
+
+def test_mean_and_confidence_interval_over_seeds() -> None:
+    """1, 2, 3: mean 2, standard deviation 1, t(2 df) = 4.303: half-width 4.303/sqrt(3)."""
+    e = estimate([1.0, 2.0, 3.0])
+    assert (e.mean, e.n) == (2.0, 3)
+    assert e.half == pytest.approx(4.303 / 3 ** 0.5)
+    assert estimate([5.0]).half == 0.0
+    rows = [{"v": "a", "seed": 1}, {"v": "b", "seed": 1}, {"v": "a", "seed": 2}]
+    assert by_point(rows, ["v", "seed"]) == {("a",): [rows[0], rows[2]], ("b",): [rows[1]]}
