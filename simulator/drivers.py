@@ -84,4 +84,8 @@ class InstanceDriver:
         self.busy = False
         self.recorder.attempt(self.name, attempt.started_at, attempt.cost, results)
         self.committed(attempt, results)
+        if self._wake_event is not None:
+            # Poked by its own commit (it preempted its own tasks): it decides now anyway.
+            self._wake_event.cancel()
+            self._wake_event = None
         self._wake()
