@@ -33,7 +33,11 @@ class Estimate:
     n: int
 
     def __str__(self) -> str:
-        return f"{self.mean:.3g} ± {self.half:.2g}" if self.n > 1 else f"{self.mean:.3g}"
+        if self.n == 1:
+            return f"{self.mean:.3g}"
+        # Rounding leaves 1e-16 where every seed agrees: that is no spread at all.
+        half = self.half if self.half > 1e-9 * max(1.0, abs(self.mean)) else 0.0
+        return f"{self.mean:.3g} ± {half:.2g}"
 
 
 def estimate(values: Sequence[float]) -> Estimate:

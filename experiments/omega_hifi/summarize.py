@@ -52,7 +52,7 @@ def table(head: Sequence[str], body: Sequence[Sequence[object]]) -> str:
 
 def ci_plot(out: Path, groups: dict[tuple[Any, ...], list[Row]], x_at: int,
             series_at: int | None, ys: Sequence[str], ylabel: str, title: str,
-            logy: bool = False) -> None:
+            logy: bool = False, symlog: bool = False) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     lines: dict[tuple[Any, str], list[tuple[float, Estimate]]] = {}
     for key, group in groups.items():
@@ -62,11 +62,17 @@ def ci_plot(out: Path, groups: dict[tuple[Any, ...], list[Row]], x_at: int,
     for (s, y), pts in lines.items():
         pts.sort()
         label = " ".join(p for p in (str(s), y if len(ys) > 1 else "") if p)
+        # Every metric here is >= 0: the interval's lower arm stops at 0.
+        lower = [min(p[1].half, max(p[1].mean, 0.0)) for p in pts]
         ax.errorbar([p[0] for p in pts], [p[1].mean for p in pts],
-                    yerr=[p[1].half for p in pts], marker="o", capsize=3, label=label or y)
+                    yerr=[lower, [p[1].half for p in pts]], marker="o", capsize=3,
+                    label=label or y)
     ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
+    if symlog:  # from 0 (no conflicts) to above 10 on one axis
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(bottom=0)
     ax.set_xlabel("t_job (s)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -147,25 +153,58 @@ def fig13(res: Path) -> str:
                      "batch jobs unscheduled at end"], body))
 
 
+def paired(groups: dict[tuple[Any, ...], list[Row]], a: str, b: str, tj: str,
+           key: str) -> Estimate | None:
+    """Per seed, variant ``a``'s ``key`` minus variant ``b``'s at ``tj`` (same seed,
+    same jobs): the mean difference and its 95% interval."""
+    ra = {r["seed"]: num(r, key) for r in groups.get((a, tj), [])}
+    rb = {r["seed"]: num(r, key) for r in groups.get((b, tj), [])}
+    common = sorted(set(ra) & set(rb), key=int)
+    return estimate([ra[s] - rb[s] for s in common]) if len(common) > 1 else None
+
+
+def pooled(group: Sequence[Row], who: str) -> str:
+    """Conflicted over successful transactions, summed over the seeds."""
+    ok = total(group, f"{who}_successful")
+    return f"{total(group, f'{who}_conflicted') / ok:.3f}" if ok else "-"
+
+
 def fig14(res: Path) -> str:
     path = res / "fig14_conflict_modes"
     data = rows(path / "results.csv")
+    more = res / "fig14_fine_more_seeds" / "results.csv"
+    if more.exists():
+        data += rows(more)
     groups = by_point(data, ["variant", "t_job_service", "seed"])
-    body = [[v, tj, est(g, "service_conflict_fraction"), total(g, "service_conflicted"),
-             total(g, "service_successful"), est(g, "service_busyness"),
-             est(g, "batch_conflict_fraction"), total(g, "batch_conflicted"),
-             est(g, "batch_busyness")] for (v, tj), g in groups.items()]
+    groups = dict(sorted(groups.items(), key=lambda kv: (kv[0][0], float(kv[0][1]))))
+    body = [[v, tj, len(g), est(g, "service_conflict_fraction"), pooled(g, "service"),
+             total(g, "service_conflicted"), total(g, "service_successful"),
+             est(g, "service_busyness"), est(g, "batch_conflict_fraction"),
+             total(g, "batch_conflicted"), est(g, "batch_busyness")]
+            for (v, tj), g in groups.items()]
     ci_plot(path / "ci_conflict_fraction.png", groups, 1, 0, ["service_conflict_fraction"],
-            "service conflict fraction",
-            "Fig. 14a (high fidelity): mean of seeds, 95% CI")
+            "service conflict fraction (symlog)",
+            "Fig. 14a (high fidelity): mean of seeds, 95% CI", symlog=True)
     ci_plot(path / "ci_busyness.png", groups, 1, 0, ["service_busyness"],
             "service busyness", "Fig. 14b (high fidelity): mean of seeds, 95% CI")
-    n = len(next(iter(groups.values())))
-    return (f"### Fig. 14 ({n} seeds; mean ± 95% CI half-width; counts summed over seeds)"
-            "\n\n" + table(["variant", "t_job(service)", "service conflict fr.",
-                            "service conflicts", "service successful txns",
-                            "service busyness", "batch conflict fr.", "batch conflicts",
-                            "batch busyness"], body))
+    pairs = [("Fine/Gang", "Fine/Incr."), ("Coarse/Incr.", "Fine/Incr."),
+             ("Coarse/Gang", "Coarse/Incr.")]
+    diff = []
+    for a, b in pairs:
+        for tj in sorted({k[1] for k in groups}, key=float):
+            c = paired(groups, a, b, tj, "service_conflict_fraction")
+            u = paired(groups, a, b, tj, "service_busyness") if c is not None else None
+            if c is not None:
+                diff.append([f"{a} - {b}", tj, c.n, c, u])
+    return ("### Fig. 14 (mean ± 95% CI half-width over seeds; counts summed over seeds)"
+            "\n\n" + table(["variant", "t_job(service)", "seeds", "service conflict fr.",
+                            "pooled (sum conflicted / sum successful)", "service conflicts",
+                            "service successful txns", "service busyness",
+                            "batch conflict fr.", "batch conflicts", "batch busyness"], body)
+            + "\n\nPaired by seed (the same jobs in both variants): mean difference ± 95% "
+            "CI half-width\n\n" + table(["variants", "t_job(service)", "seeds",
+                                          "service conflict fr. difference",
+                                          "service busyness difference"], diff))
 
 
 def main(argv: Sequence[str]) -> int:
