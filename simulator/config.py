@@ -14,6 +14,7 @@ import enum
 import attrs
 
 from cellstate.model import Detection, JobKind, TxnMode
+from simulator.constraints import Attribute
 from simulator.workload import Distribution, JobClass, Prefill
 
 
@@ -64,12 +65,15 @@ class SchedulerSpec:
 
 @attrs.frozen
 class CellSpec:
-    """Identical machines, ``rack_size`` to a rack (racks matter to data locality)."""
+    """Machines of one shape, ``rack_size`` to a rack (racks matter to data
+    locality); each draws a value of every one of ``attributes`` as a label (what
+    high-fidelity jobs' constraints select on)."""
 
     machines: int = 10_000
     cpu: float = 4.0
     mem: float = 16.0
     rack_size: int = 40
+    attributes: tuple[Attribute, ...] = ()
 
 
 @attrs.frozen
@@ -116,6 +120,13 @@ class SimConfig:
     # Seconds the run goes on past the horizon without new jobs, so that work in
     # progress there can finish (effective utilization counts finished runs only).
     drain: float = 0.0
+    # "lightweight" (Omega §4's simplifications) or "high" (§5: constraints,
+    # precedence, the real service policy); a label carried into the results.
+    fidelity: str = "lightweight"
+    # Record each scheduler's measured decision time (CPU seconds the policy ran)
+    # beside the model's, whichever is charged; those columns then depend on the
+    # machine the run ran on.
+    measure_decisions: bool = False
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

@@ -67,6 +67,10 @@ class InstanceDriver:
 
     def _wake(self) -> None:
         self._wake_event = None
+        if self.busy:
+            # A poke during the attempt that is now committing (a preemption it made
+            # woke its own scheduler): the commit decides next anyway.
+            return
         result = self.inst.decide()
         if isinstance(result, Attempt):
             self.busy = True
@@ -80,4 +84,8 @@ class InstanceDriver:
         self.busy = False
         self.recorder.attempt(self.name, attempt.started_at, attempt.cost, results)
         self.committed(attempt, results)
+        if self._wake_event is not None:
+            # Poked by its own commit (it preempted its own tasks): it decides now anyway.
+            self._wake_event.cancel()
+            self._wake_event = None
         self._wake()

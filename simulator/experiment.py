@@ -25,6 +25,7 @@ from simulator.config import (
     SimConfig,
     TwoLevelSpec,
 )
+from simulator.constraints import Attribute, ConstraintGen
 from simulator.workload import (
     PLACEMENTS,
     Distribution,
@@ -38,7 +39,8 @@ from simulator.workload import (
 
 Doc = dict[str, Any]
 Path_ = tuple[str | int, ...]
-CLOCKS = ("cpu", "wall")  # what measured decision times are measured with
+CLOCKS = ("cpu", "wall")
+FIDELITIES = ("lightweight", "high")  # what measured decision times are measured with
 # Arrays of tables whose entries a path picks by their ``name``.
 _NAMED_ARRAYS = ("workload", "scheduler")
 
@@ -186,7 +188,7 @@ def load(path: Path) -> Experiment:
     _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
                            "sample_interval", "warmup", "trace", "cell", "prefill",
                            "workload", "scheduler", "retry", "two_level", "sweep", "plot",
-                           "drain", "speedup"})
+                           "drain", "speedup", "fidelity", "measure_decisions"})
     name = _str(where, ("name",), doc.get("name", path.stem))
     axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
                                                                   doc.get("sweep", []))))
@@ -335,6 +337,13 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
             s.name for s in schedulers}:
         raise where.error(("prefill", "scheduler"), f"{prefill.scheduler!r} is not a "
                           "[[scheduler]] of this experiment")
+    fidelity = doc.get("fidelity", "lightweight")
+    if fidelity not in FIDELITIES:
+        raise where.error(("fidelity",), f"{_show(fidelity)} is not one of "
+                          f"{', '.join(FIDELITIES)}")
+    measure = doc.get("measure_decisions", False)
+    if not isinstance(measure, bool):
+        raise where.error(("measure_decisions",), f"must be true or false, got {_show(measure)}")
     return SimConfig(
         arch, schedulers, classes, _cell(where, doc.get("cell", {})), prefill, horizon,
         int(seed), _str(where, ("trace",), trace) if trace is not None else None,
@@ -342,16 +351,65 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
         _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
         _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True),
         _num(where, ("warmup",), doc.get("warmup", 0.0)),
-        _num(where, ("drain",), doc.get("drain", 0.0)))
+        _num(where, ("drain",), doc.get("drain", 0.0)), str(fidelity), measure)
 
 
 def _cell(where: _Where, raw: object) -> CellSpec:
     t = _table(where, ("cell",), raw)
-    _only(where, ("cell",), t, {"machines", "cpu", "mem", "rack_size"})
+    _only(where, ("cell",), t, {"machines", "cpu", "mem", "rack_size", "attributes"})
     machines = _whole(where, ("cell", "machines"), t.get("machines", 10_000))
+    at: Path_ = ("cell", "attributes")
+    attributes = tuple(_attribute(where, at, a) for a in _list(where, at,
+                                                                 t.get("attributes", [])))
+    if len({a.key for a in attributes}) != len(attributes):
+        raise where.error(at, "names an attribute key twice")
     return CellSpec(machines, _num(where, ("cell", "cpu"), t.get("cpu", 4.0), True),
                     _num(where, ("cell", "mem"), t.get("mem", 16.0), True),
-                    _whole(where, ("cell", "rack_size"), t.get("rack_size", 40)))
+                    _whole(where, ("cell", "rack_size"), t.get("rack_size", 40)), attributes)
+
+
+def _labels(where: _Where, at: Path_, t: Doc) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """``values`` (label values) and their ``weights`` (default: even)."""
+    values = tuple(_str(where, (*at, "values"), v) for v in _list(where, (*at, "values"),
+                                                                   t.get("values")))
+    weights = tuple(_num(where, (*at, "weights"), w) for w in _list(
+        where, (*at, "weights"), t.get("weights", [1.0] * len(values))))
+    if not values or len(weights) != len(values) or not sum(weights):
+        raise where.error((*at, "weights" if values else "values"),
+                          "needs a value, and as many weights (not all 0) as values")
+    return values, weights
+
+
+def _attribute(where: _Where, at: Path_, raw: object) -> Attribute:
+    t = _table(where, at, raw)
+    _only(where, at, t, {"key", "values", "weights"})
+    key = _str(where, (*at, "key"), t.get("key"))
+    try:
+        check_name(key, "attribute key")
+    except ModelError as e:
+        raise where.error((*at, "key"), str(e)) from None
+    return Attribute(key, *_labels(where, at, t))
+
+
+def _constraints(where: _Where, at: Path_, raw: object) -> ConstraintGen:
+    t = _table(where, at, raw)
+    _only(where, at, t, {"pick", "key", "values", "weights", "max_per_machine"})
+    pick = _num(where, (*at, "pick"), t.get("pick", 0.0))
+    if pick > 1:
+        raise where.error((*at, "pick"), f"{pick:g} is above 1 (a fraction of the jobs)")
+    key = ""
+    values: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    if pick:
+        key = _str(where, (*at, "key"), t.get("key"))
+        try:
+            check_name(key, "label key")
+        except ModelError as e:
+            raise where.error((*at, "key"), str(e)) from None
+        values, weights = _labels(where, at, t)
+    per = (_dist(where, (*at, "max_per_machine"), t["max_per_machine"])
+           if "max_per_machine" in t else None)
+    return ConstraintGen(pick, key, values, weights, per)
 
 
 def _prefill(where: _Where, raw: object) -> Prefill | None:
@@ -376,7 +434,8 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     at: Path_ = ("workload", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
-                         "rate_scale", "input", "mapreduce", "users", "priority", "diurnal"})
+                         "rate_scale", "input", "mapreduce", "users", "priority", "diurnal",
+                         "precedence", "constraints"})
     name = _str(where, (*at, "name"), t.get("name"))
     kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
     mapreduce = _mapreduce(where, (*at, "mapreduce"), t["mapreduce"]) if "mapreduce" in t \
@@ -401,7 +460,10 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
                     mapreduce=mapreduce, users=_users(where, (*at, "users"), t.get("users", [])),
                     priority=dist("priority", 0) if "priority" in t else None,
                     diurnal=_diurnal(where, (*at, "diurnal"), t["diurnal"]) if "diurnal" in t
-                    else None)
+                    else None,
+                    precedence=dist("precedence", 0) if "precedence" in t else None,
+                    constraints=_constraints(where, (*at, "constraints"), t["constraints"])
+                    if "constraints" in t else None)
 
 
 def _users(where: _Where, at: Path_, raw: object) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ def write_data(exp: Experiment, results: Sequence[RunResult], out: Path) -> list
     doc: dict[str, Any] = {
         "experiment": exp.name,
         "description": exp.description,
+        "fidelity": exp.runs[0].config.fidelity if exp.runs else "lightweight",
         "axes": [a.name for a in exp.axes],
         "runs": [{"point": r.point, "metrics": r.metrics,
                   "utilization": [list(u) for u in r.utilization],

@@ -63,6 +63,12 @@ class SchedulerStats:
     conflicted: int = 0
     tasks_placed: int = 0
     fell_back: int = 0  # claims committed on one of their fallback machines
+    # Measured decision time (CPU seconds the policy ran), the model's time for the
+    # same attempts, and the tasks they tried (with measure_decisions).
+    measured_s: float = 0.0
+    model_s: float = 0.0
+    tried: int = 0
+    timed: int = 0  # attempts timed
 
 
 def _sqrt_of_fraction(x: Fraction) -> float:
@@ -312,6 +318,14 @@ class Recorder:
         if t.conflicted:
             self._busy(s.wasted, start, cost)
 
+    def decision(self, scheduler: str, measured: float, model: float, tried: int) -> None:
+        """One decision's measured time and the model's for it (``tried`` tasks)."""
+        s = self.schedulers[scheduler]
+        s.measured_s += measured
+        s.model_s += model
+        s.tried += tried
+        s.timed += 1
+
     def _busy(self, into: dict[int, float], start: float, cost: float) -> None:
         # Split over day boundaries; time past the horizon is not part of the run.
         t, end = start, min(start + cost, self.horizon)
@@ -451,13 +465,20 @@ class Recorder:
             out[f"{name}_preempted"] = r.preempted
             out[f"{name}_repaired"] = r.repaired
 
-    def daily(self, name: str, wasted: bool = False) -> list[float]:
+    def daily(self, name: str, wasted: bool = False, no_conflict: bool = False
+              ) -> list[float]:
+        """Busyness per day; ``wasted``: only attempts that conflicted;
+        ``no_conflict``: only those that did not (Omega Fig. 12c's "no conflicts")."""
         s = self.schedulers[name]
-        table = s.wasted if wasted else s.busy
         out = []
         for d in range(self.days):
             length = min(self.day, self.horizon - d * self.day)
-            out.append(table.get(d, 0.0) / (length * s.instances) if length > 0 else 0.0)
+            busy = s.busy.get(d, 0.0)
+            if wasted:
+                busy = s.wasted.get(d, 0.0)
+            elif no_conflict:
+                busy = max(0.0, busy - s.wasted.get(d, 0.0))
+            out.append(busy / (length * s.instances) if length > 0 else 0.0)
         return out
 
     def summary(self, unscheduled: Mapping[str, int]) -> dict[str, Any]:
@@ -476,6 +497,15 @@ class Recorder:
             out[f"{name}_busyness"] = statistics.median(days)
             out[f"{name}_busyness_mad"] = median_abs_deviation(days)
             out[f"{name}_busyness_wasted"] = statistics.median(wasted)
+            out[f"{name}_busyness_no_conflict"] = statistics.median(
+                self.daily(name, no_conflict=True))
+            if s.timed:
+                out[f"{name}_decision_measured_mean_s"] = s.measured_s / s.timed
+                out[f"{name}_decision_model_mean_s"] = s.model_s / s.timed
+                out[f"{name}_decision_measured_per_task_s"] = (
+                    s.measured_s / s.tried if s.tried else 0.0)
+                out[f"{name}_decision_model_per_task_s"] = (
+                    s.model_s / s.tried if s.tried else 0.0)
             out[f"{name}_conflict_fraction"] = (
                 s.conflicted / s.successful if s.successful else float(s.conflicted))
             out[f"{name}_transactions"] = s.transactions

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import attrs
+
 from cellstate.cell import CellSnapshot
 from cellstate.keys import KeyKind
 from cellstate.model import (
@@ -50,6 +52,7 @@ from schedulers.registry import Registry
 from schedulers.runtime import Attempt, RuntimeConfig, SchedulerInstance, owner_of
 from simulator.cell import Changes, SimCell, capacity_of
 from simulator.config import Architecture, SchedulerSpec, SimConfig
+from simulator.constraints import machine_labels
 from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
 from simulator.mapreduce import MapReduceRuns
@@ -142,9 +145,12 @@ class Simulation:
     def _machines(self) -> Iterator[Machine]:
         c = self.config.cell
         cap = Resources.of(cpu=c.cpu, mem=c.mem)
+        # Its own stream: cells without attributes draw nothing and stay as they were.
+        rng = stream(self.config.seed, "cell/attributes")
         for i in range(c.machines):
             yield Machine(f"m{i:05d}", cap, rack=f"r{i // c.rack_size:03d}",
-                          failure_domain=f"fd{i // (10 * c.rack_size):02d}")
+                          failure_domain=f"fd{i // (10 * c.rack_size):02d}",
+                          labels=machine_labels(c.attributes, rng) if c.attributes else ())
 
     def _runtime_config(self, spec: SchedulerSpec) -> RuntimeConfig:
         r = self.config.retry
@@ -190,6 +196,7 @@ class Simulation:
         """The decision-cost hook of one instance; it also records a flow policy's
         round (the hook runs right after each decision)."""
         cost = decision_cost(spec)
+        model = decision_cost(attrs.evolve(spec, measured=False))
         key = (spec.name, instance)
 
         def charge(jobs: Sequence[Job], plan: Plan, measured: float) -> float:
@@ -200,7 +207,11 @@ class Simulation:
                     self.recorder.flow_round(spec.name, r.update, r.solve, r.extract,
                                              r.nodes, r.arcs, r.placed, r.migrated,
                                              r.preempted, r.repaired)
-            return cost(jobs, plan, measured)
+            charged = cost(jobs, plan, measured)
+            if self.config.measure_decisions:
+                tried = len(plan.claims) + sum(u.tasks for u in plan.unplaced)
+                self.recorder.decision(spec.name, measured, model(jobs, plan, measured), tried)
+            return charged
 
         return charge
 
@@ -257,6 +268,15 @@ class Simulation:
 
         self.loop.at(spec.submit, ARRIVAL, arrive)
 
+    def _poke_owner(self, job: Job) -> None:
+        """A task of ``job`` waits again (it was preempted): its scheduler, perhaps
+        another than the preempting one and asleep, has work."""
+        names = self._instances.get(job.scheduler)
+        owner = owner_of(job.id, names) if names else None
+        driver = self._drivers.get((job.scheduler, owner)) if owner is not None else None
+        if driver is not None:
+            driver.poke()
+
     def _input(self, spec: JobSpec) -> tuple[tuple[str, float], ...]:
         """Input blocks for a job of a class that has them (``Job.input``)."""
         cls = self._classes.get(spec.cls)
@@ -287,6 +307,7 @@ class Simulation:
                 self._running[vjob] -= 1
                 self._run_ended(vjob, victim, self._class.get(job_id, "?"))
                 self.mapreduce.workers(self._jobs[vjob], self._running[vjob])
+                self._poke_owner(self._jobs[vjob])
             if not res.committed:
                 continue
             job = self._jobs[job_id]

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import attrs
 
-from cellstate.model import Job, JobKind, MapReduceSpec, ModelError, Resources, check_name
+from cellstate.model import (
+    Constraints,
+    Job,
+    JobKind,
+    MapReduceSpec,
+    ModelError,
+    Resources,
+    check_name,
+)
+from simulator.constraints import ConstraintGen, parse_constraints
 
 
 class InputError(ValueError):
@@ -223,6 +232,10 @@ class JobClass:
     # scheduler reads it); None: 0.
     priority: Distribution | None = None
     diurnal: Diurnal | None = None  # a daily pattern of the arrival rate
+    # High fidelity (Omega §5): each job's precedence across all jobs (rounded; the
+    # store lets a job evict lower-precedence tasks) and its placement constraints.
+    precedence: Distribution | None = None
+    constraints: ConstraintGen | None = None
 
     def mean_tasks(self) -> float:
         return self.tasks.mean()
@@ -243,6 +256,8 @@ class JobSpec:
     mapreduce: MapReduceSpec | None = None  # its duration then follows from its workers
     owner: str = "sim"
     priority: int = 0  # in its owner's own order (higher first)
+    precedence: int = 0  # across all jobs: who may evict whom
+    constraints: Constraints = attrs.field(factory=Constraints)
 
     def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = ()) -> Job:
         """The job to submit; ``data`` is its input (``Job.input``)."""
@@ -250,14 +265,16 @@ class JobSpec:
                    Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
                    duration=self.duration if self.mapreduce is None else None,
                    submitted_at=self.submit, input=data, mapreduce=self.mapreduce,
-                   priority=self.priority)
+                   priority=self.priority, precedence=self.precedence,
+                   constraints=self.constraints)
 
 
 def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[JobSpec]:
     """Jobs of ``cls`` forever, one after another (the caller stops at the horizon).
 
-    Owners and priorities are drawn after everything else, and only for classes that
-    have them, so that classes without them draw exactly what they drew before."""
+    Owners, priorities, precedences and constraints are drawn after everything else,
+    and only for classes that have them, so that classes without them draw exactly
+    what they drew before."""
     active = 0.0
     n = 0
     while True:
@@ -273,6 +290,10 @@ def generate(cls: JobClass, rng: random.Random, start: float = 0.0) -> Iterator[
             spec = attrs.evolve(spec, owner=cls.users[rng.randrange(len(cls.users))])
         if cls.priority is not None:
             spec = attrs.evolve(spec, priority=round(cls.priority.sample(rng)))
+        if cls.precedence is not None:
+            spec = attrs.evolve(spec, precedence=max(0, round(cls.precedence.sample(rng))))
+        if cls.constraints is not None:
+            spec = attrs.evolve(spec, constraints=cls.constraints.draw(rng))
         yield spec
 
 
@@ -306,7 +327,7 @@ class Prefill:
 # -- traces --------------------------------------------------------------------------
 
 TRACE_FIELDS = ("submit", "class", "tasks", "duration", "cpu", "mem")
-TRACE_OPTIONAL = ("id", "owner", "priority")
+TRACE_OPTIONAL = ("id", "owner", "priority", "precedence", "constraints")
 
 
 def load_trace(path: Path, classes: dict[str, JobKind]) -> list[JobSpec]:
@@ -393,9 +414,22 @@ def _spec(path: Path, line: int, row: dict[str, object],
     if priority != int(priority):
         raise InputError(f"{where}, field 'priority': must be a whole number, got "
                          f"{row['priority']!r}")
+    precedence = _number(where, row, "precedence", 0.0) if "precedence" in row else 0.0
+    if precedence != int(precedence):
+        raise InputError(f"{where}, field 'precedence': must be a whole number, got "
+                         f"{row['precedence']!r}")
+    text = row.get("constraints", "")
+    if not isinstance(text, str):
+        raise InputError(f"{where}, field 'constraints': must be a string such as "
+                         f"'platform=x|y;max_per_machine=1', got {text!r}")
+    try:
+        constraints = parse_constraints(text)
+    except ValueError as e:
+        raise InputError(f"{where}, field 'constraints': {e}") from None
     return JobSpec(job_id, cls, classes[cls], submit, int(tasks), duration,
                    _number(where, row, "cpu", minimum=0.0), _number(where, row, "mem", 0.0),
-                   owner=owner, priority=int(priority))
+                   owner=owner, priority=int(priority), precedence=int(precedence),
+                   constraints=constraints)
 
 
 def _number(where: str, row: dict[str, object], field: str, minimum: float) -> float:
