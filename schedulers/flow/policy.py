@@ -43,6 +43,7 @@ from typing import Any
 
 import attrs
 
+from cellstate.codec import MAX_PRECEDENCE
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
 from schedulers.flow.costs import (
@@ -55,6 +56,7 @@ from schedulers.flow.costs import (
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.solvers import SOLVERS, Solver
+from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
 
 OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs")
@@ -62,8 +64,8 @@ OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs
 RECENT = 100
 
 
-class FlowOptionError(ValueError):
-    pass
+class FlowOptionError(OptionError):
+    """A flow scheduler option is unknown or has a value it cannot use."""
 
 
 @attrs.frozen
@@ -102,15 +104,9 @@ class FlowPolicy(Policy):
         self._report: Mapping[str, float | int] = {}
 
     def _configure(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise FlowOptionError(f"flow scheduler: unknown option(s) {', '.join(unknown)} "
-                                  f"(known: {', '.join(OPTIONS)})")
+        o = Options(options, "flow scheduler", OPTIONS, FlowOptionError)
         policy = options.get("policy", "quincy")
-        costs = options.get("costs", {})
-        if not isinstance(costs, Mapping):
-            raise FlowOptionError("flow scheduler: option costs must be a table of the cost "
-                                  f"model's options, got {costs!r}")
+        costs = o.table("costs")
         if isinstance(policy, CostModel):
             self.model = policy  # a model made by the caller (tests, the simulator)
         elif not isinstance(policy, str):
@@ -126,15 +122,13 @@ class FlowPolicy(Policy):
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
                                   f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
         self.solver: Solver = SOLVERS[str(solver)]()
-        self.interval = _number(options, "interval", 1.0, 0.0, 3600.0)
+        self.interval = o.number("interval", 1.0, 0.0, 3600.0)
         self.propose_interval = self.interval
-        self.move_guard = _number(options, "move_guard", 60.0, 0.0, 86_400.0)
-        below = options.get("preempt_below")
-        if below is not None and (isinstance(below, bool) or not isinstance(below, int)
-                                  or below < 0):
-            raise FlowOptionError("flow scheduler: option preempt_below must be a "
-                                  f"non-negative whole number (a precedence), got {below!r}")
-        self.preempt_below: int | None = below
+        self.move_guard = o.number("move_guard", 60.0, 0.0, 86_400.0)
+        # Unset: never preempt others' tasks (no default precedence would mean that).
+        self.preempt_below: int | None = (
+            None if options.get("preempt_below") is None
+            else o.integer("preempt_below", 0, 0, MAX_PRECEDENCE + 1))
         self.planner: RoundPlanner | None = self.model.planner(self.move_guard)
 
     def _setup(self, ctx: Context) -> None:
@@ -268,12 +262,3 @@ class FlowPolicy(Policy):
 
 _TOTALS = ("rounds", "placed", "moved", "preempted", "repaired", "stale", "spilled",
            "full_builds")
-
-
-def _number(options: Mapping[str, Any], name: str, default: float, lo: float, hi: float
-            ) -> float:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise FlowOptionError(f"flow scheduler: option {name} must be a number from {lo:g} "
-                              f"to {hi:g}, got {value!r}")
-    return float(value)
