@@ -27,6 +27,10 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
   this to be preempted (by tasks of a higher precedence only); default: never;
 * ``costs``: a table of the cost model's own options (e.g. ``migrate_cost``).
 
+Between rounds the runtime hands the policy the cell's changes (:meth:`FlowPolicy.absorb`,
+where ``RuntimeConfig.absorb_when_idle``: a scheduler process), and the network takes
+them in then, so that a round updates only what arrived since.
+
 What the rounds did is kept in ``rounds`` and summed up by :meth:`FlowPolicy.report`
 (``omega status`` shows it): the last round, medians over the last ``RECENT`` rounds
 and totals since the start.
@@ -91,6 +95,7 @@ class Round:
 class FlowPolicy(Policy):
     name = "flow"
     propose_interval: float | None = 1.0
+    absorbs_changes = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -102,6 +107,9 @@ class FlowPolicy(Policy):
         self._graph: GraphManager | None = None
         self._totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
         self._report: Mapping[str, float | int] = {}
+        # The network took in changes (absorb) that no round has solved for yet.
+        self._unsolved = False
+        self._absorb_seconds = 0.0  # spent in absorb since the start
 
     def _configure(self, options: Mapping[str, Any]) -> None:
         o = Options(options, "flow scheduler", OPTIONS, FlowOptionError)
@@ -155,6 +163,20 @@ class FlowPolicy(Policy):
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
         return self._round(ctx, [job])
 
+    def absorb(self, ctx: Context) -> bool:
+        """Take the changes into the network between rounds (Firmament applies cluster
+        events as they come): the next round's update has only what arrived since.
+        The round still brings time-dependent costs and guards to its own time."""
+        self._setup(ctx)
+        if self.planner is not None:
+            return False  # its rounds regroup the cell themselves
+        t0 = self.timer()
+        self.graph(ctx).update(ctx.view.snap, ctx.changes, ctx.now)
+        self._absorb_seconds += self.timer() - t0
+        self._totals["absorbs"] += 1
+        self._unsolved = True
+        return True
+
     def propose(self, ctx: Context) -> Plan:
         self._setup(ctx)
         if self.planner is not None:
@@ -162,8 +184,8 @@ class FlowPolicy(Policy):
                 return Plan()  # nothing to do, or claims not in the snapshot yet
             return self._round(ctx, [])
         graph = self.graph(ctx)
-        if graph.built and ctx.changes is not None and not ctx.changes and not graph.due(
-                ctx.now) and not any(e.waiting for e in graph.jobs.values()):
+        if (graph.built and ctx.changes is not None and not ctx.changes and not self._unsolved
+                and not graph.due(ctx.now) and not any(e.waiting for e in graph.jobs.values())):
             return Plan()  # nothing changed and nothing waits: nothing to decide
         if ctx.view.inflight:
             # The network cannot see claims committed since the snapshot (the view can,
@@ -172,6 +194,7 @@ class FlowPolicy(Policy):
             # What changed up to this snapshot is handed to no later round: the network
             # takes it now (and the next round has that much less to update).
             graph.update(ctx.view.snap, ctx.changes, ctx.now)
+            self._unsolved = True
             return Plan()
         return self._round(ctx, [])
 
@@ -194,6 +217,7 @@ class FlowPolicy(Policy):
         for jid, mid in ex.turned_back:
             graph.block(jid, mid, ctx.now)
         t3 = self.timer()
+        self._unsolved = False
         self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
@@ -214,7 +238,8 @@ class FlowPolicy(Policy):
         """The last round (``last_*``: its parts in milliseconds, the network's size,
         the claims it made), medians over the last ``RECENT`` rounds (``median_*``)
         and totals since the start (``rounds``, ``placed``, ``moved``, ``preempted``,
-        ``repaired``, ``stale``, ``full_builds``). Claims made, not claims committed:
+        ``repaired``, ``stale``, ``full_builds``; ``absorbs`` and ``absorb_ms``: the
+        updates made between rounds, :meth:`absorb`). Claims made, not claims committed:
         the runtime's own metrics count what the store accepted."""
         return self._report
 
@@ -240,6 +265,7 @@ class FlowPolicy(Policy):
             "median_update_ms": 1000 * statistics.median(x.update for x in recent),
             "median_solve_ms": 1000 * statistics.median(x.solve for x in recent),
             "median_extract_ms": 1000 * statistics.median(x.extract for x in recent),
+            "absorb_ms": 1000 * self._absorb_seconds,
         }
 
     def _unplaced(self, ctx: Context, due: Sequence[Job], ex: RoundOutcome
@@ -261,4 +287,4 @@ class FlowPolicy(Policy):
 
 
 _TOTALS = ("rounds", "placed", "moved", "preempted", "repaired", "stale", "spilled",
-           "full_builds")
+           "full_builds", "absorbs")
