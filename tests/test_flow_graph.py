@@ -257,6 +257,7 @@ def test_an_updated_network_equals_a_rebuilt_one_after_every_change(policy: str,
         incremental += not stats.full
         want = _fresh(churn, policy, preempt_below, snap).net.canonical()
         assert gm.net.canonical() == want, f"seed {seed}, step {step}: networks differ"
+        assert gm.has_waiting() == any(e.waiting for e in gm.jobs.values())
     assert incremental > 10  # most updates were incremental, not rebuilds
 
 

@@ -185,7 +185,7 @@ class FlowPolicy(Policy):
             return self._round(ctx, [])
         graph = self.graph(ctx)
         if (graph.built and ctx.changes is not None and not ctx.changes and not self._unsolved
-                and not graph.due(ctx.now) and not any(e.waiting for e in graph.jobs.values())):
+                and not graph.due(ctx.now) and not graph.has_waiting()):
             return Plan()  # nothing changed and nothing waits: nothing to decide
         if ctx.view.inflight:
             # The network cannot see claims committed since the snapshot (the view can,
