@@ -499,7 +499,11 @@ class SchedulerInstance:
                         self._machine_ids)
         ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
                       seen, self.source.snapshot)
-        return self.policy.absorb(ctx)
+        try:
+            return self.policy.absorb(ctx)
+        except BaseException:
+            self._keep_seen(seen)  # not taken in: still owed to the next decision
+            raise
 
     def _state(self, jid: str) -> _JobState:
         st = self._jobs.get(jid)

@@ -371,3 +371,26 @@ def test_changes_are_not_absorbed_unless_the_runtime_is_told_to() -> None:
     h.run(settled)
     assert pol.absorbed == []
     assert pol.decided[0] is None  # everything since the start is owed to the decision
+
+
+def test_changes_a_policy_failed_to_absorb_reach_its_next_decision() -> None:
+    class Failing(_Absorbing):
+        def absorb(self, ctx: Context) -> bool:
+            super().absorb(ctx)
+            if ctx.changes is not None:
+                raise RuntimeError("a bug in the policy")
+            return True
+
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+    pol = Failing(True)
+    inst = h.add(pol, config=RuntimeConfig(absorb_when_idle=True))
+    inst.step()  # the first look (None) is taken
+    h.admin.add_machine(machine("m1", cpu=4))
+    h.pump()
+    with pytest.raises(RuntimeError, match="a bug in the policy"):
+        inst.step()
+    pol.absorb = lambda ctx: False  # type: ignore[method-assign]
+    h.submit([job("j1", cpu=1)])
+    h.run(settled)
+    assert (KeyKind.MACHINE, "m1") in (pol.decided[0] or ())
