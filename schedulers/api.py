@@ -273,8 +273,9 @@ class Policy:
     requeue_interval: float | None = None
     #: A policy that keeps state built from the cell (a flow network) sets this to be
     #: handed the cell's changes between its decisions (:meth:`absorb`), where the
-    #: runtime is configured to (``RuntimeConfig.absorb_when_idle``).
-    absorbs_changes: ClassVar[bool] = False
+    #: runtime is configured to (``RuntimeConfig.absorb_when_idle``). Read when the
+    #: instance is made; a policy may set its own from its options.
+    absorbs_changes: bool = False
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)

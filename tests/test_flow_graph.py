@@ -638,3 +638,14 @@ def test_an_arc_into_a_machine_exists_only_where_a_task_fits_in_every_dimension(
     for mid in ("cpus", "mems"):
         assert all(gm.net.arc(s).kind != ArcKind.INTO_MACHINE for s in gm.net.arcs_of(("M", mid)))
     assert gm.net.arc(gm.net.arcs_of(("M", "both"))[0]).tail == ("E", shape)
+
+
+def test_a_planner_model_asks_for_no_changes_between_rounds() -> None:
+    """Aladdin+H plans each round from the cell itself: its policy keeps no network, so
+    the runtime is not asked to wake it for every change."""
+    assert FlowPolicy(policy="quincy").absorbs_changes
+    pol = FlowPolicy(policy="aladdin")
+    assert not pol.absorbs_changes
+    snap = make_cell(MemoryKV(), [machine("m0")], []).read_snapshot()
+    assert not pol.absorb(Context(CellView(snap, FLOW), NOW, random.Random(0), FLOW, "0", {},
+                                  frozenset({(KeyKind.MACHINE, "m0")})))

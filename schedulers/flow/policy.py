@@ -95,7 +95,7 @@ class Round:
 class FlowPolicy(Policy):
     name = "flow"
     propose_interval: float | None = 1.0
-    absorbs_changes = True
+    absorbs_changes: bool = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -138,6 +138,8 @@ class FlowPolicy(Policy):
             None if options.get("preempt_below") is None
             else o.integer("preempt_below", 0, 0, MAX_PRECEDENCE + 1))
         self.planner: RoundPlanner | None = self.model.planner(self.move_guard)
+        # A planner regroups the cell each round: it has no network to keep up to date.
+        self.absorbs_changes = self.planner is None
 
     def _setup(self, ctx: Context) -> None:
         if not self._configured and ctx.options:
