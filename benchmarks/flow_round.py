@@ -9,6 +9,11 @@ under Quincy each job's input lies on 3-8 machines of one or two racks). Then:
   (1,500 tasks waiting), solves it, extracts claims and commits them;
 * **incremental**: ROUNDS times, 1% of the running tasks end and 1,500 tasks arrive
   (15 jobs of 100), and a round updates the network from the replica's change sets.
+  As a scheduler process does (``FlowPolicy.absorb``), the network takes in the
+  changes that come between rounds as they come: the last round's commits, then the
+  tasks that ended; the round that the arrivals start updates only for them. The
+  CPU time of that is printed as ``between``; ``--no-absorb`` leaves every change to
+  the round, as the simulator's flow scheduler does.
 
 Scenario ``bigjob``: at 90% slot use, one job of 3,000 tasks arrives (load-spreading).
 
@@ -19,7 +24,7 @@ processes' share of the cores stays out), and the whole round in wall time too.
 
     python benchmarks/flow_round.py [--machines 1250,12500] [--use 0.5,0.9]
                                     [--policies quincy,load-spread] [--rounds 5]
-                                    [--no-bigjob]
+                                    [--no-bigjob] [--no-absorb]
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Timing:
     solve: float = 0.0
     extract: float = 0.0
     commit: float = 0.0
+    between: float = 0.0  # taking changes in before the round (absorb), CPU
     wall: float = 0.0  # the whole round, wall clock
     placed: int = 0
     moved: int = 0
@@ -149,15 +155,26 @@ class Cell:
         for res in self.store.commit_many(txns):
             assert res.ok, res.rejected[:1]
 
-    def churn(self, end_fraction: float, arrive: int, per_job: int, now: float) -> None:
-        """End a fraction of the running tasks and submit ``arrive`` new tasks."""
+    def end(self, fraction: float) -> None:
+        """End a fraction of the running tasks."""
         self.rng.shuffle(self.running)
-        n = round(end_fraction * len(self.running))
+        n = round(fraction * len(self.running))
         for tid, mid in self.running[:n]:
             self.store.release_task(tid, TaskState.FINISHED, mid)
         del self.running[:n]
-        for _ in range(arrive // per_job):
+
+    def arrive(self, tasks: int, per_job: int, now: float) -> None:
+        for _ in range(tasks // per_job):
             self.store.submit_job(self.job(per_job, now))
+
+
+def absorb(cell: Cell, graph: GraphManager, now: float) -> float:
+    """The changes so far taken into the network between rounds; CPU seconds."""
+    changes = cell.take_changes()
+    snap = cell.replica.snapshot()
+    t0 = time.process_time()
+    graph.update(snap, changes, now)
+    return time.process_time() - t0
 
 
 def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
@@ -191,7 +208,7 @@ def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
 
 
 def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
-             seed: int = 7) -> tuple[Timing, list[Timing]]:
+             between: bool, seed: int = 7) -> tuple[Timing, list[Timing]]:
     # The cells of earlier scenarios are garbage in reference cycles (a replica and its
     # callbacks) that the tuned collector would keep for a long while: left there, they
     # made later scenarios' solves up to twice as slow as in a process of their own.
@@ -211,12 +228,16 @@ def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
     warm = []
     for _ in range(rounds):
         now += 1.0
+        spent = absorb(cell, graph, now) if between else 0.0  # the last round's commits
+        cell.end(0.01)
+        spent += absorb(cell, graph, now) if between else 0.0
         if bigjob:
-            cell.churn(0.01, 0, 100, now)
             cell.store.submit_job(cell.job(3000, now))
         else:
-            cell.churn(0.01, arrive, 100, now)
-        warm.append(round_(cell, graph, now))
+            cell.arrive(arrive, 100, now)
+        t = round_(cell, graph, now)
+        t.between = spent
+        warm.append(t)
     return cold, warm
 
 
@@ -232,8 +253,10 @@ def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
           f"{cold.nodes} nodes {cold.arcs} arcs, placed {cold.placed}; wall "
           f"{_ms(cold.wall)})")
     decide = statistics.median(t.update + t.solve + t.extract for t in warm)
+    work = statistics.median(t.between + t.update + t.solve + t.extract for t in warm)
     print(f"{'':<34} incr    {_ms(statistics.median(t.total for t in warm))} ms, decision "
-          f"{_ms(decide)} ms, wall {_ms(statistics.median(t.wall for t in warm))} ms")
+          f"{_ms(decide)} ms, wall {_ms(statistics.median(t.wall for t in warm))} ms; "
+          f"between {_ms(med('between'))} ms, between + decision {_ms(work)} ms")
     print(f"{'':<34}         (upd "
           f"{_ms(med('update'))} solve {_ms(med('solve'))} ext {_ms(med('extract'))} commit "
           f"{_ms(med('commit'))}; {warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
@@ -248,17 +271,21 @@ def main() -> None:
     ap.add_argument("--policies", default="quincy,load-spread")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-bigjob", action="store_true")
+    ap.add_argument("--no-absorb", action="store_true",
+                    help="no update between rounds: each round takes every change")
     args = ap.parse_args()
+    between = not args.no_absorb
     tune_for_large_heap()
-    print(f"load average {os.getloadavg()[0]:.2f}; times in CPU ms of this process")
+    print(f"load average {os.getloadavg()[0]:.2f}; times in CPU ms of this process; "
+          f"changes taken in between rounds: {'yes' if between else 'no'}")
     for machines in (int(x) for x in args.machines.split(",")):
         for policy in args.policies.split(","):
             for use in (float(x) for x in args.use.split(",")):
-                cold, warm = scenario(machines, use, policy, args.rounds, False)
+                cold, warm = scenario(machines, use, policy, args.rounds, False, between)
                 report(f"{policy} {machines} machines {use:.0%}", cold, warm)
             print(f"{'':<34} peer: {PEER.get(policy, '')}")
         if not args.no_bigjob:
-            cold, warm = scenario(machines, 0.9, "load-spread", args.rounds, True)
+            cold, warm = scenario(machines, 0.9, "load-spread", args.rounds, True, between)
             report(f"bigjob 3000 tasks {machines} machines", cold, warm)
             print(f"{'':<34} peer: {PEER['bigjob']}")
     print(f"load average {os.getloadavg()[0]:.2f}")

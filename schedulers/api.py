@@ -271,6 +271,11 @@ class Policy:
     #: decision sees the whole queue, and waiting for its turn is not failing: the
     #: runtime gives up on such a job only for a permanent reason.
     requeue_interval: float | None = None
+    #: A policy that keeps state built from the cell (a flow network) sets this to be
+    #: handed the cell's changes between its decisions (:meth:`absorb`), where the
+    #: runtime is configured to (``RuntimeConfig.absorb_when_idle``). Read when the
+    #: instance is made; a policy may set its own from its options.
+    absorbs_changes: bool = False
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)
@@ -292,6 +297,14 @@ class Policy:
     def propose(self, ctx: Context) -> Plan:
         """A proposal made without a new job (called every ``propose_interval`` s)."""
         return Plan()
+
+    def absorb(self, ctx: Context) -> bool:
+        """Called while no decision is due, with the changes this policy was not told of
+        yet (``ctx.changes``, never empty): bring state kept across decisions up to date
+        now, so that the next decision has less to do. Returns whether the changes were
+        taken in: if so they are not handed to the next decision again. The default
+        takes nothing."""
+        return False
 
     def report(self) -> Mapping[str, float | int]:
         """The policy's own metrics, by name (numbers only; a few dozen at most): the

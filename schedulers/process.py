@@ -128,6 +128,7 @@ def scheduler_config(doc: Mapping[str, Any], overrides: Mapping[str, Any],
                                       "max_retry_delay"),
             lease_ttl=_at_least(pick("lease_ttl", int, 10), 2, "lease_ttl"),
             options=options_,
+            absorb_when_idle=True,
         )
         seed = pick("seed", int, None)
         sec.no_unknown()

@@ -117,6 +117,10 @@ class RuntimeConfig:
     # Jobs naming a scheduler that never ran in this cell are abandoned after this long.
     unknown_scheduler_grace: float = 30.0
     options: dict[str, Any] = attrs.field(factory=dict)  # handed to the policy's Context
+    # Hand a policy that asks for them (Policy.absorbs_changes) the cell's changes while
+    # no decision is due (Policy.absorb). Off by default: a simulator charges only
+    # decisions, and would get the absorbed work for free.
+    absorb_when_idle: bool = False
 
 
 @attrs.frozen
@@ -219,6 +223,8 @@ class SchedulerInstance:
         self._machine_ids: list[str] = []
         self._machine_set: set[str] = set()
         self._machines_touched: set[str] | None = None
+        # Every change wakes run(): the policy takes it in while nothing is due.
+        self._absorbs = self.config.absorb_when_idle and policy.absorbs_changes
         if isinstance(store, CellStore):
             follow_source(store, source)
         source.on_changes(self._on_changes)
@@ -310,7 +316,7 @@ class SchedulerInstance:
     # -- the queue ---------------------------------------------------------------------
 
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
-        if changed is None or any(k in _WAKING for k, _ in changed):
+        if changed is None or self._absorbs or any(k in _WAKING for k, _ in changed):
             self._wake.set()
         with self._lock:
             if changed is None:
@@ -466,7 +472,8 @@ class SchedulerInstance:
             return self._decide(snap, [], now, seen, propose=True)
         due = [j for j in self.queued() if self._state(j).next_try_at <= now]
         if not due:
-            self._keep_seen(seen)
+            if not (self._absorbs and seen != frozenset() and self._absorb(snap, now, seen)):
+                self._keep_seen(seen)
             waits = [self._state(j).next_try_at - now for j in self._queue]
             # An idle instance still wakes for its next proposal (a simulator's idle
             # wait is infinite: it would otherwise sleep until a job arrives).
@@ -484,6 +491,19 @@ class SchedulerInstance:
             due = self.queued()
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
+
+    def _absorb(self, snap: CellSnapshot, now: float,
+                seen: frozenset[tuple[KeyKind, str]] | None) -> bool:
+        """Hand the policy the changes while no decision is due; whether it took them."""
+        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
+                        self._machine_ids)
+        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
+                      seen, self.source.snapshot)
+        try:
+            return self.policy.absorb(ctx)
+        except BaseException:
+            self._keep_seen(seen)  # not taken in: still owed to the next decision
+            raise
 
     def _state(self, jid: str) -> _JobState:
         st = self._jobs.get(jid)

@@ -35,11 +35,12 @@ from cellstate.model import (
     Transaction,
 )
 from cellstate.replica import Replica
-from schedulers.api import CellView
+from schedulers.api import CellView, Context, Plan
 from schedulers.flow.costs import make_cost_model
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import SINK, ArcKind, GraphManager, GroupKey, Shape, shape_of
 from schedulers.flow.network import NodeKey
+from schedulers.flow.policy import FlowPolicy
 from schedulers.flow.solvers import OrToolsSolver
 from schedulers.testing import JobBuilder, job, machine, make_cell
 from tests.flow_support import (
@@ -256,7 +257,69 @@ def test_an_updated_network_equals_a_rebuilt_one_after_every_change(policy: str,
         incremental += not stats.full
         want = _fresh(churn, policy, preempt_below, snap).net.canonical()
         assert gm.net.canonical() == want, f"seed {seed}, step {step}: networks differ"
+        assert gm.has_waiting() == any(e.waiting for e in gm.jobs.values())
     assert incremental > 10  # most updates were incremental, not rebuilds
+
+
+@pytest.mark.parametrize("policy", ["load-spread", "quincy"])
+@pytest.mark.parametrize("seed", range(4))
+def test_changes_taken_in_between_rounds_leave_the_network_a_rebuild_makes(
+        policy: str, seed: int) -> None:
+    """The flow policy's between-rounds hook (FlowPolicy.absorb) takes each change set
+    in as it comes, and the round, later, only brings the network to its own time
+    (guards and blocks that ran out meanwhile, waiting costs): the network is then the
+    one built from scratch at the round."""
+    churn = Churn(seed, net=False)
+    rng = random.Random(seed)
+    preempt_below = rng.choice([None, 3])
+    pol = FlowPolicy(policy=policy, move_guard=GUARD, preempt_below=preempt_below)
+
+    def ctx(snap: CellSnapshot, changes: frozenset[tuple[KeyKind, str]] | None) -> Context:
+        return Context(CellView(snap, FLOW), churn.now, random.Random(0), FLOW, "0", {},
+                       changes)
+
+    first = ctx(*churn.take())
+    gm = pol.graph(first)
+    assert pol.absorb(first) and gm.built  # the first look builds the network
+    rounds = 0
+    for step in range(40):
+        churn.step(gm)
+        assert pol.absorb(ctx(*churn.take()))
+        if rng.random() < 0.5:
+            continue  # more changes before the next round
+        churn.now += rng.choice([0.0, 3.0, 25.0])  # guards may run out meanwhile
+        snap, changes = churn.take()
+        assert changes == frozenset()  # all taken in already
+        assert not gm.update(snap, changes, churn.now).full
+        rounds += 1
+        want = _fresh(churn, policy, preempt_below, snap).net.canonical()
+        assert gm.net.canonical() == want, f"seed {seed}, step {step}: networks differ"
+    assert rounds > 10
+
+
+def test_a_rescheduling_round_follows_changes_taken_in_between_rounds() -> None:
+    """A rescheduling round (propose) with no change handed to it still solves when
+    changes were taken in since the last round, and only then."""
+    store = make_cell(MemoryKV(), [machine("m0", cpu=4)], [])
+    store.submit_job(attrs.evolve(job("j", tasks=2, cpu=1, scheduler=FLOW), submitted_at=NOW))
+    pol = FlowPolicy(policy="load-spread")
+
+    def ctx(changes: frozenset[tuple[KeyKind, str]] | None) -> Context:
+        return Context(CellView(store.read_snapshot(), FLOW), NOW, random.Random(0), FLOW,
+                       "0", {}, changes)
+
+    claims = pol.propose(ctx(None)).claims
+    assert len(claims) == 2 and store.commit(Transaction(FLOW, claims, job="j")).ok
+    assert pol.absorb(ctx(None))  # the commit, seen between rounds
+    pol.propose(ctx(frozenset()))
+    assert len(pol.rounds) == 2  # solved for what was taken in
+    assert pol.propose(ctx(frozenset())) == Plan()
+    assert len(pol.rounds) == 2  # nothing since: no round
+    store.add_machine(machine("m1", cpu=4))
+    assert pol.absorb(ctx(frozenset({(KeyKind.MACHINE, "m1")})))
+    pol.propose(ctx(frozenset()))
+    assert len(pol.rounds) == 3
+    assert pol.report()["absorbs"] == 2
 
 
 @pytest.mark.parametrize("policy", ["trivial", "load-spread", "quincy", "network"])
@@ -575,3 +638,14 @@ def test_an_arc_into_a_machine_exists_only_where_a_task_fits_in_every_dimension(
     for mid in ("cpus", "mems"):
         assert all(gm.net.arc(s).kind != ArcKind.INTO_MACHINE for s in gm.net.arcs_of(("M", mid)))
     assert gm.net.arc(gm.net.arcs_of(("M", "both"))[0]).tail == ("E", shape)
+
+
+def test_a_planner_model_asks_for_no_changes_between_rounds() -> None:
+    """Aladdin+H plans each round from the cell itself: its policy keeps no network, so
+    the runtime is not asked to wake it for every change."""
+    assert FlowPolicy(policy="quincy").absorbs_changes
+    pol = FlowPolicy(policy="aladdin")
+    assert not pol.absorbs_changes
+    snap = make_cell(MemoryKV(), [machine("m0")], []).read_snapshot()
+    assert not pol.absorb(Context(CellView(snap, FLOW), NOW, random.Random(0), FLOW, "0", {},
+                                  frozenset({(KeyKind.MACHINE, "m0")})))

@@ -31,6 +31,7 @@ from schedulers.api import CellView, Context
 from schedulers.flow import FlowPolicy
 from schedulers.flow.costs import CostModelError, make_cost_model
 from schedulers.flow.policy import FlowOptionError
+from schedulers.options import OptionError
 from schedulers.runtime import SchedulerInstance
 from schedulers.testing import Harness, JobBuilder, job, machine, make_cell, settled
 
@@ -199,9 +200,13 @@ def test_a_round_drops_what_changed_while_it_solved() -> None:
     ({"interval": -1}, "option interval must be a number from 0 to 3600, got -1"),
     ({"interval": "fast"}, "option interval must be a number from 0 to 3600, got 'fast'"),
     ({"move_guard": True}, "option move_guard must be a number"),
-    ({"preempt_below": -2}, "option preempt_below must be a non-negative whole number"),
-    ({"preempt_below": 2.5}, "option preempt_below must be a non-negative whole number"),
-    ({"costs": "cheap"}, "option costs must be a table of the cost model's options"),
+    ({"preempt_below": -2}, "option preempt_below must be a whole number from 0 to 1000001, "
+                            "got -2"),
+    ({"preempt_below": 2.5}, "option preempt_below must be a whole number from 0 to"),
+    ({"preempt_below": True}, "option preempt_below must be a whole number from 0 to"),
+    ({"interval": float("inf")}, "option interval must be a number from 0 to 3600, got inf"),
+    ({"costs": "cheap"}, "option costs must be a table (e.g. --option costs.KEY=VALUE), "
+                         "got 'cheap'"),
     ({"costs": {"migrate": 1}}, "cost model quincy: unknown option(s) migrate (known: "),
     ({"policy": "trivial", "costs": {"migrate_cost": 1}},
      "cost model trivial: unknown option(s) migrate_cost (known: none)"),
@@ -216,6 +221,8 @@ def test_bad_options_are_refused_naming_what_is_wrong(options: dict[str, Any],
     with pytest.raises(FlowOptionError) as e:
         FlowPolicy(**options)
     assert message in str(e.value)
+    # The shared checker's error (schedulers/options.py), as the other policies raise.
+    assert isinstance(e.value, OptionError)
     assert str(e.value).startswith("flow scheduler: ")
 
 

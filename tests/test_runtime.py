@@ -6,7 +6,9 @@ import pytest
 
 from cellstate.cell import task_view
 from cellstate.invariants import placed_tasks_of, violations
-from cellstate.model import Constraints, JobState, Requirement, SelectorOp, TaskState
+from cellstate.keys import KeyKind
+from cellstate.model import Constraints, Job, JobState, Requirement, SelectorOp, TaskState
+from schedulers.api import Context, Plan
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig, owner_of
 from schedulers.service import ServicePolicy
@@ -145,8 +147,8 @@ def test_service_preemption_picks_the_fewest_lowest_precedence_victims() -> None
 
 
 def test_a_policy_proposing_an_invalid_transaction_does_not_stop_the_instance() -> None:
-    from cellstate.model import Claim, Job
-    from schedulers.api import Context, Plan, Policy
+    from cellstate.model import Claim
+    from schedulers.api import Plan, Policy
 
     class Sloppy(Policy):
         name = "sloppy"
@@ -216,10 +218,10 @@ def test_instance_keeps_its_registration_through_an_unreachable_store() -> None:
 def test_a_plan_of_several_jobs_is_one_commit_and_later_decisions_see_the_fallbacks() -> None:
     from collections.abc import Sequence
 
-    from cellstate.model import Job, Transaction
+    from cellstate.model import Transaction
     from cellstate.replica import Replica
     from cellstate.store import CellStore
-    from schedulers.api import Context, Plan, Policy
+    from schedulers.api import Plan, Policy
     from schedulers.runtime import SchedulerInstance
 
     class Everything(Policy):
@@ -263,7 +265,7 @@ def test_batch_policy_proposes_fallbacks_that_can_host_the_task_when_asked() -> 
     import random as _random
 
     from cellstate.model import MAX_FALLBACKS, Claim, Transaction
-    from schedulers.api import CellView, Context, Plan
+    from schedulers.api import CellView, Context
     from schedulers.placement import can_host
 
     h = Harness()
@@ -306,3 +308,89 @@ def test_an_idle_instance_asks_to_wake_for_its_next_proposal() -> None:
                                                        lease_ttl=10**9))
     assert inst.step() == 0.0  # the first proposal, at once
     assert inst.step() == ElasticGrower.propose_interval
+
+
+class _Absorbing(BatchPolicy):
+    """Batch placement that records the changes handed to it, between decisions
+    (absorb) and in them."""
+
+    absorbs_changes = True
+
+    def __init__(self, take: bool) -> None:
+        super().__init__()
+        self.take = take
+        self.absorbed: list[frozenset[tuple[KeyKind, str]] | None] = []
+        self.decided: list[frozenset[tuple[KeyKind, str]] | None] = []
+
+    def absorb(self, ctx: Context) -> bool:
+        self.absorbed.append(ctx.changes)
+        return self.take or ctx.changes is None  # the first look (None) is always taken
+
+    def schedule_job(self, ctx: Context, j: Job) -> Plan:
+        self.decided.append(ctx.changes)
+        return super().schedule_job(ctx, j)
+
+
+@pytest.mark.parametrize("take", [True, False])
+def test_changes_between_decisions_go_to_a_policy_that_absorbs_them(take: bool) -> None:
+    """Where the runtime is told to, a policy that asks for them gets the changes while
+    nothing is due; those it takes are not handed to its next decision again."""
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+    pol = _Absorbing(take)
+    inst = h.add(pol, config=RuntimeConfig(absorb_when_idle=True))
+    inst.step()  # the first look at the cell: nothing due
+    h.admin.add_machine(machine("m1", cpu=4))
+    h.pump()
+    inst.step()
+    assert (KeyKind.MACHINE, "m1") in (pol.absorbed[-1] or ())
+    h.submit([job("j1", tasks=2, cpu=1)])
+    h.run(settled)
+    decided = pol.decided[0]
+    assert decided is not None and (KeyKind.JOB, "j1") in decided
+    # Taken in between: not again. Not taken: still owed to the decision.
+    assert ((KeyKind.MACHINE, "m1") in decided) is not take
+    if not take:
+        return  # declined changes are offered again, with any newer ones
+    # Nothing changed since: absorb is not called for nothing.
+    h.pump()
+    inst.step()  # the commit's own changes come back
+    calls = len(pol.absorbed)
+    inst.step()
+    assert len(pol.absorbed) == calls and frozenset() not in pol.absorbed
+
+
+def test_changes_are_not_absorbed_unless_the_runtime_is_told_to() -> None:
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+    pol = _Absorbing(True)
+    inst = h.add(pol)
+    inst.step()
+    h.admin.add_machine(machine("m1", cpu=4))
+    h.submit([job("j1", cpu=1)])
+    h.run(settled)
+    assert pol.absorbed == []
+    assert pol.decided[0] is None  # everything since the start is owed to the decision
+
+
+def test_changes_a_policy_failed_to_absorb_reach_its_next_decision() -> None:
+    class Failing(_Absorbing):
+        def absorb(self, ctx: Context) -> bool:
+            super().absorb(ctx)
+            if ctx.changes is not None:
+                raise RuntimeError("a bug in the policy")
+            return True
+
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+    pol = Failing(True)
+    inst = h.add(pol, config=RuntimeConfig(absorb_when_idle=True))
+    inst.step()  # the first look (None) is taken
+    h.admin.add_machine(machine("m1", cpu=4))
+    h.pump()
+    with pytest.raises(RuntimeError, match="a bug in the policy"):
+        inst.step()
+    pol.absorb = lambda ctx: False  # type: ignore[method-assign]
+    h.submit([job("j1", cpu=1)])
+    h.run(settled)
+    assert (KeyKind.MACHINE, "m1") in (pol.decided[0] or ())

@@ -254,6 +254,7 @@ class GraphManager:
     def _reset(self) -> None:
         self.net = FlowNetwork()
         self.jobs: dict[str, JobEntry] = {}
+        self._waiting_jobs: set[str] = set()  # jobs with waiting tasks
         self.machines: dict[str, MachineEntry] = {}
         self.shapes: dict[Shape, int] = {}  # shape -> jobs of it
         self.racks: dict[str, str] = {}  # machine -> rack
@@ -371,15 +372,20 @@ class GraphManager:
             elif index in e.waiting:
                 e.waiting.discard(index)
                 rearc.add(jid)
-        shapes = {e.shape for e in self.jobs.values()}
-        if shapes != set(self.shapes):
-            # A new shape needs its arcs into every machine; a gone one leaves them.
-            machines = set(snap.machines.keys()) | set(self.machines)
-        self.shapes = {}
-        for e in self.jobs.values():
-            self.shapes[e.shape] = self.shapes.get(e.shape, 0) + 1
-        if tuple(self.shapes) != self._shape_order:
-            self._shape_order = tuple(self.shapes)
+        if full:
+            # Only a job loaded again (or gone) changes the shapes: an update without
+            # one skips these passes over every job, which would otherwise be most of
+            # a small update's cost (changes taken in between rounds come a few at a
+            # time).
+            shapes = {e.shape for e in self.jobs.values()}
+            if shapes != set(self.shapes):
+                # A new shape needs its arcs into every machine; a gone one leaves them.
+                machines = set(snap.machines.keys()) | set(self.machines)
+            self.shapes = {}
+            for e in self.jobs.values():
+                self.shapes[e.shape] = self.shapes.get(e.shape, 0) + 1
+            if tuple(self.shapes) != self._shape_order:
+                self._shape_order = tuple(self.shapes)
         racks_changed = full_build
         for mid in machines:
             m = snap.machines.get(mid)
@@ -392,9 +398,10 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
-        for s in (self.shapes if racks_changed
-                  else sorted(self.shapes.keys() - self._shape_owners, key=repr)):
-            self._shape_arcs(s)
+        if self.model.uses_racks:  # else a shape's aggregator has no arcs of its own
+            for s in (self.shapes if racks_changed
+                      else sorted(self.shapes.keys() - self._shape_owners, key=repr)):
+                self._shape_arcs(s)
         for s in sorted(self._shape_owners - self.shapes.keys(), key=repr):
             self.net.drop(("E", s))
         self._shape_owners &= self.shapes.keys()
@@ -422,11 +429,18 @@ class GraphManager:
         self._writes = ([], [], [], [])
         for jid in sorted(rearc):
             self._job_arcs(jid, now)
-        for jid, e in self.jobs.items():
-            if jid not in rearc and e.waiting:
+            # Every job whose waiting tasks changed is in rearc: the others keep theirs.
+            e = self.jobs.get(jid)
+            if e is not None and e.waiting:
+                self._waiting_jobs.add(jid)
+            else:
+                self._waiting_jobs.discard(jid)
+        for jid in self._waiting_jobs:
+            if jid not in rearc:
+                job = self.jobs[jid].job
                 # Position 0: the unscheduled arc (see _job_arcs).
                 self.net.set_cost(("W", jid), 0, self.model.unscheduled(
-                    e.job, max(now - e.job.submitted_at, 0.0)))
+                    job, max(now - job.submitted_at, 0.0)))
         self.net.set_supply(SINK, 0)
         self.net.set_supply(SINK, -self.net.total_supply)
         return UpdateStats(full_build, len(rearc), len(machines), batched)
@@ -905,6 +919,10 @@ class GraphManager:
         self.net.set_arcs(w, arcs)
 
     # -- what the extraction needs -----------------------------------------------------------
+
+    def has_waiting(self) -> bool:
+        """Whether some job in the network has tasks waiting."""
+        return bool(self._waiting_jobs)
 
     def waiting_of(self, jid: str) -> list[int]:
         e = self.jobs.get(jid)

@@ -27,6 +27,10 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
   this to be preempted (by tasks of a higher precedence only); default: never;
 * ``costs``: a table of the cost model's own options (e.g. ``migrate_cost``).
 
+Between rounds the runtime hands the policy the cell's changes (:meth:`FlowPolicy.absorb`,
+where ``RuntimeConfig.absorb_when_idle``: a scheduler process), and the network takes
+them in then, so that a round updates only what arrived since.
+
 What the rounds did is kept in ``rounds`` and summed up by :meth:`FlowPolicy.report`
 (``omega status`` shows it): the last round, medians over the last ``RECENT`` rounds
 and totals since the start.
@@ -43,6 +47,7 @@ from typing import Any
 
 import attrs
 
+from cellstate.codec import MAX_PRECEDENCE
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
 from schedulers.flow.costs import (
@@ -55,6 +60,7 @@ from schedulers.flow.costs import (
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.solvers import SOLVERS, Solver
+from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
 
 OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs")
@@ -62,8 +68,8 @@ OPTIONS = ("policy", "solver", "interval", "move_guard", "preempt_below", "costs
 RECENT = 100
 
 
-class FlowOptionError(ValueError):
-    pass
+class FlowOptionError(OptionError):
+    """A flow scheduler option is unknown or has a value it cannot use."""
 
 
 @attrs.frozen
@@ -89,6 +95,7 @@ class Round:
 class FlowPolicy(Policy):
     name = "flow"
     propose_interval: float | None = 1.0
+    absorbs_changes: bool = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -100,17 +107,14 @@ class FlowPolicy(Policy):
         self._graph: GraphManager | None = None
         self._totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
         self._report: Mapping[str, float | int] = {}
+        # The network took in changes (absorb) that no round has solved for yet.
+        self._unsolved = False
+        self._absorb_seconds = 0.0  # spent in absorb since the start
 
     def _configure(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise FlowOptionError(f"flow scheduler: unknown option(s) {', '.join(unknown)} "
-                                  f"(known: {', '.join(OPTIONS)})")
+        o = Options(options, "flow scheduler", OPTIONS, FlowOptionError)
         policy = options.get("policy", "quincy")
-        costs = options.get("costs", {})
-        if not isinstance(costs, Mapping):
-            raise FlowOptionError("flow scheduler: option costs must be a table of the cost "
-                                  f"model's options, got {costs!r}")
+        costs = o.table("costs")
         if isinstance(policy, CostModel):
             self.model = policy  # a model made by the caller (tests, the simulator)
         elif not isinstance(policy, str):
@@ -126,16 +130,16 @@ class FlowPolicy(Policy):
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
                                   f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
         self.solver: Solver = SOLVERS[str(solver)]()
-        self.interval = _number(options, "interval", 1.0, 0.0, 3600.0)
+        self.interval = o.number("interval", 1.0, 0.0, 3600.0)
         self.propose_interval = self.interval
-        self.move_guard = _number(options, "move_guard", 60.0, 0.0, 86_400.0)
-        below = options.get("preempt_below")
-        if below is not None and (isinstance(below, bool) or not isinstance(below, int)
-                                  or below < 0):
-            raise FlowOptionError("flow scheduler: option preempt_below must be a "
-                                  f"non-negative whole number (a precedence), got {below!r}")
-        self.preempt_below: int | None = below
+        self.move_guard = o.number("move_guard", 60.0, 0.0, 86_400.0)
+        # Unset: never preempt others' tasks (no default precedence would mean that).
+        self.preempt_below: int | None = (
+            None if options.get("preempt_below") is None
+            else o.integer("preempt_below", 0, 0, MAX_PRECEDENCE + 1))
         self.planner: RoundPlanner | None = self.model.planner(self.move_guard)
+        # A planner regroups the cell each round: it has no network to keep up to date.
+        self.absorbs_changes = self.planner is None
 
     def _setup(self, ctx: Context) -> None:
         if not self._configured and ctx.options:
@@ -161,6 +165,20 @@ class FlowPolicy(Policy):
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
         return self._round(ctx, [job])
 
+    def absorb(self, ctx: Context) -> bool:
+        """Take the changes into the network between rounds (Firmament applies cluster
+        events as they come): the next round's update has only what arrived since.
+        The round still brings time-dependent costs and guards to its own time."""
+        self._setup(ctx)
+        if self.planner is not None:
+            return False  # its rounds regroup the cell themselves
+        t0 = self.timer()
+        self.graph(ctx).update(ctx.view.snap, ctx.changes, ctx.now)
+        self._absorb_seconds += self.timer() - t0
+        self._totals["absorbs"] += 1
+        self._unsolved = True
+        return True
+
     def propose(self, ctx: Context) -> Plan:
         self._setup(ctx)
         if self.planner is not None:
@@ -168,8 +186,8 @@ class FlowPolicy(Policy):
                 return Plan()  # nothing to do, or claims not in the snapshot yet
             return self._round(ctx, [])
         graph = self.graph(ctx)
-        if graph.built and ctx.changes is not None and not ctx.changes and not graph.due(
-                ctx.now) and not any(e.waiting for e in graph.jobs.values()):
+        if (graph.built and ctx.changes is not None and not ctx.changes and not self._unsolved
+                and not graph.due(ctx.now) and not graph.has_waiting()):
             return Plan()  # nothing changed and nothing waits: nothing to decide
         if ctx.view.inflight:
             # The network cannot see claims committed since the snapshot (the view can,
@@ -178,6 +196,7 @@ class FlowPolicy(Policy):
             # What changed up to this snapshot is handed to no later round: the network
             # takes it now (and the next round has that much less to update).
             graph.update(ctx.view.snap, ctx.changes, ctx.now)
+            self._unsolved = True
             return Plan()
         return self._round(ctx, [])
 
@@ -200,6 +219,7 @@ class FlowPolicy(Policy):
         for jid, mid in ex.turned_back:
             graph.block(jid, mid, ctx.now)
         t3 = self.timer()
+        self._unsolved = False
         self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
@@ -220,7 +240,8 @@ class FlowPolicy(Policy):
         """The last round (``last_*``: its parts in milliseconds, the network's size,
         the claims it made), medians over the last ``RECENT`` rounds (``median_*``)
         and totals since the start (``rounds``, ``placed``, ``moved``, ``preempted``,
-        ``repaired``, ``stale``, ``full_builds``). Claims made, not claims committed:
+        ``repaired``, ``stale``, ``full_builds``; ``absorbs`` and ``absorb_ms``: the
+        updates made between rounds, :meth:`absorb`). Claims made, not claims committed:
         the runtime's own metrics count what the store accepted."""
         return self._report
 
@@ -246,6 +267,7 @@ class FlowPolicy(Policy):
             "median_update_ms": 1000 * statistics.median(x.update for x in recent),
             "median_solve_ms": 1000 * statistics.median(x.solve for x in recent),
             "median_extract_ms": 1000 * statistics.median(x.extract for x in recent),
+            "absorb_ms": 1000 * self._absorb_seconds,
         }
 
     def _unplaced(self, ctx: Context, due: Sequence[Job], ex: RoundOutcome
@@ -267,13 +289,4 @@ class FlowPolicy(Policy):
 
 
 _TOTALS = ("rounds", "placed", "moved", "preempted", "repaired", "stale", "spilled",
-           "full_builds")
-
-
-def _number(options: Mapping[str, Any], name: str, default: float, lo: float, hi: float
-            ) -> float:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise FlowOptionError(f"flow scheduler: option {name} must be a number from {lo:g} "
-                              f"to {hi:g}, got {value!r}")
-    return float(value)
+           "full_builds", "absorbs")

@@ -103,6 +103,10 @@ def test_batch_and_flow_place_their_jobs_side_by_side(history_etcd: LocalEtcd, t
         assert flow["policy"]["rounds"] >= 1
         assert flow["policy"]["placed"] >= 96  # claims made; 96 of them committed
         assert flow["policy"]["median_solve_ms"] > 0
+        # The process hands the policy the cell's changes between rounds (its own
+        # commits coming back, the agent starting the tasks): the network takes them
+        # in then, not in the next round.
+        assert flow["policy"]["absorbs"] >= 1
     _placed_once(etcd_history(history_etcd.endpoint, CELL), jobs)
 
 
