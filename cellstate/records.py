@@ -42,7 +42,8 @@ class RecordKind:
 
 def _task_with_revision(t: TaskRecord, revision: int) -> TaskRecord:
     # Not attrs.evolve: this runs for every task placed, and evolve is 5x slower.
-    return TaskRecord(t.job, t.index, t.state, t.machine, t.scheduler, t.gang, revision)
+    return TaskRecord(t.job, t.index, t.state, t.machine, t.scheduler, t.gang, revision,
+                      t.exit_code, t.started_at, t.ended_at, t.detail)
 
 
 RECORDS: dict[KeyKind, RecordKind] = {
