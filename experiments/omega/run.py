@@ -44,8 +44,8 @@ _T10 = {"seed": [1], "t_job": [0.1, 100], "t_job_service": [0.1, 100],
         "t_task_service": [0.001, 0.1]}
 SHORT: dict[str, tuple[float, dict[str, list[Any]]]] = {
     "fig8_batch_rate": (1200, {"seed": [1], "batch_rate": [1, 2, 4, 6, 8, 10]}),
-    "fig7_two_level": (1200, {"seed": [1], "t_job_service": [0.1, 10, 100]}),
-    "semantics": (1200, {"seed": [1], "t_job_service": [100]}),
+    "fig7_two_level": (600, {"seed": [1], "t_job_service": [0.1, 10, 100]}),
+    "semantics": (600, {"seed": [1], "t_job_service": [100]}),
     "fig5_6_single_path": (600, _T5),
     "fig5_6_multi_path": (600, _T5),
     "fig5_6_shared_state": (600, _T5),
