@@ -29,7 +29,8 @@ def _load(out: Path, name: str) -> Runs | None:
     if not path.exists():
         return None
     runs: Runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
-    return runs
+    # Data made before the clusters (no cluster axis) is not drawn here.
+    return runs if runs and all("cluster" in r["point"] for r in runs) else None
 
 
 def _points(runs: Runs, x: str, **fixed: Any) -> list[Any]:
@@ -233,6 +234,8 @@ LEFT_OVER = 0.02  # Fig. 10's red: more than 2% of the jobs abandoned or left wa
 def _fmt(v: float) -> str:
     if v != v:  # NaN
         return "-"
+    if v == int(v) and abs(v) < 1e9:  # counts
+        return f"{int(v):,}"
     if abs(v) >= 100:
         return f"{v:,.0f}"
     if abs(v) >= 1:
