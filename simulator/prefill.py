@@ -4,9 +4,11 @@ starts, and those jobs end as their durations say).
 
 Each prefill job is a job of one of the workload classes, drawn with that class's
 distributions (tasks, duration, task shape). A class is picked in proportion to the
-CPU it holds in steady state (arrival rate x tasks x duration x CPU per task, all
-means, at the class's unscaled rate), so that the cell starts out in the mix the
-workload keeps it in. The duration is a fresh job's: for the exponential durations
+number of its jobs running in steady state (arrival rate x mean duration, Little's
+law, at the class's unscaled rate; a running job's size is an arriving job's, as size
+and duration are drawn independently), so that the cell starts out in the mix the
+workload keeps it in: each class holds its steady-state share of the CPUs
+(:func:`steady_cpu`). The duration is a fresh job's: for the exponential durations
 the Omega experiments use, a running job's remaining time has that same law; for
 other laws a running job's remaining time is longer on average (it was more likely
 to be caught running), which this does not model.
@@ -33,11 +35,22 @@ def steady_cpu(cls: JobClass) -> float:
     return tasks * cls.duration.mean() * cls.cpu.mean() / gap
 
 
+def steady_jobs(cls: JobClass) -> float:
+    """The jobs of a class running on average in steady state (Little's law); 0 for
+    classes without durations, arrivals or CPU."""
+    if cls.mapreduce is not None or steady_cpu(cls) <= 0:
+        return 0.0
+    return cls.duration.mean() / cls.interarrival.mean()
+
+
 def workload_jobs(prefill: Prefill, classes: Sequence[JobClass], total_cpu: float,
                   rng: random.Random) -> list[JobSpec]:
     """Jobs of the workload's classes until ``prefill.utilization`` of ``total_cpu`` is
     asked for (the last job trimmed to fit)."""
-    weighted = [(c, w) for c in classes if (w := steady_cpu(c)) > 0]
+    # Picking a class per job by its share of the CPUs would over-draw the class with
+    # the bigger jobs (a batch job brings ~20x a service job's CPUs): pick by the
+    # share of running jobs instead.
+    weighted = [(c, w) for c in classes if (w := steady_jobs(c)) > 0]
     if not weighted:
         raise ValueError("a prefill from the workload needs a class with arrivals, tasks "
                          "and durations")

@@ -76,7 +76,8 @@ def _finish(ax: Any, xlabel: str, ylabel: str, title: str, logx: bool = True,
     if logx:
         ax.set_xscale("log")
     if logy:
-        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set_yscale("symlog", linthresh=0.1)  # log, with 0 on the axis
+        ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
@@ -137,6 +138,7 @@ def fig7(out: Path) -> list[Path]:
     _finish(axes[0], f"{x} [s]", "mean job wait time [s]", "(a) job wait time", logy=True)
     axes[1].set_ylim(0, 1.05)
     _finish(axes[1], f"{x} [s]", "scheduler busyness", "(b) scheduler busyness")
+    axes[2].set_ylim(0, max(10.0, axes[2].get_ylim()[1]))
     _finish(axes[2], f"{x} [s]", "jobs abandoned", "(c) jobs abandoned")
     return [_save(fig, out / "fig7_two_level.png")]
 

@@ -133,3 +133,17 @@ def test_runtime_refuses_an_unknown_retry_order() -> None:
     with pytest.raises(ValueError, match="retry_order"):
         RuntimeConfig(retry_order="front")
     assert attrs.evolve(RuntimeConfig(), retry_order="back").retry_order == "back"
+
+
+def test_prefill_from_the_workload_holds_each_class_at_its_steady_share() -> None:
+    """Batch: a job every 10 s of 20 tasks x 5 s x 1 CPU: 0.5 jobs running on
+    average, holding 10 CPUs; service: 1 task x 30 s every 10 s: 3 jobs, 3 CPUs.
+    Picked per running job (0.5 : 3), the prefill's CPUs split about 10 : 3, as the
+    steady state's do; picked by CPU share (10 : 3 per job, 20 : 1 CPUs per job) they
+    would split about 200 : 3."""
+    fixed = Distribution.fixed
+    classes = (JobClass("batch", JobKind.BATCH, fixed(10.0), fixed(20.0), fixed(5.0)),
+               JobClass("service", JobKind.SERVICE, fixed(10.0), fixed(1.0), fixed(30.0)))
+    jobs = workload_jobs(Prefill(utilization=1.0), classes, 26_000.0, random.Random(3))
+    held = {k: sum(j.tasks * j.cpu for j in jobs if j.kind is k) for k in JobKind}
+    assert held[JobKind.BATCH] / held[JobKind.SERVICE] == pytest.approx(10 / 3, rel=0.1)
