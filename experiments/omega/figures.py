@@ -178,7 +178,7 @@ def fig8(out: Path) -> list[Path]:
     return [_save(fig, out / "fig8_batch_rate.png")]
 
 
-FIG10 = (("fig10_single_path", "(a) single-path", "monolithic", "t_job"),
+FIG10 = (("fig10_single_path", "(a) single-path", "monolithic", "t_job_service"),
          ("fig10_multi_path", "(b) multi-path", "monolithic", "t_job_service"),
          ("fig10_two_level", "(c) two-level", "service", "t_job_service"),
          ("fig10_shared_state", "(d) shared state", "service", "t_job_service"),
