@@ -15,7 +15,10 @@ name). Its loop, one :meth:`~SchedulerInstance.step` at a time:
   briefly disagree, both may try a job; the store lets each task be placed once.
 * **Retry.** An incremental transaction that committed part of a job leaves the rest
   pending; a gang that failed leaves all of it. The job is retried after a backoff
-  (1 s, doubling while attempts place nothing, capped).
+  (1 s, doubling while attempts place nothing, capped). ``retry_order`` says where
+  it waits meanwhile: ``submission`` (its place by submission time: the oldest job
+  first) or ``back`` (behind every job that arrived before its retry is due, as
+  Omega's released simulator re-enqueues it).
 * **Give up** after ``max_attempts`` attempts or ``max_fruitless_attempts`` attempts
   in a row that placed nothing (Omega's simulator: 1,000 and 100), or at once when
   the policy says no state of the cell would let the job fit. The reason is stored on
@@ -104,6 +107,9 @@ class Committer(Protocol):
     def set_job_status(self, status: JobStatus) -> int: ...
 
 
+RETRY_ORDERS = ("submission", "back")
+
+
 @attrs.frozen
 class RuntimeConfig:
     mode: TxnMode = TxnMode.INCREMENTAL  # gang jobs always commit as gangs
@@ -112,6 +118,9 @@ class RuntimeConfig:
     max_fruitless_attempts: int = 100
     retry_delay: float = 1.0
     max_retry_delay: float = 30.0
+    # "submission" or "back" (see the module's docstring).
+    retry_order: str = attrs.field(default="submission",
+                                   validator=attrs.validators.in_(RETRY_ORDERS))
     lease_ttl: int = 10
     idle_wait: float = 0.05
     # Jobs naming a scheduler that never ran in this cell are abandoned after this long.
@@ -141,6 +150,7 @@ class _JobState:
     attempts: int = 0
     fruitless: int = 0
     next_try_at: float = 0.0
+    requeued_at: float | None = None  # when a retry put it at the back of the queue
 
 
 def follow_source(store: CellStore, source: SnapshotSource) -> None:
@@ -400,7 +410,9 @@ class SchedulerInstance:
             self._jobs.pop(jid, None)
             return
         if _waiting(snap, job):
-            self._queue[jid] = (job.submitted_at, jid)
+            st = self._jobs.get(jid)
+            at = st.requeued_at if st is not None and st.requeued_at is not None else None
+            self._queue[jid] = (job.submitted_at if at is None else at, jid)
 
     # -- metrics -------------------------------------------------------------------------
 
@@ -636,6 +648,11 @@ class SchedulerInstance:
         else:
             delay = self.config.retry_delay * (2 ** min(st.fruitless, 5) if not placed else 1)
             st.next_try_at = now + min(delay, self.config.max_retry_delay)
+            if self.config.retry_order == "back":
+                # It re-enters the queue when its retry is due, behind every job there.
+                st.requeued_at = st.next_try_at
+                if job.id in self._queue:
+                    self._queue[job.id] = (st.requeued_at, job.id)
 
     def _abandon(self, job: Job, reason: str, now: float) -> None:
         self.metrics.jobs_abandoned += 1

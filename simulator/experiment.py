@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import attrs
 
 from cellstate.model import Detection, JobKind, ModelError, TxnMode, check_name
+from schedulers.runtime import RETRY_ORDERS
 from simulator.config import (
     Architecture,
     CellSpec,
@@ -39,8 +40,9 @@ from simulator.workload import (
 
 Doc = dict[str, Any]
 Path_ = tuple[str | int, ...]
-CLOCKS = ("cpu", "wall")
-FIDELITIES = ("lightweight", "high")  # what measured decision times are measured with
+CLOCKS = ("cpu", "wall")  # what measured decision times are measured with
+FIDELITIES = ("lightweight", "high")
+PREFILL_JOBS = ("workload", "fixed")  # where prefill jobs come from
 # Arrays of tables whose entries a path picks by their ``name``.
 _NAMED_ARRAYS = ("workload", "scheduler")
 
@@ -415,19 +417,32 @@ def _constraints(where: _Where, at: Path_, raw: object) -> ConstraintGen:
 def _prefill(where: _Where, raw: object) -> Prefill | None:
     at: Path_ = ("prefill",)
     t = _table(where, at, raw)
-    _only(where, at, t, {"utilization", "tasks", "cpu", "mem", "duration", "scheduler"})
+    _only(where, at, t, {"utilization", "tasks", "cpu", "mem", "duration", "scheduler",
+                         "jobs"})
     util = _num(where, (*at, "utilization"), t.get("utilization", 0.6))
     if util > 1:
         raise where.error((*at, "utilization"), f"{util:g} is above 1 (a fraction of the CPUs)")
     if util == 0:
         return None
+    # Omega's simulator prefills from the workload, whose jobs end; a table giving a
+    # fixed shape asks for the fixed jobs (which run forever unless given a duration).
+    shape = [f for f in ("tasks", "cpu", "mem", "duration") if f in t]
+    jobs = t.get("jobs", "fixed" if shape else "workload")
+    if jobs not in PREFILL_JOBS:
+        raise where.error((*at, "jobs"), f"{_show(jobs)} is not one of "
+                          f"{', '.join(PREFILL_JOBS)}")
+    if jobs == "workload" and shape:
+        raise where.error((*at, shape[0]), "a prefill from the workload takes its jobs' "
+                          "shape and duration from the workload classes (remove it, or set "
+                          'jobs = "fixed")')
     duration = t.get("duration")
     owner = t.get("scheduler")
     return Prefill(util, int(_num(where, (*at, "tasks"), t.get("tasks", 100), True)),
                    _num(where, (*at, "cpu"), t.get("cpu", 1.0), True),
                    _num(where, (*at, "mem"), t.get("mem", 2.0)),
                    None if duration is None else _num(where, (*at, "duration"), duration),
-                   None if owner is None else _str(where, (*at, "scheduler"), owner))
+                   None if owner is None else _str(where, (*at, "scheduler"), owner),
+                   from_workload=jobs == "workload")
 
 
 def _job_class(where: _Where, i: int, raw: object) -> JobClass:
@@ -635,14 +650,19 @@ def _decision(where: _Where, at: Path_, raw: object) -> DecisionTime:
 
 def _retry(where: _Where, raw: object) -> RetrySpec:
     t = _table(where, ("retry",), raw)
-    _only(where, ("retry",), t, {"delay", "max_delay", "max_attempts", "max_fruitless"})
+    _only(where, ("retry",), t, {"delay", "max_delay", "max_attempts", "max_fruitless",
+                                 "order"})
     d = RetrySpec()
+    order = t.get("order", d.order)
+    if order not in RETRY_ORDERS:
+        raise where.error(("retry", "order"), f"{_show(order)} is not one of "
+                          f"{', '.join(RETRY_ORDERS)}")
     return RetrySpec(_num(where, ("retry", "delay"), t.get("delay", d.delay), True),
                      _num(where, ("retry", "max_delay"), t.get("max_delay", d.max_delay), True),
                      int(_num(where, ("retry", "max_attempts"),
                               t.get("max_attempts", d.max_attempts), True)),
                      int(_num(where, ("retry", "max_fruitless"),
-                              t.get("max_fruitless", d.max_fruitless), True)))
+                              t.get("max_fruitless", d.max_fruitless), True)), str(order))
 
 
 def _two_level(where: _Where, raw: object) -> TwoLevelSpec:

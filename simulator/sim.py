@@ -56,6 +56,7 @@ from simulator.constraints import machine_labels
 from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
 from simulator.mapreduce import MapReduceRuns
+from simulator.prefill import workload_jobs
 from simulator.recorder import Recorder
 from simulator.twolevel import Allocator, Framework, OfferView
 from simulator.workload import JobClass, JobSpec, generate, input_of, load_trace
@@ -157,7 +158,7 @@ class Simulation:
         return RuntimeConfig(mode=spec.mode, detection=spec.detection,
                              max_attempts=r.max_attempts, max_fruitless_attempts=r.max_fruitless,
                              retry_delay=r.delay, max_retry_delay=r.max_delay,
-                             lease_ttl=_NEVER, idle_wait=math.inf,
+                             retry_order=r.order, lease_ttl=_NEVER, idle_wait=math.inf,
                              options=dict(spec.options))
 
     def _add_schedulers(self) -> None:
@@ -229,7 +230,11 @@ class Simulation:
                                  config=RuntimeConfig(lease_ttl=_NEVER, idle_wait=math.inf,
                                                       max_fruitless_attempts=1))
         inst.start()
-        for spec in p.jobs(self.capacity.get("cpu")):
+        total = self.capacity.get("cpu")
+        specs = (workload_jobs(p, self.config.classes, total,
+                               stream(self.config.seed, "prefill/jobs"))
+                 if p.from_workload else p.jobs(total))
+        for spec in specs:
             self._prefilled.add(spec.id)
             self._submit(spec.job(owner), spec.cls)
         while True:

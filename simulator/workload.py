@@ -302,7 +302,9 @@ class Prefill:
     """Fill the cell before time 0 to ``utilization`` of its CPUs, with jobs of
     ``tasks`` tasks of the given shape that run ``duration`` seconds (None: all run).
     ``scheduler``: the scheduler that owns the prefilled jobs once placed (a flow
-    scheduler then has their running tasks in its network); None: no scheduler."""
+    scheduler then has their running tasks in its network); None: no scheduler.
+    ``from_workload``: draw the jobs from the workload's classes instead, durations
+    and all (simulator/prefill.py); the fixed shape above is then unused."""
 
     utilization: float = 0.6
     tasks: int = 100
@@ -310,6 +312,7 @@ class Prefill:
     mem: float = 2.0
     duration: float | None = None
     scheduler: str | None = None
+    from_workload: bool = False
 
     def jobs(self, total_cpu: float) -> list[JobSpec]:
         target = self.utilization * total_cpu

@@ -1,0 +1,389 @@
+"""The lightweight Omega figures drawn as the paper draws them: three clusters to a
+plot (A, B, C; solid lines batch, dashed service), the mean over seeds with the
+spread over seeds as error bars (one seed: the busyness's MAD over its periods).
+Also writes tables.md, the numbers docs/results/omega.md quotes.
+
+    python experiments/omega/figures.py [OUT]      # default docs/results/omega
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+COLORS = {"A": "tab:blue", "B": "tab:orange", "C": "tab:green"}
+Runs = list[dict[str, Any]]
+
+
+def _load(out: Path, name: str) -> Runs | None:
+    path = out / name / "results.json"
+    if not path.exists():
+        return None
+    runs: Runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    # Data made before the clusters (no cluster axis) is not drawn here.
+    return runs if runs and all("cluster" in r["point"] for r in runs) else None
+
+
+def _points(runs: Runs, x: str, **fixed: Any) -> list[Any]:
+    return sorted({r["point"][x] for r in runs
+                   if all(r["point"].get(k) == v for k, v in fixed.items())})
+
+
+def _seeds(runs: Runs, **fixed: Any) -> list[dict[str, Any]]:
+    return [r["metrics"] for r in runs if all(r["point"].get(k) == v for k, v in fixed.items())]
+
+
+def stat(runs: Runs, metric: str | Callable[[dict[str, Any]], float], **fixed: Any
+         ) -> tuple[float, float, float, int]:
+    """Mean over the seeds at this point, the lowest and highest, and the seed count
+    (NaN when no run matches)."""
+    ms = _seeds(runs, **fixed)
+    vals = [metric(m) if callable(metric) else float(m.get(metric, float("nan"))) for m in ms]
+    if not vals:
+        return float("nan"), float("nan"), float("nan"), 0
+    return statistics.fmean(vals), min(vals), max(vals), len(vals)
+
+
+def _line(ax: Any, runs: Runs, x: str, metric: str, cluster: str, style: str,
+          label: str, **fixed: Any) -> None:
+    xs = _points(runs, x, cluster=cluster, **fixed)
+    if not xs:
+        return
+    mean, lo, hi = [], [], []
+    for v in xs:
+        m, a, b, n = stat(runs, metric, cluster=cluster, **{x: v}, **fixed)
+        if n == 1 and metric.endswith("_busyness"):
+            mad = stat(runs, metric + "_mad", cluster=cluster, **{x: v}, **fixed)[0]
+            a, b = m - mad, m + mad
+        mean.append(m)
+        lo.append(m - a)
+        hi.append(b - m)
+    ax.errorbar(xs, mean, yerr=[lo, hi], fmt=style, color=COLORS.get(cluster, "k"),
+                capsize=2, marker="o", markersize=3, label=label)
+
+
+def _finish(ax: Any, xlabel: str, ylabel: str, title: str, logx: bool = True,
+            logy: bool = False) -> None:
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("symlog", linthresh=0.1)  # log, with 0 on the axis
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def _clusters(runs: Runs) -> list[str]:
+    return sorted({r["point"]["cluster"] for r in runs})
+
+
+def fig5_6(out: Path) -> list[Path]:
+    panels = [("fig5_6_single_path", "t_job", "(a) single-path", ["monolithic"]),
+              ("fig5_6_multi_path", "t_job_service", "(b) multi-path", ["monolithic"]),
+              ("fig5_6_shared_state", "t_job_service", "(c) shared state",
+               ["batch", "service"])]
+    data = [(_load(out, n), x, t, s) for n, x, t, s in panels]
+    if any(d[0] is None for d in data):
+        return []
+    wait, waxes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    busy, baxes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    for (runs, x, title, scheds), wa, ba in zip(data, waxes, baxes, strict=True):
+        assert runs is not None
+        for c in _clusters(runs):
+            _line(wa, runs, x, "batch_wait_mean_s", c, "-", f"{c} batch")
+            _line(wa, runs, x, "service_wait_mean_s", c, "--", f"{c} service")
+            for s in scheds:
+                _line(ba, runs, x, f"{s}_busyness", c, "--" if s == "service" else "-",
+                      f"{c} {s}")
+        wa.axhline(30, color="grey", lw=3, alpha=0.4)  # the 30 s SLO
+        _finish(wa, f"{x} [s]", "mean job wait time [s]", title, logy=True)
+        ba.set_ylim(0, 1.05)
+        _finish(ba, f"{x} [s]", "scheduler busyness", title)
+    return [_save(wait, out / "fig5_wait.png"), _save(busy, out / "fig6_busyness.png")]
+
+
+def fig7(out: Path) -> list[Path]:
+    runs = _load(out, "fig7_two_level")
+    if runs is None:
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    x = "t_job_service"
+    for c in _clusters(runs):
+        _line(axes[0], runs, x, "batch_wait_mean_s", c, "-", f"{c} batch")
+        _line(axes[0], runs, x, "service_wait_mean_s", c, "--", f"{c} service")
+        _line(axes[1], runs, x, "batch_busyness", c, "-", f"{c} batch")
+        _line(axes[1], runs, x, "service_busyness", c, "--", f"{c} service")
+        _line(axes[2], runs, x, "batch_abandoned", c, "-", f"{c} batch")
+        _line(axes[2], runs, x, "service_abandoned", c, "--", f"{c} service")
+    axes[0].axhline(30, color="grey", lw=3, alpha=0.4)
+    _finish(axes[0], f"{x} [s]", "mean job wait time [s]", "(a) job wait time", logy=True)
+    axes[1].set_ylim(0, 1.05)
+    _finish(axes[1], f"{x} [s]", "scheduler busyness", "(b) scheduler busyness")
+    axes[2].set_ylim(0, max(10.0, axes[2].get_ylim()[1]))
+    _finish(axes[2], f"{x} [s]", "jobs abandoned", "(c) jobs abandoned")
+    return [_save(fig, out / "fig7_two_level.png")]
+
+
+def saturation(runs: Runs, cluster: str, metric: str = "batch_busyness") -> float:
+    """The batch-rate multiple at which the scheduler saturates: where the line
+    through the origin fitted to the points below 0.8 busy reaches 1 (busyness grows
+    linearly with the arrival rate until then)."""
+    xs = _points(runs, "batch_rate", cluster=cluster)
+    pts = [(x, stat(runs, metric, cluster=cluster, batch_rate=x)[0]) for x in xs]
+    pts = [(x, y) for x, y in pts if y < 0.8]
+    if not pts:
+        return float("nan")
+    slope = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
+    return 1.0 / slope if slope > 0 else float("inf")
+
+
+def fig8(out: Path) -> list[Path]:
+    runs = _load(out, "fig8_batch_rate")
+    if runs is None:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = "batch_rate"
+    for c in _clusters(runs):
+        _line(axes[0], runs, x, "batch_wait_mean_s", c, "-", f"{c} batch")
+        _line(axes[0], runs, x, "service_wait_mean_s", c, "--", f"{c} service")
+        _line(axes[1], runs, x, "batch_busyness", c, "-", f"{c} batch")
+        _line(axes[1], runs, x, "service_busyness", c, "--", f"{c} service")
+        sat = saturation(runs, c)
+        for ax in axes:
+            ax.axvline(sat, color=COLORS[c], ls=":", lw=1)
+    _finish(axes[0], "relative batch arrival rate", "mean job wait time [s]",
+            "(a) job wait time", logx=False, logy=True)
+    axes[1].set_ylim(0, 1.05)
+    _finish(axes[1], "relative batch arrival rate", "scheduler busyness",
+            "(b) scheduler busyness (dotted: saturation, linear fit)", logx=False)
+    return [_save(fig, out / "fig8_batch_rate.png")]
+
+
+FIG10 = (("fig10_single_path", "(a) single-path", "monolithic", "t_job_service"),
+         ("fig10_multi_path", "(b) multi-path", "monolithic", "t_job_service"),
+         ("fig10_two_level", "(c) two-level", "service", "t_job_service"),
+         ("fig10_shared_state", "(d) shared state", "service", "t_job_service"),
+         ("fig10_shared_coarse_gang", "(e) shared, coarse, gang", "service",
+          "t_job_service"))
+
+
+def _busiest(sched: str) -> Callable[[dict[str, Any]], float]:
+    """The busyness Fig. 10 shows: the one scheduler's, or the busier of batch and
+    service (a slow service scheduler, or a batch scheduler redoing conflicted work)."""
+    if sched == "monolithic":
+        return lambda m: float(m["monolithic_busyness"])
+    return lambda m: max(float(m["batch_busyness"]), float(m["service_busyness"]))
+
+
+def left_over(m: dict[str, Any]) -> float:
+    """Jobs abandoned or still waiting at the end, as a share of the jobs submitted."""
+    jobs = m.get("batch_jobs", 0) + m.get("service_jobs", 0)
+    rest = sum(m.get(f"{k}_{w}", 0) for k in ("batch", "service")
+               for w in ("abandoned", "unscheduled"))
+    return rest / jobs if jobs else 0.0
+
+
+def fig10(out: Path) -> list[Path]:
+    data = [(_load(out, n), t, s, x) for n, t, s, x in FIG10]
+    if all(d[0] is None for d in data):
+        return []
+    fig, axes = plt.subplots(1, 5, figsize=(17, 3.6))
+    for (runs, title, sched, x), ax in zip(data, axes, strict=True):
+        if runs is None:
+            ax.set_title(f"{title}: not run", fontsize=9)
+            continue
+        jobs_ = _points(runs, x)
+        tasks = _points(runs, "t_task_service")
+        grid = [[stat(runs, _busiest(sched), **{x: j, "t_task_service": t})[0]
+                 for j in jobs_] for t in tasks]
+        ax.imshow(grid, origin="lower", vmin=0, vmax=1, cmap="Greys", aspect="auto")
+        for i, t in enumerate(tasks):
+            for j, jv in enumerate(jobs_):
+                share = stat(runs, left_over, **{x: jv, "t_task_service": t})[0]
+                bad = share > LEFT_OVER
+                ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="red" if bad else ("white" if grid[i][j] > 0.5 else "black"),
+                        fontweight="bold" if bad else "normal")
+        ax.set_xticks(range(len(jobs_)), [str(j) for j in jobs_])
+        ax.set_yticks(range(len(tasks)), [str(t) for t in tasks])
+        ax.set_xlabel(f"{x} [s]")
+        ax.set_ylabel("t_task(service) [s]")
+        ax.set_title(f"{title}: busiest scheduler", fontsize=9)
+    return [_save(fig, out / "fig10_busyness.png")]
+
+
+FILE_ORDER = ("fig5_6_single_path", "fig5_6_multi_path", "fig5_6_shared_state",
+              "fig7_two_level", "fig8_batch_rate", "fig10_single_path", "fig10_multi_path",
+              "fig10_two_level", "fig10_shared_state", "fig10_shared_coarse_gang",
+              "semantics")
+LEFT_OVER = 0.02  # Fig. 10's red: more than 2% of the jobs abandoned or left waiting
+
+
+# -- tables -------------------------------------------------------------------------
+
+
+def _fmt(v: float) -> str:
+    if v != v:  # NaN
+        return "-"
+    if v == int(v) and abs(v) < 1e9:  # counts
+        return f"{int(v):,}"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def _cell(runs: Runs, metric: str, **fixed: Any) -> str:
+    m, lo, hi, n = stat(runs, metric, **fixed)
+    if n > 1 and hi > lo:
+        return f"{_fmt(m)} ({_fmt(lo)}-{_fmt(hi)})"
+    return _fmt(m)
+
+
+def tables(out: Path) -> Path:
+    lines: list[str] = ["# Numbers behind the lightweight figures (generated by "
+                        "experiments/omega/figures.py)", ""]
+    for name, x, metrics in (
+            ("fig5_6_single_path", "t_job", ["batch_wait_mean_s", "service_wait_mean_s",
+                                             "monolithic_busyness", "batch_unscheduled",
+                                             "service_unscheduled"]),
+            ("fig5_6_multi_path", "t_job_service", ["batch_wait_mean_s",
+                                                    "service_wait_mean_s",
+                                                    "monolithic_busyness",
+                                                    "batch_unscheduled",
+                                                    "service_unscheduled"]),
+            ("fig5_6_shared_state", "t_job_service", ["batch_wait_mean_s",
+                                                      "service_wait_mean_s",
+                                                      "batch_busyness", "service_busyness",
+                                                      "service_conflict_fraction",
+                                                      "batch_unscheduled",
+                                                      "service_unscheduled"]),
+            ("fig7_two_level", "t_job_service", ["batch_wait_mean_s", "service_wait_mean_s",
+                                                 "batch_busyness", "service_busyness",
+                                                 "batch_abandoned", "service_abandoned",
+                                                 "batch_unscheduled", "service_unscheduled",
+                                                 "batch_jobs"]),
+            ("fig8_batch_rate", "batch_rate", ["batch_wait_mean_s", "service_wait_mean_s",
+                                               "batch_busyness", "service_busyness",
+                                               "batch_conflict_fraction",
+                                               "service_conflict_fraction",
+                                               "batch_unscheduled", "cpu_utilization_mean"])):
+        runs = _load(out, name)
+        if runs is None:
+            continue
+        lines += [f"## {name}", "", "| cluster | " + x + " | seeds | " + " | ".join(metrics)
+                  + " |", "| --- " * (len(metrics) + 3) + "|"]
+        for c in _clusters(runs):
+            for v in _points(runs, x, cluster=c):
+                n = stat(runs, metrics[0], cluster=c, **{x: v})[3]
+                lines.append(f"| {c} | {v} | {n} | " + " | ".join(
+                    _cell(runs, m, cluster=c, **{x: v}) for m in metrics) + " |")
+        if name == "fig8_batch_rate":
+            lines += ["", "Saturation multiple (linear fit of batch busyness below 0.8): "
+                      + ", ".join(f"{c} {saturation(runs, c):.2f}x" for c in _clusters(runs))]
+        lines.append("")
+    for name, _, sched, x in FIG10:
+        runs = _load(out, name)
+        if runs is None:
+            continue
+        which = "" if sched == "monolithic" else ": batch / service"
+        lines += [f"## {name} (scheduler busyness{which}; "
+                  f"* = more than {LEFT_OVER:.0%} of jobs abandoned or left waiting)", "",
+                  "| t_task \\ " + x + " | " + " | ".join(
+                      str(j) for j in _points(runs, x)) + " |",
+                  "| --- " * (len(_points(runs, x)) + 1) + "|"]
+        for t in _points(runs, "t_task_service"):
+            row = []
+            for j in _points(runs, x):
+                at = {x: j, "t_task_service": t}
+                if sched == "monolithic":
+                    b = _fmt(stat(runs, "monolithic_busyness", **at)[0])
+                else:
+                    b = (f"{_fmt(stat(runs, 'batch_busyness', **at)[0])} / "
+                         f"{_fmt(stat(runs, 'service_busyness', **at)[0])}")
+                star = "*" if stat(runs, left_over, **at)[0] > LEFT_OVER else ""
+                row.append(b + star)
+            lines.append(f"| {t} | " + " | ".join(row) + " |")
+        lines.append("")
+    sem = _load(out, "semantics")
+    if sem is not None:
+        metrics = ["batch_wait_mean_s", "service_wait_mean_s", "batch_busyness",
+                   "service_busyness", "batch_abandoned", "service_abandoned",
+                   "batch_unscheduled", "service_unscheduled", "cpu_utilization_mean"]
+        lines += ["## semantics (cluster B, two-level)", "",
+                  "| t_job_service | retry_order | prefill | " + " | ".join(metrics) + " |",
+                  "| --- " * (len(metrics) + 3) + "|"]
+        for r in sorted(sem, key=lambda r: (r["point"]["t_job_service"],
+                                            r["point"]["retry_order"],
+                                            r["point"]["prefill"])):
+            p = r["point"]
+            lines.append(f"| {p['t_job_service']} | {p['retry_order']} | {p['prefill']} | "
+                         + " | ".join(_fmt(float(r["metrics"].get(m, float("nan"))))
+                                      for m in metrics) + " |")
+        lines.append("")
+    lines += ["## CPU time", "", "| experiment | runs here | CPU s here | runs at paper "
+              "length | CPU hours at paper length |", "| --- | --- | --- | --- | --- |",
+              *timing(out, [n for n in FILE_ORDER])]
+    path = out / "tables.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def timing(out: Path, names: Sequence[str]) -> list[str]:
+    """Table rows: the CPU seconds each file's runs took here, and what its full
+    length (every point, every seed, the file's horizon) would take at the same CPU
+    per simulated second (an upper bound: the prefill's fixed cost is scaled too)."""
+    import csv
+
+    from simulator.experiment import load
+
+    rows = []
+    total_here = total_full = 0.0
+    for name in names:
+        path = out / name / "timing.csv"
+        if not path.exists():
+            continue
+        done = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
+        cpu = sum(float(r["cpu_s"]) for r in done)
+        rate = statistics.fmean(float(r["cpu_s"]) / float(r["horizon_s"]) for r in done)
+        full = load(Path(__file__).resolve().parent / f"{name}.toml")
+        full_cpu = sum(r.config.horizon for r in full.runs) * rate
+        total_here += cpu
+        total_full += full_cpu
+        rows.append(f"| {name} | {len(done)} x {float(done[0]['horizon_s']):.0f} s | "
+                    f"{cpu:.0f} | {len(full.runs)} x {full.runs[0].config.horizon:.0f} s | "
+                    f"{full_cpu / 3600:,.0f} |")
+    rows.append(f"| total | | {total_here:.0f} | | {total_full / 3600:,.0f} |")
+    return rows
+
+
+def make_all(out: Path) -> list[Path]:
+    paths = [*fig5_6(out), *fig7(out), *fig8(out), *fig10(out), tables(out)]
+    return paths
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's simulator
+    for p in make_all(Path(sys.argv[1]) if len(sys.argv) > 1 else
+                      Path(__file__).resolve().parents[2] / "docs/results/omega"):
+        print(p)

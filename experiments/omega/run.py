@@ -1,0 +1,122 @@
+"""Regenerate the lightweight Omega figures (docs/results/omega.md) in one command.
+
+    python experiments/omega/run.py --jobs 2            # paper length: every point,
+                                                        # 3 seeds, 7 days (Mesos: 1)
+    python experiments/omega/run.py --short --jobs 2    # what this session ran
+
+Each experiment file's data goes to OUT/<name>/ (results.json, results.csv, and
+timing.csv: the CPU seconds each run took, for estimating the full length), then
+figures.py draws the paper's figures, three clusters to a plot, from all of them.
+``--short`` keeps the points, seeds and length listed in SHORT below; ``--only NAME``
+runs the named files only (the figures are drawn from whatever data OUT holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import io
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.experiment import Experiment, load  # noqa: E402
+from simulator.output import RunResult, write_data  # noqa: E402
+from simulator.runner import run_one  # noqa: E402
+
+# In the order they run (the most telling first, for runs cut short).
+FILES = ("fig8_batch_rate", "fig7_two_level", "semantics", "fig5_6_single_path",
+         "fig5_6_multi_path", "fig5_6_shared_state", "fig10_single_path", "fig10_multi_path",
+         "fig10_two_level", "fig10_shared_state", "fig10_shared_coarse_gang")
+
+# The short profile: simulated seconds, and the axis values kept (axes not named keep
+# every value). What docs/results/omega.md reports was made with exactly this.
+_T5 = {"seed": [1], "t_job": [0.1, 10, 100], "t_job_service": [0.1, 10, 100]}
+_T10 = {"seed": [1], "t_job_service": [0.1, 100],
+        "t_task_service": [0.001, 0.1]}
+SHORT: dict[str, tuple[float, dict[str, list[Any]]]] = {
+    "fig8_batch_rate": (1200, {"seed": [1], "batch_rate": [1, 2, 4, 6, 8, 10]}),
+    "fig7_two_level": (600, {"seed": [1], "t_job_service": [0.1, 10, 100]}),
+    "semantics": (600, {"seed": [1], "t_job_service": [100]}),
+    "fig5_6_single_path": (600, _T5),
+    "fig5_6_multi_path": (600, _T5),
+    "fig5_6_shared_state": (600, _T5),
+    "fig10_single_path": (600, _T10),
+    "fig10_multi_path": (600, _T10),
+    "fig10_two_level": (600, _T10),
+    "fig10_shared_state": (600, _T10),
+    "fig10_shared_coarse_gang": (600, _T10),
+}
+
+
+def shorten(exp: Experiment, horizon: float, keep: dict[str, list[Any]]) -> Experiment:
+    """The runs whose every axis value is kept, run for ``horizon`` simulated seconds
+    with busyness over thirds of it (so that a median and its MAD exist)."""
+    runs = []
+    for r in exp.runs:
+        if all(r.point.get(k) in v for k, v in keep.items() if k in r.point):
+            cfg = attrs.evolve(r.config, horizon=horizon, day=horizon / 3,
+                               sample_interval=min(r.config.sample_interval, horizon / 10))
+            runs.append(attrs.evolve(r, config=cfg))
+    return attrs.evolve(exp, runs=tuple(runs))
+
+
+def _timed(exp: Experiment, index: int) -> tuple[int, RunResult, float]:
+    started = time.process_time()
+    res = run_one(exp.runs[index].point, index, exp)
+    return index, res, time.process_time() - started
+
+
+def run(exp: Experiment, out: Path, jobs: int) -> None:
+    results: list[RunResult | None] = [None] * len(exp.runs)
+    cpu = [0.0] * len(exp.runs)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_timed, exp, i) for i in range(len(exp.runs))]
+        for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
+            i, res, seconds = f.result()
+            results[i], cpu[i] = res, seconds
+            print(f"{exp.name}: {n}/{len(exp.runs)} {res.point} {seconds:.0f} s CPU",
+                  flush=True)
+    dest = out / exp.name
+    write_data(exp, [r for r in results if r is not None], dest)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    axes = [a.name for a in exp.axes]
+    w.writerow([*axes, "horizon_s", "cpu_s"])
+    for r, c, spec in zip(results, cpu, exp.runs, strict=True):
+        assert r is not None
+        w.writerow([*(r.point.get(a) for a in axes), spec.config.horizon, f"{c:.1f}"])
+    (dest / "timing.csv").write_text(buf.getvalue(), encoding="utf-8")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--short", action="store_true", help="the short profile (SHORT)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
+    p.add_argument("--only", nargs="*", default=FILES, help="experiment names to run")
+    p.add_argument("--no-run", action="store_true", help="only draw the figures")
+    args = p.parse_args()
+    if not args.no_run:
+        for name in args.only:
+            exp = load(HERE / f"{name}.toml")
+            if args.short:
+                exp = shorten(exp, *SHORT[name])
+            run(exp, args.out, args.jobs)
+    from figures import make_all  # experiments/omega/figures.py
+
+    for path in make_all(args.out):
+        print(f"figure: {path}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()
