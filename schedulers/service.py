@@ -117,7 +117,9 @@ class ServicePolicy(Policy):
             room = sum(free.get(d) / c for d, c in m.capacity.amounts if c)
             key = (per_domain.get(m.failure_domain, 0), per_rack.get(m.rack, 0),
                    room if pack else -room, 0.0)
-            if best is None or key < best[0]:
+            # Ties go to the smaller machine id, not to the map's order (which follows
+            # string hashes, so varies between processes).
+            if best is None or (key, m.id) < (best[0], best[1].id):
                 best = (key, m)
         return (best[1] if best else None), tally.report()
 
@@ -136,7 +138,7 @@ class ServicePolicy(Policy):
                 continue
             cost = (len(chosen), max(a.precedence for a in chosen),
                     sum(a.precedence for a in chosen))
-            if best is None or cost < best[0]:
+            if best is None or (cost, m.id) < (best[0], best[1]):
                 best = (cost, m.id, [a.task for a in chosen])
         return (best[1], best[2]) if best else None
 

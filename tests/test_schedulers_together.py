@@ -128,3 +128,33 @@ def test_two_batch_instances_and_a_service_scheduler_over_etcd(etcd_server) -> N
             r.stop()
         for k in kvs:
             k.close()
+
+
+_SCENARIO = """
+from tests.test_schedulers_together import *
+h = Harness()
+h.admin.add_machines([machine(f"m{i:02}", cpu=4, mem=16, rack=f"r{i // 5}",
+                              failure_domain=f"fd{i // 10}") for i in range(30)])
+insts = [h.add(BatchPolicy(), "a", config=FAST, seed=1),
+         h.add(BatchPolicy(), "b", config=FAST, seed=2),
+         h.add(ServicePolicy(), "s", scheduler="service", config=FAST, seed=3)]
+h.submit(workload())
+h.run(settled, max_steps=20_000)
+snap = h.admin.read_snapshot()
+print(sorted((a.task, m.id) for m in snap.machines.values() for a in m.allocations.values()))
+print([(i.metrics.conflicted, i.metrics.successful) for i in insts])
+"""
+
+
+def test_the_same_seeds_decide_the_same_whatever_the_string_hashes() -> None:
+    """Two processes with different string hashes (so different iteration orders of
+    the cell's maps) place every task on the same machine with the same conflicts: the
+    policies break ties by name, not by the order a map happens to have."""
+    import os
+    import subprocess
+    import sys
+
+    outs = [subprocess.run([sys.executable, "-c", _SCENARIO], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "11", "5")]
+    assert outs[0] and outs[0] == outs[1] == outs[2]
