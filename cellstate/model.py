@@ -41,7 +41,7 @@ def is_name(value: object) -> bool:
 
 
 def check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
+    if not is_name(value):
         raise ModelError(
             f"{what} {value!r} is not a valid name: use 1-128 letters, digits, '_', '.', '-',"
             " starting with a letter or digit"

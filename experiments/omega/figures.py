@@ -121,6 +121,12 @@ def fig5_6(out: Path) -> list[Path]:
     return [_save(wait, out / "fig5_wait.png"), _save(busy, out / "fig6_busyness.png")]
 
 
+def _batch_and_service(ax: Any, runs: Runs, x: str, metric: str, cluster: str) -> None:
+    """One cluster's batch (solid) and service (dashed) lines of ``metric``."""
+    for sched, style in (("batch", "-"), ("service", "--")):
+        _line(ax, runs, x, f"{sched}_{metric}", cluster, style, f"{cluster} {sched}")
+
+
 def fig7(out: Path) -> list[Path]:
     runs = _load(out, "fig7_two_level")
     if runs is None:
@@ -128,12 +134,8 @@ def fig7(out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     x = "t_job_service"
     for c in _clusters(runs):
-        _line(axes[0], runs, x, "batch_wait_mean_s", c, "-", f"{c} batch")
-        _line(axes[0], runs, x, "service_wait_mean_s", c, "--", f"{c} service")
-        _line(axes[1], runs, x, "batch_busyness", c, "-", f"{c} batch")
-        _line(axes[1], runs, x, "service_busyness", c, "--", f"{c} service")
-        _line(axes[2], runs, x, "batch_abandoned", c, "-", f"{c} batch")
-        _line(axes[2], runs, x, "service_abandoned", c, "--", f"{c} service")
+        for ax, metric in zip(axes, ("wait_mean_s", "busyness", "abandoned"), strict=True):
+            _batch_and_service(ax, runs, x, metric, c)
     axes[0].axhline(30, color="grey", lw=3, alpha=0.4)
     _finish(axes[0], f"{x} [s]", "mean job wait time [s]", "(a) job wait time", logy=True)
     axes[1].set_ylim(0, 1.05)
@@ -163,10 +165,8 @@ def fig8(out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     x = "batch_rate"
     for c in _clusters(runs):
-        _line(axes[0], runs, x, "batch_wait_mean_s", c, "-", f"{c} batch")
-        _line(axes[0], runs, x, "service_wait_mean_s", c, "--", f"{c} service")
-        _line(axes[1], runs, x, "batch_busyness", c, "-", f"{c} batch")
-        _line(axes[1], runs, x, "service_busyness", c, "--", f"{c} service")
+        for ax, metric in zip(axes, ("wait_mean_s", "busyness"), strict=True):
+            _batch_and_service(ax, runs, x, metric, c)
         sat = saturation(runs, c)
         for ax in axes:
             ax.axvline(sat, color=COLORS[c], ls=":", lw=1)
