@@ -243,7 +243,15 @@ def test_a_plan_of_several_jobs_is_one_commit_call_answered_per_job(
         client.submit_job(job("j3", tasks=1, cpu=2))
         seqs = {m["id"]: m["seq"] for m in client.list_machines()}
         assert store.commit(Transaction("batch", (Claim("j1", 0, "m1", seqs["m1"]),))).ok
-        seqs = {m["id"]: m["seq"] for m in client.list_machines()}
+        # The server lists machines from its replica, which may not have seen the commit
+        # yet: stale sequence numbers would make the plan below conflict.
+        deadline = time.monotonic() + 5
+        while True:
+            listed = {m["id"]: m["seq"] for m in client.list_machines()}
+            if listed["m1"] != seqs["m1"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        seqs = listed
 
         def revision() -> int:  # etcd's, not the server copy's (which may lag)
             return kv.range(b"\x00", b"\x00").revision
