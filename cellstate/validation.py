@@ -427,7 +427,9 @@ def validate(
         w.claim_reads = set()
         refusal = refused.get(claim.task)
         if refusal is not None:
-            w.read_jobs.add(claim.job)  # refused on the job's record: guard it too
+            # Refused on the job's record and on its having no verdict: guard both.
+            w.read_jobs.add(claim.job)
+            w.read_statuses.add(claim.job)
         outcome = refusal if refusal is not None else _check_claim(w, claim)
         if isinstance(outcome, str):
             _apply(w, claim)
@@ -553,7 +555,10 @@ def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool) -> dict[
     it ended just after the commit, which is allowed (the claimed tasks themselves are
     guarded by the claim checks)."""
     jobs = {txn.job} if txn.job else {c.job for c in txn.claims}
-    gang_jobs = {j for j in jobs if (job := cell.jobs.get(j)) is not None and job.gang}
+    # A job with a verdict (killed, abandoned) takes no placement at all: its claims are
+    # refused as job_ended by the claim check, whatever they cover or the mode.
+    gang_jobs = {j for j in jobs if (job := cell.jobs.get(j)) is not None and job.gang
+                 and j not in cell.statuses}
     if not gang_jobs:
         return {}  # the common case, checked cheaply
     by_job: dict[str, list[Claim]] = {}

@@ -113,9 +113,10 @@ class MModel:
 
     def _gang_job_refusals(self, claims: list[MClaim], gang: bool) -> dict[str, str]:
         """A gang job's claims come in a gang transaction claiming every one of its
-        tasks that is pending, lost or preempted."""
+        tasks that is pending, lost or preempted. A killed job takes no placement: its
+        claims are refused as job_ended (``_check_task``) whatever they cover."""
         out: dict[str, str] = {}
-        for job in {c[0] for c in claims} & self.gang_jobs:
+        for job in ({c[0] for c in claims} & self.gang_jobs) - self.killed:
             mine = [c for c in claims if c[0] == job]
             claimed = {c[1] for c in mine}
             placeable = {i for i in range(self.tasks[job])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     CellConfig,
     Claim,
@@ -17,6 +18,8 @@ from cellstate.model import (
     GangRecord,
     GangState,
     Job,
+    JobState,
+    JobStatus,
     Machine,
     Reason,
     Requirement,
@@ -29,6 +32,7 @@ from cellstate.model import (
     TxnMode,
     UsageRecord,
 )
+from cellstate.store import CellStore
 from cellstate.validation import (
     MAX_CLAIMS_PER_TRANSACTION,
     MAX_TRANSACTIONS_PER_COMMIT,
@@ -37,7 +41,7 @@ from cellstate.validation import (
     validate,
     validate_many,
 )
-from schedulers.testing import job, machine
+from schedulers.testing import job, machine, make_cell
 from tests.test_validation import cell, running
 
 M1, M2 = machine("m1", cpu=8), machine("m2", cpu=8)
@@ -300,3 +304,27 @@ def test_move_refusals_name_the_claim_and_say_why() -> None:
                   "etcd transaction")]
     assert [(r.claim, r.detail) for r in validate(snap, Transaction("batch", (pending,))).rejected
             ] == [(pending, "cannot move task x/0: it does not run on 'm1'")]
+
+
+# -- a gang job with a verdict ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [TxnMode.GANG, TxnMode.INCREMENTAL])
+@pytest.mark.parametrize("placed_before", [False, True])
+def test_claims_of_a_killed_gang_job_are_refused_as_job_ended(
+        mode: TxnMode, placed_before: bool) -> None:
+    """Whatever the claims cover or the mode, a killed gang job takes no placement, and
+    says so; a store whose view has not seen the kill reads it before answering (a
+    property test found the store answering 'invalid' from the stale view)."""
+    kv = MemoryKV()
+    admin = make_cell(kv, [M1], [_gang(3)])
+    store = CellStore(kv)
+    seq = store.read_snapshot().machines["m1"].seq
+    if placed_before:
+        whole = tuple(Claim("g", i, "m1", seq) for i in range(3))
+        assert store.commit(Transaction("batch", whole, TxnMode.GANG)).ok
+        seq = store.read_snapshot().machines["m1"].seq
+    admin.kill_job(JobStatus("g", JobState.KILLED, "by the test", "tester"))
+    res = store.commit(Transaction("batch", (Claim("g", 0, "m1", seq),), mode))
+    assert [(r.claim.task, r.reason) for r in res.rejected] == [("g/0", Reason.JOB_ENDED)]
+    assert res.committed == ()
