@@ -195,8 +195,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
                ) -> pb.CommitResponse:
         txns = convert.transactions_from(request)
-        for scheduler in dict.fromkeys(t.scheduler for t in txns):
-            self.auth.as_scheduler(context, scheduler, "commit")
+        self.auth.commit(context, txns)
         started = time.perf_counter()
         if request.HasField("transaction"):
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
@@ -297,12 +296,12 @@ class CellStateService(pb_grpc.CellStateServicer):
         return pb.SubmitJobResponse(job=job.id, revision=revision)
 
     def _may_change(self, context: grpc.ServicerContext, job_id: str, what: str,
-                    scheduler_may: bool) -> None:
+                    scheduler_may: bool, kill: bool = False) -> None:
         self.auth.change_job(context, job_id, what, scheduler_may)
         view = self.status.view()
         job = view.snap.jobs.get(job_id)
         if job is not None:
-            check_changeable(view.job(job).state, job_id, what)
+            check_changeable(view.job(job).state, job_id, what, kill)
 
     def _admit(self, job: Job, allow_unknown_scheduler: bool = False) -> None:
         """Refuse at once what can never run (``cellstate.admission.refusal``). A
@@ -381,9 +380,9 @@ class CellStateService(pb_grpc.CellStateServicer):
                 ) -> pb.KillJobResponse:
         """Mark the job killed (its scheduler stops placing it) and end its running
         tasks, which frees their resources; their agents stop them."""
-        self._may_change(context, request.job, "kill", scheduler_may=False)
+        self._may_change(context, request.job, "kill", scheduler_may=False, kill=True)
         status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
-                           request.by or "user", self.clock())
+                           self.auth.recorded_by(context, request.by, "user"), self.clock())
         with self.stores.get() as store:
             revision = store.kill_job(status)
         return pb.KillJobResponse(revision=revision)
@@ -396,10 +395,14 @@ class CellStateService(pb_grpc.CellStateServicer):
         except ValueError:
             raise convert.WireError(
                 f"state: {request.state!r} is not one of abandoned, killed") from None
-        self._may_change(context, request.job, "set the status of", scheduler_may=True)
+        # A scheduler abandons its jobs; killing one is its owner's (or an operator's).
+        killing = state is JobState.KILLED
+        self._may_change(context, request.job, "kill" if killing else "set the status of",
+                         scheduler_may=not killing, kill=killing)
+        by = self.auth.recorded_by(context, request.by, "")
         with self.stores.get() as store:
             revision = store.set_job_status(
-                JobStatus(request.job, state, request.reason, request.by, request.at))
+                JobStatus(request.job, state, request.reason, by, request.at))
         return pb.SetJobStatusResponse(revision=revision)
 
     @rpc
@@ -610,10 +613,10 @@ class CellStateService(pb_grpc.CellStateServicer):
         assert outcome is not None
         split_task_id(request.task)  # a malformed id is the caller's error
         result = _task_result(request)
-        self.auth.report_task(context, request.agent, request.task, request.machine)
+        machine = self.auth.report_task(context, request.agent, request.task,
+                                        request.machine)
         with self.stores.get() as store:
-            revision = store.release_task(request.task, outcome, request.machine or None,
-                                          result)
+            revision = store.release_task(request.task, outcome, machine or None, result)
         return pb.ReportTaskResponse(revision=revision)
 
 
