@@ -55,6 +55,8 @@ def test_only_allowed_owners_and_paths_run_commands(fresh_etcd: LocalEtcd,
         log = (tmp_path / "agent-0.log").read_text()
         assert "owner 'nobody' may not run commands on this agent" in log
         assert "is outside the paths this agent runs commands from" in log
+        # --run-as its own user: its operator is told what that exposes.
+        assert "commands run as this agent's own user: they can read its files" in log
 
 
 def test_the_default_policy_runs_nothing_and_allow_all_runs_anything() -> None:
