@@ -162,6 +162,11 @@ class Authorizer:
                 raise PermissionDenied(
                     f"{who} may submit only jobs it owns: job {job.id} names owner "
                     f"{job.owner!r}, not {who.name!r}")
+            if job.submitted_at:
+                # Schedulers queue jobs by it: a time in the past would jump the queue.
+                raise PermissionDenied(
+                    f"{who} may not set submitted_at of job {job.id}: the server stamps "
+                    "the time a user's job arrives (schedulers queue jobs by it)")
             if job.precedence > self.policy.user_max_precedence:
                 raise PermissionDenied(
                     f"{who} may not submit job {job.id} at precedence {job.precedence}: "

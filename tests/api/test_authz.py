@@ -157,6 +157,9 @@ OPERATIONS: dict[str, Call] = {
         w, "SubmitJob", _job("jn", w.partition(":")[2], "service", precedence=500)),
     "submit precedence 60 (batch caps 50)": lambda c, w: c.call(
         w, "SubmitJob", _job("jn", w.partition(":")[2], "batch", precedence=60)),
+    "submit backdated to 1970": lambda c, w: c.call(w, "SubmitJob", pb.SubmitJobRequest(
+        spec_json=orjson.dumps({"id": "jn", "scheduler": "batch", "task_count": 1,
+                                "task_resources": {"cpu": 1}, "submitted_at": 1.0}))),
     "submit to unknown scheduler": lambda c, w: c.call(
         w, "SubmitJob", _job("jn", w.partition(":")[2], "evil")),
     "kill alice's job": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
@@ -224,6 +227,8 @@ ALLOWED: dict[str, set[str]] = {
     "submit, no owner": {"operator:root", "user:alice", "user:bob"},
     "submit precedence 500 (service)": {"operator:root"},
     "submit precedence 60 (batch caps 50)": set(),
+    # Queues are in submission order: only operators (replaying a workload) date jobs.
+    "submit backdated to 1970": {"operator:root"},
     "submit to unknown scheduler": set(),
     "kill alice's job": {"operator:root", "user:alice"},
     "kill finished job": set(),
