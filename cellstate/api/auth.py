@@ -260,6 +260,24 @@ class Authorizer:
                         f"{who} may not commit claims for job {claim.job}: it names "
                         f"scheduler {job.scheduler!r}; a scheduler places only its own jobs")
 
+    def report_pending(self, context: grpc.ServicerContext, scheduler: str,
+                       jobs: Sequence[str]) -> None:
+        """Report why ``jobs`` wait: as :meth:`as_scheduler`, and only for jobs that
+        name the scheduler (``omega why`` shows the reports with the job: another
+        scheduler's would be a false reason). A job not in the server's copy passes:
+        a report on a job just submitted, or a deletion for one gone."""
+        self.as_scheduler(context, scheduler, "report pending jobs")
+        who = self.caller(context)
+        if who is INSECURE:
+            return
+        known = self._snapshot().jobs
+        for job_id in jobs:
+            job = known.get(job_id)
+            if job is not None and job.scheduler != scheduler:
+                raise PermissionDenied(
+                    f"{who} may not report why job {job_id} waits: it names scheduler "
+                    f"{job.scheduler!r}")
+
     def keep_alive(self, context: grpc.ServicerContext, lease: int, cell: str,
                    lease_keys: Callable[[], Sequence[bytes]]) -> None:
         """Renew ``lease``: an operator any; a scheduler or an agent only a lease it

@@ -549,7 +549,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         ReportMetrics does."""
         check_name(request.scheduler, "scheduler")
         check_name(request.instance, "instance")
-        self.auth.as_scheduler(context, request.scheduler, "report pending jobs")
+        self.auth.report_pending(context, request.scheduler,
+                                 [r.job for r in request.reports if r.report_json])
         if not request.lease:
             raise convert.WireError("lease: 0 is no lease; report under the lease the "
                                     "instance registered with")

@@ -192,6 +192,10 @@ OPERATIONS: dict[str, Call] = {
     "deregister service/i0": lambda c, w: c.call(w, "DeregisterInstance",
                                                  pb.DeregisterInstanceRequest(
         scheduler="service", instance="i0", lease=c.leases["service"])),
+    "report service/i0 pending for batch's ja": lambda c, w: c.call(
+        w, "ReportPending", pb.ReportPendingRequest(
+            scheduler="service", instance="i0", lease=c.leases["service"],
+            reports=[pb.PendingReport(job="ja", report_json=b"{}")])),
     "report service/i0 pending": lambda c, w: c.call(w, "ReportPending",
                                                      pb.ReportPendingRequest(
         scheduler="service", instance="i0", lease=c.leases["service"],
@@ -246,6 +250,7 @@ ALLOWED: dict[str, set[str]] = {
     "commit for batch, service's job": set(),
     "deregister service/i0": {"scheduler:service"},
     "report service/i0 pending": {"scheduler:service"},
+    "report service/i0 pending for batch's ja": set(),
     "report batch metrics": {"scheduler:batch"},
     "keep a lease alive": {"operator:root", "scheduler:batch", "scheduler:service",
                            "scheduler:evil", "agent:agent-0", "agent:agent-1"},
