@@ -347,11 +347,16 @@ def _machine_of(snap: CellSnapshot, task: str) -> str:
     return record.machine if record is not None else ""
 
 
-def check_changeable(state: str, job_id: str, what: str, kill: bool = False) -> None:
+def check_changeable(state: str, job_id: str, what: str, kill: bool = False,
+                     running: int = 0) -> None:
     """A job in a final state cannot change (a finished job killed stays finished, a
     killed one cannot be resized). ``kill``: the change is a kill, which a killed job
-    takes again without changing."""
-    if state in FINAL_STATES and not (kill and state == "killed"):
+    takes again without changing, and which an abandoned job still ``running`` tasks
+    takes (its scheduler gave up placing the rest; the owner must still be able to
+    stop what runs)."""
+    if kill and (state == "killed" or (state == "abandoned" and running)):
+        return
+    if state in FINAL_STATES:
         raise FinalState(f"cannot {what} job {job_id}: it is {state}, and a job in a final "
                          "state does not change")
 

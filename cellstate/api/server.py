@@ -301,7 +301,9 @@ class CellStateService(pb_grpc.CellStateServicer):
         view = self.status.view()
         job = view.snap.jobs.get(job_id)
         if job is not None:
-            check_changeable(view.job(job).state, job_id, what, kill)
+            summary = view.job(job)
+            check_changeable(summary.state, job_id, what, kill,
+                             summary.task_states.get("running", 0))
 
     def _admit(self, job: Job, allow_unknown_scheduler: bool = False) -> None:
         """Refuse at once what can never run (``cellstate.admission.refusal``). A

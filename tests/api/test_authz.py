@@ -98,8 +98,9 @@ def _commit(scheduler: str, job: str, index: int, mid: str) -> pb.CommitRequest:
 def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
     """Machines m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
     on m1), jb (bob's), jdone (alice's, finished), jsvc (alice's, for the service
-    scheduler), jk (alice's, killed); the instances batch/i0 and service/i0. All made
-    through the API by the identities allowed to."""
+    scheduler), jk (alice's, killed), jab (alice's, abandoned by batch with a task
+    running on m1); the instances batch/i0 and service/i0. All made through the API by
+    the identities allowed to."""
     ca = DevCA(tmp_path / "certs")
     tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
     config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls)
@@ -112,7 +113,8 @@ def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
         for req, who in ((_job("ja", "alice"), "user:alice"), (_job("jb", "bob"), "user:bob"),
                          (_job("jdone", "alice", tasks=1), "user:alice"),
                          (_job("jsvc", "alice", "service"), "user:alice"),
-                         (_job("jk", "alice"), "user:alice")):
+                         (_job("jk", "alice"), "user:alice"),
+                         (_job("jab", "alice"), "user:alice")):
             c.call(who, "SubmitJob", req)
         for s in ("batch", "service"):
             c.leases[s] = c.call(f"scheduler:{s}", "RegisterInstance",
@@ -121,7 +123,10 @@ def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
         c.settle()
         c.call("scheduler:batch", "Commit", _commit("batch", "ja", 0, "m1"))
         c.call("scheduler:batch", "Commit", _commit("batch", "jdone", 0, "m1"))
+        c.call("scheduler:batch", "Commit", _commit("batch", "jab", 0, "m1"))
         c.settle()
+        c.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+            job="jab", state="abandoned", reason="gave up"))
         c.call("agent:agent-0", "ReportTask", pb.ReportTaskRequest(
             task="jdone/0", outcome="finished", agent="agent-0", machine="m1"))
         c.call("user:alice", "KillJob", pb.KillJobRequest(job="jk", reason="test"))
@@ -171,6 +176,8 @@ OPERATIONS: dict[str, Call] = {
         job="ja", state="killed", reason="test", by=w)),
     "kill killed job again": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
         job="jk", reason="test")),
+    "kill abandoned job, a task running": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
+        job="jab", reason="test")),
     "resize killed job": lambda c, w: c.call(w, "ResizeJob", pb.ResizeJobRequest(
         job="jk", task_count=5)),
     "abandon killed job": lambda c, w: c.call(w, "SetJobStatus", pb.SetJobStatusRequest(
@@ -239,6 +246,8 @@ ALLOWED: dict[str, set[str]] = {
     # A kill whatever the call: not the scheduler's (it abandons).
     "kill alice's job by SetJobStatus": {"operator:root", "user:alice"},
     "kill killed job again": {"operator:root", "user:alice"},  # changes nothing
+    # Its scheduler gave up placing the rest; what runs, its owner can still stop.
+    "kill abandoned job, a task running": {"operator:root", "user:alice"},
     "resize killed job": set(),
     "abandon killed job": set(),
     "resize alice's job": {"operator:root", "user:alice", "scheduler:batch"},
@@ -409,6 +418,25 @@ def test_a_killed_job_stays_as_it_was(cell: Cell) -> None:
     info = cell.call("operator:root", "GetJob", pb.GetJobRequest(job="jk"))
     assert info.state == "killed"
     assert orjson.loads(info.spec_json)["task_count"] == 3
+
+
+def test_an_abandoned_job_is_killed_only_while_something_runs(cell: Cell) -> None:
+    """A kill stops what an abandoned job still runs, and makes it killed; an
+    abandoned job with nothing running stays abandoned."""
+    cell.call("user:alice", "KillJob", pb.KillJobRequest(job="jab", reason="stop it"))
+    cell.settle()
+    info = cell.call("user:alice", "GetJob", pb.GetJobRequest(job="jab"))
+    assert info.state == "killed" and info.tasks[0].state == "lost"
+    cell.call("user:bob", "SubmitJob", _job("idle", "bob"))
+    cell.settle()
+    cell.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+        job="idle", state="abandoned", reason="gave up"))
+    cell.settle()
+    before = cell.revision()
+    with pytest.raises(grpc.RpcError) as err:
+        cell.call("user:bob", "KillJob", pb.KillJobRequest(job="idle", reason="x"))
+    assert err.value.code() == FINAL and "it is abandoned" in str(err.value.details())
+    assert cell.revision() == before
 
 
 def test_a_status_records_who_set_it_by_certificate(cell: Cell) -> None:
