@@ -14,6 +14,8 @@ instances' reports) and for the reasons of the oldest pending jobs, and serves:
   rebuilt (the page listens to these, so it changes as the cell does).
 
 It reads only: any identity may (with TLS, give it a certificate as for any command).
+It asks no identity of its own visitors: served on loopback (the default), it answers
+only requests naming a loopback host, which keeps other web sites out (DNS rebinding).
 """
 
 from __future__ import annotations

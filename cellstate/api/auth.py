@@ -8,8 +8,8 @@ its CA signed, so a name cannot be claimed without the CA's key):
   and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
-  registers its instances, commits claims for jobs that name it, abandons and resizes
-  those jobs.
+  registers its instances, commits claims for jobs that name it, reports why they
+  wait, abandons and resizes them (killing is their owner's).
 * ``agent:NAME``: the node agent NAME; registers the machines it runs and reports the
   tasks that ran on them.
 * ``server:NAME``: a cellstate server's own certificate; calls nothing.
