@@ -10,9 +10,10 @@ COPY cellstate ./cellstate
 COPY schedulers ./schedulers
 COPY simulator ./simulator
 COPY omega ./omega
-# /certs belongs to omega, so the named volume compose mounts there (and fills with
-# `omega certs`) does too: Docker copies a new volume's owner from the image.
-RUN pip install . && useradd --create-home omega && mkdir /certs && chown omega:omega /certs
+# /certs and /ca belong to omega, so the named volumes compose mounts there (and fills
+# with `omega certs`) do too: Docker copies a new volume's owner from the image.
+RUN pip install . && useradd --create-home omega && mkdir /certs /ca \
+    && chown omega:omega /certs /ca && chmod 0700 /ca
 USER omega
 # A service's command names the process, e.g. ["omega", "server", ...].
 CMD ["omega", "--help"]

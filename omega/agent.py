@@ -256,8 +256,13 @@ class SubprocessRunner:
             return None
         job, index = split_task_id(task)
         path = self.log_dir / job / f"{index}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.open("ab")
+        # The agent's alone: a task's output is its submitter's, and other tasks run
+        # as a user who could otherwise read it (docs/security.md).
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)  # a folder left by an older agent, or made by umask
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab")
 
 
 def _check_executable(name: str, path: str, cwd: Path | None) -> None:

@@ -65,6 +65,9 @@ def run_agent(config: AgentProcessConfig, stop: threading.Event) -> Agent:
     # Checked before connecting: a user that cannot be switched to stops the agent.
     sandbox = TaskSandbox(None, run_as(config.run_as), parse_limits(config.task_limits),
                           config.cgroup)
+    for warning in config.commands.warnings(verified_owners=config.tls is not None,
+                                            own_user=sandbox.user is None):
+        log.warning("agent %s: %s", agent_id, warning)
     # Taken before connecting: a second agent on the same folder fails at once, and the
     # first step kills what a previous run left before anything is registered.
     state = AgentState(config.state_dir) if config.state_dir is not None else None

@@ -54,13 +54,17 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 
 class DevCA:
-    """The CA in ``folder`` (made on first use) and the certificates it issues there."""
+    """The CA in ``folder`` (made on first use) and the certificates it issues there.
+    ``key_path``: where the CA's key is kept (default ``folder/ca.key``); elsewhere, the
+    folder can be handed to the cell's processes without the key that signs for all."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, key_path: Path | None = None) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.ca_path = folder / CA_CERT
-        key_path = folder / CA_KEY
+        key_path = key_path if key_path is not None else folder / CA_KEY
+        key_path.parent.mkdir(parents=True, exist_ok=True)
+        self.key_path = key_path
         if self.ca_path.exists() and key_path.exists():
             loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
             if not isinstance(loaded, ec.EllipticCurvePrivateKey):
@@ -68,6 +72,10 @@ class DevCA:
             self._key = loaded
             self._cert = x509.load_pem_x509_certificate(self.ca_path.read_bytes())
             return
+        if self.ca_path.exists():
+            # A new CA here would silently invalidate every certificate the old one signed.
+            raise ValueError(f"{self.ca_path} exists but its key {key_path} does not: give "
+                             "the CA's key (--ca-key), or remove the CA to start anew")
         self._key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"omega dev CA {folder.name}")])
         now = _now()

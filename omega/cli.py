@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--keep", action="store_true",
                     help="issue only certificates that do not exist yet (a restart of "
                          "compose's certs service rotates nothing)")
+    cs.add_argument("--ca-key", metavar="FILE",
+                    help="the CA's private key (default DIR/ca.key): elsewhere, DIR can be "
+                         "given to every process without the key that signs for all")
 
     e = sub.add_parser("etcd", help="run a local single-member etcd in the foreground")
     e.add_argument("--data-dir", help="keep its data here (default: a temporary folder)")
@@ -817,7 +820,7 @@ def _certs(args: argparse.Namespace) -> int:
     who = ([parse_identity(i, "KIND:NAME") for i in args.identities] if args.identities else
            cell_identities(sorted(Registry.from_entry_points().names()), args.agents))
     hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
-    ca = DevCA(Path(args.dir))
+    ca = DevCA(Path(args.dir), Path(args.ca_key) if args.ca_key else None)
     for identity in who:
         files = ca.files(identity)
         if not (args.keep and files.cert.exists() and files.key.exists()):
@@ -829,7 +832,7 @@ def _certs(args: argparse.Namespace) -> int:
     if args.etcd_member:
         files = ca.issue_etcd_root(keep=args.keep)
         print(f"etcd root user: {files.cert} {files.key}")
-    print(f"CA: {ca.ca_path} (its key {ca.ca_path.with_suffix('.key')} signs new "
+    print(f"CA: {ca.ca_path} (its key {ca.key_path} signs new "
           "certificates: keep it private)")
     return 0
 

@@ -51,6 +51,30 @@ class CommandPolicy:
                 f"{allowed}; the agent's --allow-command)")
 
 
+    @property
+    def runs_any(self) -> bool:
+        """Whether any command can run at all (an owner and a path are allowed)."""
+        return bool(self.owners) and bool(self.paths)
+
+    def warnings(self, verified_owners: bool, own_user: bool) -> list[str]:
+        """What the agent's operator must know about commands this policy lets run:
+        ``verified_owners`` false when the agent talks plaintext (a job's owner is
+        then whatever its submitter wrote), ``own_user`` true when commands run as
+        the agent's own user (they can then read its key and act as the agent)."""
+        if not self.runs_any:
+            return []
+        out = []
+        if not verified_owners:
+            out.append("without TLS a job's owner is whatever its submitter wrote: "
+                       "--allow-command-from checks nothing, anyone who reaches the cell "
+                       "runs the allowed commands here")
+        if own_user:
+            out.append("commands run as this agent's own user: they can read its files "
+                       "(its key: they can act as this agent) and signal it; run the "
+                       "agent as root (commands then run as nobody, or --run-as USER)")
+        return out
+
+
 def _resolve(name: str, search_path: str, cwd: str | None) -> str | None:
     if os.sep in name:
         full = name if os.path.isabs(name) or cwd is None else os.path.join(cwd, name)

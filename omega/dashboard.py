@@ -14,6 +14,8 @@ instances' reports) and for the reasons of the oldest pending jobs, and serves:
   rebuilt (the page listens to these, so it changes as the cell does).
 
 It reads only: any identity may (with TLS, give it a certificate as for any command).
+It asks no identity of its own visitors: served on loopback (the default), it answers
+only requests naming a loopback host, which keeps other web sites out (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
+import ipaddress
 import logging
 import threading
 import time
@@ -120,7 +123,8 @@ class Dashboard:
         """Serve on ``host:port`` (0: any free port) at once, and sync and build the
         documents from a thread (a large cell's copy takes seconds to load; the page
         says it is connecting meanwhile); returns the port."""
-        self._http = http.server.ThreadingHTTPServer((host, port), _handler(self))
+        self._http = http.server.ThreadingHTTPServer(
+            (host, port), _handler(self, loopback_only=_is_loopback(host)))
         self._http.daemon_threads = True
         for target, name in ((self._http.serve_forever, "http"), (self._sync, "refresh")):
             t = threading.Thread(target=target, name=f"dashboard-{name}", daemon=True)
@@ -140,11 +144,34 @@ class Dashboard:
         self.replica.stop()
 
 
-def _handler(dash: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _handler(dash: Dashboard, loopback_only: bool = True,
+             ) -> type[http.server.BaseHTTPRequestHandler]:
+    """``loopback_only``: the page is served on a loopback address, so a request must
+    name one as its Host. A web page elsewhere that points its own name at 127.0.0.1
+    (DNS rebinding) could otherwise read the cell through the operator's browser."""
     page = resources.files("omega").joinpath(PAGE).read_bytes()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            host = self.headers.get("Host", "")
+            if host.startswith("["):  # [v6 address]:port
+                name = host[1:host.find("]")] if "]" in host else host
+            else:
+                name = host.partition(":")[0]
+            if loopback_only and host and not _is_loopback(name):
+                self._send(403, "text/plain", f"this dashboard answers only requests for "
+                           f"a loopback address, not {host!r}\n".encode())
+                return
             path = self.path.split("?")[0]
             if path in ("/", "/index.html"):
                 self._send(200, "text/html; charset=utf-8", page)

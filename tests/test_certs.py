@@ -30,6 +30,23 @@ def test_certs_makes_a_ca_once_and_a_certificate_per_identity(
         capsys.readouterr().err)
 
 
+def test_the_ca_key_may_live_apart_and_a_ca_without_its_key_is_not_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    certs, key = tmp_path / "certs", tmp_path / "private" / "ca.key"
+    assert main(["certs", str(certs), "user:alice", "--ca-key", str(key)]) == 0
+    assert key.exists() and not (certs / "ca.key").exists()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    ca = (certs / "ca.pem").read_bytes()
+    assert main(["certs", str(certs), "user:bob", "--ca-key", str(key)]) == 0
+    assert (certs / "ca.pem").read_bytes() == ca  # signed by the same CA
+    capsys.readouterr()
+    # Without its key, the CA is not silently replaced (which would void every
+    # certificate it signed): the command stops and says why.
+    assert main(["certs", str(certs), "user:carol"]) == 2
+    assert "exists but its key" in capsys.readouterr().err
+    assert (certs / "ca.pem").read_bytes() == ca and not (certs / "user-carol.pem").exists()
+
+
 def test_a_command_without_credentials_says_what_to_give(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OMEGA_CA", "OMEGA_CERT", "OMEGA_KEY", "OMEGA_INSECURE"):

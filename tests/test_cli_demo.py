@@ -76,6 +76,9 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     pids = {**names, "etcd": etcd.group(1)}
     assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
     assert (tmp_path / "logs" / "agent-0.log").exists()
+    # Mutual TLS unless --insecure: its own CA, etcd locked down, no plaintext warning.
+    assert "etcd locked down: TLS, client certificates, auth on" in proc.stdout
+    assert (tmp_path / "certs" / "ca.pem").exists() and "PLAINTEXT" not in proc.stdout
 
 
 @pytest.mark.etcd

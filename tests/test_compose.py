@@ -226,15 +226,42 @@ def _in_volume(path: str, folder: Path) -> Path:
     return folder / path.removeprefix(CERTS)
 
 
+CA = "/ca/"
+
+
+def _certs_command(folder: Path, ca: Path) -> list[str]:
+    """Compose's `certs` command, with its volumes' paths standing for ``folder``
+    (certs) and ``ca``."""
+    command = [str(c) for c in SERVICES["certs"]["command"]]
+    assert command[:3] == ["omega", "certs", CERTS.rstrip("/")]
+    rest = [str(ca / c.removeprefix(CA)) if c.startswith(CA) else c for c in command[3:]]
+    return ["certs", str(folder), *rest]
+
+
 @pytest.fixture(scope="module")
 def certs_volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What compose's `certs` service writes into the certs volume: its own command,
     run here into a folder standing for the volume."""
     folder = tmp_path_factory.mktemp("certs")
-    command = [str(c) for c in SERVICES["certs"]["command"]]
-    assert command[:3] == ["omega", "certs", CERTS.rstrip("/")]
-    assert main(["certs", str(folder), *command[3:]]) == 0
+    assert main(_certs_command(folder, tmp_path_factory.mktemp("ca"))) == 0
     return folder
+
+
+def test_the_ca_key_is_only_in_the_certs_services_volume(tmp_path: Path) -> None:
+    """Every service mounts the certs volume; the key that signs every identity is not
+    there but in the `ca` volume, mounted by the certs service alone. A restart of the
+    certs service signs with the same CA (the certificates issued stay valid)."""
+    folder, ca = tmp_path / "certs", tmp_path / "ca"
+    assert main(_certs_command(folder, ca)) == 0
+    assert not (folder / "ca.key").exists() and (ca / "ca.key").exists()
+    assert not [p for p in folder.iterdir() if p.suffix == ".key" and "ca" in p.stem]
+    first = (folder / "ca.pem").read_bytes()
+    assert main(_certs_command(folder, ca)) == 0
+    assert (folder / "ca.pem").read_bytes() == first
+    mounting = {n for n, s in SERVICES.items()
+                if any(str(v).split(":")[0] == "ca" for v in s.get("volumes", []))}
+    assert mounting == {"certs"}
+    assert "ca" in COMPOSE["volumes"]
 
 
 def test_no_service_runs_plaintext() -> None:

@@ -91,3 +91,20 @@ def test_an_unknown_path_is_404(dash: tuple[str, CellStore]) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         _get(url + "/nope")
     assert info.value.code == 404
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "10.0.0.1"])
+def test_a_request_for_another_host_name_is_refused(dash: tuple[str, CellStore],
+                                                    host: str) -> None:
+    """Served on loopback, the page answers only requests naming a loopback address:
+    a site whose name resolves to 127.0.0.1 (DNS rebinding) reads nothing."""
+    url, _ = dash
+    request = urllib.request.Request(url + "/api/state", headers={"Host": host})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 403
+    assert b"only requests for a loopback address" in info.value.read()
+    for ok in ("localhost", url.removeprefix("http://"), "[::1]:80"):
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/api/state", headers={"Host": ok}), timeout=10) as r:
+            assert r.status == 200

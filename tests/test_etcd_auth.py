@@ -208,7 +208,8 @@ def test_composes_etcd_set_up_works_on_a_real_etcd(
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
 
     def here(argv: list[object]) -> list[str]:
-        return [str(a).replace("/certs", str(tmp_path)) for a in argv]
+        return [str(a).replace("/certs", str(tmp_path)).replace("/ca/", f"{tmp_path}-ca/")
+                for a in argv]
 
     assert main(here(services["certs"]["command"])[1:]) == 0
     member = TlsFiles(tmp_path / "ca.pem", tmp_path / "etcd-member-etcd-0.pem",

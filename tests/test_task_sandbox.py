@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,16 +66,50 @@ def test_a_root_agents_command_runs_as_nobody_in_its_own_directory_with_limits(
     assert sorted(p.name for p in task_dir.iterdir()) == []
 
 
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder everyone may enter (pytest's own tmp_path is not: there ``nobody``
+    could read nothing at all, whatever the files' modes)."""
+    path = Path(tempfile.mkdtemp(prefix="omega-sandbox-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @needs_root
-def test_nobody_cannot_read_what_the_agent_keeps(tmp_path: Path) -> None:
-    secret = tmp_path / "agent.key"
+def test_nobody_cannot_read_what_the_agent_keeps(open_dir: Path) -> None:
+    secret = open_dir / "agent.key"
     secret.write_text("the agent's key")
     secret.chmod(0o600)
-    (tmp_path / "tasks").mkdir(mode=0o711)
-    runner = SubprocessRunner(log_dir=tmp_path / "logs",
-                              sandbox=TaskSandbox(tmp_path / "tasks", run_as(None)))
-    report = _run(runner, "j/0", ["/bin/sh", "-c", f"cat {secret} || echo refused"])
+    public = open_dir / "public"
+    public.write_text("anyone's")  # the control: what nobody may read, it reads
+    (open_dir / "tasks").mkdir(mode=0o711)
+    runner = SubprocessRunner(log_dir=open_dir / "logs",
+                              sandbox=TaskSandbox(open_dir / "tasks", run_as(None)))
+    report = _run(runner, "j/0", ["/bin/sh", "-c",
+                                  f"cat {public}; cat {secret} || echo refused"])
+    assert "anyone's" in report
     assert "refused" in report and "the agent's key" not in report
+
+
+@needs_root
+def test_a_task_cannot_read_another_tasks_log(open_dir: Path) -> None:
+    """Task logs hold their submitters' output: the agent's alone, not readable by
+    the user every task runs as."""
+    (open_dir / "tasks").mkdir(mode=0o711)
+    (open_dir / "logs").mkdir(mode=0o755)
+    runner = SubprocessRunner(log_dir=open_dir / "logs",
+                              sandbox=TaskSandbox(open_dir / "tasks", run_as(None)))
+    _run(runner, "alices/0", ["/bin/sh", "-c", "echo alice-secret"])
+    log = open_dir / "logs" / "alices" / "0.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.parent.stat().st_mode & 0o777 == 0o700
+    report = _run(runner, "mallory/0", ["/bin/sh", "-c",
+                                        f"ls {open_dir / 'logs'}; cat {log} || echo refused"])
+    assert "alices" in report  # it could look (the folder is open) ...
+    assert "refused" in report and "alice-secret" not in report  # ... but not read
 
 
 def test_the_agents_own_user_needs_no_switch(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ its CA signed, so a name cannot be claimed without the CA's key):
   and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
-  registers its instances, commits claims for jobs that name it, abandons and resizes
-  those jobs.
+  registers its instances, commits claims for jobs that name it, reports why they
+  wait, abandons and resizes them (killing is their owner's).
 * ``agent:NAME``: the node agent NAME; registers the machines it runs and reports the
   tasks that ran on them.
 * ``server:NAME``: a cellstate server's own certificate; calls nothing.
@@ -40,7 +40,7 @@ import grpc
 from cellstate.cell import CellSnapshot
 from cellstate.errors import StoreError
 from cellstate.keys import Keyspace, metrics_prefix, pending_prefix
-from cellstate.model import Job, Machine, ModelError, check_name, split_task_id
+from cellstate.model import Job, Machine, ModelError, Transaction, check_name, split_task_id
 
 
 class Kind(enum.Enum):
@@ -89,8 +89,9 @@ class FinalState(StoreError):
 
 
 # Job states from which nothing changes. A kill of a killed job is not refused: it
-# changes nothing, and a resent kill (its first attempt timed out) must succeed.
-FINAL_STATES = frozenset({"finished", "failed", "abandoned"})
+# changes nothing, and a resent kill (its first attempt timed out) must succeed; any
+# other change to a killed job (a resize, an abandonment) is.
+FINAL_STATES = frozenset({"finished", "failed", "abandoned", "killed"})
 DEFAULT_USER_MAX_PRECEDENCE = 99
 
 
@@ -161,6 +162,11 @@ class Authorizer:
                 raise PermissionDenied(
                     f"{who} may submit only jobs it owns: job {job.id} names owner "
                     f"{job.owner!r}, not {who.name!r}")
+            if job.submitted_at:
+                # Schedulers queue jobs by it: a time in the past would jump the queue.
+                raise PermissionDenied(
+                    f"{who} may not set submitted_at of job {job.id}: the server stamps "
+                    "the time a user's job arrives (schedulers queue jobs by it)")
             if job.precedence > self.policy.user_max_precedence:
                 raise PermissionDenied(
                     f"{who} may not submit job {job.id} at precedence {job.precedence}: "
@@ -201,6 +207,16 @@ class Authorizer:
             raise PermissionDenied(f"{who} may not {what} job {job_id}: it names scheduler "
                                    f"{job.scheduler!r}")
 
+    def recorded_by(self, context: grpc.ServicerContext, said: str, default: str) -> str:
+        """Who a job's status records as having set it. With identities it is the
+        caller's, whatever the request says (a user cannot sign a kill as an
+        operator); what it said follows in parentheses (a scheduler names its
+        instance)."""
+        who = self.caller(context)
+        if who is INSECURE:
+            return said or default
+        return str(who) if not said or said == str(who) else f"{who} ({said})"
+
     # -- machines --------------------------------------------------------------------
 
     def operate_machine(self, context: grpc.ServicerContext, machine: str, action: str,
@@ -224,6 +240,43 @@ class Authorizer:
             raise PermissionDenied(f"{who} may not {what} for scheduler {scheduler!r}: only "
                                    f"scheduler:{scheduler} may")
         self._known_scheduler(who, scheduler, what)
+
+    def commit(self, context: grpc.ServicerContext, txns: Sequence[Transaction]) -> None:
+        """Commit claims: as :meth:`as_scheduler` for each transaction's scheduler, and
+        only for jobs that name it (validation refuses such a claim too, but as a
+        rejected claim in an answered call; here it is the caller's rights that fail).
+        A job not in the server's copy yet is left to validation, which reads it."""
+        who = self.caller(context)
+        for scheduler in dict.fromkeys(t.scheduler for t in txns):
+            self.as_scheduler(context, scheduler, "commit")
+        if who is INSECURE:
+            return
+        jobs = self._snapshot().jobs
+        for t in txns:
+            for claim in t.claims:
+                job = jobs.get(claim.job)
+                if job is not None and job.scheduler != t.scheduler:
+                    raise PermissionDenied(
+                        f"{who} may not commit claims for job {claim.job}: it names "
+                        f"scheduler {job.scheduler!r}; a scheduler places only its own jobs")
+
+    def report_pending(self, context: grpc.ServicerContext, scheduler: str,
+                       jobs: Sequence[str]) -> None:
+        """Report why ``jobs`` wait: as :meth:`as_scheduler`, and only for jobs that
+        name the scheduler (``omega why`` shows the reports with the job: another
+        scheduler's would be a false reason). A job not in the server's copy passes:
+        a report on a job just submitted, or a deletion for one gone."""
+        self.as_scheduler(context, scheduler, "report pending jobs")
+        who = self.caller(context)
+        if who is INSECURE:
+            return
+        known = self._snapshot().jobs
+        for job_id in jobs:
+            job = known.get(job_id)
+            if job is not None and job.scheduler != scheduler:
+                raise PermissionDenied(
+                    f"{who} may not report why job {job_id} waits: it names scheduler "
+                    f"{job.scheduler!r}")
 
     def keep_alive(self, context: grpc.ServicerContext, lease: int, cell: str,
                    lease_keys: Callable[[], Sequence[bytes]]) -> None:
@@ -265,20 +318,27 @@ class Authorizer:
                                        f"to agent {old.agent!r}")
 
     def report_task(self, context: grpc.ServicerContext, agent: str, task: str,
-                    machine: str) -> None:
-        """Only the agent of the machine the task ran on reports it."""
+                    machine: str) -> str:
+        """Only the agent of the machine the task ran on reports it: both the machine
+        the report names and the one the task is recorded on must be the agent's.
+        Returns the machine the store must find the task on ("" for any), so that a
+        task placed elsewhere since the server's copy was taken is not ended by this
+        report."""
         who = self.caller(context)
         if who is INSECURE or who.kind is Kind.OPERATOR:
-            return
+            return machine
         if who != Identity(Kind.AGENT, agent):
             raise PermissionDenied(f"{who} may not report tasks as agent {agent!r}: only "
                                    f"agent:{agent} may")
         snap = self._snapshot()
-        mid = machine or _machine_of(snap, task)
-        m = snap.machines.get(mid) if mid else None
-        if m is not None and m.agent != agent:
-            raise PermissionDenied(f"{who} may not report task {task}: it is on machine "
-                                   f"{mid}, which belongs to agent {m.agent!r}")
+        recorded = _machine_of(snap, task)
+        for mid in dict.fromkeys(m for m in (machine, recorded) if m):
+            m = snap.machines.get(mid)
+            if m is not None and m.agent != agent:
+                where = "names" if mid == machine and mid != recorded else "is on"
+                raise PermissionDenied(f"{who} may not report task {task}: it {where} "
+                                       f"machine {mid}, which belongs to agent {m.agent!r}")
+        return machine or recorded
 
 
 def _machine_of(snap: CellSnapshot, task: str) -> str:
@@ -287,8 +347,15 @@ def _machine_of(snap: CellSnapshot, task: str) -> str:
     return record.machine if record is not None else ""
 
 
-def check_changeable(state: str, job_id: str, what: str) -> None:
-    """A job in a final state cannot change (a finished job killed stays finished)."""
+def check_changeable(state: str, job_id: str, what: str, kill: bool = False,
+                     running: int = 0) -> None:
+    """A job in a final state cannot change (a finished job killed stays finished, a
+    killed one cannot be resized). ``kill``: the change is a kill, which a killed job
+    takes again without changing, and which an abandoned job still ``running`` tasks
+    takes (its scheduler gave up placing the rest; the owner must still be able to
+    stop what runs)."""
+    if kill and (state == "killed" or (state == "abandoned" and running)):
+        return
     if state in FINAL_STATES:
         raise FinalState(f"cannot {what} job {job_id}: it is {state}, and a job in a final "
                          "state does not change")

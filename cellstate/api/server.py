@@ -195,8 +195,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext,
                ) -> pb.CommitResponse:
         txns = convert.transactions_from(request)
-        for scheduler in dict.fromkeys(t.scheduler for t in txns):
-            self.auth.as_scheduler(context, scheduler, "commit")
+        self.auth.commit(context, txns)
         started = time.perf_counter()
         if request.HasField("transaction"):
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
@@ -297,12 +296,14 @@ class CellStateService(pb_grpc.CellStateServicer):
         return pb.SubmitJobResponse(job=job.id, revision=revision)
 
     def _may_change(self, context: grpc.ServicerContext, job_id: str, what: str,
-                    scheduler_may: bool) -> None:
+                    scheduler_may: bool, kill: bool = False) -> None:
         self.auth.change_job(context, job_id, what, scheduler_may)
         view = self.status.view()
         job = view.snap.jobs.get(job_id)
         if job is not None:
-            check_changeable(view.job(job).state, job_id, what)
+            summary = view.job(job)
+            check_changeable(summary.state, job_id, what, kill,
+                             summary.task_states.get("running", 0))
 
     def _admit(self, job: Job, allow_unknown_scheduler: bool = False) -> None:
         """Refuse at once what can never run (``cellstate.admission.refusal``). A
@@ -381,9 +382,9 @@ class CellStateService(pb_grpc.CellStateServicer):
                 ) -> pb.KillJobResponse:
         """Mark the job killed (its scheduler stops placing it) and end its running
         tasks, which frees their resources; their agents stop them."""
-        self._may_change(context, request.job, "kill", scheduler_may=False)
+        self._may_change(context, request.job, "kill", scheduler_may=False, kill=True)
         status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
-                           request.by or "user", self.clock())
+                           self.auth.recorded_by(context, request.by, "user"), self.clock())
         with self.stores.get() as store:
             revision = store.kill_job(status)
         return pb.KillJobResponse(revision=revision)
@@ -396,10 +397,14 @@ class CellStateService(pb_grpc.CellStateServicer):
         except ValueError:
             raise convert.WireError(
                 f"state: {request.state!r} is not one of abandoned, killed") from None
-        self._may_change(context, request.job, "set the status of", scheduler_may=True)
+        # A scheduler abandons its jobs; killing one is its owner's (or an operator's).
+        killing = state is JobState.KILLED
+        self._may_change(context, request.job, "kill" if killing else "set the status of",
+                         scheduler_may=not killing, kill=killing)
+        by = self.auth.recorded_by(context, request.by, "")
         with self.stores.get() as store:
             revision = store.set_job_status(
-                JobStatus(request.job, state, request.reason, request.by, request.at))
+                JobStatus(request.job, state, request.reason, by, request.at))
         return pb.SetJobStatusResponse(revision=revision)
 
     @rpc
@@ -546,7 +551,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         ReportMetrics does."""
         check_name(request.scheduler, "scheduler")
         check_name(request.instance, "instance")
-        self.auth.as_scheduler(context, request.scheduler, "report pending jobs")
+        self.auth.report_pending(context, request.scheduler,
+                                 [r.job for r in request.reports if r.report_json])
         if not request.lease:
             raise convert.WireError("lease: 0 is no lease; report under the lease the "
                                     "instance registered with")
@@ -610,10 +616,10 @@ class CellStateService(pb_grpc.CellStateServicer):
         assert outcome is not None
         split_task_id(request.task)  # a malformed id is the caller's error
         result = _task_result(request)
-        self.auth.report_task(context, request.agent, request.task, request.machine)
+        machine = self.auth.report_task(context, request.agent, request.task,
+                                        request.machine)
         with self.stores.get() as store:
-            revision = store.release_task(request.task, outcome, request.machine or None,
-                                          result)
+            revision = store.release_task(request.task, outcome, machine or None, result)
         return pb.ReportTaskResponse(revision=revision)
 
 

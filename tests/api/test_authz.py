@@ -5,6 +5,7 @@ leaves etcd's revision exactly as it was; an allowed one does what it says."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ class Cell:
     kv: EtcdKV
     ca: DevCA
     stubs: dict[str, Any] = attrs.field(factory=dict)
+    leases: dict[str, int] = attrs.field(factory=dict)  # scheduler -> its i0's lease
+    called: set[str] = attrs.field(factory=set)  # every RPC method called
     channels: list[grpc.Channel] = attrs.field(factory=list)
 
     def files(self, who: str) -> TlsFiles:
@@ -61,6 +64,7 @@ class Cell:
         return self.stubs[who]
 
     def call(self, who: str, method: str, request: Any) -> Any:
+        self.called.add(method)
         return getattr(self.stub(who), method)(request, timeout=10)
 
     def revision(self) -> int:
@@ -97,8 +101,9 @@ def _commit(scheduler: str, job: str, index: int, mid: str) -> pb.CommitRequest:
 def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
     """Machines m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
     on m1), jb (bob's), jdone (alice's, finished), jsvc (alice's, for the service
-    scheduler); the instances batch/i0 and service/i0. All made through the API by the
-    identities allowed to."""
+    scheduler), jk (alice's, killed), jab (alice's, abandoned by batch with a task
+    running on m1); the instances batch/i0 and service/i0. All made through the API by
+    the identities allowed to."""
     ca = DevCA(tmp_path / "certs")
     tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
     config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls)
@@ -110,17 +115,24 @@ def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
         c.call("agent:agent-1", "RegisterAgent", _register("agent-1", "m2"))
         for req, who in ((_job("ja", "alice"), "user:alice"), (_job("jb", "bob"), "user:bob"),
                          (_job("jdone", "alice", tasks=1), "user:alice"),
-                         (_job("jsvc", "alice", "service"), "user:alice")):
+                         (_job("jsvc", "alice", "service"), "user:alice"),
+                         (_job("jk", "alice"), "user:alice"),
+                         (_job("jab", "alice"), "user:alice")):
             c.call(who, "SubmitJob", req)
         for s in ("batch", "service"):
-            c.call(f"scheduler:{s}", "RegisterInstance",
-                   pb.RegisterInstanceRequest(scheduler=s, instance="i0", ttl=3600))
+            c.leases[s] = c.call(f"scheduler:{s}", "RegisterInstance",
+                                 pb.RegisterInstanceRequest(scheduler=s, instance="i0",
+                                                            ttl=3600)).lease
         c.settle()
         c.call("scheduler:batch", "Commit", _commit("batch", "ja", 0, "m1"))
         c.call("scheduler:batch", "Commit", _commit("batch", "jdone", 0, "m1"))
+        c.call("scheduler:batch", "Commit", _commit("batch", "jab", 0, "m1"))
         c.settle()
+        c.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+            job="jab", state="abandoned", reason="gave up"))
         c.call("agent:agent-0", "ReportTask", pb.ReportTaskRequest(
             task="jdone/0", outcome="finished", agent="agent-0", machine="m1"))
+        c.call("user:alice", "KillJob", pb.KillJobRequest(job="jk", reason="test"))
         c.settle()
         assert orjson.loads(c.call("operator:root", "GetJob",
                                    pb.GetJobRequest(job="jdone")).spec_json)["id"] == "jdone"
@@ -142,6 +154,9 @@ def _lease(c: Cell) -> int:
 OPERATIONS: dict[str, Call] = {
     "read status": lambda c, w: c.call(w, "GetStatus", pb.GetStatusRequest()),
     "list jobs": lambda c, w: c.call(w, "ListJobs", pb.ListJobsRequest()),
+    "get a job": lambda c, w: c.call(w, "GetJob", pb.GetJobRequest(job="ja")),
+    "list machines": lambda c, w: c.call(w, "ListMachines", pb.ListMachinesRequest()),
+    "sync": lambda c, w: next(iter(c.call(w, "Sync", pb.SyncRequest(start_revision=0)))),
     "submit as alice": lambda c, w: c.call(w, "SubmitJob", _job("jn", "alice")),
     "submit, no owner": lambda c, w: c.call(w, "SubmitJob", pb.SubmitJobRequest(
         spec_json=orjson.dumps({"id": "jn", "scheduler": "batch", "task_count": 1,
@@ -150,12 +165,26 @@ OPERATIONS: dict[str, Call] = {
         w, "SubmitJob", _job("jn", w.partition(":")[2], "service", precedence=500)),
     "submit precedence 60 (batch caps 50)": lambda c, w: c.call(
         w, "SubmitJob", _job("jn", w.partition(":")[2], "batch", precedence=60)),
+    "submit backdated to 1970": lambda c, w: c.call(w, "SubmitJob", pb.SubmitJobRequest(
+        spec_json=orjson.dumps({"id": "jn", "scheduler": "batch", "task_count": 1,
+                                "task_resources": {"cpu": 1}, "submitted_at": 1.0}))),
     "submit to unknown scheduler": lambda c, w: c.call(
         w, "SubmitJob", _job("jn", w.partition(":")[2], "evil")),
     "kill alice's job": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
         job="ja", reason="test", by=w)),
     "kill finished job": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
         job="jdone", reason="test", by=w)),
+    "kill alice's job by SetJobStatus": lambda c, w: c.call(w, "SetJobStatus",
+                                                            pb.SetJobStatusRequest(
+        job="ja", state="killed", reason="test", by=w)),
+    "kill killed job again": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
+        job="jk", reason="test")),
+    "kill abandoned job, a task running": lambda c, w: c.call(w, "KillJob", pb.KillJobRequest(
+        job="jab", reason="test")),
+    "resize killed job": lambda c, w: c.call(w, "ResizeJob", pb.ResizeJobRequest(
+        job="jk", task_count=5)),
+    "abandon killed job": lambda c, w: c.call(w, "SetJobStatus", pb.SetJobStatusRequest(
+        job="jk", state="abandoned", reason="test")),
     "resize alice's job": lambda c, w: c.call(w, "ResizeJob", pb.ResizeJobRequest(
         job="ja", task_count=5)),
     "abandon alice's job": lambda c, w: c.call(w, "SetJobStatus", pb.SetJobStatusRequest(
@@ -168,8 +197,21 @@ OPERATIONS: dict[str, Call] = {
         scheduler="evil", instance="i1", ttl=60)),
     "commit for batch": lambda c, w: c.call(w, "Commit", _commit("batch", "ja", 1, "m2")),
     "commit for evil": lambda c, w: c.call(w, "Commit", _commit("evil", "ja", 1, "m2")),
+    "commit for batch, service's job": lambda c, w: c.call(w, "Commit",
+                                                          _commit("batch", "jsvc", 1, "m2")),
+    "deregister service/i0": lambda c, w: c.call(w, "DeregisterInstance",
+                                                 pb.DeregisterInstanceRequest(
+        scheduler="service", instance="i0", lease=c.leases["service"])),
+    "report service/i0 pending for batch's ja": lambda c, w: c.call(
+        w, "ReportPending", pb.ReportPendingRequest(
+            scheduler="service", instance="i0", lease=c.leases["service"],
+            reports=[pb.PendingReport(job="ja", report_json=b"{}")])),
+    "report service/i0 pending": lambda c, w: c.call(w, "ReportPending",
+                                                     pb.ReportPendingRequest(
+        scheduler="service", instance="i0", lease=c.leases["service"],
+        reports=[pb.PendingReport(job="jsvc", report_json=b"{}")])),
     "report batch metrics": lambda c, w: c.call(w, "ReportMetrics", pb.ReportMetricsRequest(
-        scheduler="batch", instance="i9", lease=_lease(c), metrics_json=b"{}")),
+        scheduler="batch", instance="i0", lease=c.leases["batch"], metrics_json=b"{}")),
     "keep a lease alive": lambda c, w: c.call(w, "KeepAlive", pb.KeepAliveRequest(lease=1)),
     "register as agent-0 with m1": lambda c, w: c.call(w, "RegisterAgent",
                                                        _register("agent-0", "m1")),
@@ -177,6 +219,8 @@ OPERATIONS: dict[str, Call] = {
                                                        _register("agent-1", "m1")),
     "report ja/0 (on m1) finished": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
         task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m1")),
+    "report ja/0 (on m1) naming m2": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
+        task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m2")),
     "cordon m2": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
         machine="m2", action="cordon")),
     "drain m1": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
@@ -190,25 +234,43 @@ OPERATIONS: dict[str, Call] = {
 ALLOWED: dict[str, set[str]] = {
     "read status": set(IDENTITIES),
     "list jobs": set(IDENTITIES),
+    "get a job": set(IDENTITIES),
+    "list machines": set(IDENTITIES),
+    "sync": set(IDENTITIES),
     "submit as alice": {"operator:root", "user:alice"},
     "submit, no owner": {"operator:root", "user:alice", "user:bob"},
     "submit precedence 500 (service)": {"operator:root"},
     "submit precedence 60 (batch caps 50)": set(),
+    # Queues are in submission order: only operators (replaying a workload) date jobs.
+    "submit backdated to 1970": {"operator:root"},
     "submit to unknown scheduler": set(),
     "kill alice's job": {"operator:root", "user:alice"},
     "kill finished job": set(),
+    # A kill whatever the call: not the scheduler's (it abandons).
+    "kill alice's job by SetJobStatus": {"operator:root", "user:alice"},
+    "kill killed job again": {"operator:root", "user:alice"},  # changes nothing
+    # Its scheduler gave up placing the rest; what runs, its owner can still stop.
+    "kill abandoned job, a task running": {"operator:root", "user:alice"},
+    "resize killed job": set(),
+    "abandon killed job": set(),
     "resize alice's job": {"operator:root", "user:alice", "scheduler:batch"},
     "abandon alice's job": {"operator:root", "user:alice", "scheduler:batch"},
     "register batch instance": {"scheduler:batch"},
     "register evil instance": set(),
     "commit for batch": {"scheduler:batch"},
     "commit for evil": set(),
+    "commit for batch, service's job": set(),
+    "deregister service/i0": {"scheduler:service"},
+    "report service/i0 pending": {"scheduler:service"},
+    "report service/i0 pending for batch's ja": set(),
     "report batch metrics": {"scheduler:batch"},
     "keep a lease alive": {"operator:root", "scheduler:batch", "scheduler:service",
                            "scheduler:evil", "agent:agent-0", "agent:agent-1"},
     "register as agent-0 with m1": {"operator:root", "agent:agent-0"},
     "register as agent-1 with m1": set(),
     "report ja/0 (on m1) finished": {"operator:root", "agent:agent-0"},
+    # agent-1's own machine named, but the task is on agent-0's: refused.
+    "report ja/0 (on m1) naming m2": set(),
     # A machine's state decides what every scheduler may place there: operators only
     # (not even the machine's own agent).
     "cordon m2": {"operator:root"},
@@ -218,6 +280,14 @@ ALLOWED: dict[str, set[str]] = {
 # Refused for a reason that is not the caller's identity: the job is in a final state.
 OTHER_REFUSAL = {("kill finished job", "operator:root"): (FINAL, "final state"),
                  ("kill finished job", "user:alice"): (FINAL, "final state"),
+                 ("resize killed job", "operator:root"): (FINAL, "final state"),
+                 ("resize killed job", "user:alice"): (FINAL, "final state"),
+                 ("abandon killed job", "operator:root"): (FINAL, "final state"),
+                 ("abandon killed job", "user:alice"): (FINAL, "final state"),
+                 ("resize killed job", "scheduler:batch"): (FINAL, "final state"),
+                 ("abandon killed job", "scheduler:batch"): (FINAL, "final state"),
+                 # The store: the task is not on the machine the report names.
+                 ("report ja/0 (on m1) naming m2", "operator:root"): (FINAL, "not m2"),
                  # An operator may move machines, but not from a live agent (the store).
                  ("register as agent-1 with m1", "operator:root"): (FINAL, "live agent")}
 
@@ -228,9 +298,7 @@ def _expected(op: str, who: str) -> tuple[object, str]:
     return (OK, "") if who in ALLOWED[op] else (DENIED, "")
 
 
-CASES = [pytest.param(op, who, id=f"{who}-{op}") for op in OPERATIONS for who in IDENTITIES
-         # The metrics case needs batch's lease, which only batch can get.
-         if not (op == "report batch metrics" and who != "scheduler:batch")]
+CASES = [pytest.param(op, who, id=f"{who}-{op}") for op in OPERATIONS for who in IDENTITIES]
 
 
 @pytest.mark.parametrize(("op", "who"), CASES)
@@ -256,6 +324,16 @@ def test_the_matrix_has_every_operation_and_identity() -> None:
     assert set(ALLOWED) == set(OPERATIONS)
     # The "allowed" sets name only known identities (a typo would silently deny).
     assert set().union(*ALLOWED.values()) <= set(IDENTITIES)
+
+
+def test_the_matrix_calls_every_rpc_of_the_api(cell: Cell) -> None:
+    """An RPC added to the API without a row here would go unchecked."""
+    cell.called.clear()
+    for op in OPERATIONS.values():
+        with contextlib.suppress(grpc.RpcError):
+            op(cell, "operator:root")
+    service = pb.DESCRIPTOR.services_by_name["CellState"]
+    assert cell.called == {m.name for m in service.methods}
 
 
 @pytest.mark.parametrize("op", ["read status", "submit, no owner", "kill alice's job",
@@ -336,6 +414,52 @@ def test_a_killed_finished_job_stays_finished(cell: Cell) -> None:
         cell.call("operator:root", "KillJob", pb.KillJobRequest(job="jdone", reason="x"))
     info = cell.call("operator:root", "GetJob", pb.GetJobRequest(job="jdone"))
     assert info.state == "finished"
+
+
+def test_a_killed_job_stays_as_it_was(cell: Cell) -> None:
+    """A killed job is final: a resize (which would have grown it) and an abandonment
+    are refused and the job keeps its task count and its kill."""
+    for method, request in (("ResizeJob", pb.ResizeJobRequest(job="jk", task_count=9)),
+                            ("SetJobStatus", pb.SetJobStatusRequest(
+                                job="jk", state="abandoned", reason="x"))):
+        with pytest.raises(grpc.RpcError) as info:
+            cell.call("operator:root", method, request)
+        assert info.value.code() == FINAL
+        assert "it is killed" in str(info.value.details())
+    info = cell.call("operator:root", "GetJob", pb.GetJobRequest(job="jk"))
+    assert info.state == "killed"
+    assert orjson.loads(info.spec_json)["task_count"] == 3
+
+
+def test_an_abandoned_job_is_killed_only_while_something_runs(cell: Cell) -> None:
+    """A kill stops what an abandoned job still runs, and makes it killed; an
+    abandoned job with nothing running stays abandoned."""
+    cell.call("user:alice", "KillJob", pb.KillJobRequest(job="jab", reason="stop it"))
+    cell.settle()
+    info = cell.call("user:alice", "GetJob", pb.GetJobRequest(job="jab"))
+    assert info.state == "killed" and info.tasks[0].state == "lost"
+    cell.call("user:bob", "SubmitJob", _job("idle", "bob"))
+    cell.settle()
+    cell.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+        job="idle", state="abandoned", reason="gave up"))
+    cell.settle()
+    before = cell.revision()
+    with pytest.raises(grpc.RpcError) as err:
+        cell.call("user:bob", "KillJob", pb.KillJobRequest(job="idle", reason="x"))
+    assert err.value.code() == FINAL and "it is abandoned" in str(err.value.details())
+    assert cell.revision() == before
+
+
+def test_a_status_records_who_set_it_by_certificate(cell: Cell) -> None:
+    """A kill's ``by`` is the caller's identity, not what the request claims."""
+    cell.call("user:alice", "KillJob", pb.KillJobRequest(job="ja", reason="x",
+                                                         by="operator:root"))
+    cell.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+        job="jb", state="abandoned", reason="x", by="batch/i0"))
+    cell.settle()
+    statuses = cell.server.replica.snapshot().statuses
+    assert statuses["ja"].by == "user:alice (operator:root)"
+    assert statuses["jb"].by == "scheduler:batch (batch/i0)"
 
 
 def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:

@@ -42,19 +42,26 @@ def test_only_allowed_owners_and_paths_run_commands(fresh_etcd: LocalEtcd,
             client.submit_job(_job("outside", "alice",
                                    ["/bin/sh", "-c", f"touch {out / 'outside'}"]))
             client.submit_job(_job("allowed", "alice", [touch, str(out / "allowed")]))
+            # A job with a duration only runs no code: it needs no permission.
+            timed = {**_job("timed", "mallory", []), "duration": 0.5}
+            del timed["command"]
+            client.submit_job(timed)
             states = {}
 
             def ended() -> bool:
                 states.update({j: client.get_job(j)["state"]
-                               for j in ("anonymous", "outside", "allowed")})
+                               for j in ("anonymous", "outside", "allowed", "timed")})
                 return all(s in ("finished", "failed") for s in states.values())
 
-            wait_for("the three jobs to end", ended, c)
-        assert states == {"anonymous": "failed", "outside": "failed", "allowed": "finished"}
+            wait_for("the four jobs to end", ended, c)
+        assert states == {"anonymous": "failed", "outside": "failed", "allowed": "finished",
+                          "timed": "finished"}
         assert sorted(p.name for p in out.iterdir()) == ["allowed"]
         log = (tmp_path / "agent-0.log").read_text()
         assert "owner 'nobody' may not run commands on this agent" in log
         assert "is outside the paths this agent runs commands from" in log
+        # --run-as its own user: its operator is told what that exposes.
+        assert "commands run as this agent's own user: they can read its files" in log
 
 
 def test_the_default_policy_runs_nothing_and_allow_all_runs_anything() -> None:
