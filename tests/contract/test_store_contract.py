@@ -537,55 +537,6 @@ def test_per_machine_writes_retry_only_the_machines_that_changed(kv: KV) -> None
     assert violations(snap) == []
 
 
-class _Recording:
-    """A KV that records every transaction request sent through it."""
-
-    def __init__(self, kv: KV) -> None:
-        self._kv = kv
-        self.max_txn_ops = kv.max_txn_ops
-        self.max_request_bytes = kv.max_request_bytes
-        self.sent: list[tuple[tuple[object, ...], tuple[object, ...], tuple[object, ...]]] = []
-
-    def txn(self, compares, success, failure=()):  # type: ignore[no-untyped-def]
-        self.sent.append((tuple(compares), tuple(success), tuple(failure)))
-        return self._kv.txn(compares, success, failure)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._kv, name)
-
-
-def test_a_per_machine_write_carries_no_reads_and_reads_the_failed_machine_after(
-        kv: KV) -> None:
-    """Under contention each machine's claims are a nested transaction; one whose
-    machine changed is learnt by a read-only request after the write (no log entry),
-    not by a failure branch that every nested transaction would carry."""
-    from cellstate.keys import KeyKind
-    from cellstate.kv.base import Get, GetChanged, TxnOp
-    from cellstate.store import StoreOptions
-
-    admin = make_cell(kv, [machine("m1", cpu=8), machine("m2", cpu=8)], [job("j", tasks=4)])
-    rec = _Recording(kv)
-    store = CellStore(rec, options=StoreOptions(per_machine_writes="always",  # type: ignore[arg-type]
-                                                refresh_when_contended=False))
-    store.load()
-    before = admin.commit(txn([Claim("j", 0, "m1")])).revision  # m1 is now stale
-    rec.sent.clear()
-    res = store.commit(txn([Claim("j", 1, "m1"), Claim("j", 2, "m2")]))
-    assert [c.index for c in res.committed] == [1, 2] and res.attempts == 2
-    nested = [r for r in rec.sent if any(isinstance(op, TxnOp) for op in r[1])]
-    reads = [r for r in rec.sent if not r[0] and all(isinstance(op, (Get, GetChanged))
-                                                     for op in r[1])]
-    assert len(nested) == 2  # the first write (m2 passes, m1 fails), then m1 again
-    assert all(op.failure == () for r in nested for op in r[1] if isinstance(op, TxnOp))
-    machines = store.keys.prefix(KeyKind.MACHINE)
-    reads = [r for r in reads if any(op.key.startswith(machines) for op in r[1])]
-    assert len(reads) == 1 and Get(store.keys.machine("m1")) in reads[0][1]
-    assert store.keys.machine("m2") not in {op.key for op in reads[0][1]}
-    # Two writes changed the cell; the read between them did not advance the revision.
-    assert res.revision == before + 2
-    assert violations(store.read_snapshot()) == []
-
-
 @pytest.mark.parametrize("per_machine", ["always", "never"])
 @pytest.mark.parametrize("release", [False, True])
 def test_a_stale_view_learns_added_and_released_allocations(
