@@ -10,8 +10,7 @@ Every write follows one pattern (optimistic concurrency over etcd revisions):
 3. send one etcd transaction: compares on the mod_revision of every record read,
    the new records as puts, and reads of the same keys as the failure branch (claim
    commits, while their guards rarely fail, leave that branch out and read after a
-   failure instead: ``_try_write``; so do the nested per-machine writes of claim
-   commits under contention: ``ClaimCommits._write_components``);
+   failure instead: ``_try_write``);
 4. on success remember what was written; on failure learn the fresh values that came
    back with the failure and go to 2. A machine the view holds is read back as its
    key and only the allocations changed since (``_gets``).

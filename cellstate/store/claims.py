@@ -335,10 +335,8 @@ class ClaimCommits(StoreBase):
     ) -> list[tuple[int, list[Claim]]] | None:
         """Send every component's write as a nested transaction of one etcd request,
         inside one guarded by the shared records, and settle the claims of those that
-        passed; the guarded records of those that failed are read again, together, in
-        one read-only request. Returns the parts left to decide again, or None when the
-        request would not fit (the caller sends the group as one write, which splits
-        it)."""
+        passed. Returns the parts left to decide again, or None when the request would
+        not fit (the caller sends the group as one write, which splits it)."""
         shared, comps = split
         prepared = [self._prepare(c.write) for c in comps if c.write is not None]
         outer = max(len(comps), len(shared))
