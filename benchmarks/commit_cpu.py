@@ -22,7 +22,8 @@ before and after every request (the stores take turns, so no other request is in
 flight; etcd's background work lands on whichever request is running), split into
 read-only requests and writes, with how many allocation keys etcd went through to
 answer the reads of changed allocations (``GetChanged``: etcd reads every key of the
-range and filters by revision afterwards) beside how many it returned. Reading /proc
+range and filters by revision afterwards) beside how many it returned, and the share of
+the machines read whose allocations had changed. Reading /proc
 per request costs this process CPU, so the committer figure of such a run is not
 comparable with one without it.
 """
@@ -81,6 +82,7 @@ class SplitKV(CountingKV):
         self.cpu = {"read": 0.0, "write": 0.0}
         self.calls = {"read": 0, "write": 0}
         self.scanned = self.returned = 0
+        self.ranges = self.changed = 0  # changed-allocation reads, and those with changes
 
     def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
             ) -> TxnResult:
@@ -94,6 +96,8 @@ class SplitKV(CountingKV):
             if isinstance(r, RangeResult):
                 self.scanned += r.count
                 self.returned += len(r.kvs)
+                self.ranges += 1
+                self.changed += bool(r.kvs)
         return res
 
 
@@ -146,6 +150,7 @@ def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, bat
         / max(1, sum(c.calls[k] for c in splits)) for k in ("read", "write")} | {
         "scanned_per_commit": sum(c.scanned for c in splits) / total,
         "returned_per_commit": sum(c.returned for c in splits) / total,
+        "changed_fraction": sum(c.changed for c in splits) / max(1, sum(c.ranges for c in splits)),
     } if splits else {}
     return split_figures | {
         "cpu_ms_per_commit": 1e3 * cpu / total,
@@ -197,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"({r['etcd_ms_per_write']:.2f} per write); allocation keys "
                           f"etcd went through for changed-allocation reads "
                           f"{r['scanned_per_commit']:.0f}/commit, returned "
-                          f"{r['returned_per_commit']:.0f}", flush=True)
+                          f"{r['returned_per_commit']:.0f}; machines read with changed "
+                          f"allocations {100 * r['changed_fraction']:.0f}%", flush=True)
         finally:
             kv.close()
     return 0
