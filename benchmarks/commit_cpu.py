@@ -2,7 +2,7 @@
 """Committer CPU per commit, measured without a race for the cores.
 
     python benchmarks/commit_cpu.py [--committers N] [--commits N] [--batch B]
-        [--profile OUT.prof]
+        [--profile OUT.prof] [--split-etcd]
 
 ``commit_throughput.py`` measures placements per second, which on a shared 2-core
 machine depends on whatever else runs. This measures what the committers' code costs,
@@ -16,6 +16,16 @@ Printed per store count: the committers' CPU (``time.process_time`` of this proc
 which runs no etcd) per commit, etcd Txns per commit, the fraction of write Txns whose
 guards failed, and the shape of the committed Txns. ``--profile`` writes a cProfile
 (CPU time) of the commits.
+
+``--split-etcd`` also says which requests etcd's CPU goes to: etcd's process CPU is read
+before and after every request (the stores take turns, so no other request is in
+flight; etcd's background work lands on whichever request is running), split into
+read-only requests and writes, with how many allocation keys etcd went through to
+answer the reads of changed allocations (``GetChanged``: etcd reads every key of the
+range and filters by revision afterwards) beside how many it returned, and the share of
+the machines read whose allocations had changed. Reading /proc
+per request costs this process CPU, so the committer figure of such a run is not
+comparable with one without it.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from commit_throughput import (  # noqa: E402
 )
 
 from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
+from cellstate.kv.base import Compare, Get, GetChanged, Op, RangeResult, TxnResult  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import Claim, Detection, Transaction, TxnMode  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
@@ -58,10 +69,43 @@ def process_cpu_s(pid: int) -> float:
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class SplitKV(CountingKV):
+    """A CountingKV that also measures etcd's CPU per request, read-only or writing,
+    and the allocation keys etcd scanned and returned for ``GetChanged`` reads."""
+
+    def __init__(self, inner: EtcdKV, etcd_pid: int) -> None:
+        super().__init__(inner)
+        self.etcd_pid = etcd_pid
+
+    def reset(self) -> None:
+        super().reset()
+        self.cpu = {"read": 0.0, "write": 0.0}
+        self.calls = {"read": 0, "write": 0}
+        self.scanned = self.returned = 0
+        self.ranges = self.changed = 0  # changed-allocation reads, and those with changes
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+            ) -> TxnResult:
+        kind = ("read" if not compares and not failure
+                and all(type(op) in (Get, GetChanged) for op in success) else "write")
+        before = process_cpu_s(self.etcd_pid)
+        res = super().txn(compares, success, failure)
+        self.cpu[kind] += process_cpu_s(self.etcd_pid) - before
+        self.calls[kind] += 1
+        for r in res.responses if kind == "read" else ():
+            if isinstance(r, RangeResult):
+                self.scanned += r.count
+                self.returned += len(r.kvs)
+                self.ranges += 1
+                self.changed += bool(r.kvs)
+        return res
+
+
 def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, batch: int,
-        machines: int, seed: int, profile: str | None, tune_gc: bool) -> dict[str, float]:
+        machines: int, seed: int, profile: str | None, tune_gc: bool,
+        split: bool = False) -> dict[str, float]:
     setup_cell(kv, cell, machines, committers)
-    countings = [CountingKV(kv) for _ in range(committers)]
+    countings = [SplitKV(kv, etcd_pid) if split else CountingKV(kv) for _ in range(committers)]
     stores = [CellStore(c, cell) for c in countings]
     for s in stores:
         s.load()
@@ -98,7 +142,17 @@ def run(kv: EtcdKV, etcd_pid: int, cell: str, committers: int, commits: int, bat
     writes = sum(c.write_txns for c in countings)
     ok = writes - sum(c.failed_write_txns for c in countings)
     delete_prefix(kv, stores[0].keys.root)
-    return {
+    splits = [c for c in countings if isinstance(c, SplitKV)]
+    split_figures = {
+        f"etcd_{k}_ms_per_commit": 1e3 * sum(c.cpu[k] for c in splits) / total
+        for k in ("read", "write")} | {
+        f"etcd_ms_per_{k}": 1e3 * sum(c.cpu[k] for c in splits)
+        / max(1, sum(c.calls[k] for c in splits)) for k in ("read", "write")} | {
+        "scanned_per_commit": sum(c.scanned for c in splits) / total,
+        "returned_per_commit": sum(c.returned for c in splits) / total,
+        "changed_fraction": sum(c.changed for c in splits) / max(1, sum(c.ranges for c in splits)),
+    } if splits else {}
+    return split_figures | {
         "cpu_ms_per_commit": 1e3 * cpu / total,
         "etcd_ms_per_commit": 1e3 * etcd_cpu / total,
         "txns_per_commit": attempts / total,
@@ -119,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--machines", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", metavar="OUT", help="cProfile (CPU time) into OUT-<n>.prof")
+    ap.add_argument("--split-etcd", action="store_true",
+                    help="split etcd's CPU into read-only and write requests (see above)")
     ap.add_argument("--default-gc", action="store_true",
                     help="leave the garbage collector as it is (by default it is tuned as "
                          "scheduler and server processes tune it: gc_tuning)")
@@ -133,12 +189,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 assert server.pid is not None
                 r = run(kv, server.pid, f"cpu-{k}", n, args.commits, args.batch, args.machines,
                         args.seed, f"{args.profile}-{n}.prof" if args.profile else None,
-                        not args.default_gc)
+                        not args.default_gc, args.split_etcd)
                 print(f"{n:>6} {r['cpu_ms_per_commit']:>13.2f} {r['etcd_ms_per_commit']:>9.2f} "
                       f"{r['txns_per_commit']:>6.2f} "
                       f"{r['write_txns_per_commit']:>8.2f} {r['fetch_txns_per_commit']:>7.2f} "
                       f"{100 * r['failed_fraction']:>7.1f} {100 * r['placed_fraction']:>7.1f} "
                       f"{r['compares']:>7.0f} {r['puts']:>7.0f}", flush=True)
+                if args.split_etcd:
+                    print(f"{'':>6} etcd: reads {r['etcd_read_ms_per_commit']:.2f} ms/commit "
+                          f"({r['etcd_ms_per_read']:.2f} per read), writes "
+                          f"{r['etcd_write_ms_per_commit']:.2f} ms/commit "
+                          f"({r['etcd_ms_per_write']:.2f} per write); allocation keys "
+                          f"etcd went through for changed-allocation reads "
+                          f"{r['scanned_per_commit']:.0f}/commit, returned "
+                          f"{r['returned_per_commit']:.0f}; machines read with changed "
+                          f"allocations {100 * r['changed_fraction']:.0f}%", flush=True)
         finally:
             kv.close()
     return 0
