@@ -105,8 +105,9 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | 
     whole = _times(need, required_tasks(job)) if job.gang else need
     dim = whole.exceeding_limit(limit)
     what = f"all {required_tasks(job)} tasks of the gang" if job.gang else "one task"
+    verb = "need" if job.gang else "needs"
     if dim is not None:
-        return Blocker("quota", f"{what} need {whole.get(dim):g} {dim}, above scheduler "
+        return Blocker("quota", f"{what} {verb} {whole.get(dim):g} {dim}, above scheduler "
                                 f"{job.scheduler!r}'s limit of {limit.get(dim):g}", True)
     record = snap.usage.get(job.scheduler)
     held = record.used if isinstance(record, UsageRecord) else scheduler_usage(snap,
@@ -115,7 +116,7 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | 
     if dim is None:
         return None
     return Blocker("quota", f"scheduler {job.scheduler!r} holds {held.get(dim):g} of its "
-                            f"limit of {limit.get(dim):g} {dim}; {what} need "
+                            f"limit of {limit.get(dim):g} {dim}; {what} {verb} "
                             f"{whole.get(dim):g} more")
 
 
