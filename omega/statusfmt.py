@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -20,13 +21,25 @@ def status_text(s: dict[str, Any]) -> str:
     for x in s["schedulers"]:
         lines.append(
             f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
-            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
+            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted, "
+            f"{refused(x)} refused), "
             f"busyness {100 * x.get('busyness', 0):.1f}%, "
             f"wait mean {x.get('wait_mean_s', 0):.2f} s")
         report = x.get("policy")
         if isinstance(report, dict) and report:
             lines.append("    " + policy_text(report))
     return "\n".join(lines)
+
+
+def refused(r: Mapping[str, Any]) -> int:
+    """An instance's transactions neither committed whole nor conflicted: claims
+    refused by a limit (say, the scheduler's quota) or as invalid. Shown beside the
+    conflicts, so that a scheduler whose every transaction its quota turns down does
+    not read as one with nothing wrong."""
+    if "successful" not in r:
+        return 0
+    return max(int(r.get("transactions", 0)) - int(r["successful"])
+               - int(r.get("conflicted", 0)), 0)
 
 
 def policy_text(r: dict[str, Any]) -> str:
