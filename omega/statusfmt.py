@@ -18,6 +18,8 @@ def status_text(s: dict[str, Any]) -> str:
     ]
     if s.get("etcd"):
         lines.append(etcd_line(s["etcd"]))
+    for name, lim in sorted((s.get("limits") or {}).items()):
+        lines.append(f"limits of {name}: {limits_text(lim)}")
     for x in s["schedulers"]:
         lines.append(
             f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
@@ -29,6 +31,19 @@ def status_text(s: dict[str, Any]) -> str:
         if isinstance(report, dict) and report:
             lines.append("    " + policy_text(report))
     return "\n".join(lines)
+
+
+def limits_text(lim: Mapping[str, Any]) -> str:
+    """``precedence up to 4; holds cpu 6 of 6, mem 12 of 100``: a scheduler's limits
+    and how much of its resource limit it holds."""
+    parts = []
+    if lim.get("max_precedence") is not None:
+        parts.append(f"precedence up to {lim['max_precedence']}")
+    cap, used = lim.get("max_resources"), lim.get("used") or {}
+    if cap:
+        parts.append("holds " + ", ".join(f"{d} {float(used.get(d, 0)):g} of {float(v):g}"
+                                          for d, v in sorted(cap.items())))
+    return "; ".join(parts) or "none"
 
 
 def refused(r: Mapping[str, Any]) -> int:
