@@ -105,18 +105,38 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | 
     whole = _times(need, required_tasks(job)) if job.gang else need
     dim = whole.exceeding_limit(limit)
     what = f"all {required_tasks(job)} tasks of the gang" if job.gang else "one task"
+    verb = "need" if job.gang else "needs"
     if dim is not None:
-        return Blocker("quota", f"{what} need {whole.get(dim):g} {dim}, above scheduler "
+        return Blocker("quota", f"{what} {verb} {whole.get(dim):g} {dim}, above scheduler "
                                 f"{job.scheduler!r}'s limit of {limit.get(dim):g}", True)
-    record = snap.usage.get(job.scheduler)
-    held = record.used if isinstance(record, UsageRecord) else scheduler_usage(snap,
-                                                                               job.scheduler)
+    held = held_by(snap, job.scheduler)
     dim = (held + whole).exceeding_limit(limit)
     if dim is None:
         return None
     return Blocker("quota", f"scheduler {job.scheduler!r} holds {held.get(dim):g} of its "
-                            f"limit of {limit.get(dim):g} {dim}; {what} need "
+                            f"limit of {limit.get(dim):g} {dim}; {what} {verb} "
                             f"{whole.get(dim):g} more")
+
+
+def held_by(snap: CellSnapshot, scheduler: str) -> Resources:
+    """What ``scheduler`` holds now: the store's counter where it keeps one (limited
+    schedulers), else summed from the machines."""
+    record = snap.usage.get(scheduler)
+    return record.used if isinstance(record, UsageRecord) else scheduler_usage(snap, scheduler)
+
+
+def limits_report(snap: CellSnapshot) -> dict[str, dict[str, object]]:
+    """Each scheduler with limits (the cell's config): ``max_precedence`` and
+    ``max_resources`` (None: no such limit) and, under a resource limit, ``used``: what
+    it holds now (the store's counter, O(1)), so that an operator sees a quota filling
+    up before a job waits on it (``omega status``)."""
+    out: dict[str, dict[str, object]] = {}
+    for name, limits in sorted(snap.config.limits.items()):
+        cap = limits.max_resources
+        out[name] = {"max_precedence": limits.max_precedence,
+                     "max_resources": cap.as_dict() if cap is not None else None,
+                     "used": held_by(snap, name).as_dict() if cap is not None else None}
+    return out
 
 
 def _gang_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:

@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(sh)
     sh.add_argument("--scheduler", default="fair", help="the fair scheduler's name (default "
                                                          "fair)")
-    sh.add_argument("--cell", default="default")
+    sh.add_argument("--cell", default="default", help="cell name (default 'default')")
     sh.add_argument("--delta", type=_non_negative_float, default=None,
                     help="the tolerance in CRS (default: what a live instance reports, "
                          "else 0.05)")
@@ -430,9 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
         x = sub.add_parser(name, help=text)
         _cellstate_flag(x)
         _json_flag(x)
-        x.add_argument("job_id", metavar="JOB")
+        x.add_argument("job_id", metavar="JOB", help="the job's id")
         if name == "kill":
-            x.add_argument("--reason", default="killed by a user")
+            x.add_argument("--reason", default="killed by a user",
+                           help="why, kept with the job (default 'killed by a user')")
 
     m = sub.add_parser("machines", help="list machines")
     _cellstate_flag(m)
@@ -457,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     ea = sub.add_parser("etcd-auth", help="lock etcd down for a cell: a root user, a role "
                                           "per kind of process, users, auth on")
     ea.add_argument("--etcd", required=True, help="etcd endpoint(s), comma-separated")
-    ea.add_argument("--cell", default="default")
+    ea.add_argument("--cell", default="default", help="cell name (default 'default')")
     ea.add_argument("--server", action="append", default=[], metavar="USER[=PASSWORD_FILE]",
                     help="an etcd user with the cell's server role (read-write on the "
                          "cell's keys): a certificate's common name, or a user with the "

@@ -75,7 +75,7 @@ def register(sub: Any, build_parser: Callable[[], argparse.ArgumentParser]) -> N
                        description="Print a completion script: "
                                    "`source <(omega completion bash)` in ~/.bashrc, or "
                                    "`source <(omega completion zsh)` in ~/.zshrc.")
-    p.add_argument("shell", choices=["bash", "zsh"])
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell: bash or zsh")
     def run(args: argparse.Namespace) -> int:
         sys.stdout.write(script(build_parser(), args.shell))
         return 0

@@ -383,9 +383,14 @@ class Demo:
                 self.say(line)
         self._settle(client)
         try:
-            self.say("final status:\n" + status_text(client.status()))
+            status = client.status()
         except ServiceUnavailable as e:
             self.say(f"final status: no cellstate server answered ({e})")
+            return
+        # The closing line's totals come from this same answer (one revision), so the
+        # two say the same: the cell moves on between two calls.
+        self._view(status)
+        self.say("final status:\n" + status_text(status))
 
     def _settle(self, client: CellClient) -> None:
         """Once the duration is up, wait (up to --settle seconds) for the job file's

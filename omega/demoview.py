@@ -15,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from omega.statusfmt import refused
+
 # A task that has a record was placed at least once; these are the states it can be in.
 PLACED_STATES = ("running", "finished", "failed", "lost", "preempted")
 INSTANCE_COLUMNS = ("scheduler", "placed", "txns", "conflicted", "conflict%", "refused",
@@ -57,16 +59,7 @@ def totals(status: Mapping[str, Any], reports: Iterable[Mapping[str, Any]]) -> T
     return Totals(dict(status["jobs"]), dict(status["tasks"]),
                   sum(int(r.get("transactions", 0)) for r in reports),
                   sum(int(r.get("conflicted", 0)) for r in reports),
-                  sum(_refused(r) for r in reports))
-
-
-def _refused(r: Mapping[str, Any]) -> int:
-    """Transactions neither committed whole nor conflicted: claims refused by a limit
-    (say, the scheduler's quota) or as invalid."""
-    if "successful" not in r:
-        return 0
-    return max(int(r.get("transactions", 0)) - int(r["successful"])
-               - int(r.get("conflicted", 0)), 0)
+                  sum(refused(r) for r in reports))
 
 
 def _states(counts: Mapping[str, int], shown: Iterable[str]) -> str:
@@ -99,7 +92,7 @@ def instance_rows(reports: Iterable[Mapping[str, Any]], gone: set[tuple[str, str
         name = "/".join(instance_key(r)) + (" (gone)" if instance_key(r) in gone else "")
         txns, conflicted = int(r.get("transactions", 0)), int(r.get("conflicted", 0))
         rows.append([name, str(r.get("tasks_placed", 0)), str(txns), str(conflicted),
-                     f"{100 * conflicted / txns if txns else 0:.0f}", str(_refused(r)),
+                     f"{100 * conflicted / txns if txns else 0:.0f}", str(refused(r)),
                      f"{float(r.get('attempts_per_job', 0)):.2f}",
                      f"{100 * float(r.get('busyness', 0)):.1f}",
                      f"{float(r.get('wait_mean_s', 0)):.2f}s"])

@@ -22,7 +22,7 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
     p = sub.add_parser("logs", help="print the output of a job's command tasks",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
     cellstate_flag(p)
-    p.add_argument("job_id", metavar="JOB")
+    p.add_argument("job_id", metavar="JOB", help="the job's id")
     p.add_argument("task", metavar="TASK", nargs="?", type=non_negative_int,
                    help="the task's index (default: every task that has run)")
     p.add_argument("--log-dir", default=default("log_dir"),

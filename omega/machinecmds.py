@@ -31,7 +31,7 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
     r = sub.add_parser("resize", help="change a job's task count (grow it, or shrink it to "
                                       "no fewer tasks than have run)")
     cellstate_flag(r)
-    r.add_argument("job_id", metavar="JOB")
+    r.add_argument("job_id", metavar="JOB", help="the job's id")
     r.add_argument("--tasks", type=positive_int, required=True,
                    help="the job's new number of tasks")
     r.set_defaults(func=resize)

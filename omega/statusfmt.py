@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -17,16 +18,43 @@ def status_text(s: dict[str, Any]) -> str:
     ]
     if s.get("etcd"):
         lines.append(etcd_line(s["etcd"]))
+    for name, lim in sorted((s.get("limits") or {}).items()):
+        lines.append(f"limits of {name}: {limits_text(lim)}")
     for x in s["schedulers"]:
         lines.append(
             f"  {x['scheduler']}/{x['instance']}: {x.get('tasks_placed', 0)} tasks placed, "
-            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted), "
+            f"{x.get('transactions', 0)} txns ({x.get('conflicted', 0)} conflicted, "
+            f"{refused(x)} refused), "
             f"busyness {100 * x.get('busyness', 0):.1f}%, "
             f"wait mean {x.get('wait_mean_s', 0):.2f} s")
         report = x.get("policy")
         if isinstance(report, dict) and report:
             lines.append("    " + policy_text(report))
     return "\n".join(lines)
+
+
+def limits_text(lim: Mapping[str, Any]) -> str:
+    """``precedence up to 4; holds cpu 6 of 6, mem 12 of 100``: a scheduler's limits
+    and how much of its resource limit it holds."""
+    parts = []
+    if lim.get("max_precedence") is not None:
+        parts.append(f"precedence up to {lim['max_precedence']}")
+    cap, used = lim.get("max_resources"), lim.get("used") or {}
+    if cap:
+        parts.append("holds " + ", ".join(f"{d} {float(used.get(d, 0)):g} of {float(v):g}"
+                                          for d, v in sorted(cap.items())))
+    return "; ".join(parts) or "none"
+
+
+def refused(r: Mapping[str, Any]) -> int:
+    """An instance's transactions neither committed whole nor conflicted: claims
+    refused by a limit (say, the scheduler's quota) or as invalid. Shown beside the
+    conflicts, so that a scheduler whose every transaction its quota turns down does
+    not read as one with nothing wrong."""
+    if "successful" not in r:
+        return 0
+    return max(int(r.get("transactions", 0)) - int(r["successful"])
+               - int(r.get("conflicted", 0)), 0)
 
 
 def policy_text(r: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@ its lease lapses."""
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
 import threading
 import time
@@ -359,7 +361,8 @@ def test_stop_ends_every_process(kv: KV, make_rig: RigFactory, tmp_path: Path) -
 # -- losing the lease ----------------------------------------------------------------------
 
 
-def test_lapsed_lease_takes_machines_down_and_loses_tasks(make_rig: RigFactory) -> None:
+def test_lapsed_lease_takes_machines_down_and_loses_tasks(
+        make_rig: RigFactory, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock(T0)
     kv = MemoryKV(clock=clock)
     rig = make_rig(kv, clock)
@@ -381,8 +384,12 @@ def test_lapsed_lease_takes_machines_down_and_loses_tasks(make_rig: RigFactory) 
     assert task_view(snap, "t/0").state is TaskState.LOST
     assert snap.machines[M1].allocations == {}
 
-    rig.step()  # the agent wakes up: its lease is gone, so it registers again
+    with caplog.at_level(logging.WARNING, logger="omega.agent"):
+        rig.step()  # the agent wakes up: its lease is gone, so it registers again
     assert (rig.agent.stats.lease_losses, rig.agent.stats.registrations) == (1, 2)
+    # What the operator finds in the agent's log (docs/operations.md, "Logs").
+    assert any(re.fullmatch(r"agent a1: lease [0-9a-f]+ is gone; registering again",
+                            r.getMessage()) for r in caplog.records), caplog.text
     assert rig.agent.tasks() == {} and rig.agent.stats.stopped == 2
     snap = rig.store.read_snapshot()
     assert snap.machines[M1].state is MachineState.UP and "a1" in snap.agents

@@ -4,8 +4,10 @@ and a documented exit code with a message, never a traceback, for expected failu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from cellstate.api.server import CellStateServer
 from cellstate.kv.base import KV
 from cellstate.model import InstanceRecord
 from cellstate.store import CellStore
-from omega.cli import main
+from omega.cli import build_parser, main
 from omega.cliglobal import CANNOT_LISTEN, PIPE_CLOSED, UNREACHABLE
 from omega.proc import omega
 from schedulers.testing import machine
@@ -125,6 +127,43 @@ def test_help_states_units() -> None:
     assert "CPU cores per task" in text and "GiB" in text and "GPUs per task" in text
 
 
+def _commands(parser: argparse.ArgumentParser, path: str = "omega",
+              ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:  # argparse keeps subcommands only here
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{path} {name}")
+
+
+def test_every_flag_and_argument_of_every_command_has_help() -> None:
+    silent = [f"{path}: {'/'.join(a.option_strings) or a.dest}"
+              for path, parser in _commands(build_parser()) for a in parser._actions
+              if not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert silent == []
+
+
+# The flags the issue found without help or units (issue 15), as `--help` shows them.
+@pytest.mark.parametrize(("command", "flag", "says"), [
+    ("submit", "--cpu", "CPU cores per task"),
+    ("submit", "--mem", "GiB"),
+    ("submit", "--tasks", "number of tasks"),
+    ("submit", "--duration", "seconds"),
+    ("workload", "--jobs-per-second", "per second"),
+    ("workload", "--seed", "random seed"),
+    ("demo", "--jobs-per-second", "per second"),
+    ("demo", "--seed", "random seed"),
+    ("scheduler", "--cell", "cell name"),
+    ("server", "--cell", "cell name"),
+    ("agent", "--cell", "cell name"),
+])
+def test_the_flags_people_asked_about_say_what_they_take(command: str, flag: str,
+                                                         says: str) -> None:
+    (sub,) = [p for path, p in _commands(build_parser()) if path == f"omega {command}"]
+    (action,) = [a for a in sub._actions if flag in a.option_strings]
+    assert action.help and says in action.help
+
+
 def _taken_port() -> tuple[socket.socket, int]:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -181,8 +220,11 @@ def test_a_closed_output_ends_quietly(argv: list[str], code: int) -> None:
     assert _into_closed_pipe(*argv) == (code, "")
 
 
-def test_listing_into_a_closed_pipe(live: CellStateServer) -> None:
-    assert _into_closed_pipe("machines", "--cellstate", _at(live)) == (PIPE_CLOSED, "")
+@pytest.mark.parametrize("command", ["machines", "jobs", "status"])
+def test_listing_into_a_closed_pipe(live: CellStateServer, command: str) -> None:
+    if command == "jobs":
+        assert main(["submit", "--id", "j", "--cellstate", _at(live)]) == 0
+    assert _into_closed_pipe(command, "--cellstate", _at(live)) == (PIPE_CLOSED, "")
 
 
 @pytest.mark.parametrize(("words", "offered"), [
@@ -202,3 +244,43 @@ def test_bash_completion_offers_commands_and_flags(words: list[str], offered: st
                        ' _omega; printf "%s\\n" "${COMPREPLY[@]}"'],
         capture_output=True, text=True, check=True, timeout=60).stdout.split()
     assert offered in out
+
+
+def _zsh() -> str:
+    """zsh, installed by the test run itself where it is missing (as the dashboard's
+    browser test installs chromium); a machine that cannot install it fails here."""
+    found = shutil.which("zsh")
+    if not found and shutil.which("apt-get"):
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "zsh"]):
+            subprocess.run(argv, check=False, capture_output=True, timeout=900,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        found = shutil.which("zsh")
+    if not found:
+        raise RuntimeError("the zsh completion test needs zsh, and apt-get could not "
+                           "install it here")
+    return found
+
+
+@pytest.mark.parametrize(("words", "offered"), [
+    (["omega", "su"], "submit"),
+    (["omega", "--json", "jo"], "jobs"),
+    (["omega", "jobs", "--st"], "--status"),
+    (["omega", "-o", "w"], "wide"),
+])
+def test_zsh_completion_offers_commands_and_flags(words: list[str], offered: str,
+                                                  tmp_path: Path) -> None:
+    """Through zsh's own bash layer, as its completion widget calls it: the words in
+    ``words`` (1-based, zsh's way), and ``compgen -F`` running the script's function
+    with sh emulation, the options it sets."""
+    script = tmp_path / "omega.zsh"
+    script.write_text(subprocess.run(omega("completion", "zsh"), capture_output=True,
+                                     text=True, check=True, timeout=60).stdout)
+    quoted = " ".join(f"'{w}'" for w in words)
+    out = subprocess.run(
+        [_zsh(), "-f", "-c", f"source {script}; words=({quoted}); CURRENT={len(words)};"
+                             " COMP_WORDS=(\"${words[@]}\"); COMP_CWORD=$((CURRENT - 1));"
+                             ' compgen -F _omega -- "${words[CURRENT]}"'],
+        capture_output=True, text=True, check=True, timeout=60, env={**os.environ,
+                                                                    "HOME": str(tmp_path)})
+    assert offered in out.stdout.split(), out
+

@@ -44,6 +44,15 @@ def test_high_contention_shows_conflicts_and_retries_with_json_logs(tmp_path: Pa
                                              out, re.MULTILINE)]
     assert attempts and max(attempts) > 1.0, out
     assert "invariants hold" in last
+    # The final status and the closing line read the cell at the same revision.
+    final = out.split("final status:\n", 1)[1]
+    jobs_line = next(x for x in final.splitlines() if x.startswith("jobs: "))
+    closing = re.search(r"^done: (\d+) jobs \(([^)]*)\)", last)
+    assert closing, last
+    by_state = [{k: int(v) for k, v in re.findall(r"(\w+) (\d+)", text) if int(v)}
+                for text in (jobs_line, closing.group(2))]
+    assert by_state[0] == by_state[1], (jobs_line, last)
+    assert sum(by_state[0].values()) == int(closing.group(1))
     # Where to scrape: one address per server, scheduler and agent.
     scrape = re.search(r"^Prometheus metrics \(scrape these\): (.*)$", out, re.MULTILINE)
     assert scrape, out

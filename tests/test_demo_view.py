@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
+from cellstate.model import CellConfig, Resources, SchedulerLimits
 from omega.demoview import cell_line, done_line, instance_rows, totals
+from omega.statusfmt import status_text
+from schedulers.batch import BatchPolicy
+from schedulers.runtime import RuntimeConfig
+from schedulers.testing import Harness, job, machine
 
 STATUS = {
     "revision": 150, "machines_up": 298, "machines_down": 2,
@@ -57,3 +62,19 @@ def test_the_done_line_sums_hold_and_count_conflicts_of_every_instance() -> None
                            "preempted 1), 5 pending; 10 transactions, 2 conflicted (20.0%), "
                            "1 refused (limits)")
     assert line.endswith("; 0 flow rounds; invariants hold")
+
+
+def test_omega_status_counts_transactions_a_quota_turned_down() -> None:
+    """Issue 15: "1739 txns (0 conflicted)" while the quota refused everything. A real
+    instance's summary after its limit turned a claim down says so in omega status."""
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=4)])
+    h.admin.set_config(CellConfig({"batch": SchedulerLimits(
+        max_resources=Resources.of(cpu=1))}))
+    inst = h.add(BatchPolicy(), config=RuntimeConfig(retry_delay=60, max_retry_delay=60))
+    h.submit([job("j", tasks=2, cpu=1)])
+    h.pump()
+    inst.step()  # one claim committed, one turned down by the limit: not a conflict
+    text = status_text({**STATUS, "server": "s", "agents": 1,
+                        "schedulers": [inst.metrics_summary(h.clock())]})
+    assert "  batch/0: 1 tasks placed, 1 txns (0 conflicted, 1 refused), " in text, text

@@ -4,13 +4,16 @@ server lets only operators ask, and the command line says what happened."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import attrs
 import immutables
 import pytest
+from prometheus_client import CollectorRegistry
 
 from cellstate import decisions
+from cellstate.api.metrics import CellCollector
 from cellstate.api.server import CellStateServer
 from cellstate.cell import CellSnapshot
 from cellstate.errors import NotFoundError, StoreError
@@ -146,3 +149,25 @@ def test_refusals_say_why(live: tuple[CellStateServer, CellStore],
     code, _, err = run_omega(server, capsys, *argv)
     assert code == 2 and message in err, err
     assert admin.read_snapshot().revision == before
+
+
+def test_the_machines_gauge_tells_cordoned_machines_apart(
+        live: tuple[CellStateServer, CellStore], capsys: pytest.CaptureFixture[str]) -> None:
+    """omega_machines counts up, draining and down machines apart (each once)."""
+    server, _ = live
+    registry = CollectorRegistry()
+    registry.register(CellCollector(server.service))
+
+    def machines() -> dict[str, float | None]:
+        return {s: registry.get_sample_value("omega_machines", {"state": s})
+                for s in ("up", "draining", "down")}
+
+    assert machines() == {"up": 2, "draining": 0, "down": 0}
+    code, out, _ = run_omega(server, capsys, "cordon", "m2")
+    assert code == 0, out
+    revision = int(out.rsplit("revision ", 1)[1].rstrip(")\n"))
+    deadline = time.monotonic() + 30  # the server's copy follows etcd's watch
+    while server.service.status.view().snap.revision < revision:
+        assert time.monotonic() < deadline, "the server's copy never showed the cordon"
+        time.sleep(0.05)
+    assert machines() == {"up": 1, "draining": 1, "down": 0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,27 @@ def test_plan_of_a_bad_file_or_an_existing_job_is_a_clear_error(
     spec.write_text("{nope")
     code, _, err = _plan(server, capsys, spec)
     assert code == 2 and "not valid JSON" in err
+
+
+def test_plan_says_what_it_would_evict(live: tuple[CellStateServer, CellStore, KV],
+                                       tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    server, store, kv = live
+    spec = tmp_path / "web.json"
+    spec.write_text(json.dumps({"id": "web", "scheduler": "service", "kind": "service",
+                                "task_count": 2, "precedence": 5,
+                                "task_resources": {"cpu": 3, "mem": 1}}))
+    before = kv.range(b"\x00", b"\xff").revision
+    code, text, _ = _plan(server, capsys, spec)
+    assert code == 0, text
+    assert "would place 2 of 2 task(s)" in text
+    (evicts,) = [x for x in text.splitlines() if x.startswith("  would evict ")]
+    assert re.fullmatch(r"  would evict \d+: filler/\d+(, filler/\d+)*", evicts), evicts
+    code, out, _ = _plan(server, capsys, spec, "--json")
+    doc = json.loads(out)
+    assert doc["evicted"] and all(t.startswith("filler/") for t in doc["evicted"])
+    assert {e for p in doc["placed"] for e in p["evict"]} == set(doc["evicted"])
+    assert kv.range(b"\x00", b"\xff").revision == before  # nothing was written
+    snap = store.read_snapshot()
+    assert "web" not in snap.jobs and all(
+        snap.machines[f"m{i}"].allocations for i in range(3))  # the filler still runs

@@ -11,7 +11,7 @@ from cellstate.admission import blockers, refusal
 from cellstate.model import CellConfig, Resources, SchedulerLimits
 from schedulers.batch import BatchPolicy
 from schedulers.runtime import RuntimeConfig
-from schedulers.testing import Harness, job, machine
+from schedulers.testing import Harness, JobBuilder, claims, job, machine, txn
 from schedulers.why import PendingBook
 
 LIMITS = CellConfig({"batch": SchedulerLimits(max_precedence=4,
@@ -76,7 +76,7 @@ def test_quota_nearly_used_is_a_reason_not_a_refusal() -> None:
     later = job("later", tasks=1)
     assert refusal(h.snapshot(), later) is None
     (b,) = blockers(h.snapshot(), later)
-    assert b.code == "quota" and "holds 6 of its limit of 6 cpu" in b.text
+    assert b.code == "quota" and "holds 6 of its limit of 6 cpu; one task needs 1 more" in b.text
 
 
 def test_an_instance_records_fit_counts_and_lost_claims_after_one_attempt() -> None:
@@ -122,6 +122,55 @@ def test_fit_tally_is_recorded_when_nothing_has_room() -> None:
     assert fit["code"] == "fit" and fit["machines"] == 3 and fit["fit"] == 0
     assert fit["excluded"] == {"insufficient cpu": 3}
     assert "0/3 machines fit: 3 insufficient cpu" in fit["text"]
+
+
+def test_fit_tally_counts_machines_per_rule() -> None:
+    """Each machine the policy looked at counts once, under the rule it failed first
+    ("0/4 machines fit: 2 insufficient cpu, 2 selector mismatch")."""
+    h = Harness()
+    h.admin.add_machines([machine(f"a{i}", cpu=2, labels=[("zone", "a")]) for i in range(2)]
+                         + [machine(f"b{i}", cpu=4, labels=[("zone", "b")]) for i in range(2)])
+    book = PendingBook()
+    inst = h.add(BatchPolicy(), config=RuntimeConfig(retry_delay=60, max_retry_delay=60))
+    inst.pending = book
+    # The zone-a machines could hold the job, but run other work now (1 of 2 cpu free).
+    h.submit([job("filler", tasks=2, cpu=1)])
+    h.admin.commit(txn(claims(h.snapshot(), "filler", [(0, "a0"), (1, "a1")])))
+    h.submit([JobBuilder("picky").cpu(2).on_machines_with("zone", "a").build()])
+    h.pump()
+    inst.step()
+    h.pump()
+    puts, _ = book.take(h.snapshot(), inst.still_waiting)
+    report = orjson.loads(puts["picky"])
+    assert report["attempts"] == 1
+    (fit,) = report["reasons"]
+    assert fit["code"] == "fit" and (fit["machines"], fit["fit"]) == (4, 0)
+    assert fit["excluded"] == {"insufficient cpu": 2, "selector mismatch": 2}
+    assert "0/4 machines fit: 2 insufficient cpu, 2 selector mismatch" in fit["text"]
+
+
+def test_a_claim_lost_to_another_scheduler_names_its_machine() -> None:
+    """Two schedulers decide from the same copy of a one-machine cell; the one that
+    commits second loses its claim, and its first report says so with the machine."""
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=1)])
+    slow = RuntimeConfig(retry_delay=60, max_retry_delay=60)
+    first = h.add(BatchPolicy(), scheduler="batch", config=slow)
+    second = h.add(BatchPolicy(), scheduler="other", config=slow)
+    book = PendingBook()
+    second.pending = book
+    h.submit([job("a", cpu=1, scheduler="batch"), job("b", cpu=1, scheduler="other")])
+    h.pump()
+    first.step()  # commits a/0 on m0
+    second.step()  # its copy does not show that yet: claims m0 too, and loses
+    h.pump()
+    puts, _ = book.take(h.snapshot(), second.still_waiting)
+    report = orjson.loads(puts["b"])
+    assert report["attempts"] == 1 and report["placed"] == 0
+    lost = [r for r in report["reasons"] if "count" in r]
+    assert [(r["count"], r["machines"]) for r in lost] == [(1, ["m0"])]
+    assert lost[0]["code"] in ("sequence_changed", "insufficient_resources")
+    assert "1 claim(s) lost at commit" in lost[0]["text"]
 
 
 def _killed(jid: str, at: float):  # type: ignore[no-untyped-def]

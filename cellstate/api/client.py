@@ -314,6 +314,7 @@ class CellClient:
             "schedulers": [{"scheduler": x.scheduler, "instance": x.instance,
                             **orjson.loads(x.metrics_json)} for x in s.schedulers],
             "etcd": orjson.loads(s.etcd_json) if s.etcd_json else None,
+            "limits": orjson.loads(s.limits_json) if s.limits_json else {},
         }
 
     def keep_alive(self, lease: int, ttl: float = 10.0) -> int:

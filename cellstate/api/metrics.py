@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cellstate.model import CommitResult, Transaction
+from cellstate.model import CommitResult, MachineState, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ServerMetrics:
 
 
 class CellCollector(Collector):
-    """Gauges read at scrape time: jobs and tasks by state, machines up and down,
+    """Gauges read at scrape time: jobs and tasks by state, machines by state,
     capacity and use, the replica's lag, sync subscribers. ``service`` is the
     server's CellStateService (typed loosely: this module is imported by it)."""
 
@@ -61,7 +61,8 @@ class CellCollector(Collector):
         self.service = service
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        totals = self.service.status.view().totals()
+        view = self.service.status.view()  # one revision for every gauge below
+        totals = view.totals()
         jobs = GaugeMetricFamily("omega_jobs", "Jobs by state", labels=["state"])
         for state, n in totals["jobs"].items():
             jobs.add_metric([state], n)
@@ -70,8 +71,14 @@ class CellCollector(Collector):
         for state, n in totals["tasks"].items():
             tasks.add_metric([state], n)
         yield tasks
-        machines = GaugeMetricFamily("omega_machines", "Machines by state", labels=["state"])
-        machines.add_metric(["up"], totals["machines_up"])
+        # Cordoned and drained machines count as up in the status (they still hold
+        # tasks); operators who cordon want them apart. O(machines) per scrape.
+        draining = sum(1 for m in view.snap.machines.values()
+                       if m.state is MachineState.DRAINING)
+        machines = GaugeMetricFamily("omega_machines", "Machines by state: up, draining "
+                                     "(cordoned or drained), down", labels=["state"])
+        machines.add_metric(["up"], totals["machines_up"] - draining)
+        machines.add_metric(["draining"], draining)
         machines.add_metric(["down"], totals["machines_down"])
         yield machines
         for name, what in (("capacity", "Capacity of the machines up"),

@@ -457,12 +457,14 @@ class CellStateService(pb_grpc.CellStateServicer):
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
         self.auth.read(context)
-        totals = self.status.view().totals()
+        view = self.status.view()
+        totals = view.totals()
         out = pb.CellStatus(
             revision=totals["revision"], machines_up=totals["machines_up"],
             machines_down=totals["machines_down"], capacity=totals["capacity"],
             used=totals["used"], jobs=totals["jobs"], tasks=totals["tasks"],
             agents=totals["agents"], server=self.config.name,
+            limits_json=orjson.dumps(admission.limits_report(view.snap)),
         )
         report = self.maintainer.last_report if self.maintainer is not None else None
         if report is not None:

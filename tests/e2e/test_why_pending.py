@@ -9,6 +9,7 @@ check, by the report's attempt count, not by a clock."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -149,6 +150,17 @@ def test_quota_shows_at_once(cell: tuple[Cluster, str]) -> None:
         cell_says = client.get_job("quota")["why"]["cell"]
     assert [b["code"] for b in cell_says] == ["quota"]
     assert "holds 6 of its limit of 6 cpu" in cell_says[0]["text"]
+    # What README.md and docs/operations.md show for this job, line by line.
+    text = subprocess.run(c.argv("why", "quota", "--cellstate", c.cellstate),
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    head, cell_line, instance, lost_line = text.splitlines()
+    assert head == "job quota (batch, batch): running: 2 task(s) pending"
+    assert cell_line == ("  cell: scheduler 'batch' holds 6 of its limit of 6 cpu; one task "
+                         "needs 1 more")
+    assert re.fullmatch(r"  batch/b0: attempt 1, \d+ s ago, placed 6", instance), instance
+    assert lost_line == ("    limit_exceeded: 2 claim(s) lost at commit (limit_exceeded), "
+                         "e.g. scheduler 'batch' holds 6 cpu; this task would take it past "
+                         "its limit of 6")
     _kill(c, "quota")  # the other tests start from an empty cell
 
 

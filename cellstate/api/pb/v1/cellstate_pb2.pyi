@@ -353,7 +353,7 @@ class SchedulerStatus(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., instance: _Optional[str] = ..., metrics_json: _Optional[bytes] = ...) -> None: ...
 
 class CellStatus(_message.Message):
-    __slots__ = ("revision", "machines_up", "machines_down", "capacity", "used", "jobs", "tasks", "schedulers", "agents", "server", "etcd_json")
+    __slots__ = ("revision", "machines_up", "machines_down", "capacity", "used", "jobs", "tasks", "schedulers", "agents", "server", "etcd_json", "limits_json")
     class CapacityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class CellStatus(_message.Message):
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
     ETCD_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_JSON_FIELD_NUMBER: _ClassVar[int]
     revision: int
     machines_up: int
     machines_down: int
@@ -404,7 +405,8 @@ class CellStatus(_message.Message):
     agents: int
     server: str
     etcd_json: bytes
-    def __init__(self, revision: _Optional[int] = ..., machines_up: _Optional[int] = ..., machines_down: _Optional[int] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Mapping[str, int]] = ..., schedulers: _Optional[_Iterable[_Union[SchedulerStatus, _Mapping]]] = ..., agents: _Optional[int] = ..., server: _Optional[str] = ..., etcd_json: _Optional[bytes] = ...) -> None: ...
+    limits_json: bytes
+    def __init__(self, revision: _Optional[int] = ..., machines_up: _Optional[int] = ..., machines_down: _Optional[int] = ..., capacity: _Optional[_Mapping[str, float]] = ..., used: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Mapping[str, int]] = ..., schedulers: _Optional[_Iterable[_Union[SchedulerStatus, _Mapping]]] = ..., agents: _Optional[int] = ..., server: _Optional[str] = ..., etcd_json: _Optional[bytes] = ..., limits_json: _Optional[bytes] = ...) -> None: ...
 
 class RegisterInstanceRequest(_message.Message):
     __slots__ = ("scheduler", "instance", "policy", "started_at", "ttl")
