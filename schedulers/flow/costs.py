@@ -185,6 +185,11 @@ class RoundPlanner(Protocol):
         """Whether a rescheduling round now would find nothing to do."""
         ...
 
+    def note_changes(self, ctx: Context) -> None:
+        """Take note of the changes ``ctx`` hands over when no round follows (a
+        round's own :meth:`plan` notes them itself)."""
+        ...
+
 
 class CostModel:
     """Base of cost models; the defaults price the trivial model: every placement

@@ -182,8 +182,13 @@ class FlowPolicy(Policy):
     def propose(self, ctx: Context) -> Plan:
         self._setup(ctx)
         if self.planner is not None:
-            if self.planner.idle(ctx) or ctx.view.inflight:
-                return Plan()  # nothing to do, or claims not in the snapshot yet
+            if ctx.view.inflight:
+                # Claims not in the snapshot yet: no round now. The changes handed over
+                # go to no later round, so the planner notes which jobs they name.
+                self.planner.note_changes(ctx)
+                return Plan()
+            if self.planner.idle(ctx):
+                return Plan()  # nothing changed, nothing waits
             return self._round(ctx, [])
         graph = self.graph(ctx)
         if (graph.built and ctx.changes is not None and not ctx.changes and not self._unsolved
