@@ -361,8 +361,10 @@ class Simulation:
         self._finished(job.id, released)
 
     def _finished(self, job_id: str, released: list[str]) -> None:
-        for task in released:
-            self._run_ended(job_id, task)
+        runs = self._runs
+        self.recorder.runs_finished(
+            [run for task in released if (run := runs.pop(task, None)) is not None],
+            self.loop.now)
         self._running[job_id] = self._running.get(job_id, 0) - len(released)
         ended = self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
         job = self._jobs.get(job_id)
