@@ -182,15 +182,20 @@ class Usage:
                     stop = end
             if stop > t:
                 amount = cpu * (stop - t)
-                x = raw[i]
-                for _ in range(runs):
-                    x += amount
-                raw[i] = x
-                if effective:
-                    x = done[i]
+                if runs == 1:
+                    raw[i] += amount
+                    if effective:
+                        done[i] += amount
+                else:
+                    x = raw[i]
                     for _ in range(runs):
                         x += amount
-                    done[i] = x
+                    raw[i] = x
+                    if effective:
+                        x = done[i]
+                        for _ in range(runs):
+                            x += amount
+                        done[i] = x
                 t = stop
             i += 1
 
@@ -267,9 +272,11 @@ class Recorder:
             if outcome is not None:
                 outcome.preempted += 1
 
-    def runs_finished(self, runs: Sequence[tuple[float, float]], end: float) -> None:
-        """Runs (start, CPU) that finished at ``end``, in order: ``run_ended`` of
-        each, with runs alike (the tasks of one commit) added up together."""
+    def add_runs(self, runs: Sequence[tuple[float, float]], end: float,
+                 finished: bool = True) -> None:
+        """Runs (start, CPU) that finished at ``end`` (not ``finished``: that were
+        still going when the simulation stopped), in order: what ``run_ended`` adds
+        to the usage buckets for each, runs alike (the tasks of one commit) at once."""
         if self.usage is None:
             return
         n = len(runs)
@@ -279,7 +286,7 @@ class Recorder:
             j = i + 1
             while j < n and runs[j] == run:
                 j += 1
-            self.usage.add(run[1], run[0], end, True, j - i)
+            self.usage.add(run[1], run[0], end, finished, j - i)
             i = j
 
     def job_completed(self, job_id: str, at: float) -> None:

@@ -362,7 +362,7 @@ class Simulation:
 
     def _finished(self, job_id: str, released: list[str]) -> None:
         runs = self._runs
-        self.recorder.runs_finished(
+        self.recorder.add_runs(
             [run for task in released if (run := runs.pop(task, None)) is not None],
             self.loop.now)
         self._running[job_id] = self._running.get(job_id, 0) - len(released)
@@ -426,9 +426,7 @@ class Simulation:
         self.loop.at(0.0, SAMPLE, self._sample)
         self.loop.run(self.config.horizon + self.config.drain, progress)
         # Runs still going at the end: used, but whether they would finish is unknown.
-        if self.recorder.usage is not None:
-            for start, cpu in self._runs.values():
-                self.recorder.usage.add(cpu, start, self.loop.now, effective=False)
+        self.recorder.add_runs(list(self._runs.values()), self.loop.now, finished=False)
         return self.summary()
 
     def unscheduled(self) -> dict[str, int]:
