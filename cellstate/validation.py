@@ -174,22 +174,27 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         )
     first_claim: dict[str, int] = {}
     cut = False
+    plain = True  # every claim so far is a plain one (which evicts nothing)
     names: set[str] = set()  # names found valid in this transaction
     for i, item in enumerate(txn.claims):
-        if not _plain_claim(item, txn, names):
+        if _plain_claim(item, txn, names):
+            # Well typed: its task id (kept, the commit reads it again) is its own.
+            tid = item.task  # type: ignore[attr-defined]
+        else:
+            plain = False
             problems.extend(_claim_problems(i, item, txn))
             if len(problems) > 20:
                 cut = True  # enough to say what is wrong; the rest are not counted
                 break
-        c: object = item
-        if not isinstance(c, Claim):
-            continue  # said so above
-        tid = f"{c.job}/{c.index}"
+            c: object = item
+            if not isinstance(c, Claim):
+                continue  # said so above
+            tid = f"{c.job}/{c.index}"
         if tid in first_claim:
             problems.append(f"claim {i}: task {tid} is already claimed by claim {first_claim[tid]}")
         else:
-            first_claim.setdefault(tid, i)
-    for i, item in enumerate(txn.claims):
+            first_claim[tid] = i
+    for i, item in enumerate(() if plain else txn.claims):
         victims: object = getattr(item, "evict", ())
         for victim in victims if isinstance(victims, tuple) else ():
             if victim in first_claim:
@@ -581,6 +586,11 @@ def founding_claims(cell: CellReader, txn: Transaction) -> frozenset[str]:
     job whose labels match its own affinity selector and whose every task this
     transaction claims, its first claim. Each claimed task must be pending (check 2),
     so no task of such a job runs anywhere: the group starts where that claim lands."""
+    if txn.job:
+        # Every claim is for that job (check_shape): the common case, decided at once.
+        job = cell.jobs.get(txn.job)
+        if job is None or not fit.self_affine(job):
+            return frozenset()
     by_job: dict[str, list[Claim]] = {}
     for c in txn.claims:
         by_job.setdefault(c.job, []).append(c)
@@ -859,7 +869,13 @@ def _apply(w: _Work, claim: Claim) -> None:
         settled = settled + job.task_resources
     # Tagged once staging (the hold is), untagged if the machine was and stays so.
     tags = True if w.gang else (None if m.has_tags else False)
-    w.machines[m.id] = m.with_allocations(allocs, settled, tags)
+    # The jobs here, when the fit rules have listed them (a policy's next look at the
+    # machine asks again); victims, and holds of aborted gangs dropped above, may take
+    # a job away: then they are listed anew.
+    jobs = None if claim.evict or m.has_tags else m.known_job_ids()
+    if jobs is not None and job.id not in jobs:
+        jobs = jobs | {job.id}
+    w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )

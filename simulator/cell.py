@@ -250,26 +250,27 @@ class SimCell:
         machines, then its tasks), without building the change first."""
         snap = self._snap
         rev = snap.revision + 1
-        changes: Changes = []
-        machines = snap.machines
+        machines, tasks = snap.machines, snap.tasks
+        for m in d.machines.values():
+            _set_slot(m, "seq", rev)
+        for t in d.tasks.values():
+            _set_slot(t, "revision", rev)
         if d.machines:
             table = machines.mutate()
-            for mid, m in d.machines.items():
-                _set_seq(m, rev)
-                table[mid] = m
-                changes.append((KeyKind.MACHINE, mid))
+            table.update(d.machines)
             machines = table.finish()
             self._stale.update(d.machines)
-        tasks = snap.tasks
         if d.tasks:
             table = tasks.mutate()
-            for tid, t in d.tasks.items():
-                _set_revision(t, rev)
-                table[tid] = t
-                changes.append((KeyKind.TASK, tid))
+            table.update(d.tasks)
             tasks = table.finish()
+        changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
+        changes += [(KeyKind.TASK, tid) for tid in d.tasks]
         self._count_usage(d.added, d.removed)
-        self._publish(attrs.evolve(snap, revision=rev, machines=machines, tasks=tasks), changes)
+        # Not attrs.evolve, which costs as much as the rest of a small commit.
+        self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, tasks, snap.gangs,
+                                   snap.usage, snap.statuses, snap.instances, snap.schedulers,
+                                   snap.agents), changes)
         return rev
 
     def _count_usage(self, added: Mapping[str, Resources], removed: Mapping[str, Resources]
@@ -304,6 +305,7 @@ class SimCell:
         """Bring the CPU share counts up to date with the machines written since."""
         machines = self._snap.machines
         share_of, counts, tagged = self._cpu_share, self._cpu_shares, self._tagged
+        capacity, cap = None, 0.0  # machines share their capacity vector: read it once
         for mid in self._stale:
             old = share_of.pop(mid, None)
             if old is not None:
@@ -320,10 +322,12 @@ class SimCell:
                 tagged.add(mid)
             else:
                 tagged.discard(mid)
-            cap = m.capacity.get("cpu")
+            if m.capacity is not capacity:
+                capacity = m.capacity
+                cap = capacity.get("cpu")
             if cap > 0:
                 share = share_of[mid] = m.settled_used.get("cpu") / cap
-                counts[share] += 1
+                counts[share] = counts.get(share, 0) + 1
         self._stale.clear()
 
 
@@ -347,24 +351,13 @@ _NOTHING = Resources()
 _set_slot = object.__setattr__
 
 
-def _set_seq(m: Machine, seq: int) -> None:
-    _set_slot(m, "seq", seq)
-
-
-def _set_revision(record: Any, revision: int) -> None:
-    _set_slot(record, "revision", revision)
-
-
 def _stamp(record: Any, revision: int) -> Any:
     """A record a decision has just built, set in place to read as written at
     ``revision`` (``records.with_revision`` without the copy: the simulator writes two
     records per task placed and two per task ended, and copying each again was a
     tenth of its time). Only for records nobody else holds yet: the decision built
     them for this write, and they become visible only with the snapshot that has them."""
-    if isinstance(record, Machine):
-        _set_seq(record, revision)
-    else:
-        _set_revision(record, revision)
+    _set_slot(record, "seq" if isinstance(record, Machine) else "revision", revision)
     return record
 
 

@@ -373,7 +373,9 @@ class Simulation:
         self._maybe_forget(job_id)
 
     def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
-        for kind, ident in changes or ():
+        if not changes or KeyKind.STATUS not in dict(changes):
+            return  # nearly every change: claims and ends write machines and tasks only
+        for kind, ident in changes:
             if kind is KeyKind.STATUS and ident not in self._abandoned:
                 status = snap.statuses.get(ident)
                 if status is not None and status.state is JobState.ABANDONED:
