@@ -163,9 +163,13 @@ class CellView:
         """Indexes of the job's tasks that may be claimed now, as far as this view
         knows (not placed, not claimed earlier in this decision)."""
         out = []
+        tasks = self.snap.tasks
         for i in range(job.task_count):
             t = task_id(job.id, i)
             if t in self._placed:
+                continue
+            if t not in tasks:
+                out.append(i)  # never placed: pending (what task_view says, sooner)
                 continue
             v = task_view(self.snap, t)
             if v.state in PLACEABLE and not v.reserved_by:
