@@ -82,6 +82,7 @@ from cellstate.model import (
     Job,
     JobStatus,
     Machine,
+    MachineState,
     ModelError,
     Reason,
     Rejection,
@@ -682,8 +683,9 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
             Reason.SEQUENCE_CHANGED,
             f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {seen_seq}",
         )
-    miss = fit.machine_up(m)
-    if miss is not None:
+    if m.state is not MachineState.UP:
+        miss = fit.machine_up(m)
+        assert miss is not None
         return _reject(claim, miss.reason, miss.detail)
     limits = w.limits
     if (
@@ -700,9 +702,10 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     victims, rejection = _check_victims(w, claim, job, m) if claim.evict else ([], None)
     if rejection is not None:
         return rejection
-    rejection = _check_constraints(w, claim, job, m, victims)
-    if rejection is not None:
-        return rejection
+    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang,
+                           claim.task in w.founders)
+    if miss is not None:
+        return _reject(claim, miss.reason, miss.detail)
     rejection = _check_resources(w, claim, job, m, victims)
     if rejection is None:
         w.taking = (job, m)
@@ -785,14 +788,6 @@ def _check_victims(
             )
         victims.append(a)
     return victims, None
-
-
-def _check_constraints(
-    w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
-) -> Rejection | None:
-    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang,
-                           claim.task in w.founders)
-    return None if miss is None else _reject(claim, miss.reason, miss.detail)
 
 
 def _check_resources(

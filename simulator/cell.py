@@ -326,7 +326,9 @@ class SimCell:
                 capacity = m.capacity
                 cap = capacity.get("cpu")
             if cap > 0:
-                share = share_of[mid] = m.settled_used.get("cpu") / cap
+                used = m.settled_used.amounts  # sorted by name: cpu, if held, first
+                share = share_of[mid] = (used[0][1] if used and used[0][0] == "cpu"
+                                         else m.settled_used.get("cpu")) / cap
                 counts[share] = counts.get(share, 0) + 1
         self._stale.clear()
 
