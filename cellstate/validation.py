@@ -180,7 +180,7 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
     for i, item in enumerate(txn.claims):
         if _plain_claim(item, txn, names):
             # Well typed: its task id (kept, the commit reads it again) is its own.
-            tid = item.task  # type: ignore[attr-defined]
+            tid = item.task
         else:
             plain = False
             problems.extend(_claim_problems(i, item, txn))

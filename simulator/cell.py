@@ -256,14 +256,14 @@ class SimCell:
         for t in d.tasks.values():
             _set_slot(t, "revision", rev)
         if d.machines:
-            table = machines.mutate()
-            table.update(d.machines)
-            machines = table.finish()
+            machine_table = machines.mutate()
+            machine_table.update(d.machines)
+            machines = machine_table.finish()
             self._stale.update(d.machines)
         if d.tasks:
-            table = tasks.mutate()
-            table.update(d.tasks)
-            tasks = table.finish()
+            task_table = tasks.mutate()
+            task_table.update(d.tasks)
+            tasks = task_table.finish()
         changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
         changes += [(KeyKind.TASK, tid) for tid in d.tasks]
         self._count_usage(d.added, d.removed)
