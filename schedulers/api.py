@@ -201,7 +201,8 @@ class CellView:
         ``mid`` no longer fits when it commits (at most ``MAX_FALLBACKS``).
         ``moves_from``: the machine the task runs on now, which it leaves."""
         m = self.snap.machines[mid]
-        alts = tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+        alts = (tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+                if fallbacks else ())
         c = Claim(job.id, index, mid, m.seq, tuple(evict), fallbacks=alts,
                   moves_from=moves_from)
         self._add(c, job)

@@ -69,10 +69,10 @@ class SimCell:
         self._cpu_share: dict[str, float] = {}
         self._cpu_shares: Counter[float] = Counter()
         self._tagged: set[str] = set()  # machines whose use depends on gang records
-        # Machines written since the counts above were brought up to date: they are
-        # read only when sampled (every minute or so), while a machine may be written
-        # several times in between.
-        self._stale: set[str] = set()
+        # Machines written since the counts above were brought up to date, as written
+        # last (None: removed): the counts are read only when sampled (every minute or
+        # so), while a machine may be written several times in between.
+        self._stale: dict[str, Machine | None] = {}
 
     # -- reading (the SnapshotSource side) -----------------------------------------------
 
@@ -233,11 +233,11 @@ class SimCell:
             if rec is None:
                 table.pop(ident, None)
             elif fresh:
-                table[ident] = _stamp(rec, rev)
+                rec = table[ident] = _stamp(rec, rev)
             else:
-                table[ident] = with_revision(rec, rev)
+                rec = table[ident] = with_revision(rec, rev)
             if kind is KeyKind.MACHINE:
-                stale.add(ident)
+                stale[ident] = rec
         self._count_usage(change.added, change.removed)
         self._publish(attrs.evolve(snap, revision=rev,
                                    **{n: t.finish() for n, t in tables.items()}),
@@ -303,10 +303,9 @@ class SimCell:
 
     def _count_shares(self) -> None:
         """Bring the CPU share counts up to date with the machines written since."""
-        machines = self._snap.machines
         share_of, counts, tagged = self._cpu_share, self._cpu_shares, self._tagged
         capacity, cap = None, 0.0  # machines share their capacity vector: read it once
-        for mid in self._stale:
+        for mid, m in self._stale.items():
             old = share_of.pop(mid, None)
             if old is not None:
                 left = counts[old] - 1
@@ -314,13 +313,12 @@ class SimCell:
                     counts[old] = left
                 else:
                     del counts[old]
-            m = machines.get(mid)
             if m is None:
                 tagged.discard(mid)
                 continue
             if m.has_tags:
                 tagged.add(mid)
-            else:
+            elif tagged:
                 tagged.discard(mid)
             if m.capacity is not capacity:
                 capacity = m.capacity

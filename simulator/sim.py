@@ -317,15 +317,14 @@ class Simulation:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
-            cpu = job.task_resources.get("cpu")
-            for c in res.committed:
-                self._runs[c.task] = (now, cpu)
+            tids = [c.task for c in res.committed]
+            # One tuple for the commit's runs: alike, they are counted together at the end.
+            self._runs.update(dict.fromkeys(tids, (now, job.task_resources.get("cpu"))))
             if job_id not in self._prefilled and self.recorder.measured(job):
                 self._measure(job, res, now)
             if job.mapreduce is not None:
                 self.mapreduce.workers(job, self._running[job_id])
             elif job.duration is not None:
-                tids = [c.task for c in res.committed]
                 self.loop.at(now + job.duration, END,
                              _bind(self._end, job_id, tids, res.revision))
 
