@@ -216,19 +216,28 @@ def _plain_claim(item: object, txn: Transaction, names: set[str]) -> bool:
     if type(item) is not Claim:
         return False
     c = item
-    if (c.resources is not None or type(c.evict) is not tuple or c.evict
-            or type(c.fallbacks) is not tuple or c.fallbacks or c.moves_from != ""
-            or type(c.moves_from) is not str
+    # The empty tuple and string are singletons: "is" tells the plain values apart at
+    # once (any other value, even an empty one of a subclass, takes the long way).
+    if (c.evict is not _EMPTY or c.fallbacks is not _EMPTY or c.moves_from is not _NO_NAME
+            or c.resources is not None
             or type(c.index) is not int or c.index < 0
             or type(c.seen_seq) is not int or c.seen_seq < 0
             or (txn.job and c.job != txn.job)):
         return False
-    for name in (c.job, c.machine):
-        if name not in names:
-            if type(name) is not str or not is_name(name):
-                return False
-            names.add(name)
+    job, machine = c.job, c.machine
+    if job not in names:
+        if type(job) is not str or not is_name(job):
+            return False
+        names.add(job)
+    if machine not in names:
+        if type(machine) is not str or not is_name(machine):
+            return False
+        names.add(machine)
     return True
+
+
+_EMPTY: tuple[()] = ()
+_NO_NAME = ""
 
 
 def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
