@@ -12,12 +12,18 @@ CPU second of this process (``time.process_time``) is printed beside the wall ra
 and the load average at the start and end of the run.
 
     python benchmarks/simulator_speed.py [--hours 2] [--arch shared,...] [--seed 1]
+
+``--profile FILE`` profiles the run after the prefill (cProfile, with the process's
+CPU time as its clock, so other processes on the machine do not skew it), writes the
+statistics to FILE (``FILE.<architecture>`` for several) and prints the top entries.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import time
 
 from cellstate.gc_tuning import tune_for_large_heap
@@ -34,8 +40,10 @@ ARCHITECTURES = {
 }
 
 
-def measure(name: str, hours: float, seed: int) -> tuple[float, float, float, float, int]:
-    """(prefill wall s, run wall s, run CPU s, simulated s, tasks placed)."""
+def measure(name: str, hours: float, seed: int, profile: cProfile.Profile | None = None
+            ) -> tuple[float, float, float, float, int]:
+    """(prefill wall s, run wall s, run CPU s, simulated s, tasks placed); ``profile``
+    is enabled for the run after the prefill."""
     arch, schedulers = ARCHITECTURES[name]
     horizon = hours * 3600
     sim = Simulation(SimConfig(arch, schedulers, horizon=horizon, day=horizon, seed=seed))
@@ -44,8 +52,12 @@ def measure(name: str, hours: float, seed: int) -> tuple[float, float, float, fl
     def loaded() -> None:
         tune_for_large_heap()
         marks.append((time.perf_counter(), time.process_time()))
+        if profile is not None:
+            profile.enable()
 
     sim.run(after_prefill=loaded)
+    if profile is not None:
+        profile.disable()
     end, end_cpu = time.perf_counter(), time.process_time()
     placed = sum(s.tasks_placed for s in sim.recorder.schedulers.values())
     return (marks[1][0] - marks[0][0], end - marks[1][0], end_cpu - marks[1][1], horizon,
@@ -62,12 +74,16 @@ def main() -> None:
     p.add_argument("--arch", default=",".join(ARCHITECTURES),
                    help="comma-separated: " + ", ".join(ARCHITECTURES))
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--profile", metavar="FILE", help="profile the runs (CPU time) into FILE")
     args = p.parse_args()
+    names = [n.strip() for n in args.arch.split(",")]
     print(f"start: {load()}")
     print(f"{'architecture':24} {'prefill s':>9} {'run s':>8} {'cpu s':>7} {'sim-s/s':>9} "
           f"{'sim-s/cpu-s':>11} {'tasks/s':>8} {'7 days':>9}  goal >= {GOAL:,.0f} sim-s/s")
-    for name in args.arch.split(","):
-        prefill, wall, cpu, horizon, placed = measure(name.strip(), args.hours, args.seed)
+    profiles: dict[str, cProfile.Profile | None] = {}
+    for name in names:
+        prof = profiles[name] = cProfile.Profile(time.process_time) if args.profile else None
+        prefill, wall, cpu, horizon, placed = measure(name, args.hours, args.seed, prof)
         rate = horizon / wall
         cpu_rate = horizon / cpu
         week = 7 * 86_400 / rate
@@ -75,6 +91,13 @@ def main() -> None:
               f"{placed / wall:8.0f} {week / 60:7.1f} m  {'met' if rate >= GOAL else 'missed'}",
               flush=True)
     print(f"end: {load()}")
+    for name, prof in profiles.items():
+        if prof is None:
+            continue
+        path = args.profile if len(names) == 1 else f"{args.profile}.{name}"
+        prof.dump_stats(path)
+        print(f"\n{name}: profile of the run after the prefill (CPU seconds) in {path}")
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,18 @@ def task_view(reader: CellReader, tid: str) -> TaskView:
     return TaskView(job, index, rec.state, rec.machine)
 
 
+def task_state(reader: CellReader, tid: str) -> TaskState:
+    """``task_view(reader, tid).state`` without building the view (a scheduler asks it
+    of every task of a job to know whether the job waits): only a task staged by a
+    gang, or one running where a gang may have evicted it, needs the full reading."""
+    rec = reader.tasks.get(tid)
+    if rec is None:
+        return TaskState.PENDING
+    if rec.gang or (rec.state is TaskState.RUNNING and reader.gangs):
+        return task_view(reader, tid).state
+    return rec.state
+
+
 def scheduler_usage(reader: CellReader, scheduler: str) -> Resources:
     """What ``scheduler`` holds across the cell, summed from the machines (the slow,
     always-correct way; the store keeps counters only for limited schedulers)."""

@@ -154,34 +154,44 @@ def release_task(
 
 
 def end_tasks(
-    cell: CellReader, tids: Iterable[str], outcome: TaskState, placed_at: int | None = None
+    cell: CellReader, tids: Iterable[str], outcome: TaskState, placed_at: int | None = None,
+    reads: bool = True,
 ) -> tuple[Change, list[str]]:
     """Many tasks ended at once (the simulator's task ends of one instant): those still
     running are released in one change, the rest skipped (preempted or lost meanwhile;
     with ``placed_at``, also those placed again since that revision, whose own end
-    event frees them). Returns the change and the tasks it releases."""
+    event frees them). Returns the change and the tasks it releases. ``reads=False``
+    leaves the change's reads empty, for a caller that applies it to the very state
+    it was decided on (the simulator) and so has no guards to build."""
     by_machine: dict[str, list[str]] = {}
     records: dict[Ref, object] = {}
     removed: dict[str, Resources] = {}
+    tasks, machines = cell.tasks, cell.machines
+    running = TaskState.RUNNING
     for tid in tids:
-        rec = cell.tasks.get(tid)
-        if rec is None or rec.state is not TaskState.RUNNING:
+        rec = tasks.get(tid)
+        if rec is None or rec.state is not running:
             continue
         if placed_at is not None and rec.revision != placed_at:
             continue
-        m = cell.machines[rec.machine]
-        a = m.allocations[tid]
-        by_machine.setdefault(rec.machine, []).append(tid)
-        records[(KeyKind.TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, rec.machine,
+        mid = rec.machine
+        a = machines[mid].allocations[tid]
+        gone = by_machine.get(mid)
+        if gone is None:
+            by_machine[mid] = [tid]
+        else:
+            gone.append(tid)
+        records[(KeyKind.TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, mid,
                                                   rec.scheduler)
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
-    reads: set[Ref] = set()
+    refs: set[Ref] = set()
     for mid, gone in by_machine.items():
-        m = cell.machines[mid]
-        reads |= _machine_reads(m)
+        m = machines[mid]
+        if reads:
+            refs |= _machine_reads(m)
         records[(KeyKind.MACHINE, mid)] = _without(m, gone)
     released = [i for (kind, i) in records if kind is KeyKind.TASK]
-    return Change(frozenset(reads), records, removed=removed), released
+    return Change(frozenset(refs), records, removed=removed), released
 
 
 def _without(m: Machine, gone: Sequence[str]) -> Machine:

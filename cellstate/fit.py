@@ -226,10 +226,11 @@ def constraints(
     """Selector, tasks per machine, anti-affinity both ways, affinity (in that order).
     ``own_gang`` is the gang being staged, whose evictions count as done; ``founding``:
     the claim founds the job's affinity group (see :func:`self_affine`)."""
-    miss = selector(job, m)
-    if miss is not None:
-        return miss
     c = job.constraints
+    if c.machine_selector:
+        miss = selector(job, m)
+        if miss is not None:
+            return miss
     if not (c.max_per_machine or c.anti_affinity or c.affinity) and not keeps_others_off(
         jobs, m.job_ids  # every allocation, holding or not: a cheap upper bound
     ):
@@ -260,9 +261,10 @@ def misfit(
     the claim founds the job's affinity group (see :func:`self_affine`). ``used``:
     what holds ``m`` (``machine_used``) where the caller keeps count of it already,
     which spares summing a record's allocations."""
+    if m.state is not MachineState.UP:
+        return machine_up(m)
     return (
-        machine_up(m)
-        or constraints(job, m, gangs, jobs, victims, own_gang, founding)
+        constraints(job, m, gangs, jobs, victims, own_gang, founding)
         or resources(job.task_resources, m,
                      machine_used(m, gangs, own_gang) if used is None else used,
                      sum_resources(v.resources for v in victims) if victims else _NOTHING)

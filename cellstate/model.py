@@ -336,17 +336,26 @@ class Machine:
 
     def with_allocations(
         self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None,
-        has_tags: bool | None = None,
+        has_tags: bool | None = None, job_ids: frozenset[str] | None = None,
     ) -> Machine:
-        """A copy with other allocations; pass their settled usage and whether any is
-        tagged if known, to save going over them again."""
+        """A copy with other allocations; pass their settled usage, whether any is
+        tagged and their jobs if known, to save going over them again."""
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
                     self.state, self.agent, allocations, self.seq)
         if settled_used is not None:
             object.__setattr__(m, "settled_used", settled_used)
         if has_tags is not None:
             object.__setattr__(m, "has_tags", has_tags)
+        if job_ids is not None:
+            object.__setattr__(m, "job_ids", job_ids)
         return m
+
+    def known_job_ids(self) -> frozenset[str] | None:
+        """:attr:`job_ids` if computed already, else None (without computing it)."""
+        try:
+            return object.__getattribute__(self, "job_ids")  # type: ignore[no-any-return]
+        except AttributeError:
+            return None
 
     def with_seq(self, seq: int) -> Machine:
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
@@ -356,6 +365,9 @@ class Machine:
             object.__setattr__(m, "has_tags", object.__getattribute__(self, "has_tags"))
         except AttributeError:
             pass
+        jobs = self.known_job_ids()
+        if jobs is not None:
+            object.__setattr__(m, "job_ids", jobs)
         return m
 
     def label(self, key: str) -> str | None:

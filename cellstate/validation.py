@@ -82,6 +82,7 @@ from cellstate.model import (
     Job,
     JobStatus,
     Machine,
+    MachineState,
     ModelError,
     Reason,
     Rejection,
@@ -174,22 +175,27 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         )
     first_claim: dict[str, int] = {}
     cut = False
+    plain = True  # every claim so far is a plain one (which evicts nothing)
     names: set[str] = set()  # names found valid in this transaction
     for i, item in enumerate(txn.claims):
-        if not _plain_claim(item, txn, names):
+        if _plain_claim(item, txn, names):
+            # Well typed: its task id (kept, the commit reads it again) is its own.
+            tid = item.task
+        else:
+            plain = False
             problems.extend(_claim_problems(i, item, txn))
             if len(problems) > 20:
                 cut = True  # enough to say what is wrong; the rest are not counted
                 break
-        c: object = item
-        if not isinstance(c, Claim):
-            continue  # said so above
-        tid = f"{c.job}/{c.index}"
+            c: object = item
+            if not isinstance(c, Claim):
+                continue  # said so above
+            tid = f"{c.job}/{c.index}"
         if tid in first_claim:
             problems.append(f"claim {i}: task {tid} is already claimed by claim {first_claim[tid]}")
         else:
-            first_claim.setdefault(tid, i)
-    for i, item in enumerate(txn.claims):
+            first_claim[tid] = i
+    for i, item in enumerate(() if plain else txn.claims):
         victims: object = getattr(item, "evict", ())
         for victim in victims if isinstance(victims, tuple) else ():
             if victim in first_claim:
@@ -210,19 +216,28 @@ def _plain_claim(item: object, txn: Transaction, names: set[str]) -> bool:
     if type(item) is not Claim:
         return False
     c = item
-    if (c.resources is not None or type(c.evict) is not tuple or c.evict
-            or type(c.fallbacks) is not tuple or c.fallbacks or c.moves_from != ""
-            or type(c.moves_from) is not str
+    # The empty tuple and string are singletons: "is" tells the plain values apart at
+    # once (any other value, even an empty one of a subclass, takes the long way).
+    if (c.evict is not _EMPTY or c.fallbacks is not _EMPTY or c.moves_from is not _NO_NAME
+            or c.resources is not None
             or type(c.index) is not int or c.index < 0
             or type(c.seen_seq) is not int or c.seen_seq < 0
             or (txn.job and c.job != txn.job)):
         return False
-    for name in (c.job, c.machine):
-        if name not in names:
-            if type(name) is not str or not is_name(name):
-                return False
-            names.add(name)
+    job, machine = c.job, c.machine
+    if job not in names:
+        if type(job) is not str or not is_name(job):
+            return False
+        names.add(job)
+    if machine not in names:
+        if type(machine) is not str or not is_name(machine):
+            return False
+        names.add(machine)
     return True
+
+
+_EMPTY: tuple[()] = ()
+_NO_NAME = ""
 
 
 def _claim_problems(i: int, item: object, txn: Transaction) -> list[str]:
@@ -586,6 +601,11 @@ def founding_claims(cell: CellReader, txn: Transaction) -> frozenset[str]:
     job whose labels match its own affinity selector and whose every task this
     transaction claims, its first claim. Each claimed task must be pending (check 2),
     so no task of such a job runs anywhere: the group starts where that claim lands."""
+    if txn.job:
+        # Every claim is for that job (check_shape): the common case, decided at once.
+        job = cell.jobs.get(txn.job)
+        if job is None or not fit.self_affine(job):
+            return frozenset()
     by_job: dict[str, list[Claim]] = {}
     for c in txn.claims:
         by_job.setdefault(c.job, []).append(c)
@@ -677,8 +697,9 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
             Reason.SEQUENCE_CHANGED,
             f"machine {m.id!r} is at sequence {committed.seq}, the claim saw {seen_seq}",
         )
-    miss = fit.machine_up(m)
-    if miss is not None:
+    if m.state is not MachineState.UP:
+        miss = fit.machine_up(m)
+        assert miss is not None
         return _reject(claim, miss.reason, miss.detail)
     limits = w.limits
     if (
@@ -695,9 +716,10 @@ def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
     victims, rejection = _check_victims(w, claim, job, m) if claim.evict else ([], None)
     if rejection is not None:
         return rejection
-    rejection = _check_constraints(w, claim, job, m, victims)
-    if rejection is not None:
-        return rejection
+    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang,
+                           claim.task in w.founders)
+    if miss is not None:
+        return _reject(claim, miss.reason, miss.detail)
     rejection = _check_resources(w, claim, job, m, victims)
     if rejection is None:
         w.taking = (job, m)
@@ -782,14 +804,6 @@ def _check_victims(
     return victims, None
 
 
-def _check_constraints(
-    w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
-) -> Rejection | None:
-    miss = fit.constraints(job, m, w.gangs, w.cell.jobs, victims, w.gang,
-                           claim.task in w.founders)
-    return None if miss is None else _reject(claim, miss.reason, miss.detail)
-
-
 def _check_resources(
     w: _Work, claim: Claim, job: Job, m: Machine, victims: list[Allocation]
 ) -> Rejection | None:
@@ -864,7 +878,13 @@ def _apply(w: _Work, claim: Claim) -> None:
         settled = settled + job.task_resources
     # Tagged once staging (the hold is), untagged if the machine was and stays so.
     tags = True if w.gang else (None if m.has_tags else False)
-    w.machines[m.id] = m.with_allocations(allocs, settled, tags)
+    # The jobs here, when the fit rules have listed them (a policy's next look at the
+    # machine asks again); victims, and holds of aborted gangs dropped above, may take
+    # a job away: then they are listed anew.
+    jobs = None if claim.evict or m.has_tags else m.known_job_ids()
+    if jobs is not None and job.id not in jobs:
+        jobs = jobs | {job.id}
+    w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )

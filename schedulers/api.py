@@ -163,9 +163,13 @@ class CellView:
         """Indexes of the job's tasks that may be claimed now, as far as this view
         knows (not placed, not claimed earlier in this decision)."""
         out = []
+        tasks = self.snap.tasks
         for i in range(job.task_count):
             t = task_id(job.id, i)
             if t in self._placed:
+                continue
+            if t not in tasks:
+                out.append(i)  # never placed: pending (what task_view says, sooner)
                 continue
             v = task_view(self.snap, t)
             if v.state in PLACEABLE and not v.reserved_by:
@@ -197,7 +201,8 @@ class CellView:
         ``mid`` no longer fits when it commits (at most ``MAX_FALLBACKS``).
         ``moves_from``: the machine the task runs on now, which it leaves."""
         m = self.snap.machines[mid]
-        alts = tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+        alts = (tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+                if fallbacks else ())
         c = Claim(job.id, index, mid, m.seq, tuple(evict), fallbacks=alts,
                   moves_from=moves_from)
         self._add(c, job)

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from cellstate.cell import CellSnapshot, task_view
+from cellstate.cell import CellSnapshot, task_state
 from cellstate.errors import KVError, LeaseNotFoundError, StoreError, TransactionError
 from cellstate.keys import KeyKind
 from cellstate.model import (
@@ -263,6 +263,11 @@ class SchedulerInstance:
             if self._lease is not None:
                 lease, self._lease = self._lease, None
                 self.store.deregister_instance(self.scheduler, self.instance, lease)
+        with self._lock:
+            # Keep no account of changes while stopped (the source still announces
+            # them: a simulator's prefill instance would go over every change of the
+            # run); started again, the instance reads the whole cell.
+            self._dirty = self._machines_touched = self._seen = None
 
     def _keep_alive(self, now: float) -> None:
         """Renew the lease if a renewal is due, every ttl / 3 (register again if it is
@@ -326,26 +331,33 @@ class SchedulerInstance:
     # -- the queue ---------------------------------------------------------------------
 
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
-        if changed is None or self._absorbs or any(k in _WAKING for k, _ in changed):
+        if changed is None:
+            self._wake.set()
+            with self._lock:
+                self._dirty = self._machines_touched = self._seen = None
+            return
+        # Every change of a commit is announced to every instance: what kinds of
+        # record changed is found once, in C (a dict of the pairs keeps one per kind).
+        kinds = dict(changed)
+        if self._absorbs or not _WAKING.isdisjoint(kinds):
             self._wake.set()
         with self._lock:
-            if changed is None:
-                self._dirty = self._machines_touched = self._seen = None
-                return
             if self._seen is not None:
                 self._seen.update(changed)
-            if self._machines_touched is not None:
-                self._machines_touched.update(i for k, i in changed if k is KeyKind.MACHINE)
-            if self._dirty is None:
+            if self._machines_touched is not None and KeyKind.MACHINE in kinds:
+                self._machines_touched.update(
+                    [i for k, i in changed if k is KeyKind.MACHINE])
+            dirty = self._dirty
+            if dirty is None:
                 return
-            for kind, ident in changed:
-                if kind in (KeyKind.JOB, KeyKind.STATUS):
-                    self._dirty.add(ident)
-                elif kind is KeyKind.TASK:
-                    self._dirty.add(ident.rpartition("/")[0])
-                elif kind in (KeyKind.INSTANCE, KeyKind.SCHEDULER):
-                    self._dirty = None  # ownership may have moved
-                    return
+            if KeyKind.INSTANCE in kinds or KeyKind.SCHEDULER in kinds:
+                self._dirty = None  # ownership may have moved
+                return
+            if not _DIRTYING.isdisjoint(kinds):
+                # A job's own records, or a task's (its job is what the id says before
+                # the last "/"), in the order they changed.
+                dirty.update([i if k is not KeyKind.TASK else i.rpartition("/")[0]
+                              for k, i in changed if k in _DIRTYING])
 
     def _take_changes(self) -> tuple[set[str] | None, set[str] | None]:
         """What changed since the last step. Taken *before* the snapshot is read: a
@@ -376,14 +388,13 @@ class SchedulerInstance:
         if touched is None:
             self._machine_ids = sorted(snap.machines.keys())
             self._machine_set = set(self._machine_ids)
-        elif touched:
-            for mid in touched:
-                if (mid in snap.machines) != (mid in self._machine_set):
-                    # Sorted: a map's order follows the string hash, which differs from
-                    # process to process, and a policy's random picks index this list.
-                    self._machine_ids = sorted(snap.machines.keys())
-                    self._machine_set = set(self._machine_ids)
-                    break
+        elif touched and (len(snap.machines) != len(self._machine_set)
+                          or not self._machine_set.issuperset(touched)):
+            # A machine came or went (one that only changed is in both, and each new
+            # one was touched). Sorted: a map's order follows the string hash, which
+            # differs from process to process, and a policy's random picks index this.
+            self._machine_ids = sorted(snap.machines.keys())
+            self._machine_set = set(self._machine_ids)
         members = tuple(snap.live_instances(self.scheduler))
         everyone = tuple(sorted(snap.instances))
         if dirty is None or members != self._members or everyone != self._all_members:
@@ -715,6 +726,8 @@ class SchedulerInstance:
 # Changes that may give an instance new work at once (a new job, a job's status,
 # instances joining or leaving).
 _WAKING = frozenset({KeyKind.JOB, KeyKind.INSTANCE, KeyKind.SCHEDULER})
+# Changes that may change which jobs wait: a job's records and its tasks'.
+_DIRTYING = frozenset({KeyKind.JOB, KeyKind.STATUS, KeyKind.TASK})
 
 #: At most this many numbers in a policy's report: a scheduler's whole metrics report
 #: must stay small (the cellstate service refuses one over 16 KiB).
@@ -745,9 +758,9 @@ def _waiting(snap: CellSnapshot, job: Job) -> bool:
     policy's to place), and none once one of its workers finished (the job's work is
     done: its workers end together)."""
     if job.mapreduce is None:
-        return any(task_view(snap, task_id(job.id, i)).state in PLACEABLE
+        return any(task_state(snap, task_id(job.id, i)) in PLACEABLE
                    for i in range(job.task_count))
-    states = [task_view(snap, task_id(job.id, i)).state for i in range(job.task_count)]
+    states = [task_state(snap, task_id(job.id, i)) for i in range(job.task_count)]
     if TaskState.FINISHED in states:
         return False
     return any(s in PLACEABLE for s in states[:required_tasks(job)])

@@ -69,6 +69,10 @@ class SimCell:
         self._cpu_share: dict[str, float] = {}
         self._cpu_shares: Counter[float] = Counter()
         self._tagged: set[str] = set()  # machines whose use depends on gang records
+        # Machines written since the counts above were brought up to date, as written
+        # last (None: removed): the counts are read only when sampled (every minute or
+        # so), while a machine may be written several times in between.
+        self._stale: dict[str, Machine | None] = {}
 
     # -- reading (the SnapshotSource side) -----------------------------------------------
 
@@ -101,8 +105,10 @@ class SimCell:
         ds = validate_many(self._snap, txns, shape_checked=True)
         if not any(d.accepted for d in ds):
             return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
+        accepted = [d for d in ds if d.accepted]
         # Each decision was made over the ones before it: one change, later records win.
-        rev = self._apply(_claims_writes([d for d in ds if d.accepted]))
+        rev = (self._apply_decision(accepted[0]) if len(accepted) == 1
+               else self._apply(_claims_writes(accepted), fresh=True))
         return [CommitResult(d.accepted, d.rejected, rev, d.evicted,
                              fell_back=fallbacks_taken(t.claims, d.accepted))
                 for t, d in zip(txns, ds, strict=True)]
@@ -180,9 +186,10 @@ class SimCell:
         """End running tasks (one write for all of them) and free their holds. Tasks
         that no longer run (preempted meanwhile) are skipped, and with ``placed_at``
         also tasks placed again since that revision; returns those released."""
-        change, released = decisions.end_tasks(self._snap, tids, outcome, placed_at)
+        change, released = decisions.end_tasks(self._snap, tids, outcome, placed_at,
+                                               reads=False)
         if released:
-            self._apply(change)
+            self._apply(change, fresh=True)
         return released
 
     def forget_job(self, job_id: str) -> None:
@@ -209,12 +216,15 @@ class SimCell:
             raise SimCellError(f"unknown job {job_id!r}")
         return job
 
-    def _apply(self, change: decisions.Change) -> int:
+    def _apply(self, change: decisions.Change, fresh: bool = False) -> int:
         """Write a decided change at the next revision (the guards of the real store
-        always hold here: the change was decided on the current state)."""
+        always hold here: the change was decided on the current state). ``fresh``: the
+        change's records were built by its decision and nothing else holds them (see
+        :func:`_stamp`)."""
         snap = self._snap
         rev = snap.revision + 1
         tables: dict[str, Any] = {}
+        stale = self._stale
         for (kind, ident), rec in change.writes.items():
             name = _TABLES[kind]
             table = tables.get(name)
@@ -222,24 +232,59 @@ class SimCell:
                 table = tables[name] = getattr(snap, name).mutate()
             if rec is None:
                 table.pop(ident, None)
+            elif fresh:
+                rec = table[ident] = _stamp(rec, rev)
             else:
                 rec = table[ident] = with_revision(rec, rev)
             if kind is KeyKind.MACHINE:
-                self._machine_written(ident, rec)
-        changes: Changes = list(change.writes)
-        for sched, res in change.added.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) + res
-        for sched, res in change.removed.items():
-            self.usage[sched] = self.usage.get(sched, Resources()) - res
+                stale[ident] = rec
+        self._count_usage(change.added, change.removed)
         self._publish(attrs.evolve(snap, revision=rev,
-                                   **{n: t.finish() for n, t in tables.items()}), changes)
+                                   **{n: t.finish() for n, t in tables.items()}),
+                      list(change.writes))
         return rev
+
+    def _apply_decision(self, d: Decision) -> int:
+        """Write one accepted claims decision at the next revision: what
+        ``_apply(_claims_writes([d]), fresh=True)`` writes, in the same order (its
+        machines, then its tasks), without building the change first."""
+        snap = self._snap
+        rev = snap.revision + 1
+        machines, tasks = snap.machines, snap.tasks
+        for m in d.machines.values():
+            _set_slot(m, "seq", rev)
+        for t in d.tasks.values():
+            _set_slot(t, "revision", rev)
+        if d.machines:
+            machine_table = machines.mutate()
+            machine_table.update(d.machines)
+            machines = machine_table.finish()
+            self._stale.update(d.machines)
+        if d.tasks:
+            task_table = tasks.mutate()
+            task_table.update(d.tasks)
+            tasks = task_table.finish()
+        changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
+        changes += [(KeyKind.TASK, tid) for tid in d.tasks]
+        self._count_usage(d.added, d.removed)
+        # Not attrs.evolve, which costs as much as the rest of a small commit.
+        self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, tasks, snap.gangs,
+                                   snap.usage, snap.statuses, snap.instances, snap.schedulers,
+                                   snap.agents), changes)
+        return rev
+
+    def _count_usage(self, added: Mapping[str, Resources], removed: Mapping[str, Resources]
+                     ) -> None:
+        usage = self.usage
+        for sched, res in added.items():
+            usage[sched] = usage.get(sched, _NOTHING) + res
+        for sched, res in removed.items():
+            usage[sched] = usage.get(sched, _NOTHING) - res
 
     def _publish(self, snap: CellSnapshot, changes: Changes) -> None:
         self._snap = snap
         for listener in self._listeners:
             listener(snap, changes)
-
 
     def used(self, dimension: str) -> float:
         """What all schedulers hold of one resource dimension."""
@@ -248,6 +293,7 @@ class SimCell:
     def cpu_share_counts(self) -> Mapping[float, int]:
         """How many machines (with CPUs) are at each value of CPU in use over CPU
         capacity, as ``machine_used`` reads them now."""
+        self._count_shares()
         if not self._tagged:
             return self._cpu_shares
         # Staged gang holds count by their gangs' records: read every machine.
@@ -255,26 +301,34 @@ class SimCell:
         return Counter(machine_used(m, snap.gangs).get("cpu") / cap
                        for m in snap.machines.values() if (cap := m.capacity.get("cpu")) > 0)
 
-    def _machine_written(self, mid: str, m: Machine | None) -> None:
-        """Keep the CPU share counts as machine ``mid`` becomes ``m`` (None: removed)."""
-        old = self._cpu_share.pop(mid, None)
-        if old is not None:
-            left = self._cpu_shares[old] - 1
-            if left:
-                self._cpu_shares[old] = left
-            else:
-                del self._cpu_shares[old]
-        if m is None:
-            self._tagged.discard(mid)
-            return
-        if m.has_tags:
-            self._tagged.add(mid)
-        else:
-            self._tagged.discard(mid)
-        cap = m.capacity.get("cpu")
-        if cap > 0:
-            share = self._cpu_share[mid] = m.settled_used.get("cpu") / cap
-            self._cpu_shares[share] += 1
+    def _count_shares(self) -> None:
+        """Bring the CPU share counts up to date with the machines written since."""
+        share_of, counts, tagged = self._cpu_share, self._cpu_shares, self._tagged
+        capacity, cap = None, 0.0  # machines share their capacity vector: read it once
+        for mid, m in self._stale.items():
+            old = share_of.pop(mid, None)
+            if old is not None:
+                left = counts[old] - 1
+                if left:
+                    counts[old] = left
+                else:
+                    del counts[old]
+            if m is None:
+                tagged.discard(mid)
+                continue
+            if m.has_tags:
+                tagged.add(mid)
+            elif tagged:
+                tagged.discard(mid)
+            if m.capacity is not capacity:
+                capacity = m.capacity
+                cap = capacity.get("cpu")
+            if cap > 0:
+                used = m.settled_used.amounts  # sorted by name: cpu, if held, first
+                share = share_of[mid] = (used[0][1] if used and used[0][0] == "cpu"
+                                         else m.settled_used.get("cpu")) / cap
+                counts[share] = counts.get(share, 0) + 1
+        self._stale.clear()
 
 
 def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
@@ -291,6 +345,20 @@ def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
             for s, r in more.items():
                 into[s] = into.get(s, Resources()) + r
     return decisions.Change(frozenset(), writes, added, removed)
+
+
+_NOTHING = Resources()
+_set_slot = object.__setattr__
+
+
+def _stamp(record: Any, revision: int) -> Any:
+    """A record a decision has just built, set in place to read as written at
+    ``revision`` (``records.with_revision`` without the copy: the simulator writes two
+    records per task placed and two per task ended, and copying each again was a
+    tenth of its time). Only for records nobody else holds yet: the decision built
+    them for this write, and they become visible only with the snapshot that has them."""
+    _set_slot(record, "seq" if isinstance(record, Machine) else "revision", revision)
+    return record
 
 
 def capacity_of(snap: CellSnapshot) -> Resources:

@@ -161,7 +161,10 @@ class Usage:
         self.raw = [0.0] * n
         self.effective = [0.0] * n
 
-    def add(self, cpu: float, start: float, end: float, effective: bool) -> None:
+    def add(self, cpu: float, start: float, end: float, effective: bool,
+            runs: int = 1) -> None:
+        """``runs`` runs alike (the tasks of one commit end together): each bucket
+        takes each run's amount in turn, the same float additions as one call each."""
         end = min(end, self.until)
         last = len(self.raw) - 1
         t = start
@@ -179,9 +182,20 @@ class Usage:
                     stop = end
             if stop > t:
                 amount = cpu * (stop - t)
-                raw[i] += amount
-                if effective:
-                    done[i] += amount
+                if runs == 1:
+                    raw[i] += amount
+                    if effective:
+                        done[i] += amount
+                else:
+                    x = raw[i]
+                    for _ in range(runs):
+                        x += amount
+                    raw[i] = x
+                    if effective:
+                        x = done[i]
+                        for _ in range(runs):
+                            x += amount
+                        done[i] = x
                 t = stop
             i += 1
 
@@ -257,6 +271,23 @@ class Recorder:
             outcome = self.outcomes.get(job_id)
             if outcome is not None:
                 outcome.preempted += 1
+
+    def add_runs(self, runs: Sequence[tuple[float, float]], end: float,
+                 finished: bool = True) -> None:
+        """Runs (start, CPU) that finished at ``end`` (not ``finished``: that were
+        still going when the simulation stopped), in order: what ``run_ended`` adds
+        to the usage buckets for each, runs alike (the tasks of one commit) at once."""
+        if self.usage is None:
+            return
+        n = len(runs)
+        i = 0
+        while i < n:
+            run = runs[i]
+            j = i + 1
+            while j < n and runs[j] == run:
+                j += 1
+            self.usage.add(run[1], run[0], end, finished, j - i)
+            i = j
 
     def job_completed(self, job_id: str, at: float) -> None:
         outcome = self.outcomes.get(job_id)

@@ -317,15 +317,14 @@ class Simulation:
                 continue
             job = self._jobs[job_id]
             self._running[job_id] = self._running.get(job_id, 0) + len(res.committed)
-            cpu = job.task_resources.get("cpu")
-            for c in res.committed:
-                self._runs[c.task] = (now, cpu)
+            tids = [c.task for c in res.committed]
+            # One tuple for the commit's runs: alike, they are counted together at the end.
+            self._runs.update(dict.fromkeys(tids, (now, job.task_resources.get("cpu"))))
             if job_id not in self._prefilled and self.recorder.measured(job):
                 self._measure(job, res, now)
             if job.mapreduce is not None:
                 self.mapreduce.workers(job, self._running[job_id])
             elif job.duration is not None:
-                tids = [c.task for c in res.committed]
                 self.loop.at(now + job.duration, END,
                              _bind(self._end, job_id, tids, res.revision))
 
@@ -361,8 +360,10 @@ class Simulation:
         self._finished(job.id, released)
 
     def _finished(self, job_id: str, released: list[str]) -> None:
-        for task in released:
-            self._run_ended(job_id, task)
+        runs = self._runs
+        self.recorder.add_runs(
+            [run for task in released if (run := runs.pop(task, None)) is not None],
+            self.loop.now)
         self._running[job_id] = self._running.get(job_id, 0) - len(released)
         ended = self._ended[job_id] = self._ended.get(job_id, 0) + len(released)
         job = self._jobs.get(job_id)
@@ -371,7 +372,9 @@ class Simulation:
         self._maybe_forget(job_id)
 
     def _watch(self, snap: CellSnapshot, changes: Changes | None) -> None:
-        for kind, ident in changes or ():
+        if not changes or KeyKind.STATUS not in dict(changes):
+            return  # nearly every change: claims and ends write machines and tasks only
+        for kind, ident in changes:
             if kind is KeyKind.STATUS and ident not in self._abandoned:
                 status = snap.statuses.get(ident)
                 if status is not None and status.state is JobState.ABANDONED:
@@ -424,9 +427,7 @@ class Simulation:
         self.loop.at(0.0, SAMPLE, self._sample)
         self.loop.run(self.config.horizon + self.config.drain, progress)
         # Runs still going at the end: used, but whether they would finish is unknown.
-        if self.recorder.usage is not None:
-            for start, cpu in self._runs.values():
-                self.recorder.usage.add(cpu, start, self.loop.now, effective=False)
+        self.recorder.add_runs(list(self._runs.values()), self.loop.now, finished=False)
         return self.summary()
 
     def unscheduled(self) -> dict[str, int]:

@@ -394,3 +394,26 @@ def test_changes_a_policy_failed_to_absorb_reach_its_next_decision() -> None:
     h.submit([job("j1", cpu=1)])
     h.run(settled)
     assert (KeyKind.MACHINE, "m1") in (pol.decided[0] or ())
+
+
+def test_a_stopped_instance_started_again_reads_the_whole_cell() -> None:
+    """A stopped instance keeps no account of the changes it is still told of (a
+    simulator's prefill instance would otherwise go over every change of a run);
+    started again, it reads the whole cell: the job and the machine that came while it
+    was stopped are found, and its policy is told that anything may have changed."""
+    h = Harness()
+    h.admin.add_machines([machine("m0", cpu=1)])
+    pol = _Absorbing(True)
+    inst = h.add(pol)
+    h.submit([job("j1", tasks=1, cpu=1)])
+    h.run(settled)
+    inst.stop()
+    h.admin.add_machine(machine("m1", cpu=1))
+    h.submit([job("j2", tasks=1, cpu=1)])
+    h.pump()
+    inst.start()
+    h.run(settled)
+    snap = h.admin.read_snapshot()
+    assert placed_tasks_of(snap, "j2") == 1
+    assert task_view(snap, "j2/0").machine == "m1"
+    assert pol.decided[-1] is None

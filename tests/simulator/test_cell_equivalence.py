@@ -12,7 +12,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cellstate.cell import CellSnapshot, task_view
+from cellstate.cell import CellSnapshot, task_state, task_view
 from cellstate.errors import StoreError
 from cellstate.invariants import violations
 from cellstate.kv.memory import MemoryKV
@@ -197,6 +197,21 @@ def test_every_write_kind_gives_the_same_results_and_cell(program: list[tuple]) 
         a, b = _apply_to(store, op), _apply_to(sim, op)
         assert a == b, op
         assert _cell_of(store.read_snapshot()) == _cell_of(sim.snapshot()), op
+        for snap in (store.read_snapshot(), sim.snapshot()):
+            _check_shortcuts(snap)
+
+
+def _check_shortcuts(snap: CellSnapshot) -> None:
+    """What the hot paths read without the long way agrees with the long way: a task's
+    state (``task_state``, also with gangs staged, committed or aborted) and the jobs
+    on a machine carried over from the record it was made from (``job_ids``)."""
+    for j in snap.jobs.values():
+        for i in range(j.task_count):
+            tid = f"{j.id}/{i}"
+            assert task_state(snap, tid) is task_view(snap, tid).state, tid
+    for m in snap.machines.values():
+        known = m.known_job_ids()
+        assert known is None or known == frozenset(a.job for a in m.allocations.values())
 
 
 def _answers(results: list[CommitResult]) -> list[tuple[object, ...]]:
@@ -263,3 +278,28 @@ def test_same_results_for_plans_of_several_jobs_with_fallbacks_and_moves(
     # the job that moved meanwhile aborts them).
     assert fell_back and moved >= (0 if (mode, detection) == (TxnMode.GANG, Detection.COARSE)
                                    else 1)
+
+
+def test_records_read_as_written_at_their_write_and_older_snapshots_stay() -> None:
+    """SimCell sets the revision of the records a decision built in place: each reads
+    as written at the revision of its write, and a snapshot taken before still shows
+    the records as they were."""
+    sim = SimCell()
+    sim.add_machines([machine("m0", cpu=2, mem=8)])
+    sim.submit_job(job("j", tasks=2, cpu=1, mem=1, scheduler="s"))
+    before = sim.snapshot()
+    res = sim.commit_many([Transaction("s", (Claim("j", 0, "m0", before.machines["m0"].seq),
+                                             Claim("j", 1, "m0", before.machines["m0"].seq)),
+                                       job="j")])[0]
+    placed = sim.snapshot()
+    assert len(res.committed) == 2 and res.revision == placed.revision
+    assert placed.machines["m0"].seq == placed.revision
+    assert placed.tasks["j/0"].revision == placed.tasks["j/1"].revision == placed.revision
+    assert before.machines["m0"].seq < placed.revision and "j/0" not in before.tasks
+    assert sim.release_tasks(["j/0"]) == ["j/0"]
+    ended = sim.snapshot()
+    assert ended.revision == placed.revision + 1
+    assert ended.machines["m0"].seq == ended.tasks["j/0"].revision == ended.revision
+    assert ended.tasks["j/1"].revision == placed.revision  # not written: as it was
+    assert placed.machines["m0"].seq == placed.tasks["j/0"].revision == placed.revision
+    assert placed.tasks["j/0"].state is TaskState.RUNNING
