@@ -225,7 +225,7 @@ def fig14(out: Path) -> list[Path]:
     return _grid(out, "fig14_conflict_modes", "t_job_service", "variant",
                  [("service_conflict_fraction", "(a) conflict fraction (service)", True),
                   ("service_busyness", "(b) service scheduler busyness", False),
-                  ("batch_conflict_fraction", "conflict fraction (batch)", True)],
+                  ("batch_conflict_fraction", "conflict fraction (batch)", False)],
                  "t_job(service) [s]", logx=True)
 
 
@@ -459,12 +459,18 @@ def _conflict_tables(out: Path) -> list[str]:
     return lines
 
 
+# The prefill's CPU seconds per cluster, for runs timed before run.py timed it apart
+# (experiments/omega/cost.py and run.py's timing.csv, load average 11-17 on 2 cores).
+PREFILL_CPU = {"A": 1.3, "B": 3.8, "C": 2.9}
+
+
 def timing(out: Path, names: Sequence[str]) -> list[str]:
     """Table rows: the CPU seconds each file's runs took here, and what its full
     length (every point, every seed, the file's horizon) would take: each run's
     prefill (a fixed cost, the mean here) plus its horizon at the mean CPU per
-    simulated second that the runs here spent after their prefill. Runs timed before
-    the prefill was timed apart count it as run time (an upper bound, marked *)."""
+    simulated second that the runs of its cluster here spent after their prefill. Runs timed before
+    the prefill was timed apart are taken to have spent their cluster's PREFILL_CPU
+    on it (marked *)."""
     import csv
 
     from simulator.experiment import load
@@ -478,11 +484,18 @@ def timing(out: Path, names: Sequence[str]) -> list[str]:
         done = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
         cpu = sum(float(r["cpu_s"]) for r in done)
         split = all(r.get("prefill_cpu_s") for r in done)
-        pre = [float(r["prefill_cpu_s"]) if split else 0.0 for r in done]
-        rate = statistics.fmean((float(r["cpu_s"]) - p) / float(r["horizon_s"])
-                                for r, p in zip(done, pre, strict=True))
+        pre = [float(r["prefill_cpu_s"]) if split else PREFILL_CPU.get(r.get("cluster", ""), 0.0)
+               for r in done]
+        # CPU per simulated second after the prefill, per cluster (their task rates
+        # differ 4x), and over the whole file for a cluster not run here.
+        rates: dict[str, list[float]] = {}
+        for r, p in zip(done, pre, strict=True):
+            rate = max(float(r["cpu_s"]) - p, 0.0) / float(r["horizon_s"])
+            rates.setdefault(r.get("cluster", ""), []).append(rate)
+        anywhere = statistics.fmean(x for v in rates.values() for x in v)
         full = load(Path(__file__).resolve().parent / f"{name}.toml")
-        full_cpu = sum(statistics.fmean(pre) + r.config.horizon * rate for r in full.runs)
+        full_cpu = sum(statistics.fmean(pre) + r.config.horizon * statistics.fmean(
+            rates.get(str(r.point.get("cluster", "")), [anywhere])) for r in full.runs)
         total_here += cpu
         total_full += full_cpu
         rows.append(f"| {name} | {len(done)} x {float(done[0]['horizon_s']):.0f} s | "
