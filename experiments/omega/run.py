@@ -41,10 +41,10 @@ FILES = ("fig8_batch_rate", "fig7_two_level", "semantics", "fig5_6_single_path",
 # The short profile: simulated seconds, and the axis values kept (axes not named keep
 # every value; a list of such tables keeps the runs any of them keeps). What
 # docs/results/omega.md reports was made with exactly this.
-_T5 = {"seed": [1], "t_job": [0.1, 10, 100], "t_job_service": [0.1, 10, 100]}
-_T10 = {"seed": [1], "t_job_service": [0.1, 100],
-        "t_task_service": [0.001, 0.1]}
 Keep = dict[str, list[Any]]
+_T5: Keep = {"seed": [1], "t_job": [0.1, 10, 100], "t_job_service": [0.1, 10, 100]}
+_T10: Keep = {"seed": [1], "t_job_service": [0.1, 100],
+        "t_task_service": [0.001, 0.1]}
 SHORT: dict[str, tuple[float, Keep | list[Keep]]] = {
     "fig8_batch_rate": (1200, {"seed": [1], "batch_rate": [1, 2, 4, 6, 8, 10]}),
     "fig7_two_level": (600, {"seed": [1], "t_job_service": [0.1, 10, 100]}),
@@ -128,12 +128,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
     p.add_argument("--only", nargs="*", default=FILES, help="experiment names to run")
     p.add_argument("--no-run", action="store_true", help="only draw the figures")
+    p.add_argument("--seeds", type=int, nargs="*",
+                   help="with --short: these seeds instead of the profile's")
     args = p.parse_args()
     if not args.no_run:
         for name in args.only:
             exp = load(HERE / f"{name}.toml")
             if args.short:
-                exp = shorten(exp, *SHORT[name])
+                horizon, keep = SHORT[name]
+                if args.seeds:
+                    tables = keep if isinstance(keep, list) else [keep]
+                    keep = [{**t, "seed": list(args.seeds)} for t in tables]
+                exp = shorten(exp, horizon, keep)
             run(exp, args.out, args.jobs)
     from figures import make_all  # experiments/omega/figures.py
 
