@@ -35,6 +35,7 @@ name). Its loop, one :meth:`~SchedulerInstance.step` at a time:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import math
 import random
@@ -212,6 +213,10 @@ class SchedulerInstance:
         # Every change since the policy last decided (Context.changes); None: anything.
         self._seen: set[tuple[KeyKind, str]] | None = None
         self._queue: dict[str, tuple[float, str]] = {}  # job -> sort key
+        # The queue's entries as a heap, to find the next job without sorting the
+        # queue at every decision (a saturated scheduler's queue grows without bound);
+        # entries no longer in _queue are stale and dropped when they reach the top.
+        self._heap: list[tuple[float, str]] = []
         self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
         self._jobs: dict[str, _JobState] = {}
         self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
@@ -401,13 +406,14 @@ class SchedulerInstance:
             self._members, self._all_members = members, everyone
             dirty = set(snap.jobs.keys())
             self._queue.clear()
+            self._heap.clear()
             self._orphans.clear()
         for jid in dirty:
             self._examine(snap, jid)
 
     def _examine(self, snap: CellSnapshot, jid: str) -> None:
         job = snap.jobs.get(jid)
-        self._queue.pop(jid, None)
+        old = self._queue.pop(jid, None)
         self._orphans.pop(jid, None)
         if job is None or jid in snap.statuses:
             self._jobs.pop(jid, None)
@@ -423,7 +429,7 @@ class SchedulerInstance:
         if _waiting(snap, job):
             st = self._jobs.get(jid)
             at = st.requeued_at if st is not None and st.requeued_at is not None else None
-            self._queue[jid] = (job.submitted_at if at is None else at, jid)
+            self._enqueue(jid, job.submitted_at if at is None else at, old)
 
     # -- metrics -------------------------------------------------------------------------
 
@@ -465,6 +471,25 @@ class SchedulerInstance:
         """Job ids this instance will work on, in order."""
         return [j for _, j in sorted(self._queue.values())]
 
+    def _enqueue(self, jid: str, key: float, old: tuple[float, str] | None) -> None:
+        """Queue ``jid`` under ``key``; ``old`` is its entry before (still in the heap)."""
+        entry = self._queue[jid] = (key, jid)
+        if entry != old:
+            heapq.heappush(self._heap, entry)
+            if len(self._heap) > 2 * len(self._queue) + 64:
+                self._heap = sorted(self._queue.values())  # a sorted list is a heap
+
+    def _next_due(self, now: float) -> list[str]:
+        """The first job in queue order whose retry is due (a list of it, or empty):
+        ``[j for j in self.queued() if due(j)][:1]``, without sorting the queue when
+        the queue's first job is due, as it is while jobs wait for the scheduler."""
+        heap = self._heap
+        while heap and self._queue.get(heap[0][1]) != heap[0]:
+            heapq.heappop(heap)
+        if heap and self._state(heap[0][1]).next_try_at <= now:
+            return [heap[0][1]]
+        return [j for j in self.queued() if self._state(j).next_try_at <= now][:1]
+
     # -- the loop ------------------------------------------------------------------------
 
     def step(self) -> float:
@@ -493,7 +518,10 @@ class SchedulerInstance:
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
             return self._decide(snap, [], now, seen, propose=True)
-        due = [j for j in self.queued() if self._state(j).next_try_at <= now]
+        if self.policy.batches_jobs() or self.policy.requeue_interval is not None:
+            due = [j for j in self.queued() if self._state(j).next_try_at <= now]
+        else:
+            due = self._next_due(now)
         if not due:
             if not (self._absorbs and seen != frozenset() and self._absorb(snap, now, seen)):
                 self._keep_seen(seen)
@@ -663,7 +691,7 @@ class SchedulerInstance:
                 # It re-enters the queue when its retry is due, behind every job there.
                 st.requeued_at = st.next_try_at
                 if job.id in self._queue:
-                    self._queue[job.id] = (st.requeued_at, job.id)
+                    self._enqueue(job.id, st.requeued_at, self._queue[job.id])
 
     def _abandon(self, job: Job, reason: str, now: float) -> None:
         self.metrics.jobs_abandoned += 1

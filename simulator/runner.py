@@ -20,12 +20,20 @@ from simulator.sim import Simulation
 
 
 def run_one(point: dict[str, object], config_index: int, exp: Experiment,
-            progress: Callable[[float], None] | None = None) -> RunResult:
+            progress: Callable[[float], None] | None = None,
+            after_prefill: Callable[[], None] | None = None) -> RunResult:
+    """One run; ``after_prefill`` is called once the cell is filled (e.g. to time it)."""
     run = exp.runs[config_index]
     sim = Simulation(run.config, base_dir=exp.path.parent)
-    # A simulated cell is a few hundred thousand long-lived objects; the collector
-    # scanning them again and again cost about a quarter of the run time.
-    metrics = sim.run(progress, after_prefill=tune_for_large_heap)
+
+    def prefilled() -> None:
+        if after_prefill is not None:
+            after_prefill()
+        # A simulated cell is a few hundred thousand long-lived objects; the collector
+        # scanning them again and again cost about a quarter of the run time.
+        tune_for_large_heap()
+
+    metrics = sim.run(progress, after_prefill=prefilled)
     return RunResult(point, metrics, tuple(sim.recorder.utilization),
                      sim.recorder.distributions(), sim.recorder.series(),
                      tuple(sim.recorder.outcomes.values()))

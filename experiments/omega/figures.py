@@ -9,6 +9,7 @@ Also writes tables.md, the numbers docs/results/omega.md quotes.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -178,6 +179,78 @@ def fig8(out: Path) -> list[Path]:
     return [_save(fig, out / "fig8_batch_rate.png")]
 
 
+def _series_line(ax: Any, runs: Runs, x: str, series: str, value: Any, metric: str,
+                 cluster: str, color: Any) -> None:
+    """One line of ``metric`` over ``x`` at ``series`` = value: the mean over seeds,
+    the lowest and highest seed as error bars."""
+    xs = _points(runs, x, cluster=cluster, **{series: value})
+    if not xs:
+        return
+    st = [stat(runs, metric, cluster=cluster, **{series: value, x: v}) for v in xs]
+    ax.errorbar(xs, [m for m, *_ in st], yerr=[[m - lo for m, lo, _, _ in st],
+                                                [hi - m for m, _, hi, _ in st]],
+                color=color, capsize=2, marker="o", markersize=3, label=str(value))
+
+
+def _grid(out: Path, name: str, x: str, series: str,
+          panels: Sequence[tuple[str, str, bool]], xlabel: str, logx: bool) -> list[Path]:
+    """One row per cluster, one panel per (metric, label, log y), a line per value of
+    ``series``."""
+    runs = _load(out, name)
+    if runs is None:
+        return []
+    clusters = _clusters(runs)
+    values = _points(runs, series)
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(clusters), len(panels), squeeze=False,
+                             figsize=(4.3 * len(panels), 3.3 * len(clusters)))
+    for row, c in zip(axes, clusters, strict=True):
+        for ax, (metric, label, logy) in zip(row, panels, strict=True):
+            for i, v in enumerate(values):
+                _series_line(ax, runs, x, series, v, metric, c,
+                             cmap(i / max(len(values) - 1, 1)))
+            _finish(ax, xlabel, label, f"cluster {c}", logx=logx, logy=logy)
+    return [_save(fig, out / f"{name}.png")]
+
+
+def fig9(out: Path) -> list[Path]:
+    return _grid(out, "fig9_batch_schedulers", "batch_rate", "batch_schedulers",
+                 [("batch_conflict_fraction", "(a) mean conflict fraction (batch)", False),
+                  ("batch_busyness", "(b) mean busyness per batch scheduler", False),
+                  ("batch_wait_mean_s", "batch job wait time [s]", True)],
+                 "relative batch arrival rate", logx=False)
+
+
+def fig14(out: Path) -> list[Path]:
+    return _grid(out, "fig14_conflict_modes", "t_job_service", "variant",
+                 [("service_conflict_fraction", "(a) conflict fraction (service)", True),
+                  ("service_busyness", "(b) service scheduler busyness", False),
+                  ("batch_conflict_fraction", "conflict fraction (batch)", False)],
+                 "t_job(service) [s]", logx=True)
+
+
+def poisson_interval(count: float, z: float = 1.96) -> tuple[float, float]:
+    """A 95% interval for the mean of a Poisson count (Garwood's exact interval, by
+    the Wilson-Hilferty approximation, good to a few percent down to one count)."""
+    lo = 0.0 if count <= 0 else count * (1 - 1 / (9 * count) - z / (3 * math.sqrt(count))) ** 3
+    n = count + 1
+    return max(lo, 0.0), n * (1 - 1 / (9 * n) + z / (3 * math.sqrt(n))) ** 3
+
+
+def conflict_cell(runs: Runs, sched: str, **fixed: Any) -> str:
+    """Conflicts / successful transactions summed over the seeds at this point, the
+    fraction and its 95% interval (conflicts as a Poisson count over the successes)."""
+    ms = _seeds(runs, **fixed)
+    if not ms:
+        return "-"
+    c = sum(float(m.get(f"{sched}_conflicted", 0)) for m in ms)
+    ok = sum(float(m.get(f"{sched}_successful", 0)) for m in ms)
+    if ok == 0:
+        return f"{c:.0f} / 0"
+    lo, hi = poisson_interval(c)
+    return f"{c:.0f} / {ok:.0f} = {_fmt(c / ok)} [{_fmt(lo / ok)}-{_fmt(hi / ok)}]"
+
+
 FIG10 = (("fig10_single_path", "(a) single-path", "monolithic", "t_job_service"),
          ("fig10_multi_path", "(b) multi-path", "monolithic", "t_job_service"),
          ("fig10_two_level", "(c) two-level", "service", "t_job_service"),
@@ -234,7 +307,7 @@ def fig10(out: Path) -> list[Path]:
 FILE_ORDER = ("fig5_6_single_path", "fig5_6_multi_path", "fig5_6_shared_state",
               "fig7_two_level", "fig8_batch_rate", "fig10_single_path", "fig10_multi_path",
               "fig10_two_level", "fig10_shared_state", "fig10_shared_coarse_gang",
-              "semantics")
+              "semantics", "fig14_conflict_modes", "fig9_batch_schedulers")
 LEFT_OVER = 0.02  # Fig. 10's red: more than 2% of the jobs abandoned or left waiting
 
 
@@ -325,6 +398,7 @@ def tables(out: Path) -> Path:
                 row.append(b + star)
             lines.append(f"| {t} | " + " | ".join(row) + " |")
         lines.append("")
+    lines += _conflict_tables(out)
     sem = _load(out, "semantics")
     if sem is not None:
         metrics = ["batch_wait_mean_s", "service_wait_mean_s", "batch_busyness",
@@ -341,18 +415,62 @@ def tables(out: Path) -> Path:
                          + " | ".join(_fmt(float(r["metrics"].get(m, float("nan"))))
                                       for m in metrics) + " |")
         lines.append("")
-    lines += ["## CPU time", "", "| experiment | runs here | CPU s here | runs at paper "
-              "length | CPU hours at paper length |", "| --- | --- | --- | --- | --- |",
+    lines += ["## CPU time", "", "| experiment | runs here | CPU s here | prefill CPU s "
+              "per run | runs at paper length | CPU hours at paper length |",
+              "| --- | --- | --- | --- | --- | --- |",
               *timing(out, [n for n in FILE_ORDER])]
     path = out / "tables.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
+def _conflict_tables(out: Path) -> list[str]:
+    """Fig. 9 and 14: the mean over seeds (lowest-highest), and the conflicts behind
+    each conflict fraction with its 95% interval."""
+    lines: list[str] = []
+    for name, axes_, metrics, scheds in (
+            ("fig9_batch_schedulers", ("batch_schedulers", "batch_rate"),
+             ["batch_busyness", "batch_wait_mean_s", "batch_unscheduled",
+              "service_busyness"], ("batch",)),
+            ("fig14_conflict_modes", ("variant", "t_job_service"),
+             ["service_busyness", "service_busyness_wasted", "batch_busyness",
+              "service_unscheduled"], ("service", "batch"))):
+        runs = _load(out, name)
+        if runs is None:
+            continue
+        conf = [f"{s_} conflicts / successes = fraction [95%]" for s_ in scheds]
+        lines += [f"## {name}", "", "| cluster | " + " | ".join(axes_) + " | seeds | "
+                  + " | ".join(conf + metrics) + " |",
+                  "| --- " * (len(axes_) + len(conf) + len(metrics) + 2) + "|"]
+        for c in _clusters(runs):
+            keys = sorted({tuple(r["point"][a] for a in axes_) for r in runs
+                           if r["point"]["cluster"] == c},
+                          key=lambda k: tuple(str(v) if isinstance(v, str) else f"{v:012.3f}"
+                                              for v in k))
+            for k in keys:
+                at = dict(zip(axes_, k, strict=True))
+                n = stat(runs, metrics[0], cluster=c, **at)[3]
+                lines.append(f"| {c} | " + " | ".join(str(v) for v in k) + f" | {n} | "
+                             + " | ".join([conflict_cell(runs, s_, cluster=c, **at)
+                                           for s_ in scheds]
+                                          + [_cell(runs, m, cluster=c, **at)
+                                             for m in metrics]) + " |")
+        lines.append("")
+    return lines
+
+
+# The prefill's CPU seconds per cluster, for runs timed before run.py timed it apart
+# (experiments/omega/cost.py and run.py's timing.csv, load average 11-17 on 2 cores).
+PREFILL_CPU = {"A": 1.3, "B": 3.8, "C": 2.9}
+
+
 def timing(out: Path, names: Sequence[str]) -> list[str]:
     """Table rows: the CPU seconds each file's runs took here, and what its full
-    length (every point, every seed, the file's horizon) would take at the same CPU
-    per simulated second (an upper bound: the prefill's fixed cost is scaled too)."""
+    length (every point, every seed, the file's horizon) would take: each run's
+    prefill (a fixed cost, the mean here) plus its horizon at the mean CPU per
+    simulated second that the runs of its cluster here spent after their prefill. Runs timed before
+    the prefill was timed apart are taken to have spent their cluster's PREFILL_CPU
+    on it (marked *)."""
     import csv
 
     from simulator.experiment import load
@@ -365,20 +483,32 @@ def timing(out: Path, names: Sequence[str]) -> list[str]:
             continue
         done = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
         cpu = sum(float(r["cpu_s"]) for r in done)
-        rate = statistics.fmean(float(r["cpu_s"]) / float(r["horizon_s"]) for r in done)
+        split = all(r.get("prefill_cpu_s") for r in done)
+        pre = [float(r["prefill_cpu_s"]) if split else PREFILL_CPU.get(r.get("cluster", ""), 0.0)
+               for r in done]
+        # CPU per simulated second after the prefill, per cluster (their task rates
+        # differ 4x), and over the whole file for a cluster not run here.
+        rates: dict[str, list[float]] = {}
+        for r, p in zip(done, pre, strict=True):
+            rate = max(float(r["cpu_s"]) - p, 0.0) / float(r["horizon_s"])
+            rates.setdefault(r.get("cluster", ""), []).append(rate)
+        anywhere = statistics.fmean(x for v in rates.values() for x in v)
         full = load(Path(__file__).resolve().parent / f"{name}.toml")
-        full_cpu = sum(r.config.horizon for r in full.runs) * rate
+        full_cpu = sum(statistics.fmean(pre) + r.config.horizon * statistics.fmean(
+            rates.get(str(r.point.get("cluster", "")), [anywhere])) for r in full.runs)
         total_here += cpu
         total_full += full_cpu
         rows.append(f"| {name} | {len(done)} x {float(done[0]['horizon_s']):.0f} s | "
-                    f"{cpu:.0f} | {len(full.runs)} x {full.runs[0].config.horizon:.0f} s | "
-                    f"{full_cpu / 3600:,.0f} |")
-    rows.append(f"| total | | {total_here:.0f} | | {total_full / 3600:,.0f} |")
+                    f"{cpu:.0f} | {statistics.fmean(pre):.1f} | {len(full.runs)} x "
+                    f"{full.runs[0].config.horizon:.0f} s | {full_cpu / 3600:,.1f}"
+                    f"{'' if split else '*'} |")
+    rows.append(f"| total | | {total_here:.0f} | | | {total_full / 3600:,.0f} |")
     return rows
 
 
 def make_all(out: Path) -> list[Path]:
-    paths = [*fig5_6(out), *fig7(out), *fig8(out), *fig10(out), tables(out)]
+    paths = [*fig5_6(out), *fig7(out), *fig8(out), *fig9(out), *fig10(out), *fig14(out),
+             tables(out)]
     return paths
 
 

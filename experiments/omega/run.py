@@ -35,14 +35,17 @@ from simulator.runner import run_one  # noqa: E402
 # In the order they run (the most telling first, for runs cut short).
 FILES = ("fig8_batch_rate", "fig7_two_level", "semantics", "fig5_6_single_path",
          "fig5_6_multi_path", "fig5_6_shared_state", "fig10_single_path", "fig10_multi_path",
-         "fig10_two_level", "fig10_shared_state", "fig10_shared_coarse_gang")
+         "fig10_two_level", "fig10_shared_state", "fig10_shared_coarse_gang",
+         "fig14_conflict_modes", "fig9_batch_schedulers")
 
 # The short profile: simulated seconds, and the axis values kept (axes not named keep
-# every value). What docs/results/omega.md reports was made with exactly this.
-_T5 = {"seed": [1], "t_job": [0.1, 10, 100], "t_job_service": [0.1, 10, 100]}
-_T10 = {"seed": [1], "t_job_service": [0.1, 100],
+# every value; a list of such tables keeps the runs any of them keeps). What
+# docs/results/omega.md reports was made with exactly this.
+Keep = dict[str, list[Any]]
+_T5: Keep = {"seed": [1], "t_job": [0.1, 10, 100], "t_job_service": [0.1, 10, 100]}
+_T10: Keep = {"seed": [1], "t_job_service": [0.1, 100],
         "t_task_service": [0.001, 0.1]}
-SHORT: dict[str, tuple[float, dict[str, list[Any]]]] = {
+SHORT: dict[str, tuple[float, Keep | list[Keep]]] = {
     "fig8_batch_rate": (1200, {"seed": [1], "batch_rate": [1, 2, 4, 6, 8, 10]}),
     "fig7_two_level": (600, {"seed": [1], "t_job_service": [0.1, 10, 100]}),
     "semantics": (600, {"seed": [1], "t_job_service": [100]}),
@@ -54,34 +57,54 @@ SHORT: dict[str, tuple[float, dict[str, list[Any]]]] = {
     "fig10_two_level": (600, _T10),
     "fig10_shared_state": (600, _T10),
     "fig10_shared_coarse_gang": (600, _T10),
+    # Fig. 14 on the paper's cluster (C) with two seeds, A and B at t_job(service) =
+    # 10 s with one; Fig. 9 on the paper's cluster (B) with two seeds at 1x and 10x.
+    "fig14_conflict_modes": (1200, [{"cluster": ["C"], "seed": [1, 2]},
+                                    {"cluster": ["A", "B"], "seed": [1],
+                                     "t_job_service": [10]}]),
+    "fig9_batch_schedulers": (600, [
+        {"cluster": ["B"], "seed": [1, 2], "batch_schedulers": [1, 4, 32],
+         "batch_rate": [1, 10]},
+        {"cluster": ["B"], "seed": [1], "batch_schedulers": [1, 4, 32], "batch_rate": [4]},
+        {"cluster": ["A", "C"], "seed": [1], "batch_schedulers": [1, 32],
+         "batch_rate": [10]}]),
 }
 
 
-def shorten(exp: Experiment, horizon: float, keep: dict[str, list[Any]]) -> Experiment:
-    """The runs whose every axis value is kept, run for ``horizon`` simulated seconds
-    with busyness over thirds of it (so that a median and its MAD exist)."""
+def shorten(exp: Experiment, horizon: float, keep: Keep | list[Keep]) -> Experiment:
+    """The runs whose every axis value is kept (by one of the tables, if a list), run
+    for ``horizon`` simulated seconds with busyness over thirds of it (so that a median
+    and its MAD exist)."""
+    tables = keep if isinstance(keep, list) else [keep]
     runs = []
     for r in exp.runs:
-        if all(r.point.get(k) in v for k, v in keep.items() if k in r.point):
+        if any(all(r.point.get(k) in v for k, v in t.items() if k in r.point)
+               for t in tables):
             cfg = attrs.evolve(r.config, horizon=horizon, day=horizon / 3,
                                sample_interval=min(r.config.sample_interval, horizon / 10))
             runs.append(attrs.evolve(r, config=cfg))
     return attrs.evolve(exp, runs=tuple(runs))
 
 
-def _timed(exp: Experiment, index: int) -> tuple[int, RunResult, float]:
+def _timed(exp: Experiment, index: int) -> tuple[int, RunResult, float, float]:
+    """The run's result, its CPU seconds, and the CPU seconds of its prefill (a fixed
+    cost per run: it does not grow with the simulated time)."""
     started = time.process_time()
-    res = run_one(exp.runs[index].point, index, exp)
-    return index, res, time.process_time() - started
+    prefilled: list[float] = []
+    res = run_one(exp.runs[index].point, index, exp,
+                  after_prefill=lambda: prefilled.append(time.process_time()))
+    end = time.process_time()
+    return index, res, end - started, (prefilled or [end])[0] - started
 
 
 def run(exp: Experiment, out: Path, jobs: int) -> None:
     results: list[RunResult | None] = [None] * len(exp.runs)
     cpu = [0.0] * len(exp.runs)
+    prefill = [0.0] * len(exp.runs)
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_timed, exp, i) for i in range(len(exp.runs))]
         for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
-            i, res, seconds = f.result()
+            i, res, seconds, prefill[i] = f.result()
             results[i], cpu[i] = res, seconds
             print(f"{exp.name}: {n}/{len(exp.runs)} {res.point} {seconds:.0f} s CPU",
                   flush=True)
@@ -90,10 +113,11 @@ def run(exp: Experiment, out: Path, jobs: int) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     axes = [a.name for a in exp.axes]
-    w.writerow([*axes, "horizon_s", "cpu_s"])
-    for r, c, spec in zip(results, cpu, exp.runs, strict=True):
+    w.writerow([*axes, "horizon_s", "cpu_s", "prefill_cpu_s"])
+    for r, c, pre, spec in zip(results, cpu, prefill, exp.runs, strict=True):
         assert r is not None
-        w.writerow([*(r.point.get(a) for a in axes), spec.config.horizon, f"{c:.1f}"])
+        w.writerow([*(r.point.get(a) for a in axes), spec.config.horizon, f"{c:.1f}",
+                    f"{pre:.1f}"])
     (dest / "timing.csv").write_text(buf.getvalue(), encoding="utf-8")
 
 
@@ -104,12 +128,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
     p.add_argument("--only", nargs="*", default=FILES, help="experiment names to run")
     p.add_argument("--no-run", action="store_true", help="only draw the figures")
+    p.add_argument("--seeds", type=int, nargs="*",
+                   help="with --short: these seeds instead of the profile's")
     args = p.parse_args()
     if not args.no_run:
         for name in args.only:
             exp = load(HERE / f"{name}.toml")
             if args.short:
-                exp = shorten(exp, *SHORT[name])
+                horizon, keep = SHORT[name]
+                if args.seeds:
+                    tables = keep if isinstance(keep, list) else [keep]
+                    keep = [{**t, "seed": list(args.seeds)} for t in tables]
+                exp = shorten(exp, horizon, keep)
             run(exp, args.out, args.jobs)
     from figures import make_all  # experiments/omega/figures.py
 

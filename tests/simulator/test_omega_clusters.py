@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OMEGA = ROOT / "experiments" / "omega"
 FILES = ("fig5_6_single_path", "fig5_6_multi_path", "fig5_6_shared_state", "fig7_two_level",
          "fig8_batch_rate", "fig10_single_path", "fig10_multi_path", "fig10_two_level",
-         "fig10_shared_state", "fig10_shared_coarse_gang", "semantics")
+         "fig10_shared_state", "fig10_shared_coarse_gang", "semantics", "fig9_batch_schedulers",
+         "fig14_conflict_modes")
 
 
 def _calibrate() -> ModuleType:

@@ -147,3 +147,34 @@ def test_prefill_from_the_workload_holds_each_class_at_its_steady_share() -> Non
     jobs = workload_jobs(Prefill(utilization=1.0), classes, 26_000.0, random.Random(3))
     held = {k: sum(j.tasks * j.cpu for j in jobs if j.kind is k) for k in JobKind}
     assert held[JobKind.BATCH] / held[JobKind.SERVICE] == pytest.approx(10 / 3, rel=0.1)
+
+
+@pytest.mark.parametrize("order", ["back", "submission"])
+def test_the_next_job_is_the_first_due_in_queue_order(
+        tmp_path: Path, order: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime finds the next job from a heap instead of sorting the queue at every
+    decision; it must pick what the sorted queue gives. One saturated scheduler (a job
+    every 0.2 s, 0.5 s per decision) on a cell that fills, so that the queue grows to
+    hundreds of jobs and retries re-enter it (back) or keep their place (submission)."""
+    from schedulers.runtime import SchedulerInstance
+
+    picks: list[tuple[int, bool]] = []  # (queue length, the first queued job was due)
+    original = SchedulerInstance._next_due
+
+    def checked(self: SchedulerInstance, now: float) -> list[str]:
+        got = original(self, now)
+        order_now = self.queued()
+        want = [j for j in order_now if self._state(j).next_try_at <= now][:1]
+        assert got == want
+        picks.append((len(order_now), bool(want) and want[0] == order_now[0]))
+        return got
+
+    monkeypatch.setattr(SchedulerInstance, "_next_due", checked)
+    jobs = [job(0.2 * i, "batch", tasks=2, duration=20.0) for i in range(400)]
+    simulate(tmp_path, Architecture.MONOLITHIC, (sched("mono", 0.5, ("batch",)),), jobs,
+             machines=4, cpu=4.0, horizon=80.0, retry=RetrySpec(order=order))
+    assert len(picks) > 100
+    assert max(n for n, _ in picks) > 200  # the queue did grow
+    if order == "submission":
+        # Retries not yet due at the head of the queue: the scan past them was used.
+        assert any(not first for _, first in picks)
