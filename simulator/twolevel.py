@@ -31,6 +31,7 @@ from simulator.recorder import Recorder
 
 # Above any job's precedence, so no policy tries to preempt the hidden part.
 _HIDDEN_PRECEDENCE = 2**31
+_NOTHING = Resources()
 
 
 def _positive(r: Resources) -> Resources:
@@ -45,13 +46,24 @@ def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
     later term is non-negative, so the result is the same; so is a dimension the
     capacity lacks (negative)."""
     out = []
-    for d, x in capacity.amounts:
-        x = x - used.get(d)
+    for i, (d, x) in enumerate(capacity.amounts):
+        x = x - _amount(used, i, d)
         for t in taken:
-            x = x - t.get(d)
+            x = x - _amount(t, i, d)
         if x > 1e-9:
             out.append((d, x))
     return Resources(tuple(out))
+
+
+def _amount(r: Resources, i: int, d: str) -> float:
+    """``r.get(d)``, looked up first at position ``i``: the vectors the allocator
+    subtracts nearly always name the capacity's dimensions in the same order."""
+    a = r.amounts
+    if i < len(a):
+        name, x = a[i]
+        if name == d:
+            return x
+    return r.get(d)
 
 
 class Offer:
@@ -73,36 +85,60 @@ class Offer:
         if self._shared:
             self.locks = dict(self.locks)
             self._shared = False
-        left = _positive(self.locks.get(mid, Resources()) - used)
+        left = _left(self.locks.get(mid, _NOTHING), used)
         if left:
             self.locks[mid] = left
         else:
             self.locks.pop(mid, None)
+
+    def take(self) -> dict[str, Resources]:
+        """The locks, for the allocator to own once the framework has answered: the
+        dict itself unless a view holds it (then a copy). The offer is left empty."""
+        locks = dict(self.locks) if self._shared else self.locks
+        self.locks = {}
+        self._shared = False
+        return locks
+
+
+# One machine as an offer shows it: (the cell's record, the offer's lock on it, the
+# record the framework sees). Records and locks are immutable, so while both are the
+# same objects the shown record is too, whatever the view or the offer.
+_Shown = tuple[Machine, Resources, Machine]
 
 
 class OfferedMachines(Mapping[str, Machine]):
     """The machines of an offer, each showing as free just what the offer gives (the
     rest of its free resources is hidden behind a placeholder allocation)."""
 
-    def __init__(self, base: Mapping[str, Machine], offer: Offer) -> None:
+    def __init__(self, base: Mapping[str, Machine], offer: Offer,
+                 shown: dict[str, _Shown]) -> None:
         self._base = base
         self._offered = offer.frozen()
-        self._memo: dict[str, Machine] = {}
+        self._shown = shown  # kept by the OfferView across views and offers
 
     def __getitem__(self, mid: str) -> Machine:
-        hit = self._memo.get(mid)
-        if hit is not None:
-            return hit
         offered = self._offered[mid]
         m = self._base[mid]
+        hit = self._shown.get(mid)
+        if hit is not None and hit[0] is m and hit[1] is offered:
+            return hit[2]
+        shown = m
         hidden = _left(m.capacity, machine_used(m, {}), offered)
         if hidden:
             allocs = dict(m.allocations)
             allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
                                             _HIDDEN_PRECEDENCE, hidden)
-            m = m.with_allocations(allocs, m.settled_used + hidden).with_seq(m.seq)
-        self._memo[mid] = m
-        return m
+            # The placeholder carries no gang tag: the record is tagged as ``m`` is.
+            shown = m.with_allocations(allocs, m.settled_used + hidden, m.has_tags)
+        self._shown[mid] = (m, offered, shown)
+        return shown
+
+    def get(self, mid: str, default: Any = None) -> Any:
+        # Mapping's own get() goes through a raised KeyError: policies look up machines
+        # one at a time, tens of thousands per simulated hour.
+        if mid in self._offered and mid in self._base:
+            return self[mid]
+        return default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._offered)
@@ -126,6 +162,9 @@ class Allocator:
         self.waiting: dict[str, Framework] = {}
         self.offers_made = 0
         self._tick: Event | None = None
+        # While a framework's commit is published: the machines it changed, counted
+        # once it answers (release() counts the ones it placed on again anyway).
+        self._deferred: set[str] | None = None
         self._changed(cell.snapshot(), None)
         cell.on_changes(self._changed)
 
@@ -134,17 +173,24 @@ class Allocator:
             for mid in snap.machines:
                 self._recount(snap, mid)
             return
+        deferred = self._deferred
         for kind, mid in changes:
             if kind is KeyKind.MACHINE:
-                self._recount(snap, mid)
+                if deferred is not None:
+                    deferred.add(mid)
+                else:
+                    self._recount(snap, mid)
 
     def _recount(self, snap: CellSnapshot, mid: str) -> None:
         m = snap.machines.get(mid)
         if m is None:
             self.available.pop(mid, None)
             return
-        locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
-        free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
+        if self.outstanding:
+            locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
+            free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
+        else:
+            free = _left(m.capacity, machine_used(m, snap.gangs))
         if free:
             self.available[mid] = free
         else:
@@ -175,6 +221,12 @@ class Allocator:
         if self.waiting:
             self._tick = self.loop.after(self.spec.offer_interval, WAKE, self._round)
 
+    def committing(self) -> None:
+        """A framework's commit is about to be published; its answer (release()) ends
+        it. Until then the machines that change are counted at the answer, not one
+        change at a time (on the machines it placed on, the count would be undone)."""
+        self._deferred = set()
+
     def used(self, offer: Offer, results: dict[str, CommitResult],
              jobs: Mapping[str, Resources]) -> set[str]:
         """Take what a framework's commit placed out of its offer; returns the machines
@@ -190,18 +242,27 @@ class Allocator:
         """The framework answered: what it did not use is available again. Machines it
         placed on are counted again (while its commit was published, its offer still
         held what it placed); on the others, what was available grows by the lock."""
+        deferred, self._deferred = self._deferred, None
+        snap = self.cell.snapshot()
+        if deferred:
+            # Machines the commit changed but did not place on (none, so far): counted
+            # with the offer still outstanding, as they would have been when published
+            # (only the machines placed on have changed since).
+            for mid in deferred:
+                if mid not in touched:
+                    self._recount(snap, mid)
         if self.outstanding.pop(offer.id, None) is None:
             return
-        # Built from a copy of the offer (thousands of machines, copied in C) with the
-        # few machines freed meanwhile merged in, not one machine at a time.
-        merged = dict(offer.locks)
+        # The offer's locks (thousands of machines, kept, or copied in C if a view
+        # holds them) with the few machines freed meanwhile merged in, not one machine
+        # at a time.
+        merged = offer.take()
         for mid, have in self.available.items():
             lock = merged.get(mid)
             merged[mid] = have if lock is None else have + lock
         for mid in touched:
             merged.pop(mid, None)
         self.available = merged
-        snap = self.cell.snapshot()
         for mid in touched:
             self._recount(snap, mid)
 
@@ -217,6 +278,7 @@ class OfferView:
         # The last view: (cell snapshot, offer's locks, view), reused while neither
         # changed (show() and the framework's decision both take one).
         self._last: tuple[CellSnapshot, dict[str, Resources], CellSnapshot] | None = None
+        self._shown: dict[str, _Shown] = {}  # every view's records, see OfferedMachines
 
     def snapshot(self) -> CellSnapshot:
         snap = self.cell.snapshot()
@@ -227,7 +289,7 @@ class OfferView:
         if last is not None and last[0] is snap and last[1] is locks:
             return last[2]
         # CellSnapshot annotates immutables.Map; readers only use the Mapping interface.
-        machines = cast(Any, OfferedMachines(snap.machines, self.offer))
+        machines = cast(Any, OfferedMachines(snap.machines, self.offer, self._shown))
         view = CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
                             snap.gangs, snap.usage, snap.statuses, snap.instances,
                             snap.schedulers, snap.agents)
@@ -243,13 +305,19 @@ class OfferView:
         as changed, so the runtime's list of machine ids follows (it stays as it was
         between offers: a framework only decides while it holds one)."""
         self.offer = offer
-        visible = frozenset(offer.locks)
+        # The allocator may hand the dict a past offer held to a new one, changed.
+        self._last = None
         before = self._visible
-        self._visible = visible
-        if before is None:
-            before = frozenset(self.cell.snapshot().machines.keys())
-        # In no particular order: the runtime only collects them in a set.
-        changed: Changes = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
+        changed: Changes = []
+        # Nearly every offer holds the same machines as the last (every machine with
+        # anything free): comparing the keys costs no new set.
+        if before is None or offer.locks.keys() != before:
+            visible = frozenset(offer.locks)
+            if before is None:
+                before = frozenset(self.cell.snapshot().machines.keys())
+            # In no particular order: the runtime only collects them in a set.
+            changed = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
+            self._visible = visible
         snap = self.snapshot()
         for listener in self._listeners:
             listener(snap, changed)
@@ -295,6 +363,7 @@ class Framework:
             self._wake_event = self.loop.after(result, WAKE, self.poke)
 
     def _commit(self, attempt: Attempt, offer: Offer) -> None:
+        self.allocator.committing()
         results = self.inst.finish(attempt)
         touched = self.allocator.used(offer, results,
                                       {j.id: j.task_resources for j in attempt.jobs})
