@@ -15,6 +15,7 @@ is locked resources and offer delay.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
@@ -66,13 +67,47 @@ def _amount(r: Resources, i: int, d: str) -> float:
     return r.get(d)
 
 
-class Offer:
-    """What one framework was offered and has not used yet, per machine."""
+class Moves:
+    """The machines that entered or left the key set of the allocator's pool or of an
+    offer's locks, in order (a machine may appear more than once). A framework's view
+    compares its last offer with the next one over these machines only, not over every
+    machine offered; positions count from the first move ever logged."""
 
-    def __init__(self, ident: int, framework: str, locks: dict[str, Resources]) -> None:
+    _LIMIT = 100_000  # moves kept; a view further behind compares every machine
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.items: list[str] = []
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.items)
+
+    def since(self, pos: int) -> list[str] | None:
+        """The moves from position ``pos`` on; None if they are no longer kept."""
+        return self.items[pos - self.base:] if pos >= self.base else None
+
+    def trim(self) -> None:
+        if len(self.items) > self._LIMIT:
+            self.base += len(self.items)
+            self.items = []
+
+
+class Offer:
+    """What one framework was offered and has not used yet, per machine.
+
+    ``lineage`` (0: unknown) names the chain of dicts its locks descend from: the pool becomes an
+    offer's locks, an answered offer's locks become the pool again, and every change to
+    their key sets along the way is in ``moves``. Two offers of the same lineage differ
+    only in machines logged between them."""
+
+    def __init__(self, ident: int, framework: str, locks: dict[str, Resources],
+                 lineage: int = 0, moves: Moves | None = None) -> None:
         self.id = ident
         self.framework = framework
         self.locks = locks
+        self.lineage = lineage
+        self.moves = moves if moves is not None else Moves()
         self._shared = False  # a view holds ``locks``: copy before changing them
 
     def frozen(self) -> dict[str, Resources]:
@@ -165,6 +200,9 @@ class Allocator:
         # While a framework's commit is published: the machines it changed, counted
         # once it answers (release() counts the ones it placed on again anyway).
         self._deferred: set[str] | None = None
+        self.moves = Moves()
+        self._lineages = itertools.count(1)
+        self._pool_lineage = next(self._lineages)  # of ``available``
         self._changed(cell.snapshot(), None)
         cell.on_changes(self._changed)
 
@@ -184,7 +222,8 @@ class Allocator:
     def _recount(self, snap: CellSnapshot, mid: str) -> None:
         m = snap.machines.get(mid)
         if m is None:
-            self.available.pop(mid, None)
+            if self.available.pop(mid, None) is not None:
+                self.moves.items.append(mid)
             return
         if self.outstanding:
             locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
@@ -192,9 +231,11 @@ class Allocator:
         else:
             free = _left(m.capacity, machine_used(m, snap.gangs))
         if free:
+            if mid not in self.available:
+                self.moves.items.append(mid)
             self.available[mid] = free
-        else:
-            self.available.pop(mid, None)
+        elif self.available.pop(mid, None) is not None:
+            self.moves.items.append(mid)
 
     def dominant_share(self, framework: str) -> float:
         held = self.cell.usage.get(framework, Resources())
@@ -214,8 +255,11 @@ class Allocator:
             fw = min(self.waiting.values(), key=lambda f: (self.dominant_share(f.name), f.name))
             del self.waiting[fw.name]
             self.offers_made += 1
-            offer = Offer(self.offers_made, fw.name, self.available)
+            self.moves.trim()
+            offer = Offer(self.offers_made, fw.name, self.available, self._pool_lineage,
+                          self.moves)
             self.available = {}
+            self._pool_lineage = next(self._lineages)
             self.outstanding[offer.id] = offer
             self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
         if self.waiting:
@@ -235,6 +279,8 @@ class Allocator:
         for job_id, res in results.items():
             for c in res.committed:
                 offer.consume(c.machine, jobs[job_id])
+                if c.machine not in offer.locks:
+                    self.moves.items.append(c.machine)
                 touched.add(c.machine)
         return touched
 
@@ -257,12 +303,17 @@ class Allocator:
         # holds them) with the few machines freed meanwhile merged in, not one machine
         # at a time.
         merged = offer.take()
+        moved = self.moves.items
         for mid, have in self.available.items():
             lock = merged.get(mid)
+            if lock is None:
+                moved.append(mid)
             merged[mid] = have if lock is None else have + lock
         for mid in touched:
-            merged.pop(mid, None)
+            if merged.pop(mid, None) is not None:
+                moved.append(mid)
         self.available = merged
+        self._pool_lineage = offer.lineage
         for mid in touched:
             self._recount(snap, mid)
 
@@ -274,7 +325,10 @@ class OfferView:
         self.cell = cell
         self.offer: Offer | None = None
         self._listeners: list[Listener] = []
-        self._visible: frozenset[str] | None = None  # None: every machine
+        self._visible: set[str] | None = None  # None: every machine
+        self._lineage = 0  # of the offer last shown
+        self._moves: Moves | None = None  # its log of moves
+        self._moved_to = 0  # position in that log when shown
         # The last view: (cell snapshot, offer's locks, view), reused while neither
         # changed (show() and the framework's decision both take one).
         self._last: tuple[CellSnapshot, dict[str, Resources], CellSnapshot] | None = None
@@ -307,17 +361,33 @@ class OfferView:
         self.offer = offer
         # The allocator may hand the dict a past offer held to a new one, changed.
         self._last = None
-        before = self._visible
+        visible = self._visible
+        moved = (offer.moves.since(self._moved_to)
+                 if visible is not None and offer.lineage and offer.lineage == self._lineage
+                 and offer.moves is self._moves else None)
+        # In no particular order: the runtime only collects them in a set.
         changed: Changes = []
-        # Nearly every offer holds the same machines as the last (every machine with
-        # anything free): comparing the keys costs no new set.
-        if before is None or offer.locks.keys() != before:
-            visible = frozenset(offer.locks)
-            if before is None:
-                before = frozenset(self.cell.snapshot().machines.keys())
-            # In no particular order: the runtime only collects them in a set.
-            changed = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
-            self._visible = visible
+        if visible is not None and moved is not None:
+            # Only machines that moved since the last offer can differ (nearly every
+            # offer holds the same thousands as the last), each reported once.
+            locks = offer.locks
+            for mid in moved:
+                inside = mid in locks
+                if inside != (mid in visible):
+                    if inside:
+                        visible.add(mid)
+                    else:
+                        visible.discard(mid)
+                    changed.append((KeyKind.MACHINE, mid))
+        else:
+            shown = set(offer.locks)
+            before = (visible if visible is not None
+                      else set(self.cell.snapshot().machines.keys()))
+            changed = [(KeyKind.MACHINE, mid) for mid in before ^ shown]
+            self._visible = shown
+        self._lineage = offer.lineage
+        self._moves = offer.moves
+        self._moved_to = offer.moves.end
         snap = self.snapshot()
         for listener in self._listeners:
             listener(snap, changed)
