@@ -18,7 +18,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+from immutables import Map
 
 from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
@@ -29,6 +31,15 @@ from simulator.config import TwoLevelSpec
 from simulator.drivers import Committed
 from simulator.engine import COMMIT, WAKE, Event, EventLoop
 from simulator.recorder import Recorder
+
+if TYPE_CHECKING:
+    from immutables._protocols import MapMutation
+
+# An offer's locks are an immutable map: a view keeps the one it was shown, a commit
+# taken out of the offer makes a new one sharing all but a few nodes, and handing the
+# locks back to the allocator copies nothing (a dict of thousands of machines would be
+# copied, and freed, once per offer).
+Locks = Map[str, Resources]
 
 # Above any job's precedence, so no policy tries to preempt the hidden part.
 _HIDDEN_PRECEDENCE = 2**31
@@ -101,37 +112,30 @@ class Offer:
     their key sets along the way is in ``moves``. Two offers of the same lineage differ
     only in machines logged between them."""
 
-    def __init__(self, ident: int, framework: str, locks: dict[str, Resources],
+    def __init__(self, ident: int, framework: str, locks: Locks,
                  lineage: int = 0, moves: Moves | None = None) -> None:
         self.id = ident
         self.framework = framework
         self.locks = locks
         self.lineage = lineage
         self.moves = moves if moves is not None else Moves()
-        self._shared = False  # a view holds ``locks``: copy before changing them
 
-    def frozen(self) -> dict[str, Resources]:
-        """The locks as they are now, for a view: they are copied (once) before they
-        next change, not for every view taken (thousands of machines each)."""
-        self._shared = True
+    def frozen(self) -> Locks:
+        """The locks as they are now, for a view (immutable: later changes make new
+        ones)."""
         return self.locks
 
     def consume(self, mid: str, used: Resources) -> None:
-        if self._shared:
-            self.locks = dict(self.locks)
-            self._shared = False
         left = _left(self.locks.get(mid, _NOTHING), used)
         if left:
-            self.locks[mid] = left
-        else:
-            self.locks.pop(mid, None)
+            self.locks = self.locks.set(mid, left)
+        elif mid in self.locks:
+            self.locks = self.locks.delete(mid)
 
-    def take(self) -> dict[str, Resources]:
-        """The locks, for the allocator to own once the framework has answered: the
-        dict itself unless a view holds it (then a copy). The offer is left empty."""
-        locks = dict(self.locks) if self._shared else self.locks
-        self.locks = {}
-        self._shared = False
+    def take(self) -> Locks:
+        """The locks, for the allocator once the framework has answered; the offer is
+        left empty."""
+        locks, self.locks = self.locks, Map()
         return locks
 
 
@@ -192,7 +196,8 @@ class Allocator:
         self.cell = cell
         self.spec = spec
         self.capacity = capacity
-        self.available: dict[str, Resources] = {}  # free and not offered, per machine
+        # Free and not offered, per machine: the next offer's locks, built in place.
+        self.available: MapMutation[str, Resources] = Map().mutate()
         self.outstanding: dict[int, Offer] = {}
         self.waiting: dict[str, Framework] = {}
         self.offers_made = 0
@@ -256,9 +261,9 @@ class Allocator:
             del self.waiting[fw.name]
             self.offers_made += 1
             self.moves.trim()
-            offer = Offer(self.offers_made, fw.name, self.available, self._pool_lineage,
-                          self.moves)
-            self.available = {}
+            offer = Offer(self.offers_made, fw.name, self.available.finish(),
+                          self._pool_lineage, self.moves)
+            self.available = Map().mutate()
             self._pool_lineage = next(self._lineages)
             self.outstanding[offer.id] = offer
             self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
@@ -299,12 +304,11 @@ class Allocator:
                     self._recount(snap, mid)
         if self.outstanding.pop(offer.id, None) is None:
             return
-        # The offer's locks (thousands of machines, kept, or copied in C if a view
-        # holds them) with the few machines freed meanwhile merged in, not one machine
-        # at a time.
-        merged = offer.take()
+        # The offer's locks (thousands of machines, shared, not copied) with the few
+        # machines freed meanwhile merged in.
+        merged = offer.take().mutate()
         moved = self.moves.items
-        for mid, have in self.available.items():
+        for mid, have in self.available.finish().items():
             lock = merged.get(mid)
             if lock is None:
                 moved.append(mid)
@@ -331,7 +335,7 @@ class OfferView:
         self._moved_to = 0  # position in that log when shown
         # The last view: (cell snapshot, offer's locks, view), reused while neither
         # changed (show() and the framework's decision both take one).
-        self._last: tuple[CellSnapshot, dict[str, Resources], CellSnapshot] | None = None
+        self._last: tuple[CellSnapshot, Locks, CellSnapshot] | None = None
         self._shown: dict[str, _Shown] = {}  # every view's records, see OfferedMachines
 
     def snapshot(self) -> CellSnapshot:
@@ -359,8 +363,6 @@ class OfferView:
         as changed, so the runtime's list of machine ids follows (it stays as it was
         between offers: a framework only decides while it holds one)."""
         self.offer = offer
-        # The allocator may hand the dict a past offer held to a new one, changed.
-        self._last = None
         visible = self._visible
         moved = (offer.moves.since(self._moved_to)
                  if visible is not None and offer.lineage and offer.lineage == self._lineage
