@@ -57,25 +57,20 @@ def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
     difference drops (within 1e-9 of zero) ends at most 1e-9 either way, as every
     later term is non-negative, so the result is the same; so is a dimension the
     capacity lacks (negative)."""
+    # Each term is looked up first at the capacity's position (the vectors the
+    # allocator subtracts nearly always name its dimensions in the same order).
     out = []
+    terms = (used, *taken)
     for i, (d, x) in enumerate(capacity.amounts):
-        x = x - _amount(used, i, d)
-        for t in taken:
-            x = x - _amount(t, i, d)
+        for t in terms:
+            a = t.amounts
+            if i < len(a) and a[i][0] == d:
+                x = x - a[i][1]
+            else:
+                x = x - t.get(d)
         if x > 1e-9:
             out.append((d, x))
     return Resources(tuple(out))
-
-
-def _amount(r: Resources, i: int, d: str) -> float:
-    """``r.get(d)``, looked up first at position ``i``: the vectors the allocator
-    subtracts nearly always name the capacity's dimensions in the same order."""
-    a = r.amounts
-    if i < len(a):
-        name, x = a[i]
-        if name == d:
-            return x
-    return r.get(d)
 
 
 class Moves:
