@@ -15,9 +15,12 @@ is locked resources and offer delay.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+from immutables import Map
 
 from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
@@ -29,8 +32,18 @@ from simulator.drivers import Committed
 from simulator.engine import COMMIT, WAKE, Event, EventLoop
 from simulator.recorder import Recorder
 
+if TYPE_CHECKING:
+    from immutables._protocols import MapMutation
+
+# An offer's locks are an immutable map: a view keeps the one it was shown, a commit
+# taken out of the offer makes a new one sharing all but a few nodes, and handing the
+# locks back to the allocator copies nothing (a dict of thousands of machines would be
+# copied, and freed, once per offer).
+Locks = Map[str, Resources]
+
 # Above any job's precedence, so no policy tries to preempt the hidden part.
 _HIDDEN_PRECEDENCE = 2**31
+_NOTHING = Resources()
 
 
 def _positive(r: Resources) -> Resources:
@@ -44,65 +57,122 @@ def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
     difference drops (within 1e-9 of zero) ends at most 1e-9 either way, as every
     later term is non-negative, so the result is the same; so is a dimension the
     capacity lacks (negative)."""
+    # Each term is looked up first at the capacity's position (the vectors the
+    # allocator subtracts nearly always name its dimensions in the same order).
     out = []
-    for d, x in capacity.amounts:
-        x = x - used.get(d)
-        for t in taken:
-            x = x - t.get(d)
+    terms = (used, *taken)
+    for i, (d, x) in enumerate(capacity.amounts):
+        for t in terms:
+            a = t.amounts
+            if i < len(a) and a[i][0] == d:
+                x = x - a[i][1]
+            else:
+                x = x - t.get(d)
         if x > 1e-9:
             out.append((d, x))
     return Resources(tuple(out))
 
 
-class Offer:
-    """What one framework was offered and has not used yet, per machine."""
+class Moves:
+    """The machines that entered or left the key set of the allocator's pool or of an
+    offer's locks, in order (a machine may appear more than once). A framework's view
+    compares its last offer with the next one over these machines only, not over every
+    machine offered; positions count from the first move ever logged."""
 
-    def __init__(self, ident: int, framework: str, locks: dict[str, Resources]) -> None:
+    _LIMIT = 100_000  # moves kept; a view further behind compares every machine
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.items: list[str] = []
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.items)
+
+    def since(self, pos: int) -> list[str] | None:
+        """The moves from position ``pos`` on; None if they are no longer kept."""
+        return self.items[pos - self.base:] if pos >= self.base else None
+
+    def trim(self) -> None:
+        if len(self.items) > self._LIMIT:
+            self.base += len(self.items)
+            self.items = []
+
+
+class Offer:
+    """What one framework was offered and has not used yet, per machine.
+
+    ``lineage`` (0: unknown) names the chain of dicts its locks descend from: the pool becomes an
+    offer's locks, an answered offer's locks become the pool again, and every change to
+    their key sets along the way is in ``moves``. Two offers of the same lineage differ
+    only in machines logged between them."""
+
+    def __init__(self, ident: int, framework: str, locks: Locks,
+                 lineage: int = 0, moves: Moves | None = None) -> None:
         self.id = ident
         self.framework = framework
         self.locks = locks
-        self._shared = False  # a view holds ``locks``: copy before changing them
+        self.lineage = lineage
+        self.moves = moves if moves is not None else Moves()
 
-    def frozen(self) -> dict[str, Resources]:
-        """The locks as they are now, for a view: they are copied (once) before they
-        next change, not for every view taken (thousands of machines each)."""
-        self._shared = True
+    def frozen(self) -> Locks:
+        """The locks as they are now, for a view (immutable: later changes make new
+        ones)."""
         return self.locks
 
     def consume(self, mid: str, used: Resources) -> None:
-        if self._shared:
-            self.locks = dict(self.locks)
-            self._shared = False
-        left = _positive(self.locks.get(mid, Resources()) - used)
+        left = _left(self.locks.get(mid, _NOTHING), used)
         if left:
-            self.locks[mid] = left
-        else:
-            self.locks.pop(mid, None)
+            self.locks = self.locks.set(mid, left)
+        elif mid in self.locks:
+            self.locks = self.locks.delete(mid)
+
+    def take(self) -> Locks:
+        """The locks, for the allocator once the framework has answered; the offer is
+        left empty."""
+        locks, self.locks = self.locks, Map()
+        return locks
+
+
+# One machine as an offer shows it: (the cell's record, the offer's lock on it, the
+# record the framework sees). Records and locks are immutable, so while both are the
+# same objects the shown record is too, whatever the view or the offer.
+_Shown = tuple[Machine, Resources, Machine]
 
 
 class OfferedMachines(Mapping[str, Machine]):
     """The machines of an offer, each showing as free just what the offer gives (the
     rest of its free resources is hidden behind a placeholder allocation)."""
 
-    def __init__(self, base: Mapping[str, Machine], offer: Offer) -> None:
+    def __init__(self, base: Mapping[str, Machine], offer: Offer,
+                 shown: dict[str, _Shown]) -> None:
         self._base = base
         self._offered = offer.frozen()
-        self._memo: dict[str, Machine] = {}
+        self._shown = shown  # kept by the OfferView across views and offers
 
     def __getitem__(self, mid: str) -> Machine:
-        hit = self._memo.get(mid)
-        if hit is not None:
-            return hit
         offered = self._offered[mid]
         m = self._base[mid]
+        hit = self._shown.get(mid)
+        if hit is not None and hit[0] is m and hit[1] is offered:
+            return hit[2]
+        shown = m
         hidden = _left(m.capacity, machine_used(m, {}), offered)
         if hidden:
             allocs = dict(m.allocations)
             allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
                                             _HIDDEN_PRECEDENCE, hidden)
-            m = m.with_allocations(allocs, m.settled_used + hidden).with_seq(m.seq)
-        self._memo[mid] = m
-        return m
+            # The placeholder carries no gang tag: the record is tagged as ``m`` is.
+            shown = m.with_allocations(allocs, m.settled_used + hidden, m.has_tags)
+        self._shown[mid] = (m, offered, shown)
+        return shown
+
+    def get(self, mid: str, default: Any = None) -> Any:
+        # Mapping's own get() goes through a raised KeyError: policies look up machines
+        # one at a time, tens of thousands per simulated hour.
+        if mid in self._offered and mid in self._base:
+            return self[mid]
+        return default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._offered)
@@ -121,11 +191,18 @@ class Allocator:
         self.cell = cell
         self.spec = spec
         self.capacity = capacity
-        self.available: dict[str, Resources] = {}  # free and not offered, per machine
+        # Free and not offered, per machine: the next offer's locks, built in place.
+        self.available: MapMutation[str, Resources] = Map().mutate()
         self.outstanding: dict[int, Offer] = {}
         self.waiting: dict[str, Framework] = {}
         self.offers_made = 0
         self._tick: Event | None = None
+        # While a framework's commit is published: the machines it changed, counted
+        # once it answers (release() counts the ones it placed on again anyway).
+        self._deferred: set[str] | None = None
+        self.moves = Moves()
+        self._lineages = itertools.count(1)
+        self._pool_lineage = next(self._lineages)  # of ``available``
         self._changed(cell.snapshot(), None)
         cell.on_changes(self._changed)
 
@@ -134,21 +211,31 @@ class Allocator:
             for mid in snap.machines:
                 self._recount(snap, mid)
             return
+        deferred = self._deferred
         for kind, mid in changes:
             if kind is KeyKind.MACHINE:
-                self._recount(snap, mid)
+                if deferred is not None:
+                    deferred.add(mid)
+                else:
+                    self._recount(snap, mid)
 
     def _recount(self, snap: CellSnapshot, mid: str) -> None:
         m = snap.machines.get(mid)
         if m is None:
-            self.available.pop(mid, None)
+            if self.available.pop(mid, None) is not None:
+                self.moves.items.append(mid)
             return
-        locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
-        free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
-        if free:
-            self.available[mid] = free
+        if self.outstanding:
+            locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
+            free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
         else:
-            self.available.pop(mid, None)
+            free = _left(m.capacity, machine_used(m, snap.gangs))
+        if free:
+            if mid not in self.available:
+                self.moves.items.append(mid)
+            self.available[mid] = free
+        elif self.available.pop(mid, None) is not None:
+            self.moves.items.append(mid)
 
     def dominant_share(self, framework: str) -> float:
         held = self.cell.usage.get(framework, Resources())
@@ -168,12 +255,21 @@ class Allocator:
             fw = min(self.waiting.values(), key=lambda f: (self.dominant_share(f.name), f.name))
             del self.waiting[fw.name]
             self.offers_made += 1
-            offer = Offer(self.offers_made, fw.name, self.available)
-            self.available = {}
+            self.moves.trim()
+            offer = Offer(self.offers_made, fw.name, self.available.finish(),
+                          self._pool_lineage, self.moves)
+            self.available = Map().mutate()
+            self._pool_lineage = next(self._lineages)
             self.outstanding[offer.id] = offer
             self.loop.after(self.spec.offer_cost, COMMIT, lambda: fw.offered(offer))
         if self.waiting:
             self._tick = self.loop.after(self.spec.offer_interval, WAKE, self._round)
+
+    def committing(self) -> None:
+        """A framework's commit is about to be published; its answer (release()) ends
+        it. Until then the machines that change are counted at the answer, not one
+        change at a time (on the machines it placed on, the count would be undone)."""
+        self._deferred = set()
 
     def used(self, offer: Offer, results: dict[str, CommitResult],
              jobs: Mapping[str, Resources]) -> set[str]:
@@ -183,6 +279,8 @@ class Allocator:
         for job_id, res in results.items():
             for c in res.committed:
                 offer.consume(c.machine, jobs[job_id])
+                if c.machine not in offer.locks:
+                    self.moves.items.append(c.machine)
                 touched.add(c.machine)
         return touched
 
@@ -190,18 +288,31 @@ class Allocator:
         """The framework answered: what it did not use is available again. Machines it
         placed on are counted again (while its commit was published, its offer still
         held what it placed); on the others, what was available grows by the lock."""
+        deferred, self._deferred = self._deferred, None
+        snap = self.cell.snapshot()
+        if deferred:
+            # Machines the commit changed but did not place on (none, so far): counted
+            # with the offer still outstanding, as they would have been when published
+            # (only the machines placed on have changed since).
+            for mid in deferred:
+                if mid not in touched:
+                    self._recount(snap, mid)
         if self.outstanding.pop(offer.id, None) is None:
             return
-        # Built from a copy of the offer (thousands of machines, copied in C) with the
-        # few machines freed meanwhile merged in, not one machine at a time.
-        merged = dict(offer.locks)
-        for mid, have in self.available.items():
+        # The offer's locks (thousands of machines, shared, not copied) with the few
+        # machines freed meanwhile merged in.
+        merged = offer.take().mutate()
+        moved = self.moves.items
+        for mid, have in self.available.finish().items():
             lock = merged.get(mid)
+            if lock is None:
+                moved.append(mid)
             merged[mid] = have if lock is None else have + lock
         for mid in touched:
-            merged.pop(mid, None)
+            if merged.pop(mid, None) is not None:
+                moved.append(mid)
         self.available = merged
-        snap = self.cell.snapshot()
+        self._pool_lineage = offer.lineage
         for mid in touched:
             self._recount(snap, mid)
 
@@ -213,10 +324,14 @@ class OfferView:
         self.cell = cell
         self.offer: Offer | None = None
         self._listeners: list[Listener] = []
-        self._visible: frozenset[str] | None = None  # None: every machine
+        self._visible: set[str] | None = None  # None: every machine
+        self._lineage = 0  # of the offer last shown
+        self._moves: Moves | None = None  # its log of moves
+        self._moved_to = 0  # position in that log when shown
         # The last view: (cell snapshot, offer's locks, view), reused while neither
         # changed (show() and the framework's decision both take one).
-        self._last: tuple[CellSnapshot, dict[str, Resources], CellSnapshot] | None = None
+        self._last: tuple[CellSnapshot, Locks, CellSnapshot] | None = None
+        self._shown: dict[str, _Shown] = {}  # every view's records, see OfferedMachines
 
     def snapshot(self) -> CellSnapshot:
         snap = self.cell.snapshot()
@@ -227,7 +342,7 @@ class OfferView:
         if last is not None and last[0] is snap and last[1] is locks:
             return last[2]
         # CellSnapshot annotates immutables.Map; readers only use the Mapping interface.
-        machines = cast(Any, OfferedMachines(snap.machines, self.offer))
+        machines = cast(Any, OfferedMachines(snap.machines, self.offer, self._shown))
         view = CellSnapshot(snap.revision, snap.config, machines, snap.jobs, snap.tasks,
                             snap.gangs, snap.usage, snap.statuses, snap.instances,
                             snap.schedulers, snap.agents)
@@ -243,13 +358,33 @@ class OfferView:
         as changed, so the runtime's list of machine ids follows (it stays as it was
         between offers: a framework only decides while it holds one)."""
         self.offer = offer
-        visible = frozenset(offer.locks)
-        before = self._visible
-        self._visible = visible
-        if before is None:
-            before = frozenset(self.cell.snapshot().machines.keys())
+        visible = self._visible
+        moved = (offer.moves.since(self._moved_to)
+                 if visible is not None and offer.lineage and offer.lineage == self._lineage
+                 and offer.moves is self._moves else None)
         # In no particular order: the runtime only collects them in a set.
-        changed: Changes = [(KeyKind.MACHINE, mid) for mid in before ^ visible]
+        changed: Changes = []
+        if visible is not None and moved is not None:
+            # Only machines that moved since the last offer can differ (nearly every
+            # offer holds the same thousands as the last), each reported once.
+            locks = offer.locks
+            for mid in moved:
+                inside = mid in locks
+                if inside != (mid in visible):
+                    if inside:
+                        visible.add(mid)
+                    else:
+                        visible.discard(mid)
+                    changed.append((KeyKind.MACHINE, mid))
+        else:
+            shown = set(offer.locks)
+            before = (visible if visible is not None
+                      else set(self.cell.snapshot().machines.keys()))
+            changed = [(KeyKind.MACHINE, mid) for mid in before ^ shown]
+            self._visible = shown
+        self._lineage = offer.lineage
+        self._moves = offer.moves
+        self._moved_to = offer.moves.end
         snap = self.snapshot()
         for listener in self._listeners:
             listener(snap, changed)
@@ -295,6 +430,7 @@ class Framework:
             self._wake_event = self.loop.after(result, WAKE, self.poke)
 
     def _commit(self, attempt: Attempt, offer: Offer) -> None:
+        self.allocator.committing()
         results = self.inst.finish(attempt)
         touched = self.allocator.used(offer, results,
                                       {j.id: j.task_resources for j in attempt.jobs})
