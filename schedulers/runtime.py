@@ -428,7 +428,7 @@ class SchedulerInstance:
             return
         if _waiting(snap, job):
             st = self._jobs.get(jid)
-            at = st.requeued_at if st is not None and st.requeued_at is not None else None
+            at = st.requeued_at if st is not None else None
             self._enqueue(jid, job.submitted_at if at is None else at, old)
 
     # -- metrics -------------------------------------------------------------------------
@@ -546,15 +546,20 @@ class SchedulerInstance:
     def _absorb(self, snap: CellSnapshot, now: float,
                 seen: frozenset[tuple[KeyKind, str]] | None) -> bool:
         """Hand the policy the changes while no decision is due; whether it took them."""
-        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
-                        self._machine_ids)
-        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
-                      seen, self.source.snapshot)
+        ctx = self._context(snap, now, seen)
         try:
             return self.policy.absorb(ctx)
         except BaseException:
             self._keep_seen(seen)  # not taken in: still owed to the next decision
             raise
+
+    def _context(self, snap: CellSnapshot, now: float,
+                 seen: frozenset[tuple[KeyKind, str]] | None) -> Context:
+        """What the policy is handed: the snapshot with this instance's claims in flight."""
+        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
+                        self._machine_ids)
+        return Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
+                       seen, self.source.snapshot)
 
     def _state(self, jid: str) -> _JobState:
         st = self._jobs.get(jid)
@@ -564,10 +569,7 @@ class SchedulerInstance:
 
     def _decide(self, snap: CellSnapshot, jobs: list[Job], now: float,
                 seen: frozenset[tuple[KeyKind, str]] | None, propose: bool = False) -> Attempt:
-        view = CellView(snap, self.scheduler, [(c, j) for _, c, j in self._inflight],
-                        self._machine_ids)
-        ctx = Context(view, now, self.rng, self.scheduler, self.instance, self.config.options,
-                      seen, self.source.snapshot)
+        ctx = self._context(snap, now, seen)
         for job in jobs:
             st = self._state(job.id)
             if st.first_attempt_at is None:

@@ -343,7 +343,7 @@ def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
         writes.update(((KeyKind.TASK, i), t) for i, t in d.tasks.items())
         for into, more in ((added, d.added), (removed, d.removed)):
             for s, r in more.items():
-                into[s] = into.get(s, Resources()) + r
+                into[s] = into.get(s, _NOTHING) + r
     return decisions.Change(frozenset(), writes, added, removed)
 
 
