@@ -437,7 +437,7 @@ def validate(
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
     claim_machines: dict[str, frozenset[str]] = {}
-    refused = _gang_job_rules(cell, txn, gang_coverage)
+    refused = _gang_job_rules(cell, txn, gang_coverage, w.read_tasks)
     for claim in txn.claims:
         w.claim_reads = set()
         refusal = refused.get(claim.task)
@@ -562,13 +562,15 @@ def _reject(claim: Claim, reason: Reason, detail: str, dimension: str = "") -> R
     return Rejection(claim, reason, detail, dimension)
 
 
-def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool) -> dict[str, Rejection]:
+def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool,
+                    reads: set[str]) -> dict[str, Rejection]:
     """Rejections of claims for gang jobs that break all-or-nothing, by task id.
 
-    Not guarded: coverage relies on the states of the job's unclaimed tasks, but a
-    task of the job that ends or is lost after this decision leaves the same cell as if
-    it ended just after the commit, which is allowed (the claimed tasks themselves are
-    guarded by the claim checks)."""
+    Coverage relies on the states of the job's unclaimed tasks that have records: they
+    join ``reads`` (the decision's task reads), so a decision made on a stale view of
+    them is made again on fresh ones. (A task lost just after a commit that covered it
+    leaves the cell as if lost just after; but a refusal must give the reason the
+    fresh cell gives.) Tasks never placed have no record and cost no guard."""
     jobs = {txn.job} if txn.job else {c.job for c in txn.claims}
     # A job with a verdict (killed, abandoned) takes no placement at all: its claims are
     # refused as job_ended by the claim check, whatever they cover or the mode.
@@ -586,7 +588,7 @@ def _gang_job_rules(cell: CellReader, txn: Transaction, coverage: bool) -> dict[
         if txn.mode is not TxnMode.GANG:
             detail = (f"job {jid!r} is a gang: its tasks are claimed all together in a gang "
                       "transaction, not an incremental one")
-        elif coverage and (missing := _unclaimed(cell, job, {c.index for c in claims})):
+        elif coverage and (missing := _unclaimed(cell, job, {c.index for c in claims}, reads)):
             detail = (f"job {jid!r} is a gang: the transaction leaves {len(missing)} of its "
                       f"placeable tasks unclaimed (first: task {missing[0]})")
         else:
@@ -618,14 +620,19 @@ def founding_claims(cell: CellReader, txn: Transaction) -> frozenset[str]:
     return frozenset(out)
 
 
-def _unclaimed(cell: CellReader, job: Job, claimed: set[int]) -> list[int]:
-    """Indices of ``job``'s tasks that could be claimed but are not in ``claimed``."""
+def _unclaimed(cell: CellReader, job: Job, claimed: set[int], reads: set[str]) -> list[int]:
+    """Indices of ``job``'s tasks that could be claimed but are not in ``claimed``;
+    adds the tasks whose records it read to ``reads``."""
     out = []
     for i in range(job.task_count):
         if i in claimed:
             continue
         tid = task_id(job.id, i)
-        if cell.tasks.get(tid) is None or task_view(cell, tid).state in PLACEABLE:
+        if cell.tasks.get(tid) is None:
+            out.append(i)
+            continue
+        reads.add(tid)
+        if task_view(cell, tid).state in PLACEABLE:
             out.append(i)
     return out
 

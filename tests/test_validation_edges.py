@@ -21,6 +21,7 @@ from cellstate.model import (
     JobState,
     JobStatus,
     Machine,
+    MachineState,
     Reason,
     Requirement,
     Resources,
@@ -328,3 +329,23 @@ def test_claims_of_a_killed_gang_job_are_refused_as_job_ended(
     res = store.commit(Transaction("batch", (Claim("g", 0, "m1", seq),), mode))
     assert [(r.claim.task, r.reason) for r in res.rejected] == [("g/0", Reason.JOB_ENDED)]
     assert res.committed == ()
+
+
+def test_a_gang_claim_from_a_stale_view_is_refused_for_the_tasks_it_leaves_unclaimed() -> None:
+    """The view has not seen a machine go down under the gang: two of its tasks are lost
+    meanwhile. A claim of only one of them is refused for what it leaves unclaimed, as
+    on the fresh cell, not for the machine's state (the unclaimed tasks' records are
+    read by the decision, so a stale copy of them is read again; a property test found
+    the store answering machine_down)."""
+    kv = MemoryKV()
+    admin = make_cell(kv, [machine("m0", cpu=8), machine("m1", cpu=8)], [_gang(3)])
+    store = CellStore(kv)
+    snap = store.read_snapshot()
+    seqs = {m: snap.machines[m].seq for m in ("m0", "m1")}
+    whole = tuple(Claim("g", i, m, seqs[m]) for i, m in enumerate(("m0", "m0", "m1")))
+    assert store.commit(Transaction("batch", whole, TxnMode.GANG)).ok
+    seq = store.read_snapshot().machines["m0"].seq
+    admin.update_machine("m0", state=MachineState.DOWN)
+    res = store.commit(Transaction("batch", (Claim("g", 0, "m0", seq),), TxnMode.GANG))
+    assert [(r.claim.task, r.reason) for r in res.rejected] == [("g/0", Reason.INVALID)]
+    assert "leaves 1 of its placeable tasks unclaimed" in res.rejected[0].detail
