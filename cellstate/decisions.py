@@ -199,10 +199,11 @@ def _without(m: Machine, gone: Sequence[str]) -> Machine:
     (machines are rebuilt for every task that ends: the simulator's hot path)."""
     drop = set(gone)
     allocs = {t: a for t, a in m.allocations.items() if t not in drop}
+    # Fewer allocations keep a calm machine calm.
     if m.has_tags:
-        return m.with_allocations(allocs)
+        return m.with_allocations(allocs, calm=m.calm)
     freed = sum_resources(m.allocations[t].resources for t in gone)
-    return m.with_allocations(allocs, m.settled_used - freed, False)
+    return m.with_allocations(allocs, m.settled_used - freed, False, calm=m.calm)
 
 
 # -- machines ------------------------------------------------------------------------

@@ -211,6 +211,26 @@ def keeps_others_off(jobs: Mapping[str, Job], job_ids: Iterable[str]) -> bool:
     return False
 
 
+def keeps_others_off_machine(jobs: Mapping[str, Job], m: Machine) -> bool:
+    """:func:`keeps_others_off` for every job with an allocation on ``m`` (holding or
+    not: a cheap upper bound), remembered on the record (:attr:`Machine.calm`) once
+    every one of those jobs is known to have no anti-affinity rule. A job the reader
+    does not know counts as keeping no one off, as above, but is not remembered so:
+    another reader may know it."""
+    if m.calm:
+        return False
+    known = True
+    for jid in m.job_ids:
+        j = jobs.get(jid)
+        if j is None:
+            known = False
+        elif j.constraints.anti_affinity:
+            return True
+    if known:
+        object.__setattr__(m, "calm", True)
+    return False
+
+
 # -- the rules together ---------------------------------------------------------------
 
 
@@ -231,8 +251,8 @@ def constraints(
         miss = selector(job, m)
         if miss is not None:
             return miss
-    if not (c.max_per_machine or c.anti_affinity or c.affinity) and not keeps_others_off(
-        jobs, m.job_ids  # every allocation, holding or not: a cheap upper bound
+    if not (c.max_per_machine or c.anti_affinity or c.affinity) and not (
+        keeps_others_off_machine(jobs, m)
     ):
         return None  # nothing on this machine cares (the common case: skip the scan)
     stay = staying(m, gangs, own_gang, victims)

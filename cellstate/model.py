@@ -309,6 +309,11 @@ class Machine:
     # task id -> allocation; a plain dict is fine: records are never mutated after decode.
     allocations: Mapping[str, Allocation] = attrs.field(factory=dict, eq=False)
     seq: int = 0  # the etcd mod_revision of the machine's key; 0 before it exists
+    # True once the fit rules found that no job with an allocation here has an
+    # anti-affinity rule (``cellstate.fit.keeps_others_off_machine``); None: not known.
+    # Job specs never change, so it holds for the record's life, and for any record
+    # with a subset of these allocations or more allocations of such jobs.
+    calm: bool | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     @functools.cached_property
     def settled_used(self) -> Resources:
@@ -337,11 +342,14 @@ class Machine:
     def with_allocations(
         self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None,
         has_tags: bool | None = None, job_ids: frozenset[str] | None = None,
+        calm: bool | None = None,
     ) -> Machine:
         """A copy with other allocations; pass their settled usage, whether any is
-        tagged and their jobs if known, to save going over them again."""
+        tagged, their jobs and :attr:`calm` if known, to save going over them again."""
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
                     self.state, self.agent, allocations, self.seq)
+        if calm:
+            object.__setattr__(m, "calm", True)
         if settled_used is not None:
             object.__setattr__(m, "settled_used", settled_used)
         if has_tags is not None:
@@ -360,6 +368,8 @@ class Machine:
     def with_seq(self, seq: int) -> Machine:
         m = Machine(self.id, self.capacity, self.rack, self.failure_domain, self.labels,
                     self.state, self.agent, self.allocations, seq)
+        if self.calm:
+            object.__setattr__(m, "calm", True)
         try:  # carry the cached sums over: the allocations are the same
             object.__setattr__(m, "settled_used", object.__getattribute__(self, "settled_used"))
             object.__setattr__(m, "has_tags", object.__getattribute__(self, "has_tags"))
@@ -779,6 +789,10 @@ class Transaction:
     mode: TxnMode = TxnMode.INCREMENTAL
     detection: Detection = Detection.FINE
     job: str = ""  # when set, every claim must be for this job
+    # Set by ``cellstate.validation.check_shape`` once it found the transaction well
+    # formed: the record is immutable, so a second check (the runtime's, then the
+    # store's, in one process) would find the same. A copy (attrs.evolve) starts over.
+    shape_checked: bool = attrs.field(init=False, default=False, eq=False, repr=False)
 
 
 class Reason(enum.Enum):

@@ -152,6 +152,8 @@ class Decision:
 
 def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) -> None:
     """Refuse a transaction that is malformed whatever the cell holds."""
+    if max_claims >= MAX_CLAIMS_PER_TRANSACTION and getattr(txn, "shape_checked", False):
+        return
     problems: list[str] = []
     try:
         check_name(txn.scheduler, "scheduler")
@@ -205,6 +207,8 @@ def check_shape(txn: Transaction, max_claims: int = MAX_CLAIMS_PER_TRANSACTION) 
         more = (" (and more)" if cut
                 else f" (and {len(problems) - 20} more)" if len(problems) > 20 else "")
         raise TransactionError("invalid transaction: " + "; ".join(shown) + more)
+    if max_claims <= MAX_CLAIMS_PER_TRANSACTION:
+        object.__setattr__(txn, "shape_checked", True)
 
 
 def _plain_claim(item: object, txn: Transaction, names: set[str]) -> bool:
@@ -891,7 +895,10 @@ def _apply(w: _Work, claim: Claim) -> None:
     jobs = None if claim.evict or m.has_tags else m.known_job_ids()
     if jobs is not None and job.id not in jobs:
         jobs = jobs | {job.id}
-    w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs)
+    # Calm stays calm with one more task of a job that keeps no one off (the fit rules
+    # read the job's spec, so it is known).
+    calm = m.calm and not job.constraints.anti_affinity
+    w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs, calm)
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
@@ -915,5 +922,6 @@ def _leave(w: _Work, claim: Claim) -> None:
     allocs = _without_void_holds(w, m)
     a = allocs.pop(claim.task)
     settled = m.settled_used if a.gang else m.settled_used - a.resources
-    w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False)
+    w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False,
+                                          calm=m.calm)
     w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources

@@ -338,3 +338,44 @@ def test_the_tally_reaches_the_reason_of_a_job_given_up(policy: Policy) -> None:
     assert status.state is JobState.ABANDONED
     assert "3 attempts in a row placed nothing; last reason: " in status.reason
     assert status.reason.endswith(WHY)
+
+
+# -- a machine remembers that its jobs keep no one off -----------------------------------
+
+
+def test_a_machine_is_remembered_calm_only_when_every_job_on_it_is_known() -> None:
+    """The anti-affinity of a neighbour unknown to one reader must still count for a
+    reader that knows it, on the very same machine record."""
+    m = on(M, alloc("quiet/0"))
+    newcomer = j(labels=[("app", "noisy")])
+    # A reader that does not know job "quiet" lets the newcomer in, as before ...
+    assert fit.misfit(newcomer, m, {}, {}) is None
+    assert not m.calm
+    # ... and one that knows it keeps the newcomer off, on the same record.
+    miss = fit.misfit(newcomer, m, {}, {"quiet": QUIET})
+    assert miss is not None and miss.rule is Rule.ANTI_AFFINITY
+    calm = on(M, alloc("noisy/0"))
+    assert fit.misfit(newcomer, calm, {}, {"noisy": NOISY}) is None
+    assert calm.calm
+
+
+def test_validation_carries_calm_only_while_no_rule_arrives() -> None:
+    """A claim of a job with an anti-affinity rule on a calm machine leaves it not
+    calm: a later claim in the same transaction is kept off by that rule."""
+    m = on(M, alloc("noisy/0"))
+    keeps = job("keeps", tasks=1, constraints=Constraints(anti_affinity=(
+        Requirement("app", SelectorOp.IN, ("late",)),)))
+    late = job("late", tasks=1, labels=[("app", "late")])
+    snap = cell([m], [NOISY, keeps, late])
+    assert fit.misfit(late, snap.machines["m1"], {}, snap.jobs) is None
+    assert snap.machines["m1"].calm
+    d1 = validate(snap, Transaction("batch", (Claim("keeps", 0, "m1", m.seq),)))
+    assert [c.task for c in d1.accepted] == ["keeps/0"]
+    assert not d1.machines["m1"].calm
+    later = attrs.evolve(snap, machines=snap.machines.set("m1", d1.machines["m1"]))
+    d2 = validate(later, Transaction("batch", (Claim("late", 0, "m1", m.seq),)))
+    assert [r.reason for r in d2.rejected] == [Reason.CONSTRAINT_VIOLATED]
+    assert "anti-affinity" in d2.rejected[0].detail
+    # A job that keeps no one off leaves a calm machine calm.
+    d3 = validate(snap, Transaction("batch", (Claim("late", 0, "m1", m.seq),)))
+    assert d3.machines["m1"].calm

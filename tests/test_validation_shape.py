@@ -8,6 +8,7 @@ that checks of a fragment let a message lose its claim number or its value."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from cellstate import validation
@@ -219,3 +220,26 @@ def test_twenty_one_problems_found_with_every_claim_checked_say_one_more() -> No
     message = str(info.value)
     assert message.endswith("claim 18: evicts task j/19, which this transaction claims"
                             " (and 1 more)")
+
+
+def test_a_well_formed_transaction_is_checked_once() -> None:
+    """The runtime and then the store (in one process) check the same immutable
+    record: the second check finds it marked and does not go over its claims; a copy
+    is checked again, and a check with a smaller claim limit still applies its limit."""
+    txn = _t(OK, _c(index=1))
+    marked = [txn.shape_checked]
+    check_shape(txn)
+    marked.append(txn.shape_checked)
+    assert marked == [False, True]
+    # Were its claims somehow not what was checked, the mark alone decides.
+    object.__setattr__(txn, "claims", (OK, OK))
+    check_shape(txn)
+    with pytest.raises(TransactionError, match="already claimed"):
+        check_shape(attrs.evolve(txn))
+    with pytest.raises(TransactionError, match="more than the limit of 1"):
+        check_shape(txn, max_claims=1)
+    bad = _t(OK, OK)
+    for _ in range(2):
+        with pytest.raises(TransactionError):
+            check_shape(bad)
+    assert not bad.shape_checked
