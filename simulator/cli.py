@@ -14,21 +14,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run one or more experiment files; each writes results.json, "
                     "results.csv and PNG plots into OUT/<experiment name>/.")
     add_arguments(p)
-    p.set_defaults(func=run_command)
+    p.set_defaults(func=run_command, prog=p.prog)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiments", nargs="+", type=Path, help="experiment files (.toml)")
     p.add_argument("--out", type=Path, default=Path("sim-results"),
                    help="output folder (default: sim-results)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs in parallel worker processes (default 1)")
+    p.add_argument("--jobs", type=_workers, default=1,
+                   help="runs in parallel worker processes, at least 1 (default 1)")
     p.add_argument("--seed", type=int, default=None, help="override every run's seed")
     p.add_argument("--check", action="store_true",
                    help="only read and check the files, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--replot", action="store_true",
                    help="only draw the plots again from OUT/<name>/results.json")
+
+
+def _workers(raw: str) -> int:
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {raw!r}")
+    return n
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -41,7 +51,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         exps = [load(path) for path in args.experiments]
     except InputError as e:
-        print(f"simulate: {e}", file=sys.stderr)
+        # Said as argparse says a bad flag: "<program>: error: ..." (exit 2).
+        print(f"{getattr(args, 'prog', 'omega simulate')}: error: {e}", file=sys.stderr)
         return 2
     for exp in exps:
         if args.check:
@@ -60,4 +71,5 @@ def run_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator", description=__doc__)
     add_arguments(p)
+    p.set_defaults(prog=p.prog)
     return run_command(p.parse_args(argv))

@@ -120,7 +120,22 @@ def test_cli_reports_bad_file_and_exits_2(tmp_path: Path,
     exp = tmp_path / "bad.toml"
     exp.write_text(SMALL.replace("machines = 50", "machines = -5"))
     assert main([str(exp), "--check"]) == 2
-    assert "line 7, field 'cell.machines': must be positive" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m simulator: error: {exp}, line 7")
+    assert "line 7, field 'cell.machines': must be positive" in err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "x"])
+def test_cli_refuses_a_worker_count_below_one(jobs: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    exp = tmp_path / "ok.toml"
+    exp.write_text(SMALL)
+    with pytest.raises(SystemExit) as info:
+        main([str(exp), "--jobs", jobs, "--out", str(tmp_path / "out")])
+    assert info.value.code == 2
+    assert (f"error: argument --jobs: must be a whole number of at least 1, got '{jobs}'"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
 
 
 KINDS = {"batch": __import__("cellstate.model").model.JobKind.BATCH}
