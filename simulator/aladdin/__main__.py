@@ -43,7 +43,17 @@ def main(argv: list[str] | None = None) -> int:
             print("python -m simulator.aladdin: --load must be in (0, 1]", file=sys.stderr)
             return 2
         exp = attrs.evolve(exp, load=args.load)
+    if not args.budget > 0:
+        print(f"python -m simulator.aladdin: --budget must be a positive number of seconds, "
+              f"got {args.budget:g}", file=sys.stderr)
+        return 2
     only = set(args.only.split(",")) if args.only else None
+    unknown = sorted(only - {spec.name for spec in exp.schedulers}) if only else []
+    if unknown:
+        print(f"python -m simulator.aladdin: --only names no scheduler of {exp.name}: "
+              f"{', '.join(unknown)} (it has {', '.join(s.name for s in exp.schedulers)})",
+              file=sys.stderr)
+        return 2
     cell = machines(exp)
     apps = jobs(exp, sum(m.capacity.get("cpu") for m in cell))
     tasks = sum(a.job.task_count for a in apps)

@@ -116,3 +116,19 @@ def test_a_small_run_places_everything_and_measures_it() -> None:
     # refuses, and places everything once it respects the rules.
     assert results["aladdin-4"].refused == 0
     assert results["tetris-1"].refused > 0
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--budget", "-3"], "--budget must be a positive number of seconds, got -3"),
+    (["--budget", "nan"], "--budget must be a positive number of seconds, got nan"),
+    (["--only", "firstfit,nope"], "--only names no scheduler of alibaba_placement: nope (it has "),
+    (["--scale", "0"], "--scale must be in (0, 1]"),
+])
+def test_the_command_refuses_bad_flags_before_running(
+        flags: list[str], error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.aladdin.__main__ import main
+
+    out = tmp_path / "out"
+    assert main([str(FILE), "--out", str(out), *flags]) == 2
+    assert error in capsys.readouterr().err
+    assert not out.exists()
