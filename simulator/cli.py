@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiments", nargs="+", type=Path, help="experiment files (.toml)")
     p.add_argument("--out", type=Path, default=Path("sim-results"),
                    help="output folder (default: sim-results)")
-    p.add_argument("--jobs", type=_workers, default=1,
+    p.add_argument("--jobs", type=worker_count, default=1,
                    help="runs in parallel worker processes, at least 1 (default 1)")
     p.add_argument("--seed", type=int, default=None, help="override every run's seed")
     p.add_argument("--check", action="store_true",
@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only draw the plots again from OUT/<name>/results.json")
 
 
-def _workers(raw: str) -> int:
+def worker_count(raw: str) -> int:
+    """An argparse type: a number of worker processes, at least 1."""
     try:
         n = int(raw)
     except ValueError:

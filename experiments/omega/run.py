@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from simulator.cli import worker_count  # noqa: E402
 from simulator.experiment import Experiment, load  # noqa: E402
 from simulator.output import RunResult, write_data  # noqa: E402
 from simulator.runner import run_one  # noqa: E402
@@ -124,9 +125,10 @@ def run(exp: Experiment, out: Path, jobs: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--short", action="store_true", help="the short profile (SHORT)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--jobs", type=worker_count, default=1, help="worker processes (at least 1)")
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
-    p.add_argument("--only", nargs="*", default=FILES, help="experiment names to run")
+    p.add_argument("--only", nargs="*", default=FILES, choices=FILES, metavar="NAME",
+                   help="experiment names to run: " + ", ".join(FILES))
     p.add_argument("--no-run", action="store_true", help="only draw the figures")
     p.add_argument("--seeds", type=int, nargs="*",
                    help="with --short: these seeds instead of the profile's")

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 
+from simulator.cli import worker_count
 from simulator.experiment import Experiment, Run, load
 from simulator.runner import run_experiment
 
@@ -42,12 +44,26 @@ def scaled(exp: Experiment, hours: float | None, seeds: int | None) -> Experimen
     return attrs.evolve(exp, runs=tuple(runs))
 
 
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {raw!r}")
+        return value
+    return parse
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--hours", type=float, default=None)
-    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--jobs", type=worker_count, default=2, help="worker processes (default 2)")
+    p.add_argument("--hours", type=_positive(float), default=None,
+                   help="simulated hours per run (default: the files')")
+    p.add_argument("--seeds", type=_positive(int), default=None,
+                   help="seeds 1..N per run (default: the files')")
     p.add_argument("--out", type=Path, default=Path("docs/results/omega-high-fidelity"))
     args = p.parse_args(argv)
     for name in ORDER:

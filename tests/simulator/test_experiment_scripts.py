@@ -1,0 +1,33 @@
+"""The research scripts under experiments/ refuse bad flags at once, saying which and
+why, before they run or write anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("script", "flags", "error"), [
+    ("experiments/omega/run.py", ["--jobs", "0"],
+     "argument --jobs: must be a whole number of at least 1, got '0'"),
+    ("experiments/omega/run.py", ["--only", "fig99"], "argument --only: invalid choice: 'fig99'"),
+    ("experiments/omega_hifi/regenerate.py", ["--jobs", "-1"],
+     "argument --jobs: must be a whole number of at least 1, got '-1'"),
+    ("experiments/omega_hifi/regenerate.py", ["--hours", "0"],
+     "argument --hours: must be a positive number, got '0'"),
+    ("experiments/omega_hifi/regenerate.py", ["--seeds", "two"],
+     "argument --seeds: must be a positive number, got 'two'"),
+])
+def test_a_bad_flag_is_refused_before_anything_runs(script: str, flags: list[str], error: str,
+                                                    tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert error in done.stderr
+    assert not out.exists()
