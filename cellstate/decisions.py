@@ -41,6 +41,7 @@ from cellstate.model import (
     TaskRecord,
     TaskResult,
     TaskState,
+    check_status_text,
     split_task_id,
     sum_resources,
 )
@@ -345,6 +346,7 @@ def set_job_status(cell: CellReader, status: JobStatus) -> Change:
     """A verdict on a job (abandoned with a reason, or killed). A kill is final."""
     if not status.reason:
         raise StoreError(f"job {status.job}: a status needs a reason")
+    check_status_text(status)
     if status.job not in cell.jobs:
         raise NotFoundError(f"unknown job {status.job!r}")
     old = cell.statuses.get(status.job)

@@ -662,6 +662,53 @@ class JobState(enum.Enum):
     KILLED = "killed"  # a user withdrew it
 
 
+# A status's free text is shown by `omega job` and the dashboard, in terminals: it is
+# bounded, and control characters (escape sequences could rewrite what an operator
+# sees) are refused.
+MAX_STATUS_REASON = 1_000
+MAX_STATUS_BY = 300
+
+
+def control_at(text: str) -> int:
+    """The position of the first control character (C0, DEL or C1) in ``text``, or -1."""
+    for i, ch in enumerate(text):
+        if ch < " " or "\x7f" <= ch <= "\x9f":
+            return i
+    return -1
+
+
+def check_status_text(status: JobStatus) -> None:
+    """Refuse a job status whose reason or author is too long or holds a control
+    character, or whose time is not a finite, non-negative number (ModelError)."""
+    for value, what, limit in ((status.reason, "reason", MAX_STATUS_REASON),
+                               (status.by, "by", MAX_STATUS_BY)):
+        if not isinstance(value, str):
+            raise ModelError(f"job {status.job}: status {what} must be text")
+        if len(value) > limit:
+            raise ModelError(f"job {status.job}: status {what} has {len(value)} characters, "
+                             f"more than the limit of {limit}")
+        at = control_at(value)
+        if at >= 0:
+            raise ModelError(f"job {status.job}: status {what} holds control character "
+                             f"{value[at]!r} at position {at}")
+    if isinstance(status.at, bool) or not isinstance(status.at, int | float) or not (
+            0 <= status.at < float("inf")):
+        raise ModelError(f"job {status.job}: status time {status.at!r} is not a finite, "
+                         "non-negative number of seconds")
+
+
+def printable(text: str, limit: int = MAX_STATUS_REASON) -> str:
+    """``text`` as free text a store accepts: control characters become spaces and it is
+    cut to ``limit`` characters (a scheduler's reason quotes rejection details, and a
+    task's detail an error message naming the job's command, either of which can be
+    long or carry what the job's submitter wrote)."""
+    if control_at(text) >= 0:
+        text = "".join(" " if ch < " " or "\x7f" <= ch <= "\x9f" else ch for ch in text)
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return text
+
+
 @attrs.frozen(slots=True)
 class JobStatus:
     """A verdict on a job that its spec cannot carry (specs are immutable): set when a

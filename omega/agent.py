@@ -78,6 +78,7 @@ from cellstate.model import (
     TaskResult,
     TaskState,
     check_name,
+    printable,
     split_task_id,
     task_id,
 )
@@ -963,7 +964,8 @@ class Agent:
         # The agent's clock may be monotonic (or virtual): the run's times in wall time.
         offset = self._wall() - now
         result = TaskResult(run.exit_code, max(run.started_at + offset, 0.0),
-                            max((run.ended_at or now) + offset, 0.0), run.detail[:MAX_DETAIL])
+                            max((run.ended_at or now) + offset, 0.0),
+                            printable(run.detail, MAX_DETAIL))
         try:
             self._backend.report_task(run.task, run.outcome, self.agent_id, run.machine,
                                       result)

@@ -62,6 +62,7 @@ from cellstate.model import (
     TaskState,
     Transaction,
     TxnMode,
+    printable,
     required_tasks,
     task_id,
 )
@@ -699,7 +700,8 @@ class SchedulerInstance:
         self.metrics.jobs_abandoned += 1
         self._queue.pop(job.id, None)
         try:
-            self.store.set_job_status(JobStatus(job.id, JobState.ABANDONED, reason,
+            self.store.set_job_status(JobStatus(job.id, JobState.ABANDONED,
+                                                printable(reason),
                                                 f"{self.scheduler}/{self.instance}", now))
         except StoreError as e:
             log.warning("%s: could not record abandoning %s: %s", self.scheduler, job.id, e)

@@ -29,6 +29,7 @@ from cellstate.model import (
     Resources,
     TaskResult,
     TaskState,
+    control_at,
 )
 from cellstate.replica import Replica
 from cellstate.store import CellStore
@@ -289,6 +290,20 @@ def test_command_that_cannot_start_fails(kv: KV, make_rig: RigFactory) -> None:
     record = rig.store.read_snapshot().tasks["nope/0"]
     assert record.exit_code is None
     assert record.detail.startswith("cannot start '/nonexistent/omega-test-binary': ")
+
+
+def test_a_detail_quoting_an_escape_sequence_is_reported_clean(kv: KV, make_rig: RigFactory
+                                                               ) -> None:
+    """The submitter wrote the command: its path, quoted in the detail, must not put an
+    escape sequence on an operator's terminal (the server would refuse the report)."""
+    rig = make_rig(kv)
+    rig.step()
+    rig.place(attrs.evolve(job("esc"), command=("/nonexistent/\x1b[2Jx",)), M1)
+    rig.step()
+    assert rig.state("esc/0") is TaskState.FAILED
+    detail = rig.store.read_snapshot().tasks["esc/0"].detail
+    assert detail.startswith("cannot start '/nonexistent/\\x1b[2Jx': ")
+    assert control_at(detail) == -1
 
 
 SLEEP = "import time; time.sleep(60)"

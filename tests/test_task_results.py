@@ -60,6 +60,8 @@ def test_exit_codes_and_times_reach_omega_job(live: tuple[CellStateServer, CellS
     (float("nan"), 0.0, "", "started_at: nan is not a time"),
     (T0 + 5, T0, "", "is after ended_at"),
     (T0, T0, "x" * 501, "detail: 501 characters, above the limit of 500"),
+    (T0, T0, "cannot start '\x1b]0;pwned\x07'", "detail: control character '\\x1b' at "
+     "position 14"),
 ])
 def test_bad_reports_are_refused_and_change_nothing(
         live: tuple[CellStateServer, CellStore], started: float, ended: float, detail: str,

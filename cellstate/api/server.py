@@ -74,6 +74,7 @@ from cellstate.model import (
     TaskResult,
     TaskState,
     check_name,
+    control_at,
     split_task_id,
 )
 from cellstate.replica import Replica
@@ -402,9 +403,11 @@ class CellStateService(pb_grpc.CellStateServicer):
         self._may_change(context, request.job, "kill" if killing else "set the status of",
                          scheduler_may=not killing, kill=killing)
         by = self.auth.recorded_by(context, request.by, "")
+        # The time is the server's, as a user's job's arrival is: only operators (a
+        # workload replay) and a cell without identities say it themselves.
+        at = request.at if self.auth.may_set_times(context) else self.clock()
         with self.stores.get() as store:
-            revision = store.set_job_status(
-                JobStatus(request.job, state, request.reason, by, request.at))
+            revision = store.set_job_status(JobStatus(request.job, state, request.reason, by, at))
         return pb.SetJobStatusResponse(revision=revision)
 
     @rpc
@@ -637,6 +640,11 @@ def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
     if len(request.detail) > MAX_DETAIL:
         raise convert.WireError(f"detail: {len(request.detail)} characters, above the "
                                 f"limit of {MAX_DETAIL}")
+    at = control_at(request.detail)
+    if at >= 0:
+        # Shown by `omega job` in terminals: no escape sequences (agents clean theirs).
+        raise convert.WireError(f"detail: control character {request.detail[at]!r} at "
+                                f"position {at}")
     return TaskResult(request.exit_code if request.has_exit_code else None,
                       request.started_at, request.ended_at, request.detail)
 

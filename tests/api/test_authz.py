@@ -6,6 +6,7 @@ leaves etcd's revision exactly as it was; an allowed one does what it says."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -460,6 +461,30 @@ def test_a_status_records_who_set_it_by_certificate(cell: Cell) -> None:
     statuses = cell.server.replica.snapshot().statuses
     assert statuses["ja"].by == "user:alice (operator:root)"
     assert statuses["jb"].by == "scheduler:batch (batch/i0)"
+
+
+def test_a_status_time_is_the_servers_unless_an_operator_says_it(cell: Cell) -> None:
+    """A scheduler cannot date its abandonment (or a user its kill) in the past; an
+    operator replaying a workload can."""
+    before = time.time()
+    cell.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(
+        job="jb", state="abandoned", reason="x", at=1.0))
+    cell.call("operator:root", "SetJobStatus", pb.SetJobStatusRequest(
+        job="ja", state="abandoned", reason="x", at=2.0))
+    cell.settle()
+    statuses = cell.server.replica.snapshot().statuses
+    assert before <= statuses["jb"].at <= time.time()
+    assert statuses["ja"].at == 2.0
+
+
+def test_a_kill_reason_with_an_escape_sequence_is_refused(cell: Cell) -> None:
+    before = cell.revision()
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("user:alice", "KillJob", pb.KillJobRequest(job="ja", reason="\x1b[2Jbye"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "status reason holds control character '\\x1b' at position 0" in str(
+        info.value.details())
+    assert cell.revision() == before
 
 
 def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:

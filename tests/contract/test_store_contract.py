@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -14,7 +15,10 @@ from cellstate.model import (
     Claim,
     Constraints,
     Job,
+    JobState,
+    JobStatus,
     MachineState,
+    ModelError,
     Reason,
     Requirement,
     Resources,
@@ -23,6 +27,7 @@ from cellstate.model import (
     TaskState,
     Transaction,
     TxnMode,
+    printable,
 )
 from cellstate.store import AlreadyExistsError, CellStore, NotFoundError, StoreError
 from cellstate.validation import TransactionError
@@ -316,6 +321,39 @@ def test_machine_and_job_operations_refuse_bad_requests(kv: KV) -> None:
 
 
 # -- bad input leaves the store exactly as it was ------------------------------------
+
+
+@pytest.mark.parametrize(("status", "error"), [
+    (JobStatus("j", JobState.KILLED, "stop\x1b[2Jnow"),
+     "status reason holds control character '\\x1b' at position 4"),
+    (JobStatus("j", JobState.KILLED, "x" * 1001),
+     "status reason has 1001 characters, more than the limit of 1000"),
+    (JobStatus("j", JobState.ABANDONED, "gave up", by="b\ni0"),
+     "status by holds control character '\\n' at position 1"),
+    (JobStatus("j", JobState.ABANDONED, "gave up", at=float("nan")),
+     "status time nan is not a finite, non-negative number"),
+    (JobStatus("j", JobState.KILLED, "why", at=-1.0),
+     "status time -1.0 is not a finite, non-negative number"),
+])
+def test_a_status_with_bad_text_or_time_is_refused(kv: KV, status: JobStatus, error: str
+                                                   ) -> None:
+    """A status's reason and author are shown in terminals: bounded, no control
+    characters (an escape sequence could rewrite an operator's screen)."""
+    store = make_cell(kv, [machine("m1", cpu=2)], [job("j", cpu=1)])
+    assert store.commit(txn([Claim("j", 0, "m1")])).ok
+    before = store.read_snapshot()
+    with pytest.raises(ModelError, match=re.escape(error)):
+        if status.state is JobState.KILLED:
+            store.kill_job(status)
+        else:
+            store.set_job_status(status)
+    after = store.read_snapshot()
+    assert after.revision == before.revision
+    assert "j" not in after.statuses and after.tasks["j/0"].state is TaskState.RUNNING
+    # Cut and cleaned by printable, the same text is taken.
+    store.set_job_status(JobStatus("j", JobState.ABANDONED,
+                                   printable(status.reason + "\x07" * 2000)))
+    assert len(store.read_snapshot().statuses["j"].reason) == 1000
 
 
 def _bad_transactions() -> dict[str, Transaction]:
