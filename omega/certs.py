@@ -171,11 +171,11 @@ def _san(host: str) -> x509.GeneralName:
 
 def cell_identities(schedulers: Sequence[str], agents: int) -> list[Identity]:
     """Every identity a cell like the demo's needs: its server, each scheduler, each
-    agent (``agent-0``...), the workload generator (an operator: it submits for
-    many owners), an operator, and ``operator:check`` (etcd's reader role: ``omega
-    check``)."""
+    agent (``agent-0``...), the workload generator (a submitter: it submits for many
+    owners and may do nothing else), an operator, and ``operator:check`` (etcd's
+    reader role: ``omega check``)."""
     return [Identity(Kind.SERVER, "cellstate"),
             *(Identity(Kind.SCHEDULER, s) for s in schedulers),
             *(Identity(Kind.AGENT, f"agent-{i}") for i in range(agents)),
-            Identity(Kind.OPERATOR, "workload"), Identity(Kind.OPERATOR, "admin"),
+            Identity(Kind.SUBMITTER, "workload"), Identity(Kind.OPERATOR, "admin"),
             Identity(Kind.OPERATOR, "check")]

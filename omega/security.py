@@ -75,8 +75,8 @@ def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
 def process_identity(argv: Sequence[str]) -> Identity:
     """The identity of the process ``omega ARGV`` starts: ``server:<--name>``,
     ``agent:<--id>``, ``scheduler:<its name>`` (``--name``, else the policy given first,
-    else its config file's), ``operator:workload`` for the workload generator (it
-    submits jobs on behalf of many owners, which only an operator may), else
+    else its config file's), ``submitter:workload`` for the workload generator (it
+    submits jobs on behalf of many owners, and may do nothing else), else
     ``operator:admin``. (Read here, not with the CLI's parser, which imports the
     demo that calls this.)"""
     command = argv[0] if argv else ""
@@ -101,7 +101,7 @@ def process_identity(argv: Sequence[str]) -> Identity:
             raise ConfigError(f"cannot tell the scheduler's name from {' '.join(argv)}")
         return Identity(Kind.SCHEDULER, name)
     if command == "workload":
-        return Identity(Kind.OPERATOR, "workload")
+        return Identity(Kind.SUBMITTER, "workload")
     if command == "dashboard":
         return Identity(Kind.USER, "dashboard")  # it only reads
     return Identity(Kind.OPERATOR, "admin")

@@ -26,7 +26,7 @@ def test_certs_makes_a_ca_once_and_a_certificate_per_identity(
     assert (tmp_path / "user-alice.pem").read_bytes() != old  # ... the leaf rotated
     capsys.readouterr()
     assert main(["certs", str(tmp_path), "wizard:merlin"]) == 2
-    assert "'wizard' is not one of operator, user, scheduler, agent, server" in (
+    assert "'wizard' is not one of operator, user, submitter, scheduler, agent, server" in (
         capsys.readouterr().err)
 
 
@@ -71,7 +71,7 @@ def test_a_scheduler_certificate_must_name_the_scheduler(
     (["agent", "--spec", "demo", "--id", "agent-3"], "agent:agent-3"),
     (["scheduler", "flow", "--policy", "quincy"], "scheduler:flow"),
     (["scheduler", "--name", "service"], "scheduler:service"),
-    (["workload"], "operator:workload"),
+    (["workload"], "submitter:workload"),
     (["status"], "operator:admin"),
 ])
 def test_each_process_runs_as_the_identity_its_command_line_gives(

@@ -7,6 +7,8 @@ its CA signed, so a name cannot be claimed without the CA's key):
 * ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job,
   and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
+* ``submitter:NAME``: submits jobs for any owner, dated as it says (a workload generator
+  or a trace replay), at precedences a user may ask for; nothing else.
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
   registers its instances, commits claims for jobs that name it, reports why they
   wait, abandons and resizes them (killing is their owner's).
@@ -46,6 +48,7 @@ from cellstate.model import Job, Machine, ModelError, Transaction, check_name, s
 class Kind(enum.Enum):
     OPERATOR = "operator"
     USER = "user"
+    SUBMITTER = "submitter"
     SCHEDULER = "scheduler"
     AGENT = "agent"
     SERVER = "server"
@@ -155,8 +158,12 @@ class Authorizer:
         who = self.caller(context)
         if who is INSECURE:
             return
-        self._only(who, (Kind.USER, Kind.OPERATOR), f"submit job {job.id}")
+        self._only(who, (Kind.USER, Kind.OPERATOR, Kind.SUBMITTER), f"submit job {job.id}")
         limits = self._known_scheduler(who, job.scheduler, f"submit job {job.id}")
+        if who.kind is Kind.SUBMITTER and job.precedence > self.policy.user_max_precedence:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
+                f"submitters' jobs go up to {self.policy.user_max_precedence}, as users' do")
         if who.kind is Kind.USER:
             if job.owner != who.name:
                 raise PermissionDenied(

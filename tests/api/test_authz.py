@@ -37,7 +37,7 @@ FINAL = grpc.StatusCode.FAILED_PRECONDITION
 
 IDENTITIES = ["operator:root", "user:alice", "user:bob", "scheduler:batch",
               "scheduler:service", "scheduler:evil", "agent:agent-0", "agent:agent-1",
-              "server:cellstate"]
+              "server:cellstate", "submitter:workload"]
 LIMITS = CellConfig({"batch": SchedulerLimits(max_precedence=50), "service": SchedulerLimits()})
 
 
@@ -238,12 +238,13 @@ ALLOWED: dict[str, set[str]] = {
     "get a job": set(IDENTITIES),
     "list machines": set(IDENTITIES),
     "sync": set(IDENTITIES),
-    "submit as alice": {"operator:root", "user:alice"},
-    "submit, no owner": {"operator:root", "user:alice", "user:bob"},
+    "submit as alice": {"operator:root", "user:alice", "submitter:workload"},
+    "submit, no owner": {"operator:root", "user:alice", "user:bob", "submitter:workload"},
     "submit precedence 500 (service)": {"operator:root"},
     "submit precedence 60 (batch caps 50)": set(),
-    # Queues are in submission order: only operators (replaying a workload) date jobs.
-    "submit backdated to 1970": {"operator:root"},
+    # Queues are in submission order: only operators and submitters (replaying a
+    # workload) date jobs.
+    "submit backdated to 1970": {"operator:root", "submitter:workload"},
     "submit to unknown scheduler": set(),
     "kill alice's job": {"operator:root", "user:alice"},
     "kill finished job": set(),
