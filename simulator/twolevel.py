@@ -24,7 +24,7 @@ from immutables import Map
 
 from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
-from cellstate.model import Allocation, CommitResult, Machine, Resources
+from cellstate.model import Allocation, CommitResult, Machine, Resources, trusted_resources
 from schedulers.runtime import Attempt, SchedulerInstance
 from simulator.cell import Changes, Listener, SimCell
 from simulator.config import TwoLevelSpec
@@ -57,6 +57,23 @@ def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
     difference drops (within 1e-9 of zero) ends at most 1e-9 either way, as every
     later term is non-negative, so the result is the same; so is a dimension the
     capacity lacks (negative)."""
+    c = capacity.amounts
+    if len(c) == 2:
+        # Nearly every vector here names the same two dimensions (cpu, mem): the same
+        # subtractions, in the same order, without the general loop. A term that is
+        # empty subtracts nothing (the general path subtracts 0.0: the same floats).
+        (d0, x0), (d1, x1) = c
+        for t in (used, *taken):
+            a = t.amounts
+            if len(a) == 2 and a[0][0] == d0 and a[1][0] == d1:
+                x0 = x0 - a[0][1]
+                x1 = x1 - a[1][1]
+            elif a:
+                break  # other dimensions: the general path below, from the start
+        else:
+            if x0 > 1e-9:
+                return trusted_resources(((d0, x0), (d1, x1)) if x1 > 1e-9 else ((d0, x0),))
+            return trusted_resources(((d1, x1),)) if x1 > 1e-9 else _NOTHING
     # Each term is looked up first at the capacity's position (the vectors the
     # allocator subtracts nearly always name its dimensions in the same order).
     out = []
@@ -70,7 +87,7 @@ def _left(capacity: Resources, used: Resources, *taken: Resources) -> Resources:
                 x = x - t.get(d)
         if x > 1e-9:
             out.append((d, x))
-    return Resources(tuple(out))
+    return trusted_resources(tuple(out))
 
 
 class Moves:
@@ -151,8 +168,9 @@ class OfferedMachines(Mapping[str, Machine]):
         self._shown = shown  # kept by the OfferView across views and offers
 
     def __getitem__(self, mid: str) -> Machine:
-        offered = self._offered[mid]
-        m = self._base[mid]
+        return self._show(mid, self._base[mid], self._offered[mid])
+
+    def _show(self, mid: str, m: Machine, offered: Resources) -> Machine:
         hit = self._shown.get(mid)
         if hit is not None and hit[0] is m and hit[1] is offered:
             return hit[2]
@@ -169,10 +187,10 @@ class OfferedMachines(Mapping[str, Machine]):
 
     def get(self, mid: str, default: Any = None) -> Any:
         # Mapping's own get() goes through a raised KeyError: policies look up machines
-        # one at a time, tens of thousands per simulated hour.
-        if mid in self._offered and mid in self._base:
-            return self[mid]
-        return default
+        # one at a time, tens of thousands per simulated hour (each map read once).
+        offered = self._offered.get(mid)
+        m = self._base.get(mid) if offered is not None else None
+        return default if m is None or offered is None else self._show(mid, m, offered)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._offered)
