@@ -267,7 +267,7 @@ def delete_prefix(kv: KV, prefix: bytes, compact: bool = False) -> None:
     of etcd CPU per commit with 4 committers, docs/performance.md)."""
     res = kv.txn([], [Delete(prefix, prefix_end(prefix))])
     if compact and isinstance(kv, EtcdKV):
-        kv.compact(res.revision, physical=True)
+        kv.compact(res.revision, physical=True, timeout=600.0)
 
 
 # -- the committer loop (a process for etcd, a thread for memory) ----------------------

@@ -697,14 +697,17 @@ class EtcdKV:
         )
         return TxnResult(response.succeeded, revision, results)
 
-    def compact(self, revision: int, *, physical: bool = False) -> None:
+    def compact(self, revision: int, *, physical: bool = False,
+                timeout: float | None = None) -> None:
         """Compact history before ``revision``. By default logical: etcd frees the space
         in the background; with ``physical`` the call returns once the compacted
         entries are gone from the backend (so a defragmentation right after returns
-        their space). Compacting at or below the current compacted revision raises
+        their space), which for a large history takes longer than a call's usual
+        ``timeout``. Compacting at or below the current compacted revision raises
         :class:`CompactedError`, above the store revision :class:`FutureRevisionError`."""
         request = pb.CompactionRequest(revision=revision, physical=physical)
-        self._call(lambda ep, t, md: ep.kv.Compact(request, timeout=t, metadata=md))
+        self._call(lambda ep, t, md: ep.kv.Compact(
+            request, timeout=t if timeout is None else timeout, metadata=md))
 
     def watch(
         self,
