@@ -6,23 +6,30 @@
 
 Under contention a store reads the machines a commit claims again before writing
 (``StoreOptions.refresh_when_contended``): per machine its key, and its allocation keys
-changed since the sequence the store holds (``GetChanged``, etcd's ``min_mod_revision``).
-etcd 3.5 answers such a range by reading every key of the range from its backend and
-dropping the older ones afterwards (``applierV3backend.Range`` sets the limit to 0 when a
-revision filter is given; ``rangeKeys`` reads each key's value), so the read costs
-etcd time in proportion to the allocations the machine holds, not to those that changed.
+written since the sequence the store holds. Before the allocation keys named that
+sequence (``allocs/<m>/<seq>/<task>``, cellstate/keys.py), the store read the machine's
+whole allocation range filtered by ``min_mod_revision`` (``GetChanged``); etcd 3.5
+answers such a range by reading every key of the range from its backend and dropping
+the older ones afterwards (``applierV3backend.Range`` sets the limit to 0 when a
+revision filter is given; ``rangeKeys`` reads each key's value), so that read cost etcd
+time in proportion to the allocations the machine holds, not to those that changed.
+The store now reads the range from the held sequence on, which spans only the keys
+written since.
 
 This starts an etcd (``--unsafe-no-fsync``: only reads are timed), fills ``--machines``
 machine keys, each with N allocation keys for every N of ``--allocs``, and sends
-``--reads`` read-only Txns of ``--per-read`` random machines in three shapes:
+``--reads`` read-only Txns of ``--per-read`` random machines in four shapes:
 
 * ``machines``: the machine keys only;
 * ``changed-none``: each machine key and its allocations changed since the current
-  revision (none: etcd reads them all and returns none);
+  revision by ``min_mod_revision`` (the read before; none: etcd reads them all and
+  returns none);
+* ``since-none``: each machine key and its allocation keys from the current sequence
+  on (the read now; none);
 * ``all-allocs``: each machine key and all its allocations (all returned).
 
 It prints etcd's CPU (process time from /proc) and this process's CPU per Txn. The keys
-are shaped like the store's (``machines/<m>``, ``allocs/<m>/<task>``, values of about the
+are shaped like the store's (``machines/<m>``, ``allocs/<m>/<seq>/<task>``, values of about the
 encoded sizes) but written directly, without a store.
 """
 
@@ -48,7 +55,8 @@ from omega.etcd_launcher import LocalEtcd  # noqa: E402
 
 _MACHINE_VALUE = b"m" * 90  # an encoded machine record without allocations, roughly
 _ALLOC_VALUE = b"a" * 60  # an encoded allocation, roughly
-SHAPES = ("machines", "changed-none", "all-allocs")
+SHAPES = ("machines", "changed-none", "since-none", "all-allocs")
+_SEQ = 1  # the sequence the filled allocation keys name (any below the reads')
 
 
 def fill(kv: EtcdKV, root: bytes, machines: int, allocs: int) -> int:
@@ -57,7 +65,8 @@ def fill(kv: EtcdKV, root: bytes, machines: int, allocs: int) -> int:
     rev = 0
     for m in range(machines):
         ops.append(Put(root + b"machines/m%d" % m, _MACHINE_VALUE))
-        ops.extend(Put(root + b"allocs/m%d/j/%d" % (m, t), _ALLOC_VALUE) for t in range(allocs))
+        ops.extend(Put(root + b"allocs/m%d/%016x/j/%d" % (m, _SEQ, t), _ALLOC_VALUE)
+                   for t in range(allocs))
         if len(ops) >= 100:
             rev = kv.txn([], ops).revision
             ops = []
@@ -73,6 +82,8 @@ def read_ops(root: bytes, shape: str, mids: Sequence[int], since: int) -> list[O
         prefix = root + b"allocs/m%d/" % m
         if shape == "changed-none":
             ops.append(GetChanged(prefix, prefix_end(prefix), since))
+        elif shape == "since-none":
+            ops.append(Get(prefix + b"%016x" % since, prefix_end(prefix)))
         elif shape == "all-allocs":
             ops.append(Get(prefix, prefix_end(prefix)))
     return ops

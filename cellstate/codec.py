@@ -49,6 +49,7 @@ from cellstate.model import (
     check_amount,
     check_name,
     labels_from,
+    set_key_seq,
 )
 
 MAX_TASKS_PER_JOB = 1_000_000
@@ -78,6 +79,10 @@ def encode_machine(m: Machine) -> bytes:
         doc["labels"] = dict(m.labels)
     if m.agent:
         doc["agent"] = m.agent
+    if m.allocations:
+        # How many allocation keys the machine has: a reader that learns only the keys
+        # written since the sequence it holds (keys.py) sees deletions from this.
+        doc["n"] = len(m.allocations)
     return orjson.dumps(doc)
 
 
@@ -85,6 +90,14 @@ def decode_machine(
     machine_id: str, value: bytes, revision: int,
     allocations: Mapping[str, Allocation] | None = None,
 ) -> Machine:
+    return decode_machine_counted(machine_id, value, revision, allocations)[0]
+
+
+def decode_machine_counted(
+    machine_id: str, value: bytes, revision: int,
+    allocations: Mapping[str, Allocation] | None = None,
+) -> tuple[Machine, int]:
+    """The machine, and how many allocation keys its record says it has."""
     try:
         doc = orjson.loads(value)
         if "allocs" in doc:
@@ -92,6 +105,9 @@ def decode_machine(
                 f"machine {machine_id!r} is stored in the layout before allocation keys "
                 "(allocations inside the machine's record); this version cannot read it"
             )
+        count = doc.get("n", 0)
+        if type(count) is not int or count < 0:
+            raise ValueError(f"allocation count {count!r}")
         return Machine(
             machine_id,
             _unres(doc["capacity"]),
@@ -102,8 +118,9 @@ def decode_machine(
             doc.get("agent", ""),
             dict(allocations) if allocations else {},
             revision,
-        )
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as e:
+        ), count
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
+            AttributeError) as e:
         if isinstance(e, ModelError):
             raise
         raise ModelError(f"machine {machine_id!r}: stored record is corrupt ({e})") from e
@@ -116,11 +133,12 @@ def encode_alloc(a: Allocation) -> bytes:
     return orjson.dumps(doc)
 
 
-def decode_alloc(task: str, value: bytes) -> Allocation:
+def decode_alloc(task: str, value: bytes, key_seq: int = 0) -> Allocation:
     try:
         d = orjson.loads(value)
         gang, evicted_by = (d[4], d[5]) if len(d) > 4 else ("", "")
-        return Allocation(task, d[0], d[1], d[2], _unres(d[3]), gang, evicted_by)
+        return set_key_seq(Allocation(task, d[0], d[1], d[2], _unres(d[3]), gang, evicted_by),
+                           key_seq)
     except (orjson.JSONDecodeError, IndexError, TypeError, ValueError) as e:
         raise ModelError(f"allocation of task {task!r}: stored record is corrupt ({e})") from e
 

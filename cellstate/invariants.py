@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from cellstate import codec
 from cellstate.cell import CellReader, alloc_holds, alloc_placed, scheduler_usage, task_view
+from cellstate.errors import ModelError
+from cellstate.keys import KeyKind, Keyspace, split_alloc
+from cellstate.kv.base import KeyValue
 from cellstate.model import TaskState, UsageRecord, selector_matches_labels, sum_resources
 
 
@@ -48,6 +54,53 @@ def violations(cell: CellReader) -> list[str]:
         dim = actual.exceeding_limit(lim.max_resources)
         if dim is not None:
             out.append(f"scheduler {name} holds {actual.get(dim):g} {dim}, past its limit")
+    return out
+
+
+def layout_violations(keys: Keyspace, kvs: Iterable[KeyValue]) -> list[str]:
+    """How a cell's stored keys (``kvs``, all of them at one revision) break the
+    allocation layout of ``cellstate.keys``, which a snapshot cannot show (a reader
+    keeps one allocation per task): a task with two allocation keys on a machine,
+    allocation keys of a machine without a record, a machine whose record counts
+    other than its keys, a key named after a sequence the machine had not reached
+    when it was written."""
+    out: list[str] = []
+    machines: dict[str, KeyValue] = {}
+    held: dict[str, dict[str, list[KeyValue]]] = {}
+    for kv in kvs:
+        kind = keys.classify(kv.key)
+        if kind is None:
+            continue
+        if kind[0] is KeyKind.MACHINE:
+            machines[kind[1]] = kv
+        elif kind[0] is KeyKind.ALLOC:
+            try:
+                mid, seq, tid = split_alloc(kind[1])
+            except ValueError as e:
+                out.append(str(e))
+                continue
+            held.setdefault(mid, {}).setdefault(tid, []).append(kv)
+            if kv.mod_revision <= seq:
+                out.append(f"allocation key {kv.key.decode()!r} names sequence {seq} but "
+                           f"was written at revision {kv.mod_revision}")
+    for mid, tasks in sorted(held.items()):
+        rec = machines.get(mid)
+        if rec is None:
+            out.append(f"machine {mid} has no record but {len(tasks)} allocation key(s)")
+            continue
+        for tid, kvs_of in sorted(tasks.items()):
+            if len(kvs_of) > 1:
+                out.append(f"task {tid} has {len(kvs_of)} allocation keys on {mid}")
+    for mid, rec in sorted(machines.items()):
+        try:
+            count = codec.decode_machine_counted(mid, rec.value, rec.mod_revision)[1]
+        except ModelError as e:
+            out.append(str(e))
+            continue
+        stored = sum(len(v) for v in held.get(mid, {}).values())
+        if count != stored:
+            out.append(f"machine {mid}'s record counts {count} allocation(s), "
+                       f"{stored} are stored")
     return out
 
 

@@ -4,7 +4,8 @@
 
     /omega/<cell>/config                  CellConfig (per-scheduler limits)
     /omega/<cell>/machines/<machine>      Machine (capacity, labels, state: no tasks)
-    /omega/<cell>/allocs/<machine>/<task> Allocation: a task's hold on the machine
+    /omega/<cell>/allocs/<machine>/<seq>/<task>
+                                          Allocation: a task's hold on the machine
     /omega/<cell>/jobs/<job>              Job spec (immutable once submitted)
     /omega/<cell>/tasks/<job>/<index>     TaskRecord (absent = pending)
     /omega/<cell>/gangs/<gang>            GangRecord (large gang in flight)
@@ -22,6 +23,14 @@ of bytes whatever the machine holds (one allocation, the task's record, and the
 machine's small record again). Every write that changes a machine's allocations
 rewrites its machine key in the same etcd transaction, so the machine key's
 mod_revision is still the machine's sequence number: the one thing a claim checks.
+
+An allocation's key names the machine's sequence number before the write that made it
+(``<seq>``: 16 hex digits, so keys sort by it). A reader holding the machine at sequence
+S learns what changed since with a range from ``<S>`` on: etcd goes through the new keys
+only, not through every allocation of a busy machine (a range filtered by mod_revision
+reads them all). An allocation that changes is deleted and put again under the new
+sequence, the delete first in the transaction so that a watcher applying events in order
+keeps the new one. Deletions show in the machine's record, which counts its allocations.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from cellstate.model import check_name
 class KeyKind(enum.Enum):
     CONFIG = "config"
     MACHINE = "machines"
-    ALLOC = "allocs"  # id: "<machine>/<task id>"
+    ALLOC = "allocs"  # id: "<machine>/<seq>/<task id>" (see split_alloc)
     JOB = "jobs"
     TASK = "tasks"
     GANG = "gangs"
@@ -72,12 +81,19 @@ class Keyspace:
     def machine(self, machine: str) -> bytes:
         return self.root + b"machines/" + machine.encode()
 
-    def alloc(self, machine: str, task: str) -> bytes:
-        return self.root + b"allocs/" + machine.encode() + b"/" + task.encode()
+    def alloc(self, machine: str, seq: int, task: str) -> bytes:
+        """The key of ``task``'s allocation on ``machine``, written by a write made
+        while the machine was at sequence ``seq``."""
+        return b"%sallocs/%s/%016x/%s" % (self.root, machine.encode(), seq, task.encode())
 
     def allocs(self, machine: str) -> bytes:
         """The prefix of ``machine``'s allocation keys."""
         return self.root + b"allocs/" + machine.encode() + b"/"
+
+    def allocs_since(self, machine: str, seq: int) -> bytes:
+        """Where ``machine``'s allocation keys written at sequence ``seq`` or later
+        start (up to the end of :meth:`allocs`)."""
+        return b"%sallocs/%s/%016x" % (self.root, machine.encode(), seq)
 
     def job(self, job: str) -> bytes:
         return self.root + b"jobs/" + job.encode()
@@ -130,6 +146,16 @@ class Keyspace:
             return KeyKind(kind), ident
         except ValueError:
             return None
+
+
+def split_alloc(ident: str) -> tuple[str, int, str]:
+    """(machine, sequence written at, task id) of an allocation key's id (``classify``'s
+    ``<machine>/<seq>/<task id>``); ValueError if it is not one."""
+    mid, _, rest = ident.partition("/")
+    seq, _, tid = rest.partition("/")
+    if not mid or len(seq) != 16 or not tid:
+        raise ValueError(f"not an allocation key: {ident!r}")
+    return mid, int(seq, 16), tid
 
 
 def metrics_prefix(cell: str) -> bytes:

@@ -293,7 +293,13 @@ class Allocation:
     ``gang`` is set while the task was staged by a large gang transaction: the hold
     counts against the machine while the gang's record exists, and the task counts as
     placed once that record says committed. ``evicted_by`` names a gang whose commit
-    preempts this task. See docs/architecture.md, "Gangs larger than one etcd txn"."""
+    preempts this task. See docs/architecture.md, "Gangs larger than one etcd txn".
+
+    ``key_seq`` says where the hold is stored, not what it is (so it is neither compared
+    nor given when one is made): the machine's sequence number before the write that
+    stored it, part of its etcd key (``cellstate.keys``). Whoever learns the key sets it
+    (:func:`set_key_seq`): a reader decoding the key, the store once it has chosen the
+    keys of the holds it writes. 0 where it is not stored (the simulator)."""
 
     task: str
     job: str
@@ -302,6 +308,15 @@ class Allocation:
     resources: Resources
     gang: str = ""
     evicted_by: str = ""
+    key_seq: int = attrs.field(init=False, default=0, eq=False, repr=False)
+
+
+def set_key_seq(a: Allocation, seq: int) -> Allocation:
+    """Record where ``a`` is stored (``Allocation.key_seq``), on a hold just decoded or
+    just decided, which nothing else holds yet; returns ``a``."""
+    if a.key_seq != seq:
+        object.__setattr__(a, "key_seq", seq)
+    return a
 
 
 @attrs.frozen(slots=True)

@@ -22,7 +22,7 @@ import attrs
 
 from cellstate import codec
 from cellstate.cell import TABLES, CellSnapshot
-from cellstate.keys import KeyKind, Keyspace
+from cellstate.keys import KeyKind, Keyspace, split_alloc
 from cellstate.kv.base import (
     KV,
     EventType,
@@ -54,14 +54,16 @@ def _apply(
     # but arrive as separate events (allocations first, in key order): gather both,
     # then build each touched machine once.
     machine_records: dict[str, KeyValue | None] = {}
-    alloc_changes: dict[str, dict[str, KeyValue | None]] = {}
+    alloc_changes: dict[str, dict[str, tuple[int, KeyValue | None]]] = {}
     for key, kv in changes:
         kind = keys.classify(key)
         if kind is None:
             continue
         if kind[0] is KeyKind.ALLOC:
-            mid, _, tid = kind[1].partition("/")
-            alloc_changes.setdefault(mid, {})[tid] = kv
+            # A changed allocation's old key is deleted before its new one is put (in
+            # one revision, in that order), so the last event per task is its state.
+            mid, seq, tid = split_alloc(kind[1])
+            alloc_changes.setdefault(mid, {})[tid] = (seq, kv)
             continue
         if changed is not None:
             changed.append(kind)
@@ -89,7 +91,7 @@ def _apply(
 def _apply_machines(
     machines: Any,
     records: dict[str, KeyValue | None],
-    alloc_changes: dict[str, dict[str, KeyValue | None]],
+    alloc_changes: dict[str, dict[str, tuple[int, KeyValue | None]]],
     changed: list[tuple[KeyKind, str]] | None,
 ) -> None:
     for mid in records.keys() | alloc_changes.keys():
@@ -98,11 +100,11 @@ def _apply_machines(
             machines.pop(mid, None)
             continue
         allocs = dict(old.allocations) if old is not None else {}
-        for tid, kv in alloc_changes.get(mid, {}).items():
+        for tid, (seq, kv) in alloc_changes.get(mid, {}).items():
             if kv is None:
                 allocs.pop(tid, None)
             else:
-                allocs[tid] = codec.decode_alloc(tid, kv.value)
+                allocs[tid] = codec.decode_alloc(tid, kv.value, seq)
         rec = records.get(mid)
         if rec is not None:
             machines[mid] = codec.decode_machine(mid, rec.value, rec.mod_revision, allocs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cellstate import codec
-from cellstate.keys import KeyKind, Keyspace
+from cellstate.keys import KeyKind, Keyspace, split_alloc
 from cellstate.kv.base import KeyValue
 from cellstate.model import (
     Allocation,
@@ -91,13 +91,14 @@ class WorkingView:
         self._set(kind[0], kind[1], kv)
 
     def observe_changed(self, key: bytes, kv: KeyValue | None, as_of: int,
-                        changed: Iterable[KeyValue], count: int) -> bool:
+                        changed: Iterable[KeyValue], since: int) -> bool:
         """Learn a machine's record read at ``as_of`` with only its allocation keys
-        changed since the sequence the view holds for it (``changed``) and how many
-        allocation keys it has (``count``). Every change to a machine's allocations
-        rewrites its key, so the allocations are the held ones with the changed ones
-        put in, unless some were deleted: then the count is smaller, and the view
-        forgets the machine and returns False (the caller reads it whole)."""
+        written at sequence ``since`` or later (``changed``; keys.py), ``since`` being
+        the sequence the view held for it when the read was sent. Every change to a
+        machine's allocations rewrites its key and puts the changed ones under new keys,
+        so the allocations are the held ones with the changed ones put in, unless some
+        were deleted: then the record's count is smaller, and the view forgets the
+        machine and returns False (the caller reads it whole)."""
         if self._as_of.get(key, -1) > as_of:
             return True
         kind = self.keys.classify(key)
@@ -111,17 +112,17 @@ class WorkingView:
             self._learnt(key, as_of)
             self.machines.pop(mid, None)
             return True
-        if held is None:
+        if held is None or held.seq != since:
             self.forget(key)
             return False
-        allocs = dict(held.allocations)
+        m, count = codec.decode_machine_counted(mid, kv.value, kv.mod_revision)
         new = _allocations(self.keys.allocs(mid), changed, None)
+        allocs = dict(held.allocations)
         allocs.update(new)
         if len(allocs) != count:
             self.forget(key)
             return False
         self._learnt(key, as_of)
-        m = codec.decode_machine(mid, kv.value, kv.mod_revision)
         settled = None
         if len(allocs) == len(held.allocations) + len(new) and not any(
                 a.gang or a.evicted_by for a in new.values()):
@@ -159,7 +160,7 @@ class WorkingView:
         for kv in kvs:
             kind = self.keys.classify(kv.key)
             if kind is not None and kind[0] is KeyKind.ALLOC:
-                allocs.setdefault(kind[1].partition("/")[0], []).append(kv)
+                allocs.setdefault(split_alloc(kind[1])[0], []).append(kv)
             else:
                 rest.append(kv)
         for kv in rest:
@@ -219,17 +220,18 @@ class WorkingView:
 
 def _allocations(prefix: bytes, kvs: Iterable[KeyValue], held: Machine | None
                  ) -> dict[str, Allocation]:
-    """A machine's allocations from its allocation keys (under ``prefix``). One the
-    view holds already (``held``) is kept rather than decoded again when its key has
-    not changed since: every change to a machine's allocations rewrites the machine's
-    key, so the allocations ``held`` has are exactly those in etcd at its sequence, and
-    a key last modified at or before that sequence holds the same value now."""
+    """A machine's allocations from its allocation keys (under ``prefix``:
+    ``<seq>/<task>``). One the view holds already (``held``) under the same key is kept
+    rather than decoded again: a key is written once (a changed allocation moves to a
+    key of its own), so the same key holds the same value."""
     out = {}
     start = len(prefix)
     known = held.allocations if held is not None else {}
-    seq = held.seq if held is not None else 0
     for kv in kvs:
-        tid = kv.key[start:].decode()
-        a = known.get(tid) if kv.mod_revision <= seq else None
-        out[tid] = a if a is not None else codec.decode_alloc(tid, kv.value)
+        rest = kv.key[start:]
+        seq = int(rest[:16], 16)
+        tid = rest[17:].decode()
+        a = known.get(tid)
+        out[tid] = (a if a is not None and a.key_seq == seq
+                    else codec.decode_alloc(tid, kv.value, seq))
     return out

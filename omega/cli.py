@@ -903,7 +903,9 @@ def _workload(args: argparse.Namespace) -> int:
 
 def _admin(args: argparse.Namespace) -> int:
     from cellstate.api.config import addresses
-    from cellstate.invariants import violations
+    from cellstate.invariants import layout_violations, violations
+    from cellstate.kv.base import range_all
+    from cellstate.replica import snapshot_from_kvs
     from cellstate.store import CellStore
 
     kv = etcd_access_from_args(args).connect(addresses(args.etcd, "--etcd"), args.cell)
@@ -913,8 +915,9 @@ def _admin(args: argparse.Namespace) -> int:
             touched = store.recover()
             _emit(args, {"gangs": touched}, f"settled or cleared {len(touched)} gang(s)")
             return 0
-        snap = store.read_snapshot()
-        problems = violations(snap)
+        res = range_all(kv, store.keys.root)
+        snap = snapshot_from_kvs(store.keys, res.kvs, res.revision)
+        problems = violations(snap) + layout_violations(store.keys, res.kvs)
         _emit(args, {"revision": snap.revision, "violations": problems},
               "\n".join(problems) or f"cell {args.cell} at revision {snap.revision}: ok")
         return 1 if problems else 0

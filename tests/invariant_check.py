@@ -21,11 +21,12 @@ from typing import Any
 import attrs
 import pytest
 
-from cellstate.invariants import violations
-from cellstate.kv.base import KV
+from cellstate.invariants import layout_violations, violations
+from cellstate.keys import Keyspace
+from cellstate.kv.base import KV, range_all
 from cellstate.kv.etcd import EtcdKV
 from cellstate.kv.memory import MemoryKV
-from cellstate.store import CellStore
+from cellstate.replica import snapshot_from_kvs
 from cellstate.store.base import StoreBase
 from simulator.cell import SimCell
 
@@ -90,8 +91,11 @@ class Touched:
             if (where, cell) in seen:
                 continue
             seen.add((where, cell))
-            snap = CellStore(kv, cell).read_snapshot()
-            out += [f"cell {cell!r} ({where.split('@')[0]}): {v}" for v in violations(snap)]
+            keys = Keyspace(cell)
+            res = range_all(kv, keys.root)
+            snap = snapshot_from_kvs(keys, res.kvs, res.revision)
+            found = violations(snap) + layout_violations(keys, res.kvs)
+            out += [f"cell {cell!r} ({where.split('@')[0]}): {v}" for v in found]
         for i, sim in enumerate(self.sims):
             out += [f"simulated cell #{i}: {v}" for v in violations(sim.snapshot())]
         return out

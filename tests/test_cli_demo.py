@@ -314,6 +314,30 @@ def test_check_on_a_live_cell(etcd_server, capsys: pytest.CaptureFixture[str]) -
     assert "ok" in capsys.readouterr().out
 
 
+@pytest.mark.etcd
+@pytest.mark.broken_cell
+def test_check_finds_an_allocation_key_left_behind(  # type: ignore[no-untyped-def]
+        etcd_server, capsys: pytest.CaptureFixture[str]) -> None:
+    from cellstate import codec
+    from cellstate.keys import Keyspace
+    from cellstate.kv.base import Put
+    from cellstate.kv.etcd import EtcdKV
+
+    kv = EtcdKV([etcd_server.endpoint])
+    try:
+        store = CellStore(kv, "clilayout")
+        store.add_machine(machine("m1", cpu=4))
+        store.submit_job(job("j", cpu=1))
+        store.commit(txn([Claim("j", 0, "m1")]))
+        m = store.read_snapshot().machines["m1"]
+        kv.txn([], [Put(Keyspace("clilayout").alloc("m1", m.seq, "j/0"),
+                        codec.encode_alloc(m.allocations["j/0"]))])
+    finally:
+        kv.close()
+    assert main(["check", "--etcd", etcd_server.endpoint, "--cell", "clilayout"]) == 1
+    assert "task j/0 has 2 allocation keys on m1" in capsys.readouterr().out
+
+
 def test_a_bad_mapreduce_policy_stops_the_demo_before_it_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--mapreduce-policy", "eager", "--data-dir", str(tmp_path)]) == 2

@@ -43,6 +43,22 @@ def test_a_cell_opened_during_the_test_is_checked() -> None:
         "cell 'c1' (memory): machine m0 over-committed in mem: 1 > 0.5"]
 
 
+def test_a_stored_allocation_left_behind_is_found() -> None:
+    touched = Touched()
+    kv = MemoryKV()
+    with touched.recording():
+        store = make_cell(kv, [machine("m0", cpu=4, mem=16)], [job("j", tasks=2)], cell="c1")
+        store.commit(Transaction("batch", (Claim("j", 0, "m0"),)))
+    m = store.read_snapshot().machines["m0"]
+    a = m.allocations["j/0"]
+    # j/0's allocation again under the machine's current sequence, the old key kept: the
+    # snapshot shows one allocation (so the cell's invariants hold), the keys two.
+    kv.txn([], [Put(Keyspace("c1").alloc("m0", m.seq, "j/0"), codec.encode_alloc(a))])
+    assert touched.problems(None) == [
+        "cell 'c1' (memory): task j/0 has 2 allocation keys on m0",
+        "cell 'c1' (memory): machine m0's record counts 1 allocation(s), 2 are stored"]
+
+
 def test_cells_opened_outside_the_test_are_not_checked() -> None:
     touched = Touched()
     kv = MemoryKV()

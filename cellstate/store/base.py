@@ -51,10 +51,8 @@ from cellstate.kv.base import (
     Compare,
     Delete,
     Get,
-    GetChanged,
     Op,
     Put,
-    RangeResult,
     TxnResult,
     prefix_end,
     range_all,
@@ -64,6 +62,7 @@ from cellstate.model import (
     Machine,
     Resources,
     UsageRecord,
+    set_key_seq,
 )
 from cellstate.records import RECORDS
 from cellstate.replica import Replica, snapshot_from_kvs
@@ -74,7 +73,7 @@ log = logging.getLogger(__name__)
 # Ops kept free in every etcd transaction for the config guard, usage counters and the
 # gang records the machines in it may reference.
 _RESERVED_OPS = 12
-_ALLOC_BYTES = 160  # an encoded allocation or task record with its key, roughly
+_ALLOC_BYTES = 180  # an encoded allocation or task record with its key, roughly
 _OP_BYTES = 8  # protobuf framing per op in an etcd request, roughly
 _MACHINE_BYTES = 300  # an encoded machine record (without allocations) and its key
 
@@ -221,8 +220,9 @@ class StoreBase:
         step = max(self.kv.max_txn_ops // 2, 1)  # a machine's key takes two reads
         for i in range(0, len(wanted), step):
             chunk = wanted[i : i + step]
-            res = self.kv.txn([], self._gets(chunk))
-            self._observe_reads(chunk, res)
+            gets = self._gets(chunk)
+            res = self.kv.txn([], gets)
+            self._observe_reads(gets, res)
 
     def _machine_of(self, key: bytes) -> str | None:
         """The machine id if ``key`` is a machine's key."""
@@ -230,12 +230,13 @@ class StoreBase:
             return key[len(self._machine_prefix):].decode()
         return None
 
-    def _gets(self, keys: Iterable[bytes]) -> list[Get | GetChanged]:
+    def _gets(self, keys: Iterable[bytes]) -> list[Get]:
         """Reads of ``keys``; a machine's key is read with its allocation keys (the two
-        make one record: see keys.py). Of a machine the view holds, only the
-        allocations changed since come back (with the count of all, so that deletions
-        show): a busy machine's unchanged allocations are neither sent nor decoded."""
-        out: list[Get | GetChanged] = []
+        make one record: see keys.py). Of a machine the view holds at sequence S, only
+        the allocation keys written at S or later come back (keys.py: they sort by
+        sequence, so etcd goes through just those): a busy machine's unchanged
+        allocations are neither gone through, sent nor decoded."""
+        out: list[Get] = []
         machines = self.view.machines
         for key in keys:
             out.append(Get(key))
@@ -243,32 +244,39 @@ class StoreBase:
             if mid is not None:
                 prefix = self.keys.allocs(mid)
                 held = machines.get(mid)
-                if held is not None and held.seq > 0:
-                    out.append(GetChanged(prefix, prefix_end(prefix), held.seq + 1))
-                else:
-                    out.append(Get(prefix, prefix_end(prefix)))
+                start = self.keys.allocs_since(mid, held.seq) if held is not None else prefix
+                out.append(Get(start, prefix_end(prefix)))
         return out
 
-    def _observe_reads(self, keys: Sequence[bytes], res: TxnResult) -> None:
-        """Learn what :meth:`_gets` of ``keys`` returned. Every machine read is in the
-        view afterwards (callers decide right after): one the view forgot because an
-        allocation was deleted since it held it (see _gets) is read again, whole."""
+    def _observe_reads(self, gets: Sequence[Op],
+                       res: TxnResult) -> None:
+        """Learn what the reads ``gets`` (made by :meth:`_gets`) returned. Every machine
+        read is in the view afterwards (callers decide right after): one the view forgot
+        because an allocation was deleted since it held it (see _gets) is read again,
+        whole."""
         found = iter(res.responses)
+        ops = iter(gets)
         view = self.view
         forgotten = []
-        for key in keys:
+        for op in ops:
             got = next(found)
+            assert type(op) is Get
+            key = op.key
             kvs = got if isinstance(got, tuple) else ()
             kv = kvs[0] if kvs else None
-            if self._machine_of(key) is None:
+            mid = self._machine_of(key)
+            if mid is None:
                 view.observe(key, kv, res.revision)
                 continue
-            more = next(found)
-            if isinstance(more, RangeResult):
-                if not view.observe_changed(key, kv, res.revision, more.kvs, more.count):
-                    forgotten.append(key)
-            else:
-                view.observe(key, kv, res.revision, more if isinstance(more, tuple) else ())
+            allocs_op, more = next(ops), next(found)
+            assert type(allocs_op) is Get
+            changed = more if isinstance(more, tuple) else ()
+            prefix = self.keys.allocs(mid)
+            if allocs_op.key == prefix:
+                view.observe(key, kv, res.revision, changed)
+            elif not view.observe_changed(key, kv, res.revision, changed,
+                                          int(allocs_op.key[len(prefix):], 16)):
+                forgotten.append(key)
         if forgotten:
             self._fetch(forgotten)  # not held any more: read whole (see _gets)
 
@@ -412,8 +420,10 @@ class StoreBase:
         """The ops that replace machine ``mid``'s record as the view knows it by
         ``record`` (None deletes it): its small record, and a put or delete per
         allocation that changed, so the bytes written do not grow with what the machine
-        holds. The caller guards the machine's key at the view's sequence, so the
-        view's allocations are exactly those in etcd. Returns the bytes written."""
+        holds. The caller guards the machine's key at the view's sequence S, so the
+        view's allocations are exactly those in etcd, and S is what new and changed
+        allocations are stored under (keys.py); they learn it here (``key_seq``), as
+        unchanged ones made anew learn the key they keep. Returns the bytes written."""
         old = self.view.machines.get(mid)
         before = old.allocations if old is not None else {}
         if record is None:
@@ -426,20 +436,33 @@ class StoreBase:
         ops.append(Put(key, value))
         size = len(key) + len(value) + _OP_BYTES
         after = record.allocations
+        seq = old.seq if old is not None else 0
+        alloc_key = self.keys.alloc
+        puts = []
         # Decisions keep the Allocation objects they do not change: compare by identity
         # first (most of a busy machine's allocations).
         get = before.get
         for tid in [t for t, a in after.items() if get(t) is not a]:
-            a = after[tid]
-            if before.get(tid) != a:
-                akey = self.keys.alloc(mid, tid)
-                avalue = codec.encode_alloc(a)
-                ops.append(Put(akey, avalue))
-                size += len(akey) + len(avalue) + _OP_BYTES
+            a, was = after[tid], get(tid)
+            if was is not None and was == a:
+                set_key_seq(a, was.key_seq)
+                continue
+            if was is not None:
+                # Deletes go first: a watcher applying the events in order then ends
+                # with the new key (both name the task).
+                dkey = alloc_key(mid, was.key_seq, tid)
+                ops.append(Delete(dkey))
+                size += len(dkey) + _OP_BYTES
+            set_key_seq(a, seq)
+            akey = alloc_key(mid, seq, tid)
+            avalue = codec.encode_alloc(a)
+            puts.append(Put(akey, avalue))
+            size += len(akey) + len(avalue) + _OP_BYTES
         for tid in before.keys() - after.keys():
-            akey = self.keys.alloc(mid, tid)
-            ops.append(Delete(akey))
-            size += len(akey) + _OP_BYTES
+            dkey = alloc_key(mid, before[tid].key_seq, tid)
+            ops.append(Delete(dkey))
+            size += len(dkey) + _OP_BYTES
+        ops.extend(puts)
         return size
 
     def _fits(self, p: _Prepared) -> bool:
@@ -467,13 +490,14 @@ class StoreBase:
         compares = [guard(k, rev) for k, rev in w.guards.items()]
         compares.extend(w.compares)
         read_back = w.read_back
-        res = self.kv.txn(compares, p.ops, self._gets(w.guards) if read_back else ())
+        gets = self._gets(w.guards) if read_back else []
+        res = self.kv.txn(compares, p.ops, gets)
         if res.succeeded:
             put = self.view.put_record
             for key, record in w.records.items():
                 put(key, _with_revision(record, res.revision), res.revision)
         elif read_back:
-            self._observe_reads(list(w.guards), res)
+            self._observe_reads(gets, res)
         else:
             self._fetch(w.guards)
         return res

@@ -356,18 +356,20 @@ class ClaimCommits(StoreBase):
             for p in prepared
         ]
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
+        shared_gets = self._gets(shared)
         res = self.kv.txn([Compare.mod_revision_is(key, rev) for key, rev in shared.items()],
-                          ops, self._gets(shared))
+                          ops, shared_gets)
         if not res.succeeded:  # the config or a job changed: learn it, decide again
-            self._observe_reads(list(shared), res)
+            self._observe_reads(shared_gets, res)
             return parts
         self._note_conflict(any(isinstance(r, TxnResult) and not r.succeeded
                                 for r in res.responses))
         left: set[tuple[int, str]] = set()
-        for comp, sub_res in zip(comps, res.responses, strict=True):
-            assert isinstance(sub_res, TxnResult) and comp.write is not None
+        for comp, op, sub_res in zip(comps, ops, res.responses, strict=True):
+            assert isinstance(sub_res, TxnResult) and isinstance(op, TxnOp)
+            assert comp.write is not None
             if not sub_res.succeeded:
-                self._observe_reads(list(comp.write.guards), sub_res)
+                self._observe_reads(op.failure, sub_res)
                 left.update((j, c.task) for j, c in comp.claims)
                 continue
             for key, record in comp.write.records.items():

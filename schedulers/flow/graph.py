@@ -303,7 +303,7 @@ class GraphManager:
             elif kind is KeyKind.MACHINE:
                 machines.add(ident)
             elif kind is KeyKind.ALLOC:
-                machines.add(ident.partition("/")[0])
+                machines.add(ident.partition("/")[0])  # keys.split_alloc's machine
             elif kind is KeyKind.GANG:
                 gangs = True
         if gangs:

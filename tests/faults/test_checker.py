@@ -60,9 +60,16 @@ def _put(kv: MemoryKV, *records: Record | list[Record]) -> int:
 
 def _machine_as(m: Machine, allocs: dict[str, Allocation]) -> list[Record]:
     """Machine ``m`` written with exactly ``allocs`` (its record and allocation keys)."""
-    out: list[Record] = [(K.machine(m.id), codec.encode_machine(m))]
-    out += [(K.alloc(m.id, t), codec.encode_alloc(a)) for t, a in allocs.items()]
-    out += [(K.alloc(m.id, t), None) for t in m.allocations if t not in allocs]
+    out: list[Record] = [(K.machine(m.id), codec.encode_machine(m.with_allocations(allocs)))]
+    for t, a in allocs.items():
+        was = m.allocations.get(t)
+        if was is a:
+            continue
+        if was is not None:
+            out.append((K.alloc(m.id, was.key_seq, t), None))
+        out.append((K.alloc(m.id, m.seq, t), codec.encode_alloc(a)))
+    out += [(K.alloc(m.id, a.key_seq, t), None) for t, a in m.allocations.items()
+            if t not in allocs]
     return out
 
 
