@@ -21,9 +21,11 @@ guards failed, and the shape of the committed Txns. ``--profile`` writes a cProf
 before and after every request (the stores take turns, so no other request is in
 flight; etcd's background work lands on whichever request is running), split into
 read-only requests and writes, with how many allocation keys etcd went through to
-answer the reads of changed allocations (``GetChanged``: etcd reads every key of the
-range and filters by revision afterwards) beside how many it returned, and the share of
-the machines read whose allocations had changed. Reading /proc
+answer the reads of changed allocations beside how many it returned (the same since
+allocation keys name the sequence they were written at and the read is a range from the
+held one on, cellstate/keys.py; before, a ``min_mod_revision`` filter made etcd read the
+machine's every allocation), and the share of the machines read whose allocations had
+changed. Reading /proc
 per request costs this process CPU, so the committer figure of such a run is not
 comparable with one without it.
 """
@@ -71,7 +73,8 @@ def process_cpu_s(pid: int) -> float:
 
 class SplitKV(CountingKV):
     """A CountingKV that also measures etcd's CPU per request, read-only or writing,
-    and the allocation keys etcd scanned and returned for ``GetChanged`` reads."""
+    and the allocation keys etcd scanned and returned for reads of changed allocations
+    (ranges from a held sequence on, or ``GetChanged``)."""
 
     def __init__(self, inner: EtcdKV, etcd_pid: int) -> None:
         super().__init__(inner)
@@ -92,12 +95,19 @@ class SplitKV(CountingKV):
         res = super().txn(compares, success, failure)
         self.cpu[kind] += process_cpu_s(self.etcd_pid) - before
         self.calls[kind] += 1
-        for r in res.responses if kind == "read" else ():
-            if isinstance(r, RangeResult):
+        for op, r in zip(success, res.responses, strict=True) if kind == "read" else ():
+            if isinstance(r, RangeResult):  # GetChanged: etcd reads the whole range
                 self.scanned += r.count
                 self.returned += len(r.kvs)
                 self.ranges += 1
                 self.changed += bool(r.kvs)
+            elif (type(op) is Get and op.range_end is not None and b"/allocs/" in op.key
+                  and not op.key.endswith(b"/") and isinstance(r, tuple)):
+                # From a held sequence on: the range spans what it returns.
+                self.scanned += len(r)
+                self.returned += len(r)
+                self.ranges += 1
+                self.changed += bool(r)
         return res
 
 

@@ -123,13 +123,21 @@ class WorkingView:
             self.forget(key)
             return False
         self._learnt(key, as_of)
-        settled = None
-        if len(allocs) == len(held.allocations) + len(new) and not any(
-                a.gang or a.evicted_by for a in new.values()):
-            # Only plain placements were added: what they hold adds to the held sum
-            # (summing a busy machine's allocations again is the costlier part).
+        settled = tags = jobs = None
+        # A count that matches means nothing was deleted: the held allocations are all
+        # still there, some perhaps changed (in ``new``). What the machine's record
+        # caches about them then follows from the held record's and the new ones
+        # (going over a busy machine's allocations again is the costlier part).
+        plain = not any(a.gang or a.evicted_by for a in new.values())
+        if len(allocs) == len(held.allocations) + len(new) and plain:
+            # Only plain placements were added: what they hold adds to the held sum.
             settled = held.settled_used + sum_resources(a.resources for a in new.values())
-        self.machines[mid] = m.with_allocations(allocs, settled)
+        if plain and held.has_tags is False:
+            tags = False
+        held_jobs = held.known_job_ids()
+        if held_jobs is not None:
+            jobs = held_jobs.union([a.job for a in new.values()])
+        self.machines[mid] = m.with_allocations(allocs, settled, tags, jobs)
         return True
 
     def _learnt(self, key: bytes, as_of: int) -> None:
