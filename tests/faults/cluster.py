@@ -187,6 +187,17 @@ class FaultCell:
         self.faults.append((what, t))
         return t
 
+    def deprioritize(self, name: str) -> None:
+        """Give every thread of process ``name`` the lowest CPU priority (nice 19), so
+        that on a busy machine this process (at its own priority) runs first when it
+        wakes: a fault timed by a watch event then lands before the victim gets much
+        further. Linux nices threads one by one; a restart starts at the usual
+        priority."""
+        pid = self._procs.children[name].pid
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+
     def send(self, name: str, sig: int) -> None:
         """Send a signal that is not itself the fault (a SIGCONT, say)."""
         self._procs.signal(name, sig)
