@@ -14,6 +14,7 @@ from cellstate.invariants import layout_violations
 from cellstate.keys import KeyKind, Keyspace, split_alloc
 from cellstate.kv.base import KV, Compare, Get, KeyValue, Op, Put, TxnResult, range_all
 from cellstate.model import Allocation, Claim, Resources, TaskState, Transaction, TxnMode
+from cellstate.replica import Replica
 from cellstate.store import CellStore, StoreOptions
 from schedulers.testing import job, machine, make_cell
 
@@ -136,3 +137,31 @@ def test_layout_violations_name_each_break(kv: KV) -> None:
     assert "machine m9 has no record but 1 allocation key(s)" in found
     assert any("names sequence 1000000000" in v for v in found)
     assert "machine m2's record counts 0 allocation(s), 1 are stored" in found
+
+
+def test_a_replica_following_a_staged_gang_holds_each_allocation_under_its_key(kv: KV) -> None:
+    """Settling a large gang changes every allocation it staged (the gang tag goes):
+    each moves to a key under the settling write's sequence, deleted and put in one
+    revision, and a replica applying the events in order ends with the stored ones."""
+    n_machines, n_tasks = 20, 120
+    store = make_cell(kv, [machine(f"m{i}", cpu=8) for i in range(n_machines)],
+                      [job("big", tasks=n_tasks, cpu=0.5)])
+    replica = Replica(kv)
+    replica.load()
+    per = n_tasks // n_machines
+    snap = store.read_snapshot()
+    res = store.commit(Transaction("batch", tuple(
+        Claim("big", i, f"m{i // per}", snap.machines[f"m{i // per}"].seq)
+        for i in range(n_tasks)), TxnMode.GANG))
+    assert res.ok and res.attempts > 2  # staged, then settled
+    while replica.revision < res.revision or replica.pump(timeout=0.2):
+        replica.pump(timeout=0.2)
+    stored = store.read_snapshot()
+    followed = replica.snapshot()
+    for mid, m in stored.machines.items():
+        seqs = {t: a.key_seq for t, a in m.allocations.items()}
+        assert {t: a.key_seq for t, a in followed.machines[mid].allocations.items()} == seqs
+        assert followed.machines[mid].allocations == m.allocations
+        assert not any(a.gang for a in m.allocations.values())
+    assert layout_violations(K, _stored(kv)) == []
+    replica.stop()
