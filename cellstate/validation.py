@@ -95,6 +95,7 @@ from cellstate.model import (
     check_amount,
     check_name,
     is_name,
+    set_diff,
     split_task_id,
     sum_resources,
     task_id,
@@ -898,7 +899,9 @@ def _apply(w: _Work, claim: Claim) -> None:
     # Calm stays calm with one more task of a job that keeps no one off (the fit rules
     # read the job's spec, so it is known).
     calm = m.calm and not job.constraints.anti_affinity
-    w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs, calm)
+    new = w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs, calm)
+    if not m.has_tags:  # else void holds may have gone too: no list of what changed
+        set_diff(new, m, (claim.task, *claim.evict))
     w.tasks[claim.task] = TaskRecord(
         job.id, claim.index, TaskState.RUNNING, m.id, w.txn.scheduler, w.gang
     )
@@ -922,6 +925,8 @@ def _leave(w: _Work, claim: Claim) -> None:
     allocs = _without_void_holds(w, m)
     a = allocs.pop(claim.task)
     settled = m.settled_used if a.gang else m.settled_used - a.resources
-    w.machines[m.id] = m.with_allocations(allocs, settled, None if m.has_tags else False,
-                                          calm=m.calm)
+    new = w.machines[m.id] = m.with_allocations(allocs, settled,
+                                                None if m.has_tags else False, calm=m.calm)
+    if not m.has_tags:
+        set_diff(new, m, (claim.task,))
     w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources

@@ -253,6 +253,7 @@ class SimCell:
         machines, tasks = snap.machines, snap.tasks
         for m in d.machines.values():
             _set_slot(m, "seq", rev)
+            _set_slot(m, "diff", None)  # what it was built from may go now
         for t in d.tasks.values():
             _set_slot(t, "revision", rev)
         if d.machines:
@@ -357,7 +358,11 @@ def _stamp(record: Any, revision: int) -> Any:
     records per task placed and two per task ended, and copying each again was a
     tenth of its time). Only for records nobody else holds yet: the decision built
     them for this write, and they become visible only with the snapshot that has them."""
-    _set_slot(record, "seq" if isinstance(record, Machine) else "revision", revision)
+    if isinstance(record, Machine):
+        _set_slot(record, "seq", revision)
+        _set_slot(record, "diff", None)  # what it was built from may go now
+    else:
+        _set_slot(record, "revision", revision)
     return record
 
 

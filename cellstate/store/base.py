@@ -439,11 +439,20 @@ class StoreBase:
         seq = old.seq if old is not None else 0
         alloc_key = self.keys.alloc
         puts = []
-        # Decisions keep the Allocation objects they do not change: compare by identity
-        # first (most of a busy machine's allocations).
         get = before.get
-        for tid in [t for t, a in after.items() if get(t) is not a]:
-            a, was = after[tid], get(tid)
+        diff = record.diff
+        if diff is not None and diff[0] is before:
+            # The decision says which allocations it may have changed.
+            changed = list(dict.fromkeys(diff[1]))
+        else:
+            # Decisions keep the Allocation objects they do not change: compare by
+            # identity first (most of a busy machine's allocations).
+            changed = [t for t, a in after.items() if get(t) is not a]
+            changed += before.keys() - after.keys()
+        for tid in changed:
+            a, was = after.get(tid), get(tid)
+            if a is was:
+                continue
             if was is not None and was == a:
                 set_key_seq(a, was.key_seq)
                 continue
@@ -453,15 +462,13 @@ class StoreBase:
                 dkey = alloc_key(mid, was.key_seq, tid)
                 ops.append(Delete(dkey))
                 size += len(dkey) + _OP_BYTES
+            if a is None:
+                continue
             set_key_seq(a, seq)
             akey = alloc_key(mid, seq, tid)
             avalue = codec.encode_alloc(a)
             puts.append(Put(akey, avalue))
             size += len(akey) + len(avalue) + _OP_BYTES
-        for tid in before.keys() - after.keys():
-            dkey = alloc_key(mid, before[tid].key_seq, tid)
-            ops.append(Delete(dkey))
-            size += len(dkey) + _OP_BYTES
         ops.extend(puts)
         return size
 
