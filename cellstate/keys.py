@@ -40,7 +40,7 @@ import enum
 import attrs
 
 from cellstate.kv.base import prefix_end
-from cellstate.model import check_name
+from cellstate.model import ModelError, check_name
 
 
 class KeyKind(enum.Enum):
@@ -150,12 +150,18 @@ class Keyspace:
 
 def split_alloc(ident: str) -> tuple[str, int, str]:
     """(machine, sequence written at, task id) of an allocation key's id (``classify``'s
-    ``<machine>/<seq>/<task id>``); ValueError if it is not one."""
+    ``<machine>/<seq>/<task id>``); ModelError (a ValueError) if it is not one."""
     mid, _, rest = ident.partition("/")
     seq, _, tid = rest.partition("/")
-    if not mid or len(seq) != 16 or not tid:
-        raise ValueError(f"not an allocation key: {ident!r}")
-    return mid, int(seq, 16), tid
+    try:
+        if not mid or len(seq) != 16 or not tid:
+            raise ValueError
+        return mid, int(seq, 16), tid
+    except ValueError:
+        raise ModelError(
+            f"allocation key allocs/{ident} is not <machine>/<16 hex digits>/<task>: a cell "
+            "written before allocation keys named their sequence (allocs/<machine>/<task>) "
+            "cannot be read by this version; recreate the cell") from None
 
 
 def metrics_prefix(cell: str) -> bytes:

@@ -13,7 +13,15 @@ from cellstate import codec
 from cellstate.invariants import layout_violations
 from cellstate.keys import KeyKind, Keyspace, split_alloc
 from cellstate.kv.base import KV, Compare, Get, KeyValue, Op, Put, TxnResult, range_all
-from cellstate.model import Allocation, Claim, Resources, TaskState, Transaction, TxnMode
+from cellstate.model import (
+    Allocation,
+    Claim,
+    ModelError,
+    Resources,
+    TaskState,
+    Transaction,
+    TxnMode,
+)
 from cellstate.replica import Replica
 from cellstate.store import CellStore, StoreOptions
 from schedulers.testing import job, machine, make_cell
@@ -165,3 +173,13 @@ def test_a_replica_following_a_staged_gang_holds_each_allocation_under_its_key(k
         assert not any(a.gang for a in m.allocations.values())
     assert layout_violations(K, _stored(kv)) == []
     replica.stop()
+
+
+@pytest.mark.broken_cell
+def test_a_cell_in_the_layout_before_is_refused_with_a_clear_error(kv: KV) -> None:
+    store = make_cell(kv, [machine("m1")], [job("j")])
+    a = Allocation("j/0", "j", "batch", 0, Resources.of(cpu=1, mem=1))
+    kv.txn([], [Put(K.allocs("m1") + b"j/0", codec.encode_alloc(a))])  # no <seq>/
+    with pytest.raises(ModelError, match="allocs/m1/j/0 is not .*recreate the cell"):
+        store.read_snapshot()
+    assert "recreate the cell" in " ".join(layout_violations(K, _stored(kv)))
