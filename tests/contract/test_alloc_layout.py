@@ -180,6 +180,6 @@ def test_a_cell_in_the_layout_before_is_refused_with_a_clear_error(kv: KV) -> No
     store = make_cell(kv, [machine("m1")], [job("j")])
     a = Allocation("j/0", "j", "batch", 0, Resources.of(cpu=1, mem=1))
     kv.txn([], [Put(K.allocs("m1") + b"j/0", codec.encode_alloc(a))])  # no <seq>/
-    with pytest.raises(ModelError, match="allocs/m1/j/0 is not .*recreate the cell"):
+    with pytest.raises(ModelError, match=r"allocs/m1/j/0 is not .*recreate the cell"):
         store.read_snapshot()
     assert "recreate the cell" in " ".join(layout_violations(K, _stored(kv)))
