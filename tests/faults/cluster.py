@@ -31,7 +31,10 @@ from typing import Any
 
 from cellstate.api.client import CellClient
 from cellstate.cell import CellSnapshot, task_view
+from cellstate.invariants import layout_violations
 from cellstate.jobinfo import job_summary
+from cellstate.keys import Keyspace
+from cellstate.kv.base import range_all
 from cellstate.kv.etcd import EtcdKV
 from cellstate.model import JobState, MachineState, TaskState
 from cellstate.store import CellStore
@@ -308,6 +311,12 @@ class FaultCell:
                     out.append(f"killed job {job.id} still has tasks {running} running")
         out.extend(f"task process still running after the test: {r}"
                    for r in self.live_task_processes())
+        # The keys as stored, which a snapshot cannot show (cellstate/keys.py): one
+        # allocation key per task, machine records that count theirs.
+        assert self.kv is not None
+        keys = Keyspace(CELL)
+        out.extend(f"stored keys: {v}" for v in
+                   layout_violations(keys, range_all(self.kv, keys.root).kvs))
         return out
 
     # -- task runs (marker mode) -------------------------------------------------------
