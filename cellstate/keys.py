@@ -152,16 +152,28 @@ def split_alloc(ident: str) -> tuple[str, int, str]:
     """(machine, sequence written at, task id) of an allocation key's id (``classify``'s
     ``<machine>/<seq>/<task id>``); ModelError (a ValueError) if it is not one."""
     mid, _, rest = ident.partition("/")
+    if not mid:
+        raise _not_an_alloc_key(ident)
+    return (mid, *split_alloc_rest(mid, rest))
+
+
+def split_alloc_rest(machine: str, rest: str) -> tuple[int, str]:
+    """(sequence written at, task id) of what follows ``allocs/<machine>/`` in an
+    allocation key; ModelError if it is not ``<seq>/<task>``."""
     seq, _, tid = rest.partition("/")
     try:
-        if not mid or len(seq) != 16 or not tid:
+        if len(seq) != 16 or not tid:
             raise ValueError
-        return mid, int(seq, 16), tid
+        return int(seq, 16), tid
     except ValueError:
-        raise ModelError(
-            f"allocation key allocs/{ident} is not <machine>/<16 hex digits>/<task>: a cell "
-            "written before allocation keys named their sequence (allocs/<machine>/<task>) "
-            "cannot be read by this version; recreate the cell") from None
+        raise _not_an_alloc_key(f"{machine}/{rest}") from None
+
+
+def _not_an_alloc_key(ident: str) -> ModelError:
+    return ModelError(
+        f"allocation key allocs/{ident} is not <machine>/<16 hex digits>/<task>: a cell "
+        "written before allocation keys named their sequence (allocs/<machine>/<task>) "
+        "cannot be read by this version; recreate the cell")
 
 
 def metrics_prefix(cell: str) -> bytes:

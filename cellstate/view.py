@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cellstate import codec
-from cellstate.keys import KeyKind, Keyspace, split_alloc
+from cellstate.keys import KeyKind, Keyspace, split_alloc, split_alloc_rest
 from cellstate.kv.base import KeyValue
 from cellstate.model import (
     Allocation,
@@ -82,7 +82,7 @@ class WorkingView:
                 # The same sequence means the same allocations: no need to decode.
                 self.machines[kind[1]] = codec.decode_machine(
                     kind[1], kv.value, kv.mod_revision,
-                    _allocations(self.keys.allocs(kind[1]), allocs, held))
+                    _allocations(self.keys, kind[1], allocs, held))
             return
         if as_of > self.revision:
             self.revision = as_of
@@ -116,7 +116,7 @@ class WorkingView:
             self.forget(key)
             return False
         m, count = codec.decode_machine_counted(mid, kv.value, kv.mod_revision)
-        new = _allocations(self.keys.allocs(mid), changed, None)
+        new = _allocations(self.keys, mid, changed, None)
         allocs = dict(held.allocations)
         allocs.update(new)
         if len(allocs) != count:
@@ -226,19 +226,17 @@ class WorkingView:
             self._set(kind[0], kind[1], None)
 
 
-def _allocations(prefix: bytes, kvs: Iterable[KeyValue], held: Machine | None
-                 ) -> dict[str, Allocation]:
-    """A machine's allocations from its allocation keys (under ``prefix``:
+def _allocations(keys: Keyspace, machine: str, kvs: Iterable[KeyValue],
+                 held: Machine | None) -> dict[str, Allocation]:
+    """A machine's allocations from its allocation keys (``keys.allocs(machine)`` then
     ``<seq>/<task>``). One the view holds already (``held``) under the same key is kept
     rather than decoded again: a key is written once (a changed allocation moves to a
     key of its own), so the same key holds the same value."""
     out = {}
-    start = len(prefix)
+    start = len(keys.allocs(machine))
     known = held.allocations if held is not None else {}
     for kv in kvs:
-        rest = kv.key[start:]
-        seq = int(rest[:16], 16)
-        tid = rest[17:].decode()
+        seq, tid = split_alloc_rest(machine, kv.key[start:].decode())
         a = known.get(tid)
         out[tid] = (a if a is not None and a.key_seq == seq
                     else codec.decode_alloc(tid, kv.value, seq))

@@ -298,18 +298,31 @@ def test_bad_scheduler_config_says_what_is_wrong(argv: list[str], message: str,
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.etcd
-def test_check_on_a_live_cell(etcd_server, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def _cell_with_one_task(endpoint: str, cell: str, leave_key_behind: bool = False) -> None:
+    """A cell on etcd with task j/0 placed on m1; ``leave_key_behind``: and j/0's
+    allocation stored a second time, under m1's current sequence (as no store writes)."""
+    from cellstate import codec
+    from cellstate.keys import Keyspace
+    from cellstate.kv.base import Put
     from cellstate.kv.etcd import EtcdKV
 
-    kv = EtcdKV([etcd_server.endpoint])
+    kv = EtcdKV([endpoint])
     try:
-        store = CellStore(kv, "clitest")
+        store = CellStore(kv, cell)
         store.add_machine(machine("m1", cpu=4))
         store.submit_job(job("j", cpu=1))
         store.commit(txn([Claim("j", 0, "m1")]))
+        if leave_key_behind:
+            m = store.read_snapshot().machines["m1"]
+            kv.txn([], [Put(Keyspace(cell).alloc("m1", m.seq, "j/0"),
+                            codec.encode_alloc(m.allocations["j/0"]))])
     finally:
         kv.close()
+
+
+@pytest.mark.etcd
+def test_check_on_a_live_cell(etcd_server, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    _cell_with_one_task(etcd_server.endpoint, "clitest")
     assert main(["check", "--etcd", etcd_server.endpoint, "--cell", "clitest"]) == 0
     assert "ok" in capsys.readouterr().out
 
@@ -318,22 +331,7 @@ def test_check_on_a_live_cell(etcd_server, capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.broken_cell
 def test_check_finds_an_allocation_key_left_behind(  # type: ignore[no-untyped-def]
         etcd_server, capsys: pytest.CaptureFixture[str]) -> None:
-    from cellstate import codec
-    from cellstate.keys import Keyspace
-    from cellstate.kv.base import Put
-    from cellstate.kv.etcd import EtcdKV
-
-    kv = EtcdKV([etcd_server.endpoint])
-    try:
-        store = CellStore(kv, "clilayout")
-        store.add_machine(machine("m1", cpu=4))
-        store.submit_job(job("j", cpu=1))
-        store.commit(txn([Claim("j", 0, "m1")]))
-        m = store.read_snapshot().machines["m1"]
-        kv.txn([], [Put(Keyspace("clilayout").alloc("m1", m.seq, "j/0"),
-                        codec.encode_alloc(m.allocations["j/0"]))])
-    finally:
-        kv.close()
+    _cell_with_one_task(etcd_server.endpoint, "clilayout", leave_key_behind=True)
     assert main(["check", "--etcd", etcd_server.endpoint, "--cell", "clilayout"]) == 1
     assert "task j/0 has 2 allocation keys on m1" in capsys.readouterr().out
 
