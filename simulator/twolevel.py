@@ -35,9 +35,9 @@ from simulator.recorder import Recorder
 if TYPE_CHECKING:
     from immutables._protocols import MapMutation
 
-# An offer's locks are an immutable map: a view keeps the one it was shown, a commit
-# taken out of the offer makes a new one sharing all but a few nodes, and handing the
-# locks back to the allocator copies nothing (a dict of thousands of machines would be
+# An offer's locks are an immutable map: a view keeps the one it was shown, the pool
+# merged into them at the answer makes a new one sharing all but a few nodes, and handing
+# the locks back to the allocator copies nothing (a dict of thousands of machines would be
 # copied, and freed, once per offer).
 Locks = Map[str, Resources]
 
@@ -117,7 +117,7 @@ class Moves:
 
 
 class Offer:
-    """What one framework was offered and has not used yet, per machine.
+    """What one framework was offered, per machine, until it answers.
 
     ``lineage`` (0: unknown) names the chain of dicts its locks descend from: the pool becomes an
     offer's locks, an answered offer's locks become the pool again, and every change to
@@ -136,13 +136,6 @@ class Offer:
         """The locks as they are now, for a view (immutable: later changes make new
         ones)."""
         return self.locks
-
-    def consume(self, mid: str, used: Resources) -> None:
-        left = _left(self.locks.get(mid, _NOTHING), used)
-        if left:
-            self.locks = self.locks.set(mid, left)
-        elif mid in self.locks:
-            self.locks = self.locks.delete(mid)
 
     def take(self) -> Locks:
         """The locks, for the allocator once the framework has answered; the offer is
@@ -289,18 +282,11 @@ class Allocator:
         change at a time (on the machines it placed on, the count would be undone)."""
         self._deferred = set()
 
-    def used(self, offer: Offer, results: dict[str, CommitResult],
-             jobs: Mapping[str, Resources]) -> set[str]:
-        """Take what a framework's commit placed out of its offer; returns the machines
-        it placed on."""
-        touched = set()
-        for job_id, res in results.items():
-            for c in res.committed:
-                offer.consume(c.machine, jobs[job_id])
-                if c.machine not in offer.locks:
-                    self.moves.items.append(c.machine)
-                touched.add(c.machine)
-        return touched
+    def placed_on(self, results: dict[str, CommitResult]) -> set[str]:
+        """The machines a framework's commit placed on. Their locks are not reduced by
+        what it placed: the answer (:meth:`release`) drops those locks and counts the
+        machines again from the cell, so a reduced lock would never be read."""
+        return {c.machine for res in results.values() for c in res.committed}
 
     def release(self, offer: Offer, touched: set[str] | frozenset[str] = frozenset()) -> None:
         """The framework answered: what it did not use is available again. Machines it
@@ -450,8 +436,7 @@ class Framework:
     def _commit(self, attempt: Attempt, offer: Offer) -> None:
         self.allocator.committing()
         results = self.inst.finish(attempt)
-        touched = self.allocator.used(offer, results,
-                                      {j.id: j.task_resources for j in attempt.jobs})
+        touched = self.allocator.placed_on(results)
         self._answer(offer, touched)
         self.recorder.attempt(self.name, attempt.started_at, attempt.cost, results)
         self.committed(attempt, results)
