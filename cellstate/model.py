@@ -8,7 +8,6 @@ number (every change to a machine rewrites its key, so the revision changes with
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -205,21 +204,26 @@ class Resources:
 
 
 _new_object = object.__new__
-_set_slot = object.__setattr__
 
 
 def _new_resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
     """``Resources(amounts)`` without attrs' ``__init__`` (the hottest constructor of
-    the model): the same two slots set, the hash not computed yet."""
+    the model): the same two slots set, straight through their descriptors (a quarter
+    quicker than ``object.__setattr__``), the hash not computed yet."""
     r = _new_object(Resources)
-    _set_slot(r, "amounts", amounts)
-    _set_slot(r, "_attrs_cached_hash", None)
+    _set_amounts(r, amounts)
+    _set_cached_hash(r, None)
     return r
 
 
 # attrs keeps a cached hash in that slot; should a version name it otherwise, the
 # class itself builds the vectors (slower, the same values).
-_resources = _new_resources if "_attrs_cached_hash" in Resources.__slots__ else Resources
+if "_attrs_cached_hash" in Resources.__slots__:
+    _set_amounts = Resources.__dict__["amounts"].__set__
+    _set_cached_hash = Resources.__dict__["_attrs_cached_hash"].__set__
+    _resources = _new_resources
+else:
+    _resources = Resources
 
 
 def trusted_resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
@@ -343,29 +347,54 @@ class Machine:
     diff: tuple[Mapping[str, Allocation], tuple[str, ...]] | None = attrs.field(
         init=False, default=None, eq=False, repr=False)
 
-    @functools.cached_property
+    # What the properties below computed, kept with the record (None: not yet). Plain
+    # slots, not functools.cached_property: attrs serves that through a __getattr__,
+    # and a class with one reads every attribute through Python's slow path (no
+    # specialised slot read): about three times as long for each field of a machine.
+    _settled_used: Resources | None = attrs.field(init=False, default=None, eq=False,
+                                                  repr=False)
+    _has_tags: bool | None = attrs.field(init=False, default=None, eq=False, repr=False)
+    _job_ids: frozenset[str] | None = attrs.field(init=False, default=None, eq=False,
+                                                  repr=False)
+    _gang_tags: frozenset[str] | None = attrs.field(init=False, default=None, eq=False,
+                                                    repr=False)
+
+    @property
     def settled_used(self) -> Resources:
         """What the allocations without gang tags hold (computed once per record)."""
-        return sum_resources(
-            a.resources for a in self.allocations.values() if not a.gang and not a.evicted_by
-        )
+        used = self._settled_used
+        if used is None:
+            used = sum_resources(a.resources for a in self.allocations.values()
+                                 if not a.gang and not a.evicted_by)
+            _set_settled_used(self, used)
+        return used
 
-    @functools.cached_property
+    @property
     def has_tags(self) -> bool:
-        return any(a.gang or a.evicted_by for a in self.allocations.values())
+        tagged = self._has_tags
+        if tagged is None:
+            tagged = any(a.gang or a.evicted_by for a in self.allocations.values())
+            _set_has_tags(self, tagged)
+        return tagged
 
-    @functools.cached_property
+    @property
     def job_ids(self) -> frozenset[str]:
         """The jobs with an allocation here (computed once per record)."""
-        return frozenset(a.job for a in self.allocations.values())
+        jobs = self._job_ids
+        if jobs is None:
+            jobs = frozenset(a.job for a in self.allocations.values())
+            _set_job_ids(self, jobs)
+        return jobs
 
-    @functools.cached_property
+    @property
     def gang_tags(self) -> frozenset[str]:
         """The gangs this machine's staged records name."""
-        if not self.has_tags:
-            return frozenset()
-        return frozenset(g for a in self.allocations.values()
-                         for g in (a.gang, a.evicted_by) if g)
+        tags = self._gang_tags
+        if tags is None:
+            tags = frozenset(g for a in self.allocations.values()
+                             for g in (a.gang, a.evicted_by) if g) if self.has_tags else frozenset()
+            _set_gang_tags(self, tags)
+        return tags
 
     def with_allocations(
         self, allocations: Mapping[str, Allocation], settled_used: Resources | None = None,
@@ -374,33 +403,17 @@ class Machine:
     ) -> Machine:
         """A copy with other allocations; pass their settled usage, whether any is
         tagged, their jobs and :attr:`calm` if known, to save going over them again."""
-        m = _copy_machine(self, allocations, self.seq, bool(calm))
-        if settled_used is not None:
-            _set_settled_used(m, settled_used)
-        if has_tags is not None:
-            _set_has_tags(m, has_tags)
-        if job_ids is not None:
-            _set_job_ids(m, job_ids)
-        return m
+        return _copy_machine(self, allocations, self.seq, bool(calm), settled_used, has_tags,
+                             job_ids)
 
     def known_job_ids(self) -> frozenset[str] | None:
         """:attr:`job_ids` if computed already, else None (without computing it)."""
-        try:
-            return object.__getattribute__(self, "job_ids")  # type: ignore[no-any-return]
-        except AttributeError:
-            return None
+        return self._job_ids
 
     def with_seq(self, seq: int) -> Machine:
-        m = _copy_machine(self, self.allocations, seq, bool(self.calm))
-        try:  # carry the cached sums over: the allocations are the same
-            _set_settled_used(m, object.__getattribute__(self, "settled_used"))
-            _set_has_tags(m, object.__getattribute__(self, "has_tags"))
-        except AttributeError:
-            pass
-        jobs = self.known_job_ids()
-        if jobs is not None:
-            _set_job_ids(m, jobs)
-        return m
+        # The allocations are the same: so is everything computed from them.
+        return _copy_machine(self, self.allocations, seq, bool(self.calm), self._settled_used,
+                             self._has_tags, self._job_ids, self._gang_tags)
 
     def label(self, key: str) -> str | None:
         """A machine label, where ``rack``, ``failure_domain`` and ``machine`` are
@@ -424,7 +437,8 @@ class Machine:
 # the fields change, the import fails here rather than a copy missing one.
 assert tuple(f.name for f in attrs.fields(Machine)) == (
     "id", "capacity", "rack", "failure_domain", "labels", "state", "agent", "allocations",
-    "seq", "calm", "diff"), "update _copy_machine for Machine's new fields"
+    "seq", "calm", "diff", "_settled_used", "_has_tags", "_job_ids", "_gang_tags"
+), "update _copy_machine for Machine's new fields"
 _slot = Machine.__dict__
 _set_id, _set_capacity, _set_rack, _set_failure_domain = (
     _slot["id"].__set__, _slot["capacity"].__set__, _slot["rack"].__set__,
@@ -433,14 +447,18 @@ _set_labels, _set_state, _set_agent, _set_allocations, _set_seq, _set_calm = (
     _slot["labels"].__set__, _slot["state"].__set__, _slot["agent"].__set__,
     _slot["allocations"].__set__, _slot["seq"].__set__, _slot["calm"].__set__)
 _set_diff = _slot["diff"].__set__
-_set_settled_used, _set_has_tags, _set_job_ids = (
-    _slot["settled_used"].__set__, _slot["has_tags"].__set__, _slot["job_ids"].__set__)
+_set_settled_used, _set_has_tags, _set_job_ids, _set_gang_tags = (
+    _slot["_settled_used"].__set__, _slot["_has_tags"].__set__, _slot["_job_ids"].__set__,
+    _slot["_gang_tags"].__set__)
 del _slot
 
 
 def _copy_machine(m: Machine, allocations: Mapping[str, Allocation], seq: int,
-                  calm: bool) -> Machine:
-    """``Machine(m.id, ..., allocations, seq)`` with :attr:`Machine.calm` as given."""
+                  calm: bool, settled_used: Resources | None = None,
+                  has_tags: bool | None = None, job_ids: frozenset[str] | None = None,
+                  gang_tags: frozenset[str] | None = None) -> Machine:
+    """``Machine(m.id, ..., allocations, seq)`` with :attr:`Machine.calm` and what is
+    known of its allocations as given."""
     c = _new_object(Machine)
     _set_id(c, m.id)
     _set_capacity(c, m.capacity)
@@ -453,6 +471,10 @@ def _copy_machine(m: Machine, allocations: Mapping[str, Allocation], seq: int,
     _set_seq(c, seq)
     _set_calm(c, True if calm else None)
     _set_diff(c, None)
+    _set_settled_used(c, settled_used)
+    _set_has_tags(c, has_tags)
+    _set_job_ids(c, job_ids)
+    _set_gang_tags(c, gang_tags)
     return c
 
 
@@ -874,11 +896,10 @@ class Claim:
     resources: Resources | None = None
     fallbacks: tuple[Fallback, ...] = ()
     moves_from: str = ""
-
-    @functools.cached_property
-    def task(self) -> str:
-        """The task id (computed once: the commit path asks for it many times)."""
-        return task_id(self.job, self.index)
+    # The task id, made with the claim (the commit path asks for it many times). A
+    # field, not a functools.cached_property, for the reason given at Machine.
+    task: str = attrs.field(init=False, eq=False, repr=False, default=attrs.Factory(
+        lambda self: task_id(self.job, self.index), takes_self=True))
 
     def candidates(self) -> tuple[tuple[str, int], ...]:
         """(machine, seen sequence) in the order the store tries them."""

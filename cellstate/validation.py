@@ -61,7 +61,6 @@ lost one task re-places just that one).
 
 from __future__ import annotations
 
-import functools
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 
@@ -134,15 +133,18 @@ class Decision:
     # task -> the machines its claim's decision read (candidates tried, the machine a
     # move leaves): the store's per-machine writes keep them in one nested transaction.
     claim_machines: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
+    # Computed on first use (not functools.cached_property: see model.Machine).
+    _by_task: Mapping[str, Claim] | None = attrs.field(init=False, default=None, eq=False,
+                                                       repr=False)
 
-    @functools.cached_property
-    def accepted_tasks(self) -> frozenset[str]:
-        return frozenset(c.task for c in self.accepted)
-
-    @functools.cached_property
+    @property
     def accepted_by_task(self) -> Mapping[str, Claim]:
         """Task id -> the accepted claim as applied (on the machine it took)."""
-        return {c.task: c for c in self.accepted}
+        by_task = self._by_task
+        if by_task is None:
+            by_task = {c.task: c for c in self.accepted}
+            object.__setattr__(self, "_by_task", by_task)
+        return by_task
 
     def rejection_of(self, task: str) -> Rejection:
         return next(r for r in self.rejected if r.claim.task == task)

@@ -376,7 +376,7 @@ class ClaimCommits(StoreBase):
                 self.view.put_record(key, _with_revision(record, res.revision), res.revision)
             for j, c in comp.claims:
                 i, d = parts[j][0], decisions[j]
-                if c.task in d.accepted_tasks:
+                if c.task in d.accepted_by_task:
                     outs[i].settle((d.accepted_by_task[c.task],), (), c.evict, res.revision)
                 else:
                     outs[i].settle((), (d.rejection_of(c.task),), (), res.revision)
