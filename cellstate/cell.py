@@ -32,6 +32,9 @@ from cellstate.model import (
     sum_resources,
 )
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_RUNNING = TaskState.RUNNING
+
 
 class CellReader(Protocol):
     @property
@@ -167,7 +170,7 @@ def task_state(reader: CellReader, tid: str) -> TaskState:
     rec = reader.tasks.get(tid)
     if rec is None:
         return TaskState.PENDING
-    if rec.gang or (rec.state is TaskState.RUNNING and reader.gangs):
+    if rec.gang or (rec.state is _RUNNING and reader.gangs):
         return task_view(reader, tid).state
     return rec.state
 

@@ -70,7 +70,7 @@ def _unres(d: Mapping[str, float]) -> Resources:
 
 def encode_machine(m: Machine) -> bytes:
     """The machine's own record, without its allocations (keys of their own)."""
-    doc: dict[str, Any] = {"capacity": _res(m.capacity), "state": m.state.value}
+    doc: dict[str, Any] = {"capacity": _res(m.capacity), "state": m.state._value_}
     if m.rack:
         doc["rack"] = m.rack
     if m.failure_domain:
@@ -449,7 +449,7 @@ def _parse_input(value: object, where: str) -> tuple[tuple[str, float], ...]:
 
 
 def machine_to_doc(m: Machine) -> dict[str, Any]:
-    doc: dict[str, Any] = {"id": m.id, "capacity": _res(m.capacity), "state": m.state.value}
+    doc: dict[str, Any] = {"id": m.id, "capacity": _res(m.capacity), "state": m.state._value_}
     if m.rack:
         doc["rack"] = m.rack
     if m.failure_domain:
@@ -488,7 +488,7 @@ def parse_machine(doc: object, where: str = "machine") -> Machine:
 
 
 def encode_task(t: TaskRecord) -> bytes:
-    doc: dict[str, Any] = {"state": t.state.value}
+    doc: dict[str, Any] = {"state": t.state._value_}
     if t.machine:
         doc["machine"] = t.machine
     if t.scheduler:

@@ -47,6 +47,11 @@ from cellstate.model import (
 )
 from cellstate.validation import Decision
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_MACHINE = KeyKind.MACHINE
+_TASK = KeyKind.TASK
+_RUNNING = TaskState.RUNNING
+
 Ref = tuple[KeyKind, str]  # a record: its kind and id
 _NOTHING = Resources()
 
@@ -168,14 +173,13 @@ def end_tasks(
     records: dict[Ref, object] = {}
     removed: dict[str, Resources] = {}
     tasks, machines = cell.tasks, cell.machines
-    running = TaskState.RUNNING
     for tid in tids:
         rec = tasks.get(tid)
-        if rec is None or rec.state is not running:
+        if rec is None or rec.state is not _RUNNING:
             continue
         if placed_at is not None and rec.revision != placed_at:
             continue
-        if (KeyKind.TASK, tid) in records:
+        if (_TASK, tid) in records:
             continue  # named twice: it ends once
         mid = rec.machine
         a = machines[mid].allocations[tid]
@@ -184,7 +188,7 @@ def end_tasks(
             by_machine[mid] = [tid]
         else:
             gone.append(tid)
-        records[(KeyKind.TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, mid,
+        records[(_TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, mid,
                                                   rec.scheduler)
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
     refs: set[Ref] = set()
@@ -192,8 +196,8 @@ def end_tasks(
         m = machines[mid]
         if reads:
             refs |= _machine_reads(m)
-        records[(KeyKind.MACHINE, mid)] = _without(m, gone)
-    released = [i for (kind, i) in records if kind is KeyKind.TASK]
+        records[(_MACHINE, mid)] = _without(m, gone)
+    released = [i for (kind, i) in records if kind is _TASK]
     return Change(frozenset(refs), records, removed=removed), released
 
 

@@ -50,6 +50,9 @@ from cellstate.model import (
     sum_resources,
 )
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_UP = MachineState.UP
+
 
 class Rule(enum.Enum):
     MACHINE_STATE = "machine_state"
@@ -58,6 +61,9 @@ class Rule(enum.Enum):
     ANTI_AFFINITY = "anti_affinity"
     AFFINITY = "affinity"
     RESOURCES = "resources"
+
+
+_RESOURCES = Rule.RESOURCES  # as a global: see _UP
 
 
 _NOTHING = Resources()
@@ -92,7 +98,7 @@ class Misfit(NamedTuple):
 
 
 def machine_up(m: Machine) -> Misfit | None:
-    if m.state is MachineState.UP:
+    if m.state is _UP:
         return None
     return Misfit(Rule.MACHINE_STATE, f"machine {m.state.value}", "machine {0!r} is {1}",
                   (m.id, m.state.value))
@@ -175,7 +181,7 @@ def resources(need: Resources, m: Machine, used: Resources,
         label = f"insufficient {dim}"
         if len(_SHORT) < 256:  # dimensions are few; never let odd input grow it
             _SHORT[dim] = label
-    return Misfit(Rule.RESOURCES, label,
+    return Misfit(_RESOURCES, label,
                   "machine {0!r} has {1:g} {2} free, task needs {3:g}",
                   (m.id, free, dim, need.get(dim)), dim)
 
@@ -281,7 +287,7 @@ def misfit(
     the claim founds the job's affinity group (see :func:`self_affine`). ``used``:
     what holds ``m`` (``machine_used``) where the caller keeps count of it already,
     which spares summing a record's allocations."""
-    if m.state is not MachineState.UP:
+    if m.state is not _UP:
         return machine_up(m)
     return (
         constraints(job, m, gangs, jobs, victims, own_gang, founding)

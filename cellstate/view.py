@@ -27,6 +27,8 @@ from cellstate.model import (
 )
 from cellstate.records import RECORDS, kind_of, revision_of
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_MACHINE, _ALLOC, _CONFIG = KeyKind.MACHINE, KeyKind.ALLOC, KeyKind.CONFIG
 # The kinds of record a decision reads, which the view therefore keeps.
 VIEWED = frozenset({KeyKind.MACHINE, KeyKind.JOB, KeyKind.TASK, KeyKind.GANG, KeyKind.USAGE,
                     KeyKind.STATUS})
@@ -69,10 +71,10 @@ class WorkingView:
         if self._as_of.get(key, -1) > as_of:
             return
         kind = self.keys.classify(key)
-        if kind is None or kind[0] is KeyKind.ALLOC:
+        if kind is None or kind[0] is _ALLOC:
             return
         self._as_of[key] = as_of
-        if kind[0] is KeyKind.MACHINE:
+        if kind[0] is _MACHINE:
             if as_of > self.revision:
                 self.revision = as_of
             held = self.machines.get(kind[1])
@@ -102,7 +104,7 @@ class WorkingView:
         if self._as_of.get(key, -1) > as_of:
             return True
         kind = self.keys.classify(key)
-        assert kind is not None and kind[0] is KeyKind.MACHINE
+        assert kind is not None and kind[0] is _MACHINE
         mid = kind[1]
         held = self.machines.get(mid)
         if kv is not None and held is not None and held.seq == kv.mod_revision:
@@ -149,12 +151,12 @@ class WorkingView:
         """Drop what the view knows of a machine's key (read whole when next needed)."""
         self._as_of.pop(key, None)
         kind = self.keys.classify(key)
-        if kind is not None and kind[0] is KeyKind.MACHINE:
+        if kind is not None and kind[0] is _MACHINE:
             self.machines.pop(kind[1], None)
 
     def _held_revision(self, kind: KeyKind, ident: str) -> int | None:
         """The revision of the record held for a key, or None if none is held."""
-        if kind is KeyKind.CONFIG:
+        if kind is _CONFIG:
             return self.config.revision if self.config_known else None
         if kind not in VIEWED:
             return None
@@ -167,17 +169,17 @@ class WorkingView:
         rest = []
         for kv in kvs:
             kind = self.keys.classify(kv.key)
-            if kind is not None and kind[0] is KeyKind.ALLOC:
+            if kind is not None and kind[0] is _ALLOC:
                 allocs.setdefault(split_alloc(kind[1])[0], []).append(kv)
             else:
                 rest.append(kv)
         for kv in rest:
             kind = self.keys.classify(kv.key)
-            mine = allocs.get(kind[1], ()) if kind and kind[0] is KeyKind.MACHINE else ()
+            mine = allocs.get(kind[1], ()) if kind and kind[0] is _MACHINE else ()
             self.observe(kv.key, kv, as_of, mine)
 
     def _set(self, kind: KeyKind, ident: str, kv: KeyValue | None) -> None:
-        if kind is KeyKind.CONFIG:
+        if kind is _CONFIG:
             self.config_known = True
             self.config = (
                 codec.decode_config(kv.value, kv.mod_revision) if kv is not None else CellConfig()
@@ -189,7 +191,7 @@ class WorkingView:
         if kv is None:
             table.pop(ident, None)
         else:
-            assert kind is not KeyKind.MACHINE, "machines are observed with their allocations"
+            assert kind is not _MACHINE, "machines are observed with their allocations"
             table[ident] = RECORDS[kind].decode(ident, kv.value, kv.mod_revision)
 
     def machine_rev(self, mid: str) -> int:

@@ -73,6 +73,10 @@ from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
 from schedulers.why import PendingBook
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_MACHINE = KeyKind.MACHINE
+_TASK = KeyKind.TASK
+
 log = logging.getLogger(__name__)
 
 
@@ -350,9 +354,9 @@ class SchedulerInstance:
         with self._lock:
             if self._seen is not None:
                 self._seen.update(changed)
-            if self._machines_touched is not None and KeyKind.MACHINE in kinds:
+            if self._machines_touched is not None and _MACHINE in kinds:
                 self._machines_touched.update(
-                    [i for k, i in changed if k is KeyKind.MACHINE])
+                    [i for k, i in changed if k is _MACHINE])
             dirty = self._dirty
             if dirty is None:
                 return
@@ -362,7 +366,7 @@ class SchedulerInstance:
             if not _DIRTYING.isdisjoint(kinds):
                 # A job's own records, or a task's (its job is what the id says before
                 # the last "/"), in the order they changed.
-                dirty.update([i if k is not KeyKind.TASK else i.rpartition("/")[0]
+                dirty.update([i if k is not _TASK else i.rpartition("/")[0]
                               for k, i in changed if k in _DIRTYING])
 
     def _take_changes(self) -> tuple[set[str] | None, set[str] | None]:

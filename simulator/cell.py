@@ -44,6 +44,10 @@ from cellstate.model import (
 from cellstate.records import RECORDS, with_revision
 from cellstate.validation import Decision, check_batch, check_shape, validate_many
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_MACHINE = KeyKind.MACHINE
+_TASK = KeyKind.TASK
+
 Changes = list[tuple[KeyKind, str]]
 # The snapshot table each kind of record lives in.
 _TABLES = {kind: r.table for kind, r in RECORDS.items()}
@@ -236,7 +240,7 @@ class SimCell:
                 rec = table[ident] = _stamp(rec, rev)
             else:
                 rec = table[ident] = with_revision(rec, rev)
-            if kind is KeyKind.MACHINE:
+            if kind is _MACHINE:
                 stale[ident] = rec
         self._count_usage(change.added, change.removed)
         self._publish(attrs.evolve(snap, revision=rev,
@@ -265,8 +269,8 @@ class SimCell:
             task_table = tasks.mutate()
             task_table.update(d.tasks)
             tasks = task_table.finish()
-        changes: Changes = [(KeyKind.MACHINE, mid) for mid in d.machines]
-        changes += [(KeyKind.TASK, tid) for tid in d.tasks]
+        changes: Changes = [(_MACHINE, mid) for mid in d.machines]
+        changes += [(_TASK, tid) for tid in d.tasks]
         self._count_usage(d.added, d.removed)
         # Not attrs.evolve, which costs as much as the rest of a small commit.
         self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, tasks, snap.gangs,
@@ -340,8 +344,8 @@ def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
     added: dict[str, Resources] = {}
     removed: dict[str, Resources] = {}
     for d in ds:
-        writes.update(((KeyKind.MACHINE, i), m) for i, m in d.machines.items())
-        writes.update(((KeyKind.TASK, i), t) for i, t in d.tasks.items())
+        writes.update(((_MACHINE, i), m) for i, m in d.machines.items())
+        writes.update(((_TASK, i), t) for i, t in d.tasks.items())
         for into, more in ((added, d.added), (removed, d.removed)):
             for s, r in more.items():
                 into[s] = into.get(s, _NOTHING) + r

@@ -35,6 +35,9 @@ from simulator.recorder import Recorder
 if TYPE_CHECKING:
     from immutables._protocols import MapMutation
 
+# Enum members as globals on hot paths (why: cellstate/validation.py).
+_MACHINE = KeyKind.MACHINE
+
 # An offer's locks are an immutable map: a view keeps the one it was shown, the pool
 # merged into them at the answer makes a new one sharing all but a few nodes, and handing
 # the locks back to the allocator copies nothing (a dict of thousands of machines would be
@@ -224,7 +227,7 @@ class Allocator:
             return
         deferred = self._deferred
         for kind, mid in changes:
-            if kind is KeyKind.MACHINE:
+            if kind is _MACHINE:
                 if deferred is not None:
                     deferred.add(mid)
                 else:
@@ -379,7 +382,7 @@ class OfferView:
                         visible.add(mid)
                     else:
                         visible.discard(mid)
-                    changed.append((KeyKind.MACHINE, mid))
+                    changed.append((_MACHINE, mid))
         else:
             shown = set(offer.locks)
             before = (visible if visible is not None
