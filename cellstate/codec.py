@@ -50,6 +50,7 @@ from cellstate.model import (
     check_name,
     labels_from,
     set_key_seq,
+    trusted_resources,
 )
 
 MAX_TASKS_PER_JOB = 1_000_000
@@ -62,7 +63,9 @@ def _res(r: Resources) -> dict[str, float]:
 
 
 def _unres(d: Mapping[str, float]) -> Resources:
-    return Resources(tuple(sorted(d.items())))
+    # What _res wrote: no zero amounts, so the sorted pairs are the vector as it was
+    # (built without attrs' __init__: an allocation's is decoded for every hold read).
+    return trusted_resources(tuple(sorted(d.items())))
 
 
 # -- machines ------------------------------------------------------------------------
