@@ -161,12 +161,12 @@ def split_alloc_rest(machine: str, rest: str) -> tuple[int, str]:
     """(sequence written at, task id) of what follows ``allocs/<machine>/`` in an
     allocation key; ModelError if it is not ``<seq>/<task>``."""
     seq, _, tid = rest.partition("/")
-    try:
-        if len(seq) != 16 or not tid:
-            raise ValueError
-        return int(seq, 16), tid
-    except ValueError:
-        raise _not_an_alloc_key(f"{machine}/{rest}") from None
+    if len(seq) == 16 and tid:
+        try:
+            return int(seq, 16), tid
+        except ValueError:
+            pass
+    raise _not_an_alloc_key(f"{machine}/{rest}")
 
 
 def _not_an_alloc_key(ident: str) -> ModelError:

@@ -391,8 +391,10 @@ class Machine:
         """The gangs this machine's staged records name."""
         tags = self._gang_tags
         if tags is None:
-            tags = frozenset(g for a in self.allocations.values()
-                             for g in (a.gang, a.evicted_by) if g) if self.has_tags else frozenset()
+            tags = frozenset()
+            if self.has_tags:
+                tags = frozenset(g for a in self.allocations.values()
+                                 for g in (a.gang, a.evicted_by) if g)
             _set_gang_tags(self, tags)
         return tags
 

@@ -256,10 +256,9 @@ class SimCell:
         rev = snap.revision + 1
         machines, tasks = snap.machines, snap.tasks
         for m in d.machines.values():
-            _set_slot(m, "seq", rev)
-            _set_slot(m, "diff", None)  # what it was built from may go now
+            _stamp(m, rev)
         for t in d.tasks.values():
-            _set_slot(t, "revision", rev)
+            _stamp(t, rev)
         if d.machines:
             machine_table = machines.mutate()
             machine_table.update(d.machines)
