@@ -32,6 +32,7 @@ import pytest
 from cellstate.kv.base import Delete, KVError
 from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcd, server_flags
+from omega.proc import supervised
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 _CONTAINER_PORT = 2379
@@ -128,7 +129,9 @@ def etcd_server() -> Iterator[EtcdServer]:
         with _container_etcd() as server:
             yield server
         return
-    server_process = make_local_etcd()
+    # Under omega's supervisor, bound to this process: a test run killed by a signal
+    # (CI's timeout), which runs no finalizer, still takes its etcd with it.
+    server_process = make_local_etcd(command_prefix=supervised([], grace=5.0))
     try:
         server_process.start()
         yield EtcdServer(server_process.endpoint, "local", server_process)
