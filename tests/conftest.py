@@ -11,7 +11,7 @@ import pytest
 from cellstate.kv.base import KV
 from cellstate.kv.memory import MemoryKV
 
-pytest_plugins = ["tests.etcd_fixture", "tests.invariant_check"]
+pytest_plugins = ["tests.etcd_fixture", "tests.invariant_check", "tests.terminate_cleanly"]
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])

@@ -283,3 +283,48 @@ def test_module_exports_match() -> None:
     # The fixture plugin and docs rely on these names.
     for name in ("LocalEtcd", "find_etcd_binary", "server_flags", "EtcdStartError"):
         assert name in etcd_launcher.__all__
+
+
+def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: Path) -> None:
+    """CI stops an overrunning run with SIGTERM: the etcd a test body started (not the
+    session's shared one) must go with it (tests/terminate_cleanly.py)."""
+    (tmp_path / "test_holds_etcd.py").write_text(textwrap.dedent(
+        """
+        import time
+        from tests.etcd_fixture import make_local_etcd
+
+        def test_holds_an_etcd():
+            server = make_local_etcd()
+            try:
+                server.start()
+                print("ETCD", server.pid, server.data_dir, flush=True)
+                time.sleep(600)
+            finally:
+                server.stop()
+        """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+         "-p", "tests.conftest", "--rootdir", str(tmp_path),
+         str(tmp_path / "test_holds_etcd.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    etcd = 0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("ETCD "):
+                _, pid_text, data_dir = line.split()
+                etcd = int(pid_text)
+                break
+        assert etcd and not _gone(etcd), "the child test run did not start its etcd"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2, out  # pytest's "interrupted"
+        assert _wait_gone(etcd), "etcd outlived the test run stopped by SIGTERM"
+        assert not Path(data_dir).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if etcd and not _gone(etcd):
+            _kill(etcd)

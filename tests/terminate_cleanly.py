@@ -1,0 +1,34 @@
+"""pytest plugin: a test run stopped by SIGTERM cleans up as one stopped by Ctrl-C.
+
+CI stops a run that overruns its time limit with SIGTERM. By default that ends the
+interpreter at once: no ``finally`` block, fixture finalizer or ``atexit`` handler
+runs, so every etcd, server, scheduler and agent a test started outlives the run (seen:
+an etcd a test body started, still serving after the run was stopped). Here SIGTERM
+raises KeyboardInterrupt in the main thread instead: the running test unwinds through
+its ``finally`` blocks, pytest runs the fixtures' finalizers and reports the run as
+interrupted (exit code 2), and the launchers' ``atexit`` handlers stop what is left.
+SIGKILL cannot be caught; the session's shared etcd survives even that (it runs under
+omega's supervisor, tests/etcd_fixture.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+import pytest
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # Once is enough: a second SIGTERM during the clean-up must not cut it short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only where nobody else chose a handler (an embedding runner may have its own), and
+    # only from the main thread (the only one Python lets install a handler).
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _interrupt)
