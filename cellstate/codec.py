@@ -2,9 +2,10 @@
 
 Two kinds of entry point:
 
-* ``encode_*`` / ``decode_*``: the store's own records. Decoding trusts what the
-  store wrote (it was validated before), so it is fast; a value that cannot be decoded
-  at all raises :class:`~cellstate.model.ModelError` naming the key.
+* ``encode_*`` / ``decode_*``: the store's own records. Decoding trusts the layout the
+  store wrote (it was validated before), so it is fast, but still checks every resource
+  amount (a cheap check, and the fit rules add them up); a value that cannot be decoded
+  raises :class:`~cellstate.model.ModelError` naming the key.
 * ``parse_*``: user or network input (a job spec, a machine spec, a config). Every
   field is checked and an error names the path of the field that is wrong.
 """
@@ -62,10 +63,21 @@ def _res(r: Resources) -> dict[str, float]:
     return dict(r.amounts)
 
 
-def _unres(d: Mapping[str, float]) -> Resources:
+def _unres(d: Mapping[str, float], signed: bool = False) -> Resources:
     # What _res wrote: no zero amounts, so the sorted pairs are the vector as it was
     # (built without attrs' __init__: an allocation's is decoded for every hold read).
-    return trusted_resources(tuple(sorted(d.items())))
+    pairs = tuple(sorted(d.items()))
+    # Checked all the same, cheaply: the fit rules add these up, and a value edited in
+    # etcd by hand (a zero, negative or NaN amount, a string) would otherwise pass as a
+    # vector no parser would have made. Capacities and holds are positive; only the
+    # running sums (usage counters, a gang's usage change) may go below zero.
+    for name, amount in pairs:
+        t = type(amount)
+        if (t is not float and t is not int) or not (
+                (-MAX_AMOUNT <= amount <= MAX_AMOUNT and amount != 0) if signed
+                else 0 < amount <= MAX_AMOUNT):
+            raise ValueError(f"resource {name!r} has amount {amount!r}")
+    return trusted_resources(pairs)
 
 
 # -- machines ------------------------------------------------------------------------
@@ -557,7 +569,7 @@ def decode_gang(gang_id: str, value: bytes, revision: int) -> GangRecord:
             doc["scheduler"],
             GangState(doc["state"]),
             doc["claims"],
-            {s: _unres(r) for s, r in doc.get("usage_delta", {}).items()},
+            {s: _unres(r, signed=True) for s, r in doc.get("usage_delta", {}).items()},
             revision,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
@@ -621,7 +633,7 @@ def encode_usage(u: UsageRecord) -> bytes:
 def decode_usage(scheduler: str, value: bytes, revision: int) -> UsageRecord:
     try:
         doc = orjson.loads(value)
-        return UsageRecord(scheduler, doc["base"], _unres(doc["used"]), revision)
+        return UsageRecord(scheduler, doc["base"], _unres(doc["used"], signed=True), revision)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"usage {scheduler!r}: stored record is corrupt ({e})") from e
 

@@ -7,11 +7,14 @@ import math
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 
 from cellstate.codec import (
+    decode_alloc,
     decode_job,
     decode_machine,
+    decode_usage,
     encode_job,
     encode_machine,
     parse_config,
@@ -125,3 +128,29 @@ def test_claim_on_an_unknown_machine_names_it_and_changes_nothing() -> None:
     (rej,) = res.rejected
     assert rej.reason is Reason.UNKNOWN_MACHINE and "m404" in rej.detail
     assert kv.revision == before
+
+
+
+# (JSON has no NaN or infinity: orjson refuses them when reading, so they never decode.)
+@pytest.mark.parametrize("amount", [0, -1.5, "2", True, None, 1e300])
+def test_a_stored_amount_no_parser_would_accept_is_corrupt(amount: object) -> None:
+    """A value edited in etcd by hand: decoding trusts the store's own encoding but not
+    an amount that no spec could have given (the fit rules add these up)."""
+    bad = {"cpu": amount, "mem": 4.0}
+    machine_doc = orjson.loads(encode_machine(machine("m1")))
+    machine_doc["capacity"] = bad
+    with pytest.raises(ModelError, match=r"machine 'm1': stored record is corrupt "
+                                         r"\(resource 'cpu' has amount"):
+        decode_machine("m1", orjson.dumps(machine_doc), 3)
+    with pytest.raises(ModelError, match=r"allocation of task 'j/0': stored record is corrupt "
+                                         r"\(resource 'cpu' has amount"):
+        decode_alloc("j/0", orjson.dumps(["j", "batch", 0, bad]))
+
+
+def test_stored_running_sums_may_be_negative_but_not_zero() -> None:
+    used = decode_usage("batch", orjson.dumps({"base": 4, "used": {"cpu": -2.0}}), 9).used
+    assert used.get("cpu") == -2.0
+    for amount in (0, "x", 1e300):
+        with pytest.raises(ModelError, match=r"usage 'batch': stored record is corrupt "
+                                             r"\(resource 'cpu' has amount"):
+            decode_usage("batch", orjson.dumps({"base": 4, "used": {"cpu": amount}}), 9)
