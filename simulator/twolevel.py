@@ -315,11 +315,11 @@ class Allocator:
             if lock is None:
                 moved.append(mid)
             merged[mid] = have if lock is None else have + lock
-        for mid in touched:
-            if merged.pop(mid, None) is not None:
-                moved.append(mid)
         self.available = merged
         self._pool_lineage = offer.lineage
+        # Counted in place: a machine placed on nearly always keeps some room, and
+        # taking it out to put it back would log two moves that every framework's
+        # view then goes over for nothing.
         for mid in touched:
             self._recount(snap, mid)
 
