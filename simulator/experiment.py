@@ -318,8 +318,8 @@ def _plot(where: _Where, i: int, raw: object, axes: tuple[Axis, ...]) -> PlotSpe
 def _config(where: _Where, doc: Doc) -> SimConfig:
     arch = _enum(where, ("architecture",), doc.get("architecture", "shared"), Architecture)
     horizon = _num(where, ("horizon",), doc.get("horizon", 86_400.0), positive=True)
-    classes = tuple(_job_class(where, i, w) for i, w in enumerate(
-        _list(where, ("workload",), doc.get("workload", []))))
+    classes = tuple(_job_class(where, i, w, traced=doc.get("trace") is not None)
+                    for i, w in enumerate(_list(where, ("workload",), doc.get("workload", []))))
     if not classes:
         raise where.error(("workload",), "an experiment needs at least one [[workload]]")
     schedulers = tuple(_scheduler(where, i, s) for i, s in enumerate(
@@ -445,7 +445,7 @@ def _prefill(where: _Where, raw: object) -> Prefill | None:
                    from_workload=jobs == "workload")
 
 
-def _job_class(where: _Where, i: int, raw: object) -> JobClass:
+def _job_class(where: _Where, i: int, raw: object, traced: bool = False) -> JobClass:
     at: Path_ = ("workload", i)
     t = _table(where, at, raw)
     _only(where, at, t, {"name", "kind", "interarrival", "tasks", "duration", "cpu", "mem",
@@ -455,13 +455,17 @@ def _job_class(where: _Where, i: int, raw: object) -> JobClass:
     kind = _enum(where, (*at, "kind"), t.get("kind", name), JobKind)
     mapreduce = _mapreduce(where, (*at, "mapreduce"), t["mapreduce"]) if "mapreduce" in t \
         else None
-    if (kind is JobKind.MAPREDUCE) != (mapreduce is not None):
+    # With a trace, the jobs' activities may come from it instead (trace columns maps,
+    # map_seconds, ...), so the class needs no table to draw them from.
+    if (mapreduce is not None and kind is not JobKind.MAPREDUCE) or (
+            kind is JobKind.MAPREDUCE and mapreduce is None and not traced):
         raise where.error((*at, "mapreduce" if mapreduce is None else "kind"),
                           "a class of kind mapreduce, and only one, has a [mapreduce] table "
-                          "(its jobs' activities)")
+                          "(its jobs' activities; with a trace, the trace may give them)")
     # A MapReduce job runs as long as its activities take: no duration of its own.
-    for field in ("interarrival", "tasks") if mapreduce else ("interarrival", "tasks",
-                                                              "duration"):
+    mapreducing = kind is JobKind.MAPREDUCE
+    for field in ("interarrival", "tasks") if mapreducing else ("interarrival", "tasks",
+                                                                "duration"):
         if field not in t:
             raise where.error((*at, field), "missing (a distribution)")
 

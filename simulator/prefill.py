@@ -20,13 +20,14 @@ import math
 import random
 from collections.abc import Sequence
 
+from cellstate.model import JobKind
 from simulator.workload import JobClass, JobSpec, Prefill
 
 
 def steady_cpu(cls: JobClass) -> float:
     """The CPUs a class's jobs hold on average once arrivals and ends balance
     (Little's law); 0 for classes without durations (MapReduce) or arrivals."""
-    if cls.mapreduce is not None:
+    if cls.kind is JobKind.MAPREDUCE:
         return 0.0
     gap = cls.interarrival.mean()
     if gap <= 0:
@@ -38,7 +39,7 @@ def steady_cpu(cls: JobClass) -> float:
 def steady_jobs(cls: JobClass) -> float:
     """The jobs of a class running on average in steady state (Little's law); 0 for
     classes without durations, arrivals or CPU."""
-    if cls.mapreduce is not None or steady_cpu(cls) <= 0:
+    if cls.kind is JobKind.MAPREDUCE or steady_cpu(cls) <= 0:
         return 0.0
     return cls.duration.mean() / cls.interarrival.mean()
 

@@ -38,6 +38,7 @@ from cellstate.model import (
     PLACEABLE,
     CommitResult,
     Job,
+    JobKind,
     JobState,
     Machine,
     Resources,
@@ -445,7 +446,7 @@ class Simulation:
     def summary(self) -> dict[str, Any]:
         out = self.recorder.summary(self.unscheduled())
         out["tasks_unplaced"] = self.tasks_unplaced()
-        if any(c.mapreduce is not None for c in self.config.classes):
+        if any(c.kind is JobKind.MAPREDUCE for c in self.config.classes):
             out.update(self.mapreduce.summary(self.recorder.utilization))
         out["events"] = self.loop.processed
         if self.allocator is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import attrs
 
+from cellstate.codec import MAX_ACTIVITIES, MAX_ACTIVITY_SECONDS, MAX_TASKS_PER_JOB
 from cellstate.model import (
     Constraints,
     Job,
@@ -330,7 +331,10 @@ class Prefill:
 # -- traces --------------------------------------------------------------------------
 
 TRACE_FIELDS = ("submit", "class", "tasks", "duration", "cpu", "mem")
-TRACE_OPTIONAL = ("id", "owner", "priority", "precedence", "constraints")
+# A MapReduce job's activities, named as in a job spec's ``mapreduce`` table; its
+# ``tasks`` are the workers it asks for.
+TRACE_MAPREDUCE = ("maps", "reduces", "map_seconds", "reduce_seconds", "max_workers")
+TRACE_OPTIONAL = ("id", "owner", "priority", "precedence", "constraints", *TRACE_MAPREDUCE)
 
 
 def load_trace(path: Path, classes: dict[str, JobKind]) -> list[JobSpec]:
@@ -429,10 +433,63 @@ def _spec(path: Path, line: int, row: dict[str, object],
         constraints = parse_constraints(text)
     except ValueError as e:
         raise InputError(f"{where}, field 'constraints': {e}") from None
+    mapreduce = _mapreduce(where, row, classes[cls], int(tasks))
     return JobSpec(job_id, cls, classes[cls], submit, int(tasks), duration,
                    _number(where, row, "cpu", minimum=0.0), _number(where, row, "mem", 0.0),
-                   owner=owner, priority=int(priority), precedence=int(precedence),
+                   mapreduce, owner=owner, priority=int(priority), precedence=int(precedence),
                    constraints=constraints)
+
+
+def _mapreduce(where: str, row: dict[str, object], kind: JobKind,
+               workers: int) -> MapReduceSpec | None:
+    """A trace row's MapReduce activities: required for a class of kind mapreduce, and
+    refused for any other (the same rules as a job spec's ``mapreduce`` table)."""
+    given = [f for f in TRACE_MAPREDUCE if f in row]
+    if kind is not JobKind.MAPREDUCE:
+        if given:
+            raise InputError(f"{where}, field {given[0]!r}: only a job of a class of kind "
+                             "mapreduce has activities")
+        return None
+    if "duration" in row:
+        raise InputError(f"{where}, field 'duration': a MapReduce job runs as long as its "
+                         "activities take (maps, map_seconds, reduces, reduce_seconds); "
+                         "leave it out")
+
+    def whole(field: str, default: int, least: int, most: int) -> int:
+        if field not in row:
+            return default
+        value = _number(where, row, field, minimum=least)
+        if value != int(value) or value > most:
+            raise InputError(f"{where}, field {field!r}: must be a whole number from {least} "
+                             f"to {most}, got {row[field]!r}")
+        return int(value)
+
+    def seconds(field: str, needed_for: str) -> float:
+        if field not in row:
+            raise InputError(f"{where}, field {field!r}: missing (the mean seconds of "
+                             f"{needed_for})")
+        value = _number(where, row, field, minimum=0.0)
+        if not 0 < value <= MAX_ACTIVITY_SECONDS:
+            raise InputError(f"{where}, field {field!r}: must be above 0 and at most "
+                             f"{MAX_ACTIVITY_SECONDS:g} seconds, got {row[field]!r}")
+        return value
+
+    if "maps" not in row:
+        raise InputError(f"{where}, field 'maps': missing (a job of a mapreduce class needs "
+                         "its map activities: maps, map_seconds[, reduces, reduce_seconds])")
+    maps = whole("maps", 1, 1, MAX_ACTIVITIES)
+    reduces = whole("reduces", 0, 0, MAX_ACTIVITIES)
+    map_s = seconds("map_seconds", "a map activity")
+    reduce_s = (seconds("reduce_seconds", "a reduce activity")
+                if reduces or "reduce_seconds" in row else 0.0)
+    # By default it may grow until every activity of a phase runs at once, as a
+    # submitted job's spec may.
+    useful = max(workers, min(max(maps, reduces), MAX_TASKS_PER_JOB))
+    most = whole("max_workers", useful, 1, MAX_TASKS_PER_JOB)
+    if most < workers:
+        raise InputError(f"{where}, field 'max_workers': {most} is below the workers the job "
+                         f"asks for (tasks: {workers})")
+    return MapReduceSpec(maps, reduces, map_s, reduce_s, workers, most)
 
 
 def _number(where: str, row: dict[str, object], field: str, minimum: float) -> float:

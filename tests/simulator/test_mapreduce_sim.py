@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cellstate.model import JobKind
+from cellstate.model import JobKind, MapReduceSpec
 from simulator.config import Architecture, CellSpec, DecisionTime, SchedulerSpec, SimConfig
 from simulator.experiment import load
 from simulator.sim import Simulation
-from simulator.workload import Distribution, JobClass, MapReduceClass
+from simulator.workload import Distribution, InputError, JobClass, MapReduceClass, load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 F = Distribution.fixed
@@ -147,3 +147,116 @@ def test_mapreduce_runs_give_the_same_data_whatever_the_hash_seed(tmp_path: Path
     assert runs[0]["metrics"]["mapreduce_jobs_grown"] > 0
     assert len(runs[0]["distributions"]["mapreduce_speedup"]) == 101
     assert (tmp_path / "1" / "tiny_mapreduce" / "plot1.png").stat().st_size > 1000
+
+
+# -- MapReduce jobs from a trace ---------------------------------------------------------
+
+# A class of kind mapreduce with no [mapreduce] table: its jobs' activities come from the
+# trace (only allowed when the experiment has one).
+MR_TRACED = JobClass("mr", JobKind.MAPREDUCE, F(50.0), F(1.0), F(0.0))
+
+
+def test_a_traced_job_grows_and_ends_as_a_generated_one(tmp_path: Path) -> None:
+    """The job of test_a_grown_job_ends_when_its_work_is_done, from a trace line: the
+    same growth at 55 and the same end at 73.75."""
+    trace = tmp_path / "mr.jsonl"
+    trace.write_text('{"submit": 50, "class": "mr", "tasks": 1, "cpu": 1, "mem": 2, '
+                     '"maps": 8, "map_seconds": 10, "id": "wordcount"}\n')
+    config = SimConfig(
+        Architecture.SHARED,
+        (SchedulerSpec("mapreduce", ("mr",), policy="mapreduce", default=ZERO,
+                       options={"interval": 5.0}),),
+        (MR_TRACED,), CellSpec(1, 4.0, 16.0), prefill=None, horizon=99.0, day=99.0,
+        sample_interval=1.0, trace=str(trace))
+    sim = Simulation(config)
+    r = sim.run()
+    assert r["mapreduce_jobs_done"] == 1 and r["mapreduce_jobs_grown"] == 1
+    assert r["mapreduce_speedup_mean"] == pytest.approx(80 / 23.75)
+    util = {t: cpu for t, cpu, _ in sim.recorder.utilization}
+    assert util[55.0] == 1.0 and util[73.0] == 1.0 and util[74.0] == 0.0
+
+
+def test_trace_activities_reach_the_job(tmp_path: Path) -> None:
+    trace = tmp_path / "mr.csv"
+    trace.write_text("submit,class,tasks,cpu,mem,maps,reduces,map_seconds,reduce_seconds,"
+                     "max_workers\n0,mr,2,1,2,40,4,12.5,30,16\n3,mr,3,1,2,5,,7,,\n")
+    first, second = load_trace(trace, {"mr": JobKind.MAPREDUCE})
+    assert first.mapreduce == MapReduceSpec(40, 4, 12.5, 30.0, 2, 16)
+    # Defaults as a job spec's: no reduces; may grow until every map runs at once.
+    assert second.mapreduce == MapReduceSpec(5, 0, 7.0, 0.0, 3, 5)
+    job = first.job("mapreduce")
+    assert job.kind is JobKind.MAPREDUCE and job.duration is None
+    assert job.task_count == 2 and job.mapreduce == first.mapreduce
+
+
+@pytest.mark.parametrize(("kind", "fields", "expected"), [
+    (JobKind.BATCH, '"duration": 5, "maps": 3', "field 'maps': only a job of a class of kind "
+                                               "mapreduce has activities"),
+    (JobKind.MAPREDUCE, '"map_seconds": 3', "field 'maps': missing"),
+    (JobKind.MAPREDUCE, '"maps": 3', "field 'map_seconds': missing"),
+    (JobKind.MAPREDUCE, '"maps": 3, "map_seconds": 1, "duration": 60',
+     "field 'duration': a MapReduce job runs as long as its activities take"),
+    (JobKind.MAPREDUCE, '"maps": 3, "map_seconds": 1, "reduces": 2',
+     "field 'reduce_seconds': missing"),
+    (JobKind.MAPREDUCE, '"maps": 1.5, "map_seconds": 1', "field 'maps': must be a whole number"),
+    (JobKind.MAPREDUCE, '"maps": 0, "map_seconds": 1', "field 'maps': 0 is below the minimum 1"),
+    (JobKind.MAPREDUCE, '"maps": 3, "map_seconds": 0', "field 'map_seconds': must be above 0"),
+    (JobKind.MAPREDUCE, '"maps": 3, "map_seconds": "fast"',
+     "field 'map_seconds': 'fast' is not a finite number"),
+    (JobKind.MAPREDUCE, '"maps": 3, "map_seconds": 1, "max_workers": 1',
+     "field 'max_workers': 1 is below the workers the job asks for \\(tasks: 2\\)"),
+])
+def test_bad_trace_activities_are_named(tmp_path: Path, kind: JobKind, fields: str,
+                                        expected: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(f'{{"submit": 0, "class": "c", "tasks": 2, "cpu": 1, "mem": 1, {fields}}}\n')
+    with pytest.raises(InputError, match=f"t.jsonl, line 1, {expected}"):
+        load_trace(trace, {"c": kind})
+
+
+MR_CLASS_WITHOUT_TABLE = """
+architecture = "shared"
+horizon = 100.0
+{trace}
+[cell]
+machines = 2
+[[workload]]
+name = "mr"
+kind = "mapreduce"
+interarrival = 10.0
+tasks = 1
+[[scheduler]]
+name = "mapreduce"
+serves = ["mr"]
+policy = "mapreduce"
+"""
+
+
+def test_a_mapreduce_class_needs_its_table_unless_a_trace_gives_the_activities(
+        tmp_path: Path) -> None:
+    bare = tmp_path / "bare.toml"
+    bare.write_text(MR_CLASS_WITHOUT_TABLE.format(trace=""))
+    with pytest.raises(InputError, match=r"field 'workload.0.mapreduce': .*with a trace, the "
+                                         r"trace may give them"):
+        load(bare)
+    traced = tmp_path / "traced.toml"
+    traced.write_text(MR_CLASS_WITHOUT_TABLE.format(trace='trace = "jobs.jsonl"'))
+    (tmp_path / "jobs.jsonl").write_text(
+        '{"submit": 1, "class": "mr", "tasks": 1, "cpu": 1, "mem": 1, "maps": 4, '
+        '"map_seconds": 5}\n')
+    (run,) = load(traced).runs
+    assert run.config.classes[0].mapreduce is None and run.config.trace == "jobs.jsonl"
+    r = Simulation(run.config, base_dir=tmp_path).run()
+    assert r["mapreduce_jobs_done"] == 1
+
+
+def test_the_trace_example_in_the_docs_loads(tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    section = text.split("## Trace format", 1)[1]
+    example = section.split("```", 2)[1]
+    trace = tmp_path / "example.jsonl"
+    trace.write_text(example)
+    specs = load_trace(trace, {"batch": JobKind.BATCH, "service": JobKind.SERVICE,
+                               "mr": JobKind.MAPREDUCE})
+    assert [s.cls for s in specs] == ["batch", "service", "service", "mr"]
+    assert specs[-1].mapreduce == MapReduceSpec(200, 10, 30.0, 60.0, 4, 50)
