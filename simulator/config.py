@@ -77,6 +77,18 @@ class CellSpec:
 
 
 @attrs.frozen
+class FailureSpec:
+    """Machines that fail and come back. Each machine fails after an exponential time
+    of mean ``mtbf`` seconds (0: never), and ``at`` lists failures at given times
+    (``(seconds, machine id)``: a failure trace to replay); a failed machine is down
+    for a ``repair`` time, its running tasks are lost and wait to be placed again."""
+
+    mtbf: float = 0.0
+    repair: Distribution = attrs.field(factory=lambda: Distribution.fixed(600.0))
+    at: tuple[tuple[float, str], ...] = ()
+
+
+@attrs.frozen
 class TwoLevelSpec:
     """The Mesos-like allocator (Omega §4.2): offers go out every ``offer_interval``
     seconds, each costing ``offer_cost`` seconds of the allocator's time."""
@@ -130,6 +142,7 @@ class SimConfig:
     # beside the model's, whichever is charged; those columns then depend on the
     # machine the run ran on.
     measure_decisions: bool = False
+    failures: FailureSpec | None = None  # machines never fail without it
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

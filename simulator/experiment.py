@@ -21,6 +21,7 @@ from simulator.config import (
     Architecture,
     CellSpec,
     DecisionTime,
+    FailureSpec,
     RetrySpec,
     SchedulerSpec,
     SimConfig,
@@ -190,7 +191,7 @@ def load(path: Path) -> Experiment:
     _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
                            "sample_interval", "warmup", "trace", "cell", "prefill",
                            "workload", "scheduler", "retry", "two_level", "sweep", "plot",
-                           "drain", "speedup", "fidelity", "measure_decisions"})
+                           "drain", "speedup", "fidelity", "measure_decisions", "failures"})
     name = _str(where, ("name",), doc.get("name", path.stem))
     axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
                                                                   doc.get("sweep", []))))
@@ -346,14 +347,16 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
     measure = doc.get("measure_decisions", False)
     if not isinstance(measure, bool):
         raise where.error(("measure_decisions",), f"must be true or false, got {_show(measure)}")
+    cell = _cell(where, doc.get("cell", {}))
+    failures = _failures(where, doc["failures"], cell) if "failures" in doc else None
     return SimConfig(
-        arch, schedulers, classes, _cell(where, doc.get("cell", {})), prefill, horizon,
+        arch, schedulers, classes, cell, prefill, horizon,
         int(seed), _str(where, ("trace",), trace) if trace is not None else None,
         _retry(where, doc.get("retry", {})), _two_level(where, doc.get("two_level", {})),
         _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
         _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True),
         _num(where, ("warmup",), doc.get("warmup", 0.0)),
-        _num(where, ("drain",), doc.get("drain", 0.0)), str(fidelity), measure)
+        _num(where, ("drain",), doc.get("drain", 0.0)), str(fidelity), measure, failures)
 
 
 def _cell(where: _Where, raw: object) -> CellSpec:
@@ -667,6 +670,34 @@ def _retry(where: _Where, raw: object) -> RetrySpec:
                               t.get("max_attempts", d.max_attempts), True)),
                      int(_num(where, ("retry", "max_fruitless"),
                               t.get("max_fruitless", d.max_fruitless), True)), str(order))
+
+
+def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:
+    at: Path_ = ("failures",)
+    t = _table(where, at, raw)
+    _only(where, at, t, {"mtbf", "repair", "at"})
+    mtbf = _num(where, (*at, "mtbf"), t.get("mtbf", 0.0))
+    repair = _dist(where, (*at, "repair"), t.get("repair", FailureSpec().repair.value))
+    if repair.mean() <= 0:
+        raise where.error((*at, "repair"), "a machine is down for some time: the mean "
+                          "repair time must be above 0")
+    scripted = []
+    for i, item in enumerate(_list(where, (*at, "at"), t.get("at", []))):
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], str)):
+            raise where.error((*at, "at", i), "must be a pair [seconds, machine id], got "
+                              f"{_show(item)}")
+        when = _num(where, (*at, "at", i, 0), item[0])
+        mid = item[1]
+        index = mid[1:]
+        if not (mid.startswith("m") and index.isdigit() and int(index) < cell.machines
+                and mid == f"m{int(index):05d}"):
+            raise where.error((*at, "at", i, 1), f"{mid!r} is not a machine of the cell "
+                              f"(m00000 to m{cell.machines - 1:05d})")
+        scripted.append((when, mid))
+    if not mtbf and not scripted:
+        raise where.error(at, "no failures: give mtbf (mean seconds between failures of one "
+                          "machine) or at (a list of [seconds, machine id])")
+    return FailureSpec(mtbf, repair, tuple(sorted(scripted)))
 
 
 def _two_level(where: _Where, raw: object) -> TwoLevelSpec:

@@ -245,6 +245,11 @@ class Recorder:
         self.usage: Usage | None = None
         self.cpu_capacity = 0.0
         self.lost_cpu_s = 0.0  # CPU time of preempted runs (after the warmup)
+        # Machine failures (SimConfig.failures), counted from the warmup on: failures,
+        # the runs they cut short and the CPU time those runs had done.
+        self.failures = 0
+        self.failed_runs = 0
+        self.failed_cpu_s = 0.0
         self.preemptions: dict[str, int] = {}  # class -> runs its tasks preempted
 
     # -- Cook's measures --------------------------------------------------------------------
@@ -271,6 +276,23 @@ class Recorder:
             outcome = self.outcomes.get(job_id)
             if outcome is not None:
                 outcome.preempted += 1
+
+    def machine_failed(self, at: float, runs: Sequence[tuple[float, float]]) -> None:
+        """A machine failed at ``at``, ending ``runs`` (start, CPU): their work is lost
+        (not effective utilization) and they are counted apart from preemptions."""
+        for start, cpu in runs:
+            if self.usage is not None:
+                self.usage.add(cpu, start, at, effective=False)
+            if at > self.warmup:
+                self.failed_cpu_s += cpu * (min(at, self.horizon) - max(start, self.warmup))
+        if at > self.warmup:
+            self.failures += 1
+            self.failed_runs += len(runs)
+
+    def failure_summary(self, out: dict[str, Any]) -> None:
+        out["machine_failures"] = self.failures
+        out["runs_lost_to_failures"] = self.failed_runs
+        out["cpu_hours_lost_to_failures"] = self.failed_cpu_s / 3600
 
     def add_runs(self, runs: Sequence[tuple[float, float]], end: float,
                  finished: bool = True) -> None:

@@ -41,6 +41,7 @@ from cellstate.model import (
     JobKind,
     JobState,
     Machine,
+    MachineState,
     Resources,
     TaskState,
     required_tasks,
@@ -274,6 +275,73 @@ class Simulation:
 
         self.loop.at(spec.submit, ARRIVAL, arrive)
 
+    # -- machine failures ---------------------------------------------------------------
+
+    def _schedule_failures(self) -> None:
+        f = self.config.failures
+        if f is None:
+            return
+        rng = stream(self.config.seed, "failures")
+        for when, mid in f.at:
+            self.loop.at(when, END, _bind(self._fail, mid, rng))
+        if f.mtbf > 0:
+            self._next_failure(rng)
+
+    def _next_failure(self, rng: random.Random) -> None:
+        """The cell's next random failure: each of its machines fails at rate 1 / mtbf,
+        so the cell at ``machines / mtbf``, a machine picked uniformly (one already down
+        does not fail again)."""
+        f = self.config.failures
+        assert f is not None
+        ids = self._machine_ids
+        at = self.loop.now + rng.expovariate(len(ids) / f.mtbf)
+        if at > self.config.horizon:
+            return
+        mid = ids[rng.randrange(len(ids))]
+
+        def fail() -> None:
+            self._fail(mid, rng)
+            self._next_failure(rng)
+
+        self.loop.at(at, END, fail)
+
+    def _fail(self, mid: str, rng: random.Random) -> None:
+        """Machine ``mid`` goes down: its running tasks are lost (their owners place them
+        again) until it is repaired."""
+        f = self.config.failures
+        assert f is not None
+        m = self.cell.snapshot().machines.get(mid)
+        if m is None or m.state is MachineState.DOWN:
+            return
+        self.cell.update_machine(mid, state=MachineState.DOWN)
+        tasks = self.cell.snapshot().tasks
+        runs = []
+        hit: dict[str, None] = {}
+        for tid in m.allocations:
+            rec = tasks.get(tid)
+            if rec is None or rec.state is not TaskState.LOST:
+                continue  # a hold of a gang still staging, or of an evicted task
+            run = self._runs.pop(tid, None)
+            if run is not None:
+                runs.append(run)
+            job_id = rec.job
+            self._running[job_id] = self._running.get(job_id, 0) - 1
+            hit[job_id] = None
+        self.recorder.machine_failed(self.loop.now, runs)
+        for job_id in hit:
+            job = self._jobs.get(job_id)
+            if job is None:
+                continue
+            if job.mapreduce is not None:
+                self.mapreduce.workers(job, self._running[job_id])
+            self._poke_owner(job)
+        self.loop.after(max(f.repair.sample(rng), 0.0), END, _bind(self._repair, mid))
+
+    def _repair(self, mid: str) -> None:
+        m = self.cell.snapshot().machines.get(mid)
+        if m is not None and m.state is MachineState.DOWN:
+            self.cell.update_machine(mid, state=MachineState.UP)
+
     def _poke_owner(self, job: Job) -> None:
         """A task of ``job`` waits again (it was preempted): its scheduler, perhaps
         another than the preempting one and asleep, has work."""
@@ -425,6 +493,7 @@ class Simulation:
             after_prefill()
         self._add_schedulers()
         self._schedule_arrival(self._arrivals())
+        self._schedule_failures()
         self.loop.at(0.0, SAMPLE, self._sample)
         self.loop.run(self.config.horizon + self.config.drain, progress)
         # Runs still going at the end: used, but whether they would finish is unknown.
@@ -448,6 +517,8 @@ class Simulation:
         out["tasks_unplaced"] = self.tasks_unplaced()
         if any(c.kind is JobKind.MAPREDUCE for c in self.config.classes):
             out.update(self.mapreduce.summary(self.recorder.utilization))
+        if self.config.failures is not None:
+            self.recorder.failure_summary(out)
         out["events"] = self.loop.processed
         if self.allocator is not None:
             out["offers"] = self.allocator.offers_made

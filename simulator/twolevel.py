@@ -24,7 +24,14 @@ from immutables import Map
 
 from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
-from cellstate.model import Allocation, CommitResult, Machine, Resources, trusted_resources
+from cellstate.model import (
+    Allocation,
+    CommitResult,
+    Machine,
+    MachineState,
+    Resources,
+    trusted_resources,
+)
 from schedulers.runtime import Attempt, SchedulerInstance
 from simulator.cell import Changes, Listener, SimCell
 from simulator.config import TwoLevelSpec
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 
 # Enum members as globals on hot paths (why: cellstate/validation.py).
 _MACHINE = KeyKind.MACHINE
+_UP = MachineState.UP
 
 # An offer's locks are an immutable map: a view keeps the one it was shown, the pool
 # merged into them at the answer makes a new one sharing all but a few nodes, and handing
@@ -235,7 +243,7 @@ class Allocator:
 
     def _recount(self, snap: CellSnapshot, mid: str) -> None:
         m = snap.machines.get(mid)
-        if m is None:
+        if m is None or m.state is not _UP:  # gone, or down or draining: nothing to offer
             if self.available.pop(mid, None) is not None:
                 self.moves.items.append(mid)
             return

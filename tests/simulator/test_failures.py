@@ -1,0 +1,172 @@
+"""Machine failures in the simulator (``[failures]``): a failed machine loses its running
+tasks, which their scheduler places again; it comes back after its repair time. The
+first tests are worked out by hand (decision times 0, retries every second)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cellstate.model import JobKind, MachineState, TaskState
+from simulator.config import (
+    Architecture,
+    CellSpec,
+    DecisionTime,
+    FailureSpec,
+    SchedulerSpec,
+    SimConfig,
+)
+from simulator.engine import SAMPLE
+from simulator.experiment import load
+from simulator.sim import Simulation
+from simulator.workload import Distribution, InputError, JobClass
+
+F = Distribution.fixed
+ZERO = DecisionTime(0.0, 0.0)
+# The hand-worked runs: one job at t = 10 (from a trace), one task of 1 cpu running
+# 100 s, on a machine of 4 cpus.
+ONE_JOB = '{"submit": 10, "class": "batch", "tasks": 1, "duration": 100, "cpu": 1, "mem": 2}\n'
+BATCH = JobClass("batch", JobKind.BATCH, F(10.0), F(1.0), F(100.0), cpu=F(1.0))
+
+
+def run(arch: Architecture, failures: FailureSpec, machines: int = 1,
+        classes: tuple[JobClass, ...] = (BATCH,), horizon: float = 300.0,
+        trace: Path | None = None,
+        probe: tuple[tuple[float, Callable[[Simulation], None]], ...] = ()
+        ) -> tuple[Simulation, dict[str, Any]]:
+    config = SimConfig(arch, (SchedulerSpec("batch", ("batch",), default=ZERO),),
+                       classes, CellSpec(machines, 4.0, 16.0), prefill=None,
+                       horizon=horizon, day=horizon, sample_interval=1.0,
+                       trace=str(trace) if trace else None, failures=failures)
+    sim = Simulation(config)
+    for at, look in probe:
+        sim.loop.at(at, SAMPLE, lambda look=look: look(sim))  # type: ignore[misc]
+    return sim, sim.run()
+
+
+@pytest.fixture
+def one_job(tmp_path: Path) -> Path:
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(ONE_JOB)
+    return trace
+
+
+def test_a_task_lost_to_a_failure_runs_again_after_the_repair(one_job: Path) -> None:
+    """Placed at 10 on the only machine, which fails at 30 (20 cpu-seconds lost) and is
+    down for 20 s: the scheduler retries every second until the machine is back at 50,
+    places the task again, and it runs its whole 100 s from there, to 150."""
+    sim, r = run(Architecture.SHARED, FailureSpec(at=((30.0, "m00000"),), repair=F(20.0)),
+                 trace=one_job)
+    assert r["machine_failures"] == 1 and r["runs_lost_to_failures"] == 1
+    assert r["cpu_hours_lost_to_failures"] == pytest.approx(20 / 3600)
+    util = {t: cpu for t, cpu, _ in sim.recorder.utilization}
+    assert util[29.0] == 0.25 and util[30.0] == 0.0 and util[49.0] == 0.0
+    assert util[50.0] == 0.25 and util[149.0] == 0.25 and util[150.0] == 0.0
+    snap = sim.cell.snapshot()
+    assert snap.machines["m00000"].state is MachineState.UP
+    assert not snap.jobs  # the job ended and was forgotten
+    assert r["batch_unscheduled"] == 0
+
+
+def test_under_two_level_the_down_machine_is_not_offered(one_job: Path) -> None:
+    """The same under two-level scheduling: while the machine is down the allocator has
+    nothing to offer, and the task runs again once it is back."""
+    offers: list[int] = []
+
+    def look(sim: Simulation) -> None:
+        assert sim.allocator is not None
+        offers.append(sim.allocator.offers_made)
+
+    sim, r = run(Architecture.TWO_LEVEL,
+                 FailureSpec(at=((30.0, "m00000"),), repair=F(20.0)), trace=one_job,
+                 probe=((31.0, look), (49.0, look)))
+    assert offers[0] == offers[1]  # down from 30 to 50: no offer went out
+    assert r["machine_failures"] == 1 and r["runs_lost_to_failures"] == 1
+    util = {t: cpu for t, cpu, _ in sim.recorder.utilization}
+    assert util[30.0] == 0.0 and util[49.0] == 0.0
+    assert util[52.0] == 0.25 and util[148.0] == 0.25 and util[160.0] == 0.0
+
+
+def test_a_failure_of_an_idle_or_down_machine_loses_nothing(one_job: Path) -> None:
+    sim, r = run(Architecture.SHARED, FailureSpec(
+        at=((5.0, "m00000"), (6.0, "m00000")), repair=F(2.0)), trace=one_job)
+    # Down from 5 to 7 (the second failure finds it down); the job arrives at 10.
+    assert r["machine_failures"] == 1 and r["runs_lost_to_failures"] == 0
+    util = {t: cpu for t, cpu, _ in sim.recorder.utilization}
+    assert util[10.0] == 0.25 and util[109.0] == 0.25 and util[110.0] == 0.0
+
+
+BUSY = JobClass("batch", JobKind.BATCH, Distribution.exponential(4.0),
+                Distribution.exponential(5.0), Distribution.exponential(60.0),
+                cpu=F(1.0), mem=F(1.0))
+
+
+@pytest.mark.parametrize("arch", [Architecture.SHARED, Architecture.TWO_LEVEL,
+                                  Architecture.MONOLITHIC])
+def test_random_failures_lose_no_task_and_count_what_runs(arch: Architecture) -> None:
+    """Machines failing at random (mean 300 s each, 20 machines) in a busy cell: tasks
+    are lost and placed again, and at every failure and at the end the simulation's
+    own count of running tasks per job is what the cell holds (the cell itself is
+    checked for over-commit and double placement after the test)."""
+    sim, r = run(arch, FailureSpec(mtbf=300.0, repair=Distribution.exponential(30.0)),
+                 machines=20, classes=(BUSY,), horizon=600.0)
+    assert r["machine_failures"] > 5 and r["runs_lost_to_failures"] > 0
+    snap = sim.cell.snapshot()
+    running: dict[str, int] = {}
+    for t in snap.tasks.values():
+        if t.state is TaskState.RUNNING:
+            running[t.job] = running.get(t.job, 0) + 1
+            assert snap.machines[t.machine].state is MachineState.UP
+    assert {j: n for j, n in sim._running.items() if n} == running
+
+
+FAILURES = """
+name = "failing"
+architecture = "shared"
+horizon = 100.0
+[cell]
+machines = 3
+[[workload]]
+name = "batch"
+interarrival = 10.0
+tasks = 1
+duration = 5.0
+[[scheduler]]
+name = "batch"
+serves = ["batch"]
+[failures]
+{failures}
+"""
+
+
+def test_the_failures_table_loads(tmp_path: Path) -> None:
+    exp = tmp_path / "f.toml"
+    exp.write_text(FAILURES.format(failures='mtbf = 3600\nrepair = {dist = "exponential", '
+                                            'mean = 120}\nat = [[50, "m00002"], [20, "m00001"]]'))
+    (run_,) = load(exp).runs
+    f = run_.config.failures
+    assert f is not None and f.mtbf == 3600 and f.repair == Distribution.exponential(120)
+    assert f.at == ((20.0, "m00001"), (50.0, "m00002"))
+    r = Simulation(run_.config).run()
+    assert r["machine_failures"] >= 2
+
+
+@pytest.mark.parametrize(("failures", "expected"), [
+    ("mtbf = -1", "field 'failures.mtbf': must be"),
+    ("mtbf = 10\nbreaks = 3", "field 'failures.breaks': unknown field"),
+    ("repair = 60", "field 'failures': no failures: give mtbf"),
+    ("mtbf = 10\nrepair = 0", "field 'failures.repair': a machine is down for some time"),
+    ('at = [[10, "m00003"]]', "field 'failures.at.0.1': 'm00003' is not a machine of the "
+                              "cell \\(m00000 to m00002\\)"),
+    ('at = [[10, "web-1"]]', "field 'failures.at.0.1': 'web-1' is not a machine"),
+    ('at = [10]', "field 'failures.at.0': must be a pair \\[seconds, machine id\\]"),
+    ('at = [["soon", "m00001"]]', "field 'failures.at.0.0': must be a number"),
+])
+def test_a_bad_failures_table_is_named(tmp_path: Path, failures: str, expected: str) -> None:
+    exp = tmp_path / "f.toml"
+    exp.write_text(FAILURES.format(failures=failures))
+    with pytest.raises(InputError, match=expected):
+        load(exp)
