@@ -22,7 +22,7 @@ from simulator.config import (
 from simulator.engine import SAMPLE
 from simulator.experiment import load
 from simulator.sim import Simulation
-from simulator.workload import Distribution, InputError, JobClass
+from simulator.workload import Distribution, InputError, JobClass, MapReduceClass
 
 F = Distribution.fixed
 ZERO = DecisionTime(0.0, 0.0)
@@ -170,3 +170,43 @@ def test_a_bad_failures_table_is_named(tmp_path: Path, failures: str, expected: 
     exp.write_text(FAILURES.format(failures=failures))
     with pytest.raises(InputError, match=expected):
         load(exp)
+
+
+# Half as busy: the policies below decide with their real cost.
+LIGHT = JobClass("batch", JobKind.BATCH, Distribution.exponential(8.0),
+                 Distribution.exponential(5.0), Distribution.exponential(60.0),
+                 cpu=F(1.0), mem=F(1.0))
+MR = JobClass("mr", JobKind.MAPREDUCE, Distribution.exponential(30.0), F(2.0), F(0.0),
+              cpu=F(1.0), mem=F(1.0),
+              mapreduce=MapReduceClass(F(6.0), F(1.0), F(20.0), F(10.0)))
+
+
+@pytest.mark.parametrize(("policy", "options", "classes"), [
+    ("service", {}, (LIGHT,)),
+    ("flow", {}, (LIGHT,)),
+    ("fair", {}, (LIGHT,)),
+    ("mapreduce", {"interval": 5.0}, (MR,)),
+])
+def test_every_policy_places_lost_tasks_again(policy: str, options: dict[str, object],
+                                              classes: tuple[JobClass, ...]) -> None:
+    """Each scheduler of the platform meets machines going down under it (its tasks
+    lost, the machine unusable until repaired) and keeps the simulation's count of
+    running tasks equal to the cell's."""
+    served = tuple(c.name for c in classes)
+    config = SimConfig(Architecture.SHARED,
+                       (SchedulerSpec(policy, served, policy=policy, default=ZERO,
+                                      options=options),),
+                       classes, CellSpec(20, 4.0, 16.0), prefill=None, horizon=400.0,
+                       day=400.0, sample_interval=10.0,
+                       failures=FailureSpec(mtbf=300.0, repair=Distribution.exponential(30.0)))
+    sim = Simulation(config)
+    r = sim.run()
+    assert r["machine_failures"] > 5 and r["runs_lost_to_failures"] > 0
+    snap = sim.cell.snapshot()
+    running: dict[str, int] = {}
+    for t in snap.tasks.values():
+        if t.state is TaskState.RUNNING:
+            running[t.job] = running.get(t.job, 0) + 1
+            assert snap.machines[t.machine].state is MachineState.UP
+    assert {j: n for j, n in sim._running.items() if n} == running
+    assert sum(running.values()) > 0  # still scheduling after dozens of failures
