@@ -353,6 +353,12 @@ class Recorder:
                 self.seen.add(j.id)
                 self.waits.setdefault(j.kind.value, []).append(max(at - j.submitted_at, 0.0))
 
+    def unmeasured(self, job_id: str) -> None:
+        """A job of the prefill: it waits for no attempt (it was placed at time 0), so a
+        later one (placing tasks a failure lost, or a flow scheduler moving its tasks)
+        is not its first."""
+        self.seen.add(job_id)
+
     def forget(self, job_id: str) -> None:
         self.seen.discard(job_id)
 

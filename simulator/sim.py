@@ -369,7 +369,9 @@ class Simulation:
         self._jobs[job.id] = job
         self._class[job.id] = cls
         self.cell.submit_job(job)
-        if job.id not in self._prefilled:
+        if job.id in self._prefilled:
+            self.recorder.unmeasured(job.id)
+        else:
             self.recorder.submitted_job(job)
             self.recorder.job_submitted(job, cls)
 

@@ -22,7 +22,7 @@ from simulator.config import (
 from simulator.engine import SAMPLE
 from simulator.experiment import load
 from simulator.sim import Simulation
-from simulator.workload import Distribution, InputError, JobClass, MapReduceClass
+from simulator.workload import Distribution, InputError, JobClass, MapReduceClass, Prefill
 
 F = Distribution.fixed
 ZERO = DecisionTime(0.0, 0.0)
@@ -154,10 +154,18 @@ def test_the_failures_table_loads(tmp_path: Path) -> None:
     assert r["machine_failures"] >= 2
 
 
+def test_a_failures_table_with_mtbf_0_is_the_baseline_of_a_sweep(tmp_path: Path) -> None:
+    exp = tmp_path / "f.toml"
+    exp.write_text(FAILURES.format(failures="mtbf = 0"))
+    (run_,) = load(exp).runs
+    r = Simulation(run_.config).run()
+    assert r["machine_failures"] == 0 and r["runs_lost_to_failures"] == 0
+    assert r["batch_jobs"] > 0
+
+
 @pytest.mark.parametrize(("failures", "expected"), [
     ("mtbf = -1", "field 'failures.mtbf': must be"),
     ("mtbf = 10\nbreaks = 3", "field 'failures.breaks': unknown field"),
-    ("repair = 60", "field 'failures': no failures: give mtbf"),
     ("mtbf = 10\nrepair = 0", "field 'failures.repair': a machine is down for some time"),
     ('at = [[10, "m00003"]]', "field 'failures.at.0.1': 'm00003' is not a machine of the "
                               "cell \\(m00000 to m00002\\)"),
@@ -210,3 +218,32 @@ def test_every_policy_places_lost_tasks_again(policy: str, options: dict[str, ob
             assert snap.machines[t.machine].state is MachineState.UP
     assert {j: n for j, n in sim._running.items() if n} == running
     assert sum(running.values()) > 0  # still scheduling after dozens of failures
+
+
+def test_placing_lost_prefill_tasks_again_is_no_wait_of_a_measured_job() -> None:
+    """The prefill's jobs (placed at time 0, owned by the service scheduler here) are not
+    measured: when a failure at 300 s loses some of their tasks and the scheduler places
+    them again, that attempt is not their first one ending a 300 s wait. The service
+    jobs arriving every 20 s each wait at most for those few attempts."""
+    svc = JobClass("service", JobKind.SERVICE, F(20.0), F(10.0), F(500.0))
+    config = SimConfig(
+        Architecture.SHARED,
+        (SchedulerSpec("service", ("service",), default=DecisionTime(0.1, 0.005)),),
+        (svc,), CellSpec(200, 4.0, 16.0), prefill=Prefill(0.6, 100, 1.0, 2.0, None, "service"),
+        horizon=1000.0, day=1000.0, sample_interval=60.0,
+        failures=FailureSpec(at=((300.0, "m00001"),), repair=F(600.0)))
+    sim = Simulation(config)
+    r = sim.run()
+    assert r["runs_lost_to_failures"] > 0 and r["service_jobs"] == 50
+    waits = sim.recorder.waits["service"]
+    assert len(waits) == 50 and max(waits) < 1.0
+
+
+@pytest.mark.parametrize("name", ["failures_shared", "failures_two_level"])
+def test_the_committed_failure_experiments_load(name: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    exp = load(root / "experiments" / "failures" / f"{name}.toml")
+    mtbfs = [r.config.failures.mtbf for r in exp.runs if r.config.failures is not None]
+    assert mtbfs == [0, 2592000, 604800, 86400, 21600]
+    assert all(r.config.prefill is not None and r.config.prefill.scheduler == "service"
+               for r in exp.runs)
