@@ -76,16 +76,23 @@ class CellSpec:
     attributes: tuple[Attribute, ...] = ()
 
 
+FAILURE_SCOPES = ("machine", "rack", "failure_domain")
+
+
 @attrs.frozen
 class FailureSpec:
-    """Machines that fail and come back. Each machine fails after an exponential time
-    of mean ``mtbf`` seconds (0: never), and ``at`` lists failures at given times
-    (``(seconds, machine id)``: a failure trace to replay); a failed machine is down
-    for a ``repair`` time, its running tasks are lost and wait to be placed again."""
+    """Machines that fail and come back. What fails together is one ``scope``: a
+    machine, a rack or a failure domain (every machine of it at once, as a switch or
+    a power feed takes them). Each such unit fails after an exponential time of mean
+    ``mtbf`` seconds (0: never), and ``at`` lists failures at given times
+    (``(seconds, machine id)``, the unit of that machine: a failure trace to replay); a
+    failed unit is down for a ``repair`` time, its machines' running tasks are lost and
+    wait to be placed again."""
 
     mtbf: float = 0.0
     repair: Distribution = attrs.field(factory=lambda: Distribution.fixed(600.0))
     at: tuple[tuple[float, str], ...] = ()
+    scope: str = "machine"
 
 
 @attrs.frozen

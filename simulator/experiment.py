@@ -18,6 +18,7 @@ import attrs
 from cellstate.model import Detection, JobKind, ModelError, TxnMode, check_name
 from schedulers.runtime import RETRY_ORDERS
 from simulator.config import (
+    FAILURE_SCOPES,
     Architecture,
     CellSpec,
     DecisionTime,
@@ -675,7 +676,11 @@ def _retry(where: _Where, raw: object) -> RetrySpec:
 def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:
     at: Path_ = ("failures",)
     t = _table(where, at, raw)
-    _only(where, at, t, {"mtbf", "repair", "at"})
+    _only(where, at, t, {"mtbf", "repair", "at", "scope"})
+    scope = t.get("scope", "machine")
+    if scope not in FAILURE_SCOPES:
+        raise where.error((*at, "scope"), f"{_show(scope)} is not one of "
+                          f"{', '.join(FAILURE_SCOPES)} (what fails together)")
     mtbf = _num(where, (*at, "mtbf"), t.get("mtbf", 0.0))
     repair = _dist(where, (*at, "repair"), t.get("repair", FailureSpec().repair.value))
     if repair.mean() <= 0:
@@ -696,7 +701,7 @@ def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:
         scripted.append((when, mid))
     # Neither mtbf nor at: no failure happens, and the results still have the failure
     # columns (the baseline of a sweep over mtbf).
-    return FailureSpec(mtbf, repair, tuple(sorted(scripted)))
+    return FailureSpec(mtbf, repair, tuple(sorted(scripted)), scope)
 
 
 def _two_level(where: _Where, raw: object) -> TwoLevelSpec:

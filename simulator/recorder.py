@@ -247,7 +247,8 @@ class Recorder:
         self.lost_cpu_s = 0.0  # CPU time of preempted runs (after the warmup)
         # Machine failures (SimConfig.failures), counted from the warmup on: failures,
         # the runs they cut short and the CPU time those runs had done.
-        self.failures = 0
+        self.failures = 0  # failure events (a machine, rack or failure domain each)
+        self.failed_machines = 0
         self.failed_runs = 0
         self.failed_cpu_s = 0.0
         self.preemptions: dict[str, int] = {}  # class -> runs its tasks preempted
@@ -277,9 +278,10 @@ class Recorder:
             if outcome is not None:
                 outcome.preempted += 1
 
-    def machine_failed(self, at: float, runs: Sequence[tuple[float, float]]) -> None:
-        """A machine failed at ``at``, ending ``runs`` (start, CPU): their work is lost
-        (not effective utilization) and they are counted apart from preemptions."""
+    def machine_failed(self, at: float, runs: Sequence[tuple[float, float]],
+                       machines: int = 1) -> None:
+        """``machines`` failed together at ``at``, ending ``runs`` (start, CPU): their
+        work is lost (not effective utilization) and counted apart from preemptions."""
         for start, cpu in runs:
             if self.usage is not None:
                 self.usage.add(cpu, start, at, effective=False)
@@ -287,10 +289,12 @@ class Recorder:
                 self.failed_cpu_s += cpu * (min(at, self.horizon) - max(start, self.warmup))
         if at > self.warmup:
             self.failures += 1
+            self.failed_machines += machines
             self.failed_runs += len(runs)
 
     def failure_summary(self, out: dict[str, Any]) -> None:
-        out["machine_failures"] = self.failures
+        out["failures"] = self.failures
+        out["machine_failures"] = self.failed_machines
         out["runs_lost_to_failures"] = self.failed_runs
         out["cpu_hours_lost_to_failures"] = self.failed_cpu_s / 3600
 

@@ -32,13 +32,13 @@ ONE_JOB = '{"submit": 10, "class": "batch", "tasks": 1, "duration": 100, "cpu": 
 BATCH = JobClass("batch", JobKind.BATCH, F(10.0), F(1.0), F(100.0), cpu=F(1.0))
 
 
-def run(arch: Architecture, failures: FailureSpec, machines: int = 1,
+def run(arch: Architecture, failures: FailureSpec, machines: int = 1, rack_size: int = 40,
         classes: tuple[JobClass, ...] = (BATCH,), horizon: float = 300.0,
         trace: Path | None = None,
         probe: tuple[tuple[float, Callable[[Simulation], None]], ...] = ()
         ) -> tuple[Simulation, dict[str, Any]]:
     config = SimConfig(arch, (SchedulerSpec("batch", ("batch",), default=ZERO),),
-                       classes, CellSpec(machines, 4.0, 16.0), prefill=None,
+                       classes, CellSpec(machines, 4.0, 16.0, rack_size), prefill=None,
                        horizon=horizon, day=horizon, sample_interval=1.0,
                        trace=str(trace) if trace else None, failures=failures)
     sim = Simulation(config)
@@ -123,6 +123,34 @@ def test_random_failures_lose_no_task_and_count_what_runs(arch: Architecture) ->
     assert {j: n for j, n in sim._running.items() if n} == running
 
 
+def test_a_rack_fails_and_comes_back_as_one(one_job: Path) -> None:
+    """Scope rack: the failure listed for m00041 takes its whole rack (m00040 to m00079,
+    40 to a rack) down at once, and the repair brings all of it back together; the
+    other rack runs on."""
+    states: list[tuple[int, int]] = []
+
+    def look(sim: Simulation) -> None:
+        machines = sim.cell.snapshot().machines.values()
+        down = [m.id for m in machines if m.state is MachineState.DOWN]
+        states.append((len(down), len({d for d in down if "m00040" <= d <= "m00079"})))
+
+    _, r = run(Architecture.SHARED,
+                 FailureSpec(at=((30.0, "m00041"),), repair=F(20.0), scope="rack"),
+                 machines=80, trace=one_job, probe=((29.0, look), (31.0, look), (51.0, look)))
+    assert states == [(0, 0), (40, 40), (0, 0)]
+    assert r["failures"] == 1 and r["machine_failures"] == 40
+
+
+def test_random_failures_of_failure_domains() -> None:
+    """Scope failure_domain (ten racks of 5 here: 50 machines, 2 in the cell): each
+    event takes every machine of one domain not already down."""
+    _, r = run(Architecture.SHARED,
+                 FailureSpec(mtbf=200.0, repair=F(100.0), scope="failure_domain"),
+                 machines=100, rack_size=5, classes=(BUSY,), horizon=600.0)
+    assert r["failures"] >= 1
+    assert r["machine_failures"] % 50 == 0 and r["machine_failures"] >= 50
+
+
 FAILURES = """
 name = "failing"
 architecture = "shared"
@@ -165,6 +193,8 @@ def test_a_failures_table_with_mtbf_0_is_the_baseline_of_a_sweep(tmp_path: Path)
 
 @pytest.mark.parametrize(("failures", "expected"), [
     ("mtbf = -1", "field 'failures.mtbf': must be"),
+    ('mtbf = 10\nscope = "zone"', "field 'failures.scope': str 'zone' is not one of machine, rack, "
+                                  "failure_domain"),
     ("mtbf = 10\nbreaks = 3", "field 'failures.breaks': unknown field"),
     ("mtbf = 10\nrepair = 0", "field 'failures.repair': a machine is down for some time"),
     ('at = [[10, "m00003"]]', "field 'failures.at.0.1': 'm00003' is not a machine of the "
