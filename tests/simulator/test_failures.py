@@ -4,6 +4,9 @@ first tests are worked out by hand (decision times 0, retries every second)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from simulator.experiment import load
 from simulator.sim import Simulation
 from simulator.workload import Distribution, InputError, JobClass, MapReduceClass, Prefill
 
+ROOT = Path(__file__).resolve().parents[2]
 F = Distribution.fixed
 ZERO = DecisionTime(0.0, 0.0)
 # The hand-worked runs: one job at t = 10 (from a trace), one task of 1 cpu running
@@ -271,9 +275,23 @@ def test_placing_lost_prefill_tasks_again_is_no_wait_of_a_measured_job() -> None
 
 @pytest.mark.parametrize("name", ["failures_shared", "failures_two_level"])
 def test_the_committed_failure_experiments_load(name: str) -> None:
-    root = Path(__file__).resolve().parents[2]
-    exp = load(root / "experiments" / "failures" / f"{name}.toml")
+    exp = load(ROOT / "experiments" / "failures" / f"{name}.toml")
     mtbfs = [r.config.failures.mtbf for r in exp.runs if r.config.failures is not None]
     assert mtbfs == [0, 2592000, 604800, 86400, 21600]
     assert all(r.config.prefill is not None and r.config.prefill.scheduler == "service"
                for r in exp.runs)
+
+
+def test_random_failures_are_the_same_in_another_process(tmp_path: Path) -> None:
+    """Which machines fail depends on the seed only, not on the process's string-hash
+    seed (a snapshot map's order does)."""
+    exp = tmp_path / "f.toml"
+    exp.write_text(FAILURES.format(failures="mtbf = 60\nrepair = 10"))
+    outs = []
+    for hash_seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-m", "simulator", str(exp), "--out",
+                        str(tmp_path / hash_seed), "--no-progress"],
+                       check=True, cwd=ROOT, env=env, capture_output=True)
+        outs.append((tmp_path / hash_seed / "failing" / "results.json").read_bytes())
+    assert outs[0] == outs[1] and b'"machine_failures": 0' not in outs[0]
