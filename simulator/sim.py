@@ -41,7 +41,6 @@ from cellstate.model import (
     JobKind,
     JobState,
     Machine,
-    MachineState,
     Resources,
     TaskState,
     required_tasks,
@@ -57,6 +56,7 @@ from simulator.config import Architecture, SchedulerSpec, SimConfig
 from simulator.constraints import machine_labels
 from simulator.drivers import InstanceDriver, decision_cost
 from simulator.engine import ARRIVAL, END, SAMPLE, EventLoop, stream
+from simulator.failures import Failures
 from simulator.mapreduce import MapReduceRuns
 from simulator.prefill import workload_jobs
 from simulator.recorder import Recorder
@@ -279,53 +279,14 @@ class Simulation:
 
     def _schedule_failures(self) -> None:
         f = self.config.failures
-        if f is None:
-            return
-        # What fails together: each machine alone, or every machine of its rack or
-        # failure domain (in the cell's order).
-        # (In the cell's own order, not the snapshot's: a map's order follows string
-        # hashes, which differ from process to process.)
-        machines = self.cell.snapshot().machines
-        units: dict[str, list[str]] = {}
-        for mid in self._machine_ids:
-            key = mid if f.scope == "machine" else getattr(machines[mid], f.scope)
-            units.setdefault(key, []).append(mid)
-        unit_of = {mid: members for members in units.values() for mid in members}
-        rng = stream(self.config.seed, "failures")
-        for when, mid in f.at:
-            self.loop.at(when, END, _bind(self._fail, unit_of[mid], rng))
-        if f.mtbf > 0:
-            self._next_failure(list(units.values()), rng)
+        if f is not None:
+            Failures(f, self.loop, self.cell, self._machine_ids,
+                     stream(self.config.seed, "failures"), self.config.horizon,
+                     self._machines_down).start()
 
-    def _next_failure(self, units: list[list[str]], rng: random.Random) -> None:
-        """The cell's next random failure: each unit (a machine, rack or failure domain)
-        fails at rate 1 / mtbf, so the cell at ``units / mtbf``, a unit picked uniformly
-        (machines of it already down do not fail again)."""
-        f = self.config.failures
-        assert f is not None
-        at = self.loop.now + rng.expovariate(len(units) / f.mtbf)
-        if at > self.config.horizon:
-            return
-        unit = units[rng.randrange(len(units))]
-
-        def fail() -> None:
-            self._fail(unit, rng)
-            self._next_failure(units, rng)
-
-        self.loop.at(at, END, fail)
-
-    def _fail(self, unit: list[str], rng: random.Random) -> None:
-        """The machines of ``unit`` go down: their running tasks are lost (their owners
-        place them again) until they are repaired, together."""
-        f = self.config.failures
-        assert f is not None
-        snap = self.cell.snapshot()
-        down = [m for mid in unit
-                if (m := snap.machines.get(mid)) is not None and m.state is not MachineState.DOWN]
-        if not down:
-            return
-        for m in down:
-            self.cell.update_machine(m.id, state=MachineState.DOWN)
+    def _machines_down(self, down: list[Machine]) -> None:
+        """``down`` (as they were before) failed: their running tasks are lost, with
+        their work; their schedulers place them again."""
         tasks = self.cell.snapshot().tasks
         runs = []
         hit: dict[str, None] = {}
@@ -337,9 +298,8 @@ class Simulation:
                 run = self._runs.pop(tid, None)
                 if run is not None:
                     runs.append(run)
-                job_id = rec.job
-                self._running[job_id] = self._running.get(job_id, 0) - 1
-                hit[job_id] = None
+                self._running[rec.job] = self._running.get(rec.job, 0) - 1
+                hit[rec.job] = None
         self.recorder.machine_failed(self.loop.now, runs, len(down))
         for job_id in hit:
             job = self._jobs.get(job_id)
@@ -348,14 +308,6 @@ class Simulation:
             if job.mapreduce is not None:
                 self.mapreduce.workers(job, self._running[job_id])
             self._poke_owner(job)
-        self.loop.after(max(f.repair.sample(rng), 0.0), END,
-                        _bind(self._repair, [m.id for m in down]))
-
-    def _repair(self, machine_ids: list[str]) -> None:
-        for mid in machine_ids:
-            m = self.cell.snapshot().machines.get(mid)
-            if m is not None and m.state is MachineState.DOWN:
-                self.cell.update_machine(mid, state=MachineState.UP)
 
     def _poke_owner(self, job: Job) -> None:
         """A task of ``job`` waits again (it was preempted): its scheduler, perhaps
