@@ -103,6 +103,19 @@ def test_a_failure_of_an_idle_or_down_machine_loses_nothing(one_job: Path) -> No
     assert util[10.0] == 0.25 and util[109.0] == 0.25 and util[110.0] == 0.0
 
 
+def assert_running_counts_match(sim: Simulation) -> int:
+    """The simulation's own count of running tasks per job is what the cell holds, and
+    every running task is on a machine that is up. Returns the tasks running."""
+    snap = sim.cell.snapshot()
+    running: dict[str, int] = {}
+    for t in snap.tasks.values():
+        if t.state is TaskState.RUNNING:
+            running[t.job] = running.get(t.job, 0) + 1
+            assert snap.machines[t.machine].state is MachineState.UP
+    assert {j: n for j, n in sim._running.items() if n} == running
+    return sum(running.values())
+
+
 BUSY = JobClass("batch", JobKind.BATCH, Distribution.exponential(4.0),
                 Distribution.exponential(5.0), Distribution.exponential(60.0),
                 cpu=F(1.0), mem=F(1.0))
@@ -118,13 +131,7 @@ def test_random_failures_lose_no_task_and_count_what_runs(arch: Architecture) ->
     sim, r = run(arch, FailureSpec(mtbf=300.0, repair=Distribution.exponential(30.0)),
                  machines=20, classes=(BUSY,), horizon=600.0)
     assert r["machine_failures"] > 5 and r["runs_lost_to_failures"] > 0
-    snap = sim.cell.snapshot()
-    running: dict[str, int] = {}
-    for t in snap.tasks.values():
-        if t.state is TaskState.RUNNING:
-            running[t.job] = running.get(t.job, 0) + 1
-            assert snap.machines[t.machine].state is MachineState.UP
-    assert {j: n for j, n in sim._running.items() if n} == running
+    assert_running_counts_match(sim)
 
 
 def test_a_rack_fails_and_comes_back_as_one(one_job: Path) -> None:
@@ -244,14 +251,7 @@ def test_every_policy_places_lost_tasks_again(policy: str, options: dict[str, ob
     sim = Simulation(config)
     r = sim.run()
     assert r["machine_failures"] > 5 and r["runs_lost_to_failures"] > 0
-    snap = sim.cell.snapshot()
-    running: dict[str, int] = {}
-    for t in snap.tasks.values():
-        if t.state is TaskState.RUNNING:
-            running[t.job] = running.get(t.job, 0) + 1
-            assert snap.machines[t.machine].state is MachineState.UP
-    assert {j: n for j, n in sim._running.items() if n} == running
-    assert sum(running.values()) > 0  # still scheduling after dozens of failures
+    assert assert_running_counts_match(sim) > 0  # still scheduling after dozens of failures
 
 
 def test_placing_lost_prefill_tasks_again_is_no_wait_of_a_measured_job() -> None:
