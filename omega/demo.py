@@ -211,10 +211,22 @@ class Demo:
         print(text, file=self.out, flush=True)
 
     def run(self) -> DemoStats:
-        # SIGTERM stops the demo like Ctrl-C: every process it started is stopped.
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _interrupt)
-            signal.signal(signal.SIGINT, _interrupt)
+        # SIGTERM stops the demo like Ctrl-C: every process it started is stopped. The
+        # handlers are the process's: they are given back when the demo ends, or a
+        # process that ran it (a test run) would go on ignoring SIGTERM and SIGINT
+        # (_stop_all ignores them), and so would every process it starts afterwards.
+        if threading.current_thread() is not threading.main_thread():
+            return self._run_demo()
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
+        try:
+            return self._run_demo()
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def _run_demo(self) -> DemoStats:
         o = self.opts
         spec_path = resolve_spec(o.spec) if o.spec else DEMO_SPEC
         spec = load_cell_spec(spec_path)  # a bad spec fails before anything starts

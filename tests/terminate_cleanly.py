@@ -9,6 +9,9 @@ its ``finally`` blocks, pytest runs the fixtures' finalizers and reports the run
 interrupted (exit code 2), and the launchers' ``atexit`` handlers stop what is left.
 SIGKILL cannot be caught; the session's shared etcd survives even that (it runs under
 omega's supervisor, tests/etcd_fixture.py).
+
+Some tests run code in this process that installs handlers of its own (a process's
+``stop_event_on_signals``, the demo); after each test the handler is put back.
 """
 
 from __future__ import annotations
@@ -20,10 +23,23 @@ from types import FrameType
 import pytest
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    # Once is enough: a second SIGTERM during the clean-up must not cut it short.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+class _Guard:
+    """The SIGTERM handler, and the hook that puts it back after each test."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        # Once is enough: a second SIGTERM during the clean-up must not cut it short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        if (not self.fired and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) != self.handler):
+            signal.signal(signal.SIGTERM, self.handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,4 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # only from the main thread (the only one Python lets install a handler).
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _interrupt)
+        guard = _Guard()
+        signal.signal(signal.SIGTERM, guard.handler)
+        config.pluginmanager.register(guard, "terminate-cleanly-guard")

@@ -287,11 +287,16 @@ def test_module_exports_match() -> None:
 
 def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: Path) -> None:
     """CI stops an overrunning run with SIGTERM: the etcd a test body started (not the
-    session's shared one) must go with it (tests/terminate_cleanly.py)."""
+    session's shared one) must go with it (tests/terminate_cleanly.py), also after an
+    earlier test ran code that installed a SIGTERM handler of its own."""
     (tmp_path / "test_holds_etcd.py").write_text(textwrap.dedent(
         """
         import time
+        from omega.signals import stop_event_on_signals
         from tests.etcd_fixture import make_local_etcd
+
+        def test_a_process_entry_point_takes_the_signals():
+            stop_event_on_signals()  # as a scheduler's or server's main does
 
         def test_holds_an_etcd():
             server = make_local_etcd()
@@ -312,13 +317,18 @@ def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: P
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if line.startswith("ETCD "):
-                _, pid_text, data_dir = line.split()
+            if "ETCD " in line:  # after pytest's progress dot of the first test
+                _, pid_text, data_dir = line[line.index("ETCD "):].split()
                 etcd = int(pid_text)
                 break
         assert etcd and not _gone(etcd), "the child test run did not start its etcd"
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            pytest.fail(f"the stopped test run did not end:\n{out}")
         assert proc.returncode == 2, out  # pytest's "interrupted"
         assert _wait_gone(etcd), "etcd outlived the test run stopped by SIGTERM"
         assert not Path(data_dir).exists()
