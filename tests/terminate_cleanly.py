@@ -11,7 +11,10 @@ SIGKILL cannot be caught; the session's shared etcd survives even that (it runs 
 omega's supervisor, tests/etcd_fixture.py).
 
 Some tests run code in this process that installs handlers of its own (a process's
-``stop_event_on_signals``, the demo); after each test the handler is put back.
+``stop_event_on_signals``, the demo); after each test the handler is put back. Python
+runs a handler in the main thread when it next runs Python code: if the kernel hands
+SIGTERM to another thread (gRPC's) while the main thread blocks in a long call, the
+run stops when that call returns.
 """
 
 from __future__ import annotations

@@ -303,7 +303,10 @@ def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: P
             try:
                 server.start()
                 print("ETCD", server.pid, server.data_dir, flush=True)
-                time.sleep(600)
+                # Short sleeps: the kernel may hand SIGTERM to another thread (gRPC's),
+                # and Python runs the handler only when the main thread wakes up.
+                for _ in range(6000):
+                    time.sleep(0.1)
             finally:
                 server.stop()
         """))
