@@ -66,6 +66,11 @@ class ContentionError(StoreError):
     """The records an operation needs kept changing under it, past the retry budget."""
 
 
+class ReplicaBehindError(StoreError):
+    """A server's copy of the cell did not reach the revision a read must see (the
+    caller's last write, or the server's own) in time: another server may have it."""
+
+
 class KVError(Exception):
     """Base of every error a KV backend raises."""
 

@@ -10,6 +10,7 @@ answers status questions in O(jobs) (tests check that both ways agree).
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -150,6 +151,7 @@ class StatusIndex:
 
     def __init__(self, replica: Any) -> None:
         self._lock = threading.Lock()
+        self._advanced = threading.Condition(self._lock)
         self._prev = CellSnapshot.empty()
         self._counts: immutables.Map[str, JobCounts] = immutables.Map()
         self._gang_tasks: dict[str, set[str]] = {}  # gang -> task records tagged with it
@@ -164,6 +166,19 @@ class StatusIndex:
     def view(self) -> StatusView:
         return self._view
 
+    def view_at(self, revision: int, timeout: float) -> StatusView | None:
+        """The answers once they cover ``revision``, or None if they do not within
+        ``timeout`` seconds. (Waiting on the replica is not enough: its snapshot is
+        published before these counts follow it.)"""
+        deadline = time.monotonic() + timeout
+        with self._advanced:
+            while self._view.snap.revision < revision:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._advanced.wait(left)
+            return self._view
+
     # -- following the replica -----------------------------------------------------------
 
     def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
@@ -174,6 +189,7 @@ class StatusIndex:
                 self._apply(snap, changed)
             self._prev = snap
             self._view = StatusView(snap, self._counts, self._machine_totals(len(snap.machines)))
+            self._advanced.notify_all()
 
     def _rebuild(self, snap: CellSnapshot) -> None:
         self._gang_tasks.clear()

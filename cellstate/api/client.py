@@ -161,6 +161,19 @@ class CellClient:
         self._stubs = [pb_grpc.CellStateStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
         self._current = 0
         self._lock = threading.Lock()
+        self._seen = 0  # the newest revision any reply showed this client
+
+    @property
+    def seen_revision(self) -> int:
+        """The newest revision a reply has shown this client. Status reads ask for a
+        copy of the cell at least this new, so they see this client's own writes and
+        never go back in time, whichever server answers."""
+        return self._seen
+
+    def saw(self, revision: int) -> None:
+        with self._lock:
+            if revision > self._seen:
+                self._seen = revision
 
     def close(self) -> None:
         for c in self._channels:
@@ -195,7 +208,7 @@ class CellClient:
             index = self._current
             left = deadline - time.monotonic()
             try:
-                return getattr(self._stubs[index], method)(
+                reply = getattr(self._stubs[index], method)(
                     request, timeout=max(min(attempt, left), MIN_ATTEMPT), wait_for_ready=False)
             except grpc.RpcError as e:
                 code = e.code()
@@ -213,6 +226,12 @@ class CellClient:
                     self._sleep(min(delay * random.uniform(0.5, 1.0),
                                     max(deadline - time.monotonic(), 0.0)))
                     delay = min(delay * 2, 1.0)
+                continue
+            # Writes' replies and list replies carry the revision they were made at.
+            revision = getattr(reply, "revision", 0)
+            if revision > self._seen:
+                self.saw(revision)
+            return reply
 
     def stream(self, request: pb.SyncRequest) -> tuple[str, Any]:
         """Open a sync stream on the current endpoint: (endpoint, response iterator)."""
@@ -229,7 +248,9 @@ class CellClient:
         request = pb.CommitRequest(transaction=convert.transaction_to(txn, instance))
         reply = self.call("Commit", request, what="commit", invalid=TransactionError,
                           timeout=self.timeout + PER_ITEM_TIMEOUT * len(txn.claims))
-        return convert.result_from(txn, reply)
+        result = convert.result_from(txn, reply)
+        self.saw(result.revision)
+        return result
 
     def commit_many(self, txns: Sequence[Transaction], instance: str = "") -> list[CommitResult]:
         """Several transactions in one Commit call, answered one by one (see
@@ -237,7 +258,9 @@ class CellClient:
         request = pb.CommitRequest(
             transactions=[convert.transaction_to(t, instance) for t in txns])
         reply = self.call("Commit", request, what="commit", invalid=TransactionError)
-        return convert.results_from(txns, reply)
+        results = convert.results_from(txns, reply)
+        self.saw(max((r.revision for r in results), default=0))
+        return results
 
     def submit_job(self, job: Job | dict[str, Any], allow_unknown_scheduler: bool = False,
                    ) -> int:
@@ -271,12 +294,14 @@ class CellClient:
         return int(stored["revision"]) if theirs == mine else None
 
     def get_job(self, job: str) -> dict[str, Any]:
-        return job_info_doc(self.call("GetJob", pb.GetJobRequest(job=job), what=f"job {job}"))
+        return job_info_doc(self.call("GetJob", pb.GetJobRequest(
+            job=job, min_revision=self._seen), what=f"job {job}"))
 
     def list_jobs(self, scheduler: str = "", state: str = "", limit: int = 0,
                   newest_first: bool = False) -> list[dict[str, Any]]:
-        reply = self.call("ListJobs", pb.ListJobsRequest(scheduler=scheduler, state=state,
-                                                         limit=limit, newest_first=newest_first),
+        reply = self.call("ListJobs", pb.ListJobsRequest(
+            scheduler=scheduler, state=state, limit=limit, newest_first=newest_first,
+            min_revision=self._seen),
                           what="listing jobs")
         return [job_info_doc(j) for j in reply.jobs]
 
@@ -299,13 +324,15 @@ class CellClient:
                 "tasks_lost": int(reply.tasks_lost)}
 
     def list_machines(self, state: str = "", limit: int = 0) -> list[dict[str, Any]]:
-        reply = self.call("ListMachines", pb.ListMachinesRequest(state=state, limit=limit),
+        reply = self.call("ListMachines", pb.ListMachinesRequest(
+            state=state, limit=limit, min_revision=self._seen),
                           what="listing machines")
         return [{**orjson.loads(m.machine_json), "used": dict(m.used), "tasks": m.tasks,
                  "seq": m.seq} for m in reply.machines]
 
     def status(self) -> dict[str, Any]:
-        s = self.call("GetStatus", pb.GetStatusRequest(), what="cell status")
+        s = self.call("GetStatus", pb.GetStatusRequest(min_revision=self._seen),
+                      what="cell status")
         return {
             "server": s.server, "revision": s.revision, "machines_up": s.machines_up,
             "machines_down": s.machines_down, "capacity": dict(s.capacity),

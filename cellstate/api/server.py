@@ -42,6 +42,7 @@ from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.decisions import MACHINE_ACTIONS
+from cellstate.errors import ReplicaBehindError
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -105,6 +106,10 @@ MAX_METRICS_BYTES = 16 * 1024
 # Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
 MAX_PENDING_BYTES = 8 * 1024
 MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
+# How long a status read waits for this server's copy of the cell to reach the revision
+# it must show (normally milliseconds behind). Past it the server answers UNAVAILABLE
+# and a client asks the next endpoint.
+READ_WAIT = 3.0  # under a client's 5 s deadline, so it hears why
 
 
 def _span(ids: list[str]) -> str:
@@ -124,6 +129,7 @@ _STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusC
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ContentionError, grpc.StatusCode.ABORTED),
+    (ReplicaBehindError, grpc.StatusCode.UNAVAILABLE),
     (StoreError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
@@ -185,10 +191,42 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
         self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
         self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
+        self._written = 0  # the newest revision a write through this service made
+        self._written_lock = threading.Lock()
 
     @property
     def snap(self) -> CellSnapshot:
         return self.replica.snapshot()
+
+    def _wrote(self, revision: int) -> int:
+        with self._written_lock:
+            self._written = max(self._written, revision)
+        return revision
+
+    def _view(self, min_revision: int) -> StatusView:
+        """The status answers for a read: they show every write made through this
+        service and the caller's ``min_revision`` (a revision some write returned to
+        it, maybe through another server). The replica follows etcd a moment behind
+        the writes, so a read may wait for it, at most READ_WAIT seconds."""
+        if min_revision < 0:
+            raise convert.WireError(f"min_revision: {min_revision} is not a revision (>= 0)")
+        want = max(min_revision, self._written)
+        view = self.status.view()
+        if view.snap.revision >= want:
+            return view
+        if min_revision > view.snap.revision:
+            current = self.kv.range(self.keys.config).revision
+            if min_revision > current:
+                raise convert.WireError(
+                    f"min_revision {min_revision} is in the future: the cell is at "
+                    f"revision {current}")
+        fresh = self.status.view_at(want, READ_WAIT)
+        if fresh is None:
+            raise ReplicaBehindError(
+                f"server {self.config.name}: its copy of the cell is at revision "
+                f"{self.status.view().snap.revision}, not yet at {want} after "
+                f"{READ_WAIT:g} s; ask another server or again")
+        return fresh
 
     # -- transactions and sync -------------------------------------------------------
 
@@ -203,6 +241,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
             with self.stores.get() as store:
                 result = store.commit(txns[0])
+            self._wrote(result.revision)
             if self.metrics is not None:
                 self.metrics.observe(time.perf_counter() - started, txns, [result])
             return convert.result_to(txns[0], result)
@@ -212,6 +251,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             self._check_registered(*who, context)
         with self.stores.get() as store:
             results = store.commit_many(txns)
+        self._wrote(max((r.revision for r in results), default=0))
         if self.metrics is not None:
             self.metrics.observe(time.perf_counter() - started, txns, results)
         return pb.CommitResponse(results=[convert.result_to(t, r)
@@ -293,7 +333,7 @@ class CellStateService(pb_grpc.CellStateServicer):
                 f"{limit} bytes")
         self._admit(job, request.allow_unknown_scheduler)
         with self.stores.get() as store:
-            revision = store.submit_job(job)
+            revision = self._wrote(store.submit_job(job))
         return pb.SubmitJobResponse(job=job.id, revision=revision)
 
     def _may_change(self, context: grpc.ServicerContext, job_id: str, what: str,
@@ -350,20 +390,29 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.JobInfo:
         self.auth.read(context)
-        view = self.status.view()
+        view = self._view(request.min_revision)
         if request.job not in view.snap.jobs:
-            raise NotFoundError(f"unknown job {request.job!r}")
+            view = self._job_view(request.job)
         info = self._job_info(view, request.job, tasks=True)
         job = view.snap.jobs[request.job]
         if info.task_states.get("pending", 0) and request.job not in view.snap.statuses:
             info.why_json = self._why(view, job)
         return info
 
+    def _job_view(self, job_id: str) -> StatusView:
+        """A view that holds a job this server's copy does not have yet, if etcd has
+        it: a caller that submitted through another server and did not say so
+        (``min_revision``) still finds its job."""
+        found = self.kv.range(self.keys.job(job_id)).kvs
+        if not found:
+            raise NotFoundError(f"unknown job {job_id!r}")
+        return self._view(found[0].mod_revision)
+
     @rpc
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext,
                  ) -> pb.ListJobsResponse:
         self.auth.read(context)
-        view = self.status.view()
+        view = self._view(request.min_revision)
         snap = view.snap
         out = pb.ListJobsResponse(revision=snap.revision)
         for job in sorted(snap.jobs.values(), key=lambda j: (j.submitted_at, j.id),
@@ -387,7 +436,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         status = JobStatus(request.job, JobState.KILLED, request.reason or "killed by a user",
                            self.auth.recorded_by(context, request.by, "user"), self.clock())
         with self.stores.get() as store:
-            revision = store.kill_job(status)
+            revision = self._wrote(store.kill_job(status))
         return pb.KillJobResponse(revision=revision)
 
     @rpc
@@ -407,7 +456,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         # workload replay) and a cell without identities say it themselves.
         at = request.at if self.auth.may_set_times(context) else self.clock()
         with self.stores.get() as store:
-            revision = store.set_job_status(JobStatus(request.job, state, request.reason, by, at))
+            revision = self._wrote(store.set_job_status(
+                JobStatus(request.job, state, request.reason, by, at)))
         return pb.SetJobStatusResponse(revision=revision)
 
     @rpc
@@ -415,7 +465,7 @@ class CellStateService(pb_grpc.CellStateServicer):
                   ) -> pb.ResizeJobResponse:
         self._may_change(context, request.job, "resize", scheduler_may=True)
         with self.stores.get() as store:
-            revision = store.resize_job(request.job, request.task_count)
+            revision = self._wrote(store.resize_job(request.job, request.task_count))
         return pb.ResizeJobResponse(revision=revision)
 
     # -- machines and status ---------------------------------------------------------
@@ -430,7 +480,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             except ValueError:
                 raise convert.WireError(
                     f"state: {request.state!r} is not one of up, down, draining") from None
-        snap = self.snap
+        snap = self._view(request.min_revision).snap
         out = pb.ListMachinesResponse(revision=snap.revision)
         for mid in sorted(snap.machines):
             m = snap.machines[mid]
@@ -453,6 +503,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.auth.operate_machine(context, request.machine, request.action)
         with self.stores.get() as store:
             revision, state, lost = store.set_machine_state(request.machine, request.action)
+        self._wrote(revision)
         return pb.SetMachineStateResponse(revision=revision, state=state.value,
                                           tasks_lost=lost)
 
@@ -460,7 +511,7 @@ class CellStateService(pb_grpc.CellStateServicer):
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
         self.auth.read(context)
-        view = self.status.view()
+        view = self._view(request.min_revision)
         totals = view.totals()
         out = pb.CellStatus(
             revision=totals["revision"], machines_up=totals["machines_up"],
@@ -606,6 +657,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         with self.stores.get() as store:
             lease, revision = store.register_agent(request.agent, machines, request.ttl,
                                                    self.clock())
+        self._wrote(revision)
         return pb.RegisterAgentResponse(lease=lease, revision=revision)
 
     @rpc
@@ -624,7 +676,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         machine = self.auth.report_task(context, request.agent, request.task,
                                         request.machine)
         with self.stores.get() as store:
-            revision = store.release_task(request.task, outcome, machine or None, result)
+            revision = self._wrote(store.release_task(request.task, outcome, machine or None,
+                                                      result))
         return pb.ReportTaskResponse(revision=revision)
 
 

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cellstate.api.client import CellClient
-from cellstate.errors import NotFoundError
 from omega.etcd_launcher import LocalEtcd, free_ports
 from tests.e2e.cluster import cluster, wait_for
 
@@ -55,15 +53,6 @@ def value(samples: dict[str, float], key: str) -> float:
     return samples.get(f"{name}{{{ordered}}}", 0.0)
 
 
-def _finished(client: CellClient, job: str) -> int:
-    """Tasks of ``job`` finished, as the server's status says. Right after the submit
-    its replica (a watch of etcd) may not hold the job yet: that is none finished."""
-    try:
-        return int(client.get_job(job)["task_states"].get("finished", 0))
-    except NotFoundError:
-        return 0
-
-
 def test_every_process_serves_its_metrics_and_they_move(fresh_etcd: LocalEtcd,
                                                         tmp_path: Path) -> None:
     server_m, sched_m, agent_m = free_ports(3)
@@ -84,7 +73,8 @@ def test_every_process_serves_its_metrics_and_they_move(fresh_etcd: LocalEtcd,
             # 3 one-cpu tasks under a 2-cpu limit: two run, one is turned down.
             client.submit_job({"id": "j", "scheduler": "batch", "task_count": 3,
                                "task_resources": {"cpu": 1, "mem": 1}, "duration": 0.5})
-            wait_for("two tasks to finish", lambda: _finished(client, "j") >= 2, c)
+            wait_for("two tasks to finish", lambda: client.get_job("j")["task_states"].get(
+                "finished", 0) >= 2, c)
         after = {p: scrape(p) for p in (server_m, sched_m, agent_m)}
     # Labelled counters have samples once something was counted: every name is there now.
     for port, expected in ((server_m, SERVER), (sched_m, SCHEDULER), (agent_m, AGENT)):

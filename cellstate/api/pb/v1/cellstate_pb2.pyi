@@ -165,10 +165,12 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "min_revision")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    MIN_REVISION_FIELD_NUMBER: _ClassVar[int]
     job: str
-    def __init__(self, job: _Optional[str] = ...) -> None: ...
+    min_revision: int
+    def __init__(self, job: _Optional[str] = ..., min_revision: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
@@ -216,16 +218,18 @@ class JobInfo(_message.Message):
     def __init__(self, spec_json: _Optional[bytes] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., task_states: _Optional[_Mapping[str, int]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., why_json: _Optional[bytes] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("scheduler", "state", "limit", "newest_first")
+    __slots__ = ("scheduler", "state", "limit", "newest_first", "min_revision")
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
+    MIN_REVISION_FIELD_NUMBER: _ClassVar[int]
     scheduler: str
     state: str
     limit: int
     newest_first: bool
-    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ..., newest_first: _Optional[bool] = ...) -> None: ...
+    min_revision: int
+    def __init__(self, scheduler: _Optional[str] = ..., state: _Optional[str] = ..., limit: _Optional[int] = ..., newest_first: _Optional[bool] = ..., min_revision: _Optional[int] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "revision")
@@ -304,12 +308,14 @@ class SetMachineStateResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., state: _Optional[str] = ..., tasks_lost: _Optional[int] = ...) -> None: ...
 
 class ListMachinesRequest(_message.Message):
-    __slots__ = ("state", "limit")
+    __slots__ = ("state", "limit", "min_revision")
     STATE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_REVISION_FIELD_NUMBER: _ClassVar[int]
     state: str
     limit: int
-    def __init__(self, state: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    min_revision: int
+    def __init__(self, state: _Optional[str] = ..., limit: _Optional[int] = ..., min_revision: _Optional[int] = ...) -> None: ...
 
 class MachineInfo(_message.Message):
     __slots__ = ("machine_json", "used", "tasks", "seq")
@@ -339,8 +345,10 @@ class ListMachinesResponse(_message.Message):
     def __init__(self, machines: _Optional[_Iterable[_Union[MachineInfo, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("min_revision",)
+    MIN_REVISION_FIELD_NUMBER: _ClassVar[int]
+    min_revision: int
+    def __init__(self, min_revision: _Optional[int] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
     __slots__ = ("scheduler", "instance", "metrics_json")
