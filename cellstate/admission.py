@@ -68,21 +68,32 @@ def blockers(snap: CellSnapshot, job: Job) -> list[Blocker]:
     scheduler = _scheduler_blocker(snap, job)
     if scheduler is not None:
         out.append(scheduler)
-    limits = snap.config.limits_for(job.scheduler)
-    if limits is not None and limits.max_precedence is not None and (
-            job.precedence > limits.max_precedence):
-        out.append(Blocker(
-            "precedence_limit",
-            f"precedence {job.precedence} is above scheduler {job.scheduler!r}'s limit of "
-            f"{limits.max_precedence}: the store refuses every claim of this job", True))
-    if limits is not None and limits.max_resources is not None:
-        quota = _quota_blocker(snap, job, limits.max_resources)
-        if quota is not None:
-            out.append(quota)
+    limit = limit_blocker(snap, job)
+    if limit is not None:
+        out.append(limit)
     size = _gang_blocker(snap, job)
     if size is not None:
         out.append(size)
     return out
+
+
+def limit_blocker(snap: CellSnapshot, job: Job, pending: Resources | None = None,
+                  ) -> Blocker | None:
+    """What the scheduler's own limits (Omega §3.4) say against ``job`` now, or None:
+    a precedence above its limit, or a task (a gang: all its tasks) that its resource
+    limit cannot take, now or ever. ``pending``: what the scheduler has taken that
+    ``snap`` does not show yet (its commits in flight)."""
+    limits = snap.config.limits_for(job.scheduler)
+    if limits is None:
+        return None
+    if limits.max_precedence is not None and job.precedence > limits.max_precedence:
+        return Blocker(
+            "precedence_limit",
+            f"precedence {job.precedence} is above scheduler {job.scheduler!r}'s limit of "
+            f"{limits.max_precedence}: the store refuses every claim of this job", True)
+    if limits.max_resources is not None:
+        return _quota_blocker(snap, job, limits.max_resources, pending)
+    return None
 
 
 def _unknown_scheduler(snap: CellSnapshot, job: Job) -> str:
@@ -100,7 +111,8 @@ def _scheduler_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:
     return None
 
 
-def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | None:
+def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources,
+                   pending: Resources | None = None) -> Blocker | None:
     need = job.task_resources
     whole = _times(need, required_tasks(job)) if job.gang else need
     dim = whole.exceeding_limit(limit)
@@ -110,6 +122,8 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources) -> Blocker | 
         return Blocker("quota", f"{what} {verb} {whole.get(dim):g} {dim}, above scheduler "
                                 f"{job.scheduler!r}'s limit of {limit.get(dim):g}", True)
     held = held_by(snap, job.scheduler)
+    if pending:
+        held = held + pending
     dim = (held + whole).exceeding_limit(limit)
     if dim is None:
         return None

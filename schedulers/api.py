@@ -59,6 +59,9 @@ class Unplaced:
     tasks: int = 1
     permanent: bool = False  # no state of the cell would let them fit: abandon now
     fit: FitReport | None = None
+    # The reason's name in pending reports (``omega why``); "" for ``fit`` when there
+    # is a tally, else ``policy``. The runtime names its own: ``limit``.
+    code: str = ""
 
 
 @attrs.frozen
@@ -281,6 +284,11 @@ class Policy:
     #: runtime is configured to (``RuntimeConfig.absorb_when_idle``). Read when the
     #: instance is made; a policy may set its own from its options.
     absorbs_changes: bool = False
+    #: A policy that divides its scheduler's resource limit itself (fair share within
+    #: a quota, making room by preemption) sets this. Otherwise the runtime keeps
+    #: plans within the limit and holds back the jobs it cannot take now
+    #: (schedulers/limits.py).
+    handles_limits: bool = False
 
     def __init__(self, **options: Any) -> None:
         self.options = dict(options)

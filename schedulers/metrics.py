@@ -80,6 +80,7 @@ class SchedulerMetrics:
     conflicted: int = 0
     tasks_placed: int = 0
     jobs_abandoned: int = 0
+    jobs_held: int = 0  # times a job was held back by the scheduler's limits
     attempts: dict[str, int] = attrs.field(factory=dict)
     rejected: dict[str, int] = attrs.field(factory=dict)  # claims turned down, by reason
 
@@ -137,4 +138,5 @@ class SchedulerMetrics:
             "tasks_placed": self.tasks_placed,
             "tasks_per_second": self.tasks_placed / elapsed,
             "jobs_abandoned": self.jobs_abandoned,
+            "jobs_held": self.jobs_held,
         }

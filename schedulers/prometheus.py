@@ -17,6 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from cellstate.model import Reason
 from cellstate.replica import Replica
 from schedulers.runtime import SchedulerInstance
 
@@ -51,13 +52,18 @@ class SchedulerCollector(Collector):
         rejected = CounterMetricFamily("omega_scheduler_claims_rejected",
                                        "Claims the store turned down, by reason",
                                        labels=[*labels, "reason"])
-        for reason, n in sorted(m.rejected.items()):
+        # Every reason from the start, at 0: a rate over a series that appears only at
+        # its first rejection misses that rejection.
+        counts = {r.value: 0 for r in Reason} | dict(m.rejected)
+        for reason, n in sorted(counts.items()):
             rejected.add_metric([*who, reason], n)
         yield rejected
         yield _counter("omega_scheduler_tasks_placed", "Tasks placed", labels, who,
                        m.tasks_placed)
         yield _counter("omega_scheduler_jobs_abandoned", "Jobs given up on", labels, who,
                        m.jobs_abandoned)
+        yield _counter("omega_scheduler_jobs_held", "Times a job was held back to wait for "
+                       "the scheduler's resource limit", labels, who, m.jobs_held)
         waits = list(m.wait_times)
         wait = SummaryMetricFamily("omega_scheduler_job_wait_seconds",
                                    "Submission to the first scheduling attempt", labels=labels)

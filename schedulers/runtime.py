@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from cellstate import admission
 from cellstate.cell import CellSnapshot, task_state
 from cellstate.errors import KVError, LeaseNotFoundError, StoreError, TransactionError
 from cellstate.keys import KeyKind
@@ -69,6 +70,7 @@ from cellstate.model import (
 from cellstate.replica import Replica
 from cellstate.store import CellStore
 from cellstate.validation import check_shape
+from schedulers import limits
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.metrics import SchedulerMetrics
 from schedulers.why import PendingBook
@@ -225,6 +227,12 @@ class SchedulerInstance:
         self._orphans: dict[str, float] = {}  # jobs of schedulers never seen -> submitted
         self._jobs: dict[str, _JobState] = {}
         self._inflight: list[tuple[int, Claim, Job]] = []  # committed, not yet in snapshot
+        # Jobs the scheduler's limits hold back (schedulers/limits.py): due again when
+        # its usage or the cell's limits change. A policy that divides its quota
+        # itself (Policy.handles_limits) gets its jobs as they come.
+        self._held: set[str] = set()
+        self._limits_changed = False
+        self._limited = not policy.handles_limits
         # Set when a job arrives or ownership moves: run() stops waiting out another
         # job's backoff (up to max_retry_delay) and looks at the newcomer at once.
         self._wake = threading.Event()
@@ -343,6 +351,7 @@ class SchedulerInstance:
     def _on_changes(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         if changed is None:
             self._wake.set()
+            self._limits_changed = True
             with self._lock:
                 self._dirty = self._machines_touched = self._seen = None
             return
@@ -351,6 +360,11 @@ class SchedulerInstance:
         kinds = dict(changed)
         if self._absorbs or not _WAKING.isdisjoint(kinds):
             self._wake.set()
+        if KeyKind.CONFIG in kinds or (
+                KeyKind.USAGE in kinds and (KeyKind.USAGE, self.scheduler) in changed):
+            self._limits_changed = True
+            if self._held:
+                self._wake.set()
         with self._lock:
             if self._seen is not None:
                 self._seen.update(changed)
@@ -516,17 +530,26 @@ class SchedulerInstance:
         self._wake.clear()  # before taking the changes: a later one wakes run() again
         dirty, touched = self._take_changes()
         seen = self._take_seen()
+        # Taken before the snapshot, as the changes are: the snapshot shows the change.
+        limits_changed, self._limits_changed = self._limits_changed, False
         snap = self.source.snapshot()
         self._inflight = [x for x in self._inflight if x[0] > snap.revision]
         self._refresh(snap, dirty, touched)
+        if limits_changed:
+            self._release_held(now)
         self._reap_orphans(snap, now)
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
             return self._decide(snap, [], now, seen, propose=True)
+        limited = self._limited and snap.config.limits_for(self.scheduler) is not None
         if self.policy.batches_jobs() or self.policy.requeue_interval is not None:
             due = [j for j in self.queued() if self._state(j).next_try_at <= now]
+            if limited:
+                due = [j for j in due if not self._hold(snap, j, now)]
         else:
             due = self._next_due(now)
+            while limited and due and self._hold(snap, due[0], now):
+                due = self._next_due(now)
         if not due:
             if not (self._absorbs and seen != frozenset() and self._absorb(snap, now, seen)):
                 self._keep_seen(seen)
@@ -547,6 +570,35 @@ class SchedulerInstance:
             due = self.queued()
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
+
+    def _hold(self, snap: CellSnapshot, jid: str, now: float) -> bool:
+        """Whether the scheduler's limits hold ``jid`` back now (see
+        schedulers/limits.py): then it waits for a change of them or of the
+        scheduler's usage (or ``max_retry_delay`` at most), its attempts not counted,
+        or is abandoned when they never could take it."""
+        job = snap.jobs[jid]
+        blocker = admission.limit_blocker(snap, job, limits.in_flight(
+            (c, j) for _, c, j in self._inflight))
+        if blocker is None:
+            return False
+        if blocker.permanent:
+            self._abandon(job, blocker.text, now)
+            return True
+        st = self._state(jid)
+        st.next_try_at = now + self.config.max_retry_delay
+        if jid not in self._held:
+            self._held.add(jid)
+            self.metrics.jobs_held += 1
+            if self.pending is not None:
+                self.pending.record(job, (Unplaced(jid, blocker.text, code="limit"),), None,
+                                    st.attempts, now)
+        return True
+
+    def _release_held(self, now: float) -> None:
+        for jid in self._held:
+            if jid in self._queue:
+                self._state(jid).next_try_at = now
+        self._held.clear()
 
     def _absorb(self, snap: CellSnapshot, now: float,
                 seen: frozenset[tuple[KeyKind, str]] | None) -> bool:
@@ -599,6 +651,9 @@ class SchedulerInstance:
                 self.store.resize_job(job_id, count)
             except StoreError as e:
                 log.warning("%s: resize of %s refused: %s", self.scheduler, job_id, e)
+        if self._limited:
+            plan = limits.trim(attempt.snap, self.scheduler, plan, attempt.snap.jobs,
+                               limits.in_flight((c, j) for _, c, j in self._inflight))
         results = self._commit(attempt.snap, plan, attempt.now)
         self.metrics.record_decision([j.id for j in attempt.jobs], attempt.cost,
                                      list(results.values()))

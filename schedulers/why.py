@@ -34,7 +34,8 @@ MACHINES_SHOWN = 8
 def pending_report(job: Job, unplaced: Iterable[Unplaced], result: CommitResult | None,
                    attempts: int, at: float) -> dict[str, object]:
     """The report of one attempt at ``job``: ``reasons``, each with a ``code`` (``fit``
-    for a tally over machines, ``policy`` for another reason of the policy's, or the
+    for a tally over machines, ``policy`` for another reason of the policy's, ``limit``
+    for tasks the scheduler's resource limit holds back (schedulers/limits.py), or the
     store's rejection reason such as ``limit_exceeded`` or ``sequence_changed``), a
     ``text`` for people and, by kind, ``tasks``, ``machines``, ``fit``,
     ``excluded`` (label -> machines) or ``count`` and ``machines`` (ids)."""
@@ -42,7 +43,8 @@ def pending_report(job: Job, unplaced: Iterable[Unplaced], result: CommitResult 
     for u in unplaced:
         if u.job != job.id:
             continue
-        doc: dict[str, object] = {"code": "fit" if u.fit is not None else "policy",
+        code = u.code or ("fit" if u.fit is not None else "policy")
+        doc: dict[str, object] = {"code": code,
                                   "text": u.reason, "tasks": u.tasks}
         if u.fit is not None:
             doc.update(machines=u.fit.machines, fit=u.fit.fit, excluded=dict(u.fit.excluded))

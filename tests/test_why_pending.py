@@ -93,11 +93,11 @@ def test_an_instance_records_fit_counts_and_lost_claims_after_one_attempt() -> N
     report = orjson.loads(puts["wide"])
     assert report["attempts"] == 1 and report["placed"] == 1
     reasons = {r["code"]: r for r in report["reasons"]}
-    # 4 machines of 4 cpu: four claims made, one task fit nowhere; the store took one
-    # claim and turned three down at the scheduler's limit.
+    # 4 machines of 4 cpu: four claims made, one task fit nowhere; the scheduler's
+    # limit took one claim and held three back (not sent to be refused at commit).
     assert reasons["fit"]["tasks"] == 1 and reasons["fit"]["machines"] == 4
-    assert reasons["limit_exceeded"]["count"] == 3
-    assert len(reasons["limit_exceeded"]["machines"]) == 3
+    assert reasons["limit"]["tasks"] == 3 and "limit_exceeded" not in reasons
+    assert "is at its resource limit of cpu=6" in reasons["limit"]["text"]
     book.sent(puts, deletes)
     # Once the job no longer waits for this instance, its report is to be deleted.
     h.admin.kill_job(_killed("wide", h.clock()))

@@ -118,6 +118,7 @@ class _Round:
 
 class FairPolicy(Policy):
     name = "fair"
+    handles_limits = True  # it divides its pool (its quota) among users, preempting
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
