@@ -23,8 +23,14 @@ from collections.abc import Iterable, Mapping
 
 from cellstate.admission import held_by
 from cellstate.cell import CellSnapshot
-from cellstate.model import Claim, Job, Resources, sum_resources
+from cellstate.model import Claim, Job, Resources, SchedulerLimits, sum_resources
 from schedulers.api import Plan, Unplaced
+
+
+def binding(limits: SchedulerLimits | None) -> bool:
+    """Whether ``limits`` limit anything (a scheduler may be listed with none)."""
+    return limits is not None and (limits.max_precedence is not None
+                                   or limits.max_resources is not None)
 
 
 def in_flight(claims: Iterable[tuple[Claim, Job]]) -> Resources:

@@ -541,7 +541,7 @@ class SchedulerInstance:
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
             return self._decide(snap, [], now, seen, propose=True)
-        limited = self._limited and snap.config.limits_for(self.scheduler) is not None
+        limited = self._limited and limits.binding(snap.config.limits_for(self.scheduler))
         if self.policy.batches_jobs() or self.policy.requeue_interval is not None:
             due = [j for j in self.queued() if self._state(j).next_try_at <= now]
             if limited:
@@ -577,8 +577,9 @@ class SchedulerInstance:
         scheduler's usage (or ``max_retry_delay`` at most), its attempts not counted,
         or is abandoned when they never could take it."""
         job = snap.jobs[jid]
-        blocker = admission.limit_blocker(snap, job, limits.in_flight(
-            (c, j) for _, c, j in self._inflight))
+        pending = limits.in_flight((c, j) for _, c, j in self._inflight) if (
+            self._inflight) else None
+        blocker = admission.limit_blocker(snap, job, pending)
         if blocker is None:
             return False
         if blocker.permanent:

@@ -168,5 +168,7 @@ def test_trim_keeps_the_plans_order_and_what_evicts() -> None:
     # What is in flight counts as held.
     out = limits.trim(snap, "batch", plan, snap.jobs, Resources((("cpu", 2.0),)))
     assert [(c.job, c.index) for c in out.claims] == [("c", 0), ("b", 0)]
-    # No limit, nothing trimmed.
+    # No limit, nothing trimmed; a scheduler listed without limits has none.
     assert limits.trim(snap, "other", plan, snap.jobs, Resources()) is plan
+    assert not limits.binding(SchedulerLimits()) and not limits.binding(None)
+    assert limits.binding(SchedulerLimits(max_precedence=0))
