@@ -316,7 +316,7 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     """A job from a user document (JSON object), checked field by field."""
     f = _Fields(doc, where)
     job_id = check_name(f.string("id", required=True), f.path("id"))
-    mapreduce = _parse_mapreduce(f.get("mapreduce"), f.path("mapreduce"))
+    mapreduce = parse_mapreduce(f.get("mapreduce"), f.path("mapreduce"))
     kind_name = f.string("kind", default="mapreduce" if mapreduce is not None else "batch")
     try:
         kind = JobKind(kind_name)
@@ -387,8 +387,9 @@ MAX_ACTIVITIES = 10_000_000
 MAX_ACTIVITY_SECONDS = 1e7
 
 
-def _parse_mapreduce(value: object, where: str) -> MapReduceSpec | None:
-    """A MapReduce job's activities and workers (``mapreduce`` in a job spec)."""
+def parse_mapreduce(value: object, where: str) -> MapReduceSpec | None:
+    """A MapReduce job's activities and workers (``mapreduce`` in a job spec; a
+    simulator trace's row has the same fields and rules)."""
     if value is None:
         return None
     f = _Fields(value, where)

@@ -75,6 +75,15 @@ class CellSpec:
     rack_size: int = 40
     attributes: tuple[Attribute, ...] = ()
 
+    def machine_id(self, index: int) -> str:
+        """The id of the cell's ``index``-th machine (m00000, m00001, ...)."""
+        return f"m{index:05d}"
+
+    def has_machine(self, mid: str) -> bool:
+        digits = mid[1:]
+        return (mid.startswith("m") and digits.isdigit() and int(digits) < self.machines
+                and mid == self.machine_id(int(digits)))
+
 
 FAILURE_SCOPES = ("machine", "rack", "failure_domain")
 

@@ -693,11 +693,10 @@ def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:
                               f"{_show(item)}")
         when = _num(where, (*at, "at", i, 0), item[0])
         mid = item[1]
-        index = mid[1:]
-        if not (mid.startswith("m") and index.isdigit() and int(index) < cell.machines
-                and mid == f"m{int(index):05d}"):
+        if not cell.has_machine(mid):
             raise where.error((*at, "at", i, 1), f"{mid!r} is not a machine of the cell "
-                              f"(m00000 to m{cell.machines - 1:05d})")
+                              f"({cell.machine_id(0)} to "
+                              f"{cell.machine_id(cell.machines - 1)})")
         scripted.append((when, mid))
     # Neither mtbf nor at: no failure happens, and the results still have the failure
     # columns (the baseline of a sweep over mtbf).

@@ -272,7 +272,7 @@ class Recorder:
             self.usage.add(cpu, start, end, effective=not preempted_by)
         if preempted_by:
             if end > self.warmup:
-                self.lost_cpu_s += cpu * (min(end, self.horizon) - max(start, self.warmup))
+                self.lost_cpu_s += self._measured_cpu_s(cpu, start, end)
                 self.preemptions[preempted_by] = self.preemptions.get(preempted_by, 0) + 1
             outcome = self.outcomes.get(job_id)
             if outcome is not None:
@@ -286,11 +286,17 @@ class Recorder:
             if self.usage is not None:
                 self.usage.add(cpu, start, at, effective=False)
             if at > self.warmup:
-                self.failed_cpu_s += cpu * (min(at, self.horizon) - max(start, self.warmup))
+                self.failed_cpu_s += self._measured_cpu_s(cpu, start, at)
         if at > self.warmup:
             self.failures += 1
             self.failed_machines += machines
             self.failed_runs += len(runs)
+
+    def _measured_cpu_s(self, cpu: float, start: float, end: float) -> float:
+        """CPU-seconds of a run from ``start`` to ``end`` inside the measured window
+        (after warm-up, before the horizon); none for a run wholly outside it (one that
+        starts after the horizon, which only a drain runs)."""
+        return cpu * max(min(end, self.horizon) - max(start, self.warmup), 0.0)
 
     def failure_summary(self, out: dict[str, Any]) -> None:
         out["failures"] = self.failures

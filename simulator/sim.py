@@ -151,7 +151,7 @@ class Simulation:
         # Its own stream: cells without attributes draw nothing and stay as they were.
         rng = stream(self.config.seed, "cell/attributes")
         for i in range(c.machines):
-            yield Machine(f"m{i:05d}", cap, rack=f"r{i // c.rack_size:03d}",
+            yield Machine(c.machine_id(i), cap, rack=f"r{i // c.rack_size:03d}",
                           failure_domain=f"fd{i // (10 * c.rack_size):02d}",
                           labels=machine_labels(c.attributes, rng) if c.attributes else ())
 

@@ -14,12 +14,13 @@ import itertools
 import json
 import math
 import random
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
 
-from cellstate.codec import MAX_ACTIVITIES, MAX_ACTIVITY_SECONDS, MAX_TASKS_PER_JOB
+from cellstate.codec import parse_mapreduce
 from cellstate.model import (
     Constraints,
     Job,
@@ -455,41 +456,24 @@ def _mapreduce(where: str, row: dict[str, object], kind: JobKind,
                          "activities take (maps, map_seconds, reduces, reduce_seconds); "
                          "leave it out")
 
-    def whole(field: str, default: int, least: int, most: int) -> int:
-        if field not in row:
-            return default
-        value = _number(where, row, field, minimum=least)
-        if value != int(value) or value > most:
-            raise InputError(f"{where}, field {field!r}: must be a whole number from {least} "
-                             f"to {most}, got {row[field]!r}")
-        return int(value)
+    # The numbers as a job spec's mapreduce table has them, judged by the same rules
+    # (cellstate.codec.parse_mapreduce); the trace's own work is reading the numbers.
+    doc: dict[str, object] = {"workers": workers}
+    for field in TRACE_MAPREDUCE:
+        if field in row:
+            value = _number(where, row, field, minimum=-math.inf)
+            doc[field] = int(value) if field in _WHOLE and value == int(value) else value
+    try:
+        spec = parse_mapreduce(doc, "")
+    except ModelError as e:
+        # A trace row's tasks are the workers the job asks for.
+        message = re.sub(r"\bworkers \(", "tasks (", str(e))
+        raise InputError(f"{where}: {message}") from None
+    assert spec is not None
+    return spec
 
-    def seconds(field: str, needed_for: str) -> float:
-        if field not in row:
-            raise InputError(f"{where}, field {field!r}: missing (the mean seconds of "
-                             f"{needed_for})")
-        value = _number(where, row, field, minimum=0.0)
-        if not 0 < value <= MAX_ACTIVITY_SECONDS:
-            raise InputError(f"{where}, field {field!r}: must be above 0 and at most "
-                             f"{MAX_ACTIVITY_SECONDS:g} seconds, got {row[field]!r}")
-        return value
 
-    if "maps" not in row:
-        raise InputError(f"{where}, field 'maps': missing (a job of a mapreduce class needs "
-                         "its map activities: maps, map_seconds[, reduces, reduce_seconds])")
-    maps = whole("maps", 1, 1, MAX_ACTIVITIES)
-    reduces = whole("reduces", 0, 0, MAX_ACTIVITIES)
-    map_s = seconds("map_seconds", "a map activity")
-    reduce_s = (seconds("reduce_seconds", "a reduce activity")
-                if reduces or "reduce_seconds" in row else 0.0)
-    # By default it may grow until every activity of a phase runs at once, as a
-    # submitted job's spec may.
-    useful = max(workers, min(max(maps, reduces), MAX_TASKS_PER_JOB))
-    most = whole("max_workers", useful, 1, MAX_TASKS_PER_JOB)
-    if most < workers:
-        raise InputError(f"{where}, field 'max_workers': {most} is below the workers the job "
-                         f"asks for (tasks: {workers})")
-    return MapReduceSpec(maps, reduces, map_s, reduce_s, workers, most)
+_WHOLE = frozenset({"maps", "reduces", "max_workers"})
 
 
 def _number(where: str, row: dict[str, object], field: str, minimum: float) -> float:

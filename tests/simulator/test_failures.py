@@ -295,3 +295,16 @@ def test_random_failures_are_the_same_in_another_process(tmp_path: Path) -> None
                        check=True, cwd=ROOT, env=env, capture_output=True)
         outs.append((tmp_path / hash_seed / "failing" / "results.json").read_bytes())
     assert outs[0] == outs[1] and b'"machine_failures": 0' not in outs[0]
+
+
+def test_lost_work_counts_only_inside_the_measured_window() -> None:
+    from simulator.recorder import Recorder
+    rec = Recorder(100.0, 100.0, warmup=10.0)
+    rec.machine_failed(50.0, [(0.0, 2.0), (40.0, 1.0)])  # from the warm-up's end: 80 + 10
+    rec.run_ended("j", 1.0, 5.0, 60.0, preempted_by="c")  # 50
+    # A drain runs past the horizon: a run that starts and ends after it adds nothing
+    # (it made the counts negative), one across it counts up to the horizon.
+    rec.machine_failed(150.0, [(120.0, 4.0), (90.0, 1.0)])
+    rec.run_ended("j", 1.0, 110.0, 130.0, preempted_by="c")
+    assert rec.failed_cpu_s == 90.0 + 10.0
+    assert rec.lost_cpu_s == 50.0
