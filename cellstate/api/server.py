@@ -191,7 +191,10 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
         self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
         self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
-        self._written = 0  # the newest revision a write through this service made
+        # The newest revision a user's write through this service made (jobs, machine
+        # states): status reads show it. Schedulers' commits and agents' reports, many a
+        # second, are left out: their callers read from replicas of their own.
+        self._written = 0
         self._written_lock = threading.Lock()
 
     @property
@@ -204,8 +207,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         return revision
 
     def _view(self, min_revision: int) -> StatusView:
-        """The status answers for a read: they show every write made through this
-        service and the caller's ``min_revision`` (a revision some write returned to
+        """The status answers for a read: they show every job or machine change made
+        through this service and the caller's ``min_revision`` (a revision some write returned to
         it, maybe through another server). The replica follows etcd a moment behind
         the writes, so a read may wait for it, at most READ_WAIT seconds."""
         if min_revision < 0:
@@ -241,7 +244,6 @@ class CellStateService(pb_grpc.CellStateServicer):
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
             with self.stores.get() as store:
                 result = store.commit(txns[0])
-            self._wrote(result.revision)
             if self.metrics is not None:
                 self.metrics.observe(time.perf_counter() - started, txns, [result])
             return convert.result_to(txns[0], result)
@@ -251,7 +253,6 @@ class CellStateService(pb_grpc.CellStateServicer):
             self._check_registered(*who, context)
         with self.stores.get() as store:
             results = store.commit_many(txns)
-        self._wrote(max((r.revision for r in results), default=0))
         if self.metrics is not None:
             self.metrics.observe(time.perf_counter() - started, txns, results)
         return pb.CommitResponse(results=[convert.result_to(t, r)
@@ -657,7 +658,6 @@ class CellStateService(pb_grpc.CellStateServicer):
         with self.stores.get() as store:
             lease, revision = store.register_agent(request.agent, machines, request.ttl,
                                                    self.clock())
-        self._wrote(revision)
         return pb.RegisterAgentResponse(lease=lease, revision=revision)
 
     @rpc
@@ -676,8 +676,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         machine = self.auth.report_task(context, request.agent, request.task,
                                         request.machine)
         with self.stores.get() as store:
-            revision = self._wrote(store.release_task(request.task, outcome, machine or None,
-                                                      result))
+            revision = store.release_task(request.task, outcome, machine or None, result)
         return pb.ReportTaskResponse(revision=revision)
 
 
