@@ -27,6 +27,7 @@ maintenance operations defragment and alarm disarm) is for operators only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -119,8 +120,14 @@ class EtcdAccess:
     key: Path | None = None
     user: str | None = None
     password_file: Path | None = None
+    # Seconds one etcd request may take before it is tried on the next endpoint (and,
+    # past its retries, fails): an unreachable etcd is reported after about this long.
+    timeout: float = 10.0
 
     def __attrs_post_init__(self) -> None:
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"etcd timeout (--etcd-timeout): {self.timeout!r} is not a "
+                              "number of seconds above 0")
         if self.cert is not None and self.ca is None:
             raise ConfigError("etcd.cert (--etcd-cert) without etcd.ca (--etcd-ca): give "
                               "the CA that signed etcd's certificate too")
@@ -140,7 +147,8 @@ class EtcdAccess:
         tls = "TLS" if self.ca is not None else "PLAINTEXT"
         return f"{tls}, user {self.user}" if self.user else f"{tls}, anonymous"
 
-    def connect(self, endpoints: Sequence[str], cell: str, timeout: float = 10.0) -> EtcdKV:
+    def connect(self, endpoints: Sequence[str], cell: str, timeout: float | None = None,
+                ) -> EtcdKV:
         """An :class:`EtcdKV` with these credentials; a missing or unreadable file is
         a :class:`ConfigError` naming it."""
         ca = _read(self.ca, "etcd.ca", pem=True) if self.ca else None
@@ -154,7 +162,8 @@ class EtcdAccess:
             password = _read(self.password_file, "etcd.password_file").decode().strip()
             if not password:
                 raise ConfigError(f"etcd.password_file: {self.password_file} is empty")
-        return EtcdKV(list(endpoints), timeout=timeout, username=self.user, password=password,
+        return EtcdKV(list(endpoints), timeout=timeout or self.timeout, username=self.user,
+                      password=password,
                       ca_cert=ca, cert_chain=cert, private_key=key,
                       probe_key=probe_key(cell))
 

@@ -260,6 +260,10 @@ def add_etcd_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--etcd-password-file", default=env("OMEGA_ETCD_PASSWORD_FILE"),
                    help="file holding that user's password (default "
                         "$OMEGA_ETCD_PASSWORD_FILE)")
+    g.add_argument("--etcd-timeout", type=float, metavar="SECONDS",
+                   help="seconds one etcd request may take before the next endpoint is "
+                        "tried; an unreachable etcd is reported after about this long "
+                        "(default 10)")
 
 
 def etcd_access_from_args(args: argparse.Namespace,
@@ -273,6 +277,8 @@ def etcd_access_from_args(args: argparse.Namespace,
     def path(flag: str | None, current: Path | None) -> Path | None:
         return Path(flag) if flag else current
 
+    timeout = args.etcd_timeout
     return EtcdAccess(path(args.etcd_ca, base.ca), path(args.etcd_cert, base.cert),
                       path(args.etcd_key, base.key), args.etcd_user or base.user,
-                      path(args.etcd_password_file, base.password_file))
+                      path(args.etcd_password_file, base.password_file),
+                      base.timeout if timeout is None else timeout)

@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,11 +189,31 @@ def test_server_on_a_taken_port_exits_4_without_a_traceback(
     ["server", "--etcd", "127.0.0.1:1", "--listen", "127.0.0.1:0"],
 ])
 def test_unreachable_etcd_exits_3_not_1(argv: list[str]) -> None:
-    # As a process: what a user sees, stderr and all.
-    run = subprocess.run(omega(*argv), capture_output=True, text=True, timeout=120)
+    # As a process: what a user sees, stderr and all. Told after --etcd-timeout (10 s
+    # by default), give or take the process's start.
+    started = time.monotonic()
+    run = subprocess.run(omega(*argv, "--etcd-timeout", "1"), capture_output=True, text=True,
+                         timeout=120)
     assert run.returncode == UNREACHABLE, run
     assert f"omega {argv[0]}: etcd did not answer at 127.0.0.1:1" in run.stderr
+    assert "no etcd endpoint answered within 1 s" in run.stderr
     assert "Traceback" not in run.stderr
+    assert time.monotonic() - started < 9  # not the default 10 s
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("0", "etcd timeout (--etcd-timeout): 0.0 is not a number of seconds above 0"),
+    ("-3", "etcd timeout (--etcd-timeout): -3.0 is not a number of seconds above 0"),
+    ("inf", "etcd timeout (--etcd-timeout): inf is not a number of seconds above 0"),
+    ("soon", "argument --etcd-timeout: invalid float value: 'soon'"),
+])
+def test_a_bad_etcd_timeout_is_named(capsys: pytest.CaptureFixture[str], value: str,
+                                     says: str) -> None:
+    try:
+        code, _, err = _run(capsys, "check", "--etcd", "127.0.0.1:1", "--etcd-timeout", value)
+    except SystemExit as e:  # argparse's own refusal
+        code, err = int(str(e.code)), capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err
 
 
 def _into_closed_pipe(*argv: str) -> tuple[int, str]:
