@@ -116,9 +116,17 @@ def _container_etcd() -> Iterator[EtcdServer]:
         container.stop()
 
 
+def etcd_args_for_tests(**kwargs: Any) -> dict[str, Any]:
+    """LocalEtcd arguments for a test's etcd: no fsync, no version warning, and run
+    under omega's supervisor, bound to this process, so that a test run killed by a
+    signal no finalizer sees (SIGKILL: CI's timeout) still takes its etcds with it."""
+    return {"unsafe_no_fsync": True, "quiet_version_warning": True,
+            "command_prefix": supervised([], grace=5.0), **kwargs}
+
+
 def make_local_etcd(**kwargs: Any) -> LocalEtcd:
-    """A LocalEtcd (not started) set up for tests: no fsync, no version warning."""
-    return LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True, **kwargs)
+    """A LocalEtcd (not started) set up for tests (:func:`etcd_args_for_tests`)."""
+    return LocalEtcd(**etcd_args_for_tests(**kwargs))
 
 
 @pytest.fixture(scope="session")
@@ -129,9 +137,7 @@ def etcd_server() -> Iterator[EtcdServer]:
         with _container_etcd() as server:
             yield server
         return
-    # Under omega's supervisor, bound to this process: a test run killed by a signal
-    # (CI's timeout), which runs no finalizer, still takes its etcd with it.
-    server_process = make_local_etcd(command_prefix=supervised([], grace=5.0))
+    server_process = make_local_etcd()
     try:
         server_process.start()
         yield EtcdServer(server_process.endpoint, "local", server_process)

@@ -285,10 +285,14 @@ def test_module_exports_match() -> None:
         assert name in etcd_launcher.__all__
 
 
-def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: Path) -> None:
-    """CI stops an overrunning run with SIGTERM: the etcd a test body started (not the
-    session's shared one) must go with it (tests/terminate_cleanly.py), also after an
-    earlier test ran code that installed a SIGTERM handler of its own."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
+                                                          sig: signal.Signals) -> None:
+    """CI stops an overrunning run with SIGTERM, and may SIGKILL it: the etcd a test body
+    started (not the session's shared one) must go with it. On SIGTERM the test's own
+    clean-up stops it (tests/terminate_cleanly.py), also after an earlier test ran code
+    that installed a SIGTERM handler of its own; a SIGKILL runs no clean-up, and the
+    supervisor every test etcd runs under (tests/etcd_fixture.py) stops it."""
     (tmp_path / "test_holds_etcd.py").write_text(textwrap.dedent(
         """
         import time
@@ -316,28 +320,33 @@ def test_a_test_run_stopped_by_sigterm_stops_the_etcd_a_test_started(tmp_path: P
          "-p", "tests.conftest", "--rootdir", str(tmp_path),
          str(tmp_path / "test_holds_etcd.py")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    etcd = 0
+    started: list[int] = []  # the supervisor, then etcd itself
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if "ETCD " in line:  # after pytest's progress dot of the first test
                 _, pid_text, data_dir = line[line.index("ETCD "):].split()
-                etcd = int(pid_text)
+                started = [int(pid_text), *_children(int(pid_text))]
                 break
-        assert etcd and not _gone(etcd), "the child test run did not start its etcd"
-        proc.send_signal(signal.SIGTERM)
+        assert len(started) == 2 and not any(map(_gone, started)), \
+            f"the child test run did not start its etcd under a supervisor: {started}"
+        proc.send_signal(sig)
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
             pytest.fail(f"the stopped test run did not end:\n{out}")
-        assert proc.returncode == 2, out  # pytest's "interrupted"
-        assert _wait_gone(etcd), "etcd outlived the test run stopped by SIGTERM"
-        assert not Path(data_dir).exists()
+        # pytest's "interrupted", or killed outright.
+        assert proc.returncode == (2 if sig is signal.SIGTERM else -signal.SIGKILL), out
+        for pid in started:
+            assert _wait_gone(pid), f"etcd (or its supervisor) outlived the {sig.name}"
+        if sig is signal.SIGTERM:
+            assert not Path(data_dir).exists()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-        if etcd and not _gone(etcd):
-            _kill(etcd)
+        for pid in started:
+            if not _gone(pid):
+                _kill(pid)

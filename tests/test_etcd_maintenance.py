@@ -20,7 +20,7 @@ from cellstate.maintenance import LOCK_KEY, Maintainer, MaintenancePolicy, Maint
 from omega.etcd_launcher import LocalEtcd, local_cluster
 from omega.statusfmt import etcd_line
 from tests.api.service_fixture import client_for
-from tests.etcd_fixture import make_local_etcd
+from tests.etcd_fixture import etcd_args_for_tests, make_local_etcd
 
 pytestmark = pytest.mark.etcd
 
@@ -210,7 +210,7 @@ def test_space_pressure_compacts_and_defragments_before_nospace(fresh_etcd: Loca
 
 @pytest.fixture
 def cluster() -> Iterator[list[LocalEtcd]]:
-    members = local_cluster(3, unsafe_no_fsync=True, quiet_version_warning=True)
+    members = local_cluster(3, **etcd_args_for_tests())
     try:
         yield members
     finally:

@@ -40,6 +40,7 @@ from cellstate.model import JobState, MachineState, TaskState
 from cellstate.store import CellStore
 from omega.etcd_launcher import LocalEtcdCluster
 from tests.e2e.cluster import Cluster
+from tests.etcd_fixture import etcd_args_for_tests
 from tests.faults.checker import Ack, History, acks_of, read_log, walk
 
 CELL = "default"
@@ -59,9 +60,8 @@ class FaultCell:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.etcd = LocalEtcdCluster(
-            3, unsafe_no_fsync=True, quiet_version_warning=True,
             # The history checker reads every revision: nothing may be compacted away.
-            extra_args=["--auto-compaction-retention=0"])
+            3, **etcd_args_for_tests(extra_args=["--auto-compaction-retention=0"]))
         self.procs: Cluster | None = None
         self.kv: EtcdKV | None = None
         self.acks_path = workdir / "acks.jsonl"

@@ -10,12 +10,13 @@ import pytest
 from cellstate.kv.base import Put
 from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcdCluster
+from tests.etcd_fixture import etcd_args_for_tests
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 
 def test_a_cluster_survives_its_leader_and_takes_it_back() -> None:
-    cluster = LocalEtcdCluster(3, unsafe_no_fsync=True, quiet_version_warning=True)
+    cluster = LocalEtcdCluster(3, **etcd_args_for_tests())
     try:
         cluster.start()
         assert len(set(cluster.endpoints)) == 3
