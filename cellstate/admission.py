@@ -134,9 +134,12 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources,
 
 def held_by(snap: CellSnapshot, scheduler: str) -> Resources:
     """What ``scheduler`` holds now: the store's counter where it keeps one (limited
-    schedulers), else summed from the machines."""
+    schedulers; a counter of an earlier configuration, which nothing updates any more,
+    does not count), else summed from the machines."""
     record = snap.usage.get(scheduler)
-    return record.used if isinstance(record, UsageRecord) else scheduler_usage(snap, scheduler)
+    if isinstance(record, UsageRecord) and record.base_revision == snap.config.revision:
+        return record.used
+    return scheduler_usage(snap, scheduler)
 
 
 def limits_report(snap: CellSnapshot) -> dict[str, dict[str, object]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from cellstate.model import CellConfig, Resources, SchedulerLimits
+from cellstate.model import CellConfig, Reason, Resources, SchedulerLimits
 from omega.demoview import cell_line, done_line, instance_rows, totals
 from omega.statusfmt import status_text
 from schedulers.batch import BatchPolicy
@@ -68,13 +68,18 @@ def test_omega_status_counts_transactions_a_quota_turned_down() -> None:
     """Issue 15: "1739 txns (0 conflicted)" while the quota refused everything. A real
     instance's summary after its limit turned a claim down says so in omega status."""
     h = Harness()
-    h.admin.add_machines([machine("m0", cpu=4)])
+    h.admin.add_machines([machine("m0", cpu=1), machine("m1", cpu=1)])
     h.admin.set_config(CellConfig({"batch": SchedulerLimits(
-        max_resources=Resources.of(cpu=1))}))
+        max_resources=Resources.of(cpu=2))}))
     inst = h.add(BatchPolicy(), config=RuntimeConfig(retry_delay=60, max_retry_delay=60))
+    # Its own limit has room for both (it sends no claim past it, schedulers/limits.py),
+    # but another instance of batch takes the last of it meanwhile: the store turns the
+    # claim down at the limit, which is no conflict.
+    h.committer(inst).reject_machines(["m1"], Reason.LIMIT_EXCEEDED, "past the limit",
+                                      times=1)
     h.submit([job("j", tasks=2, cpu=1)])
     h.pump()
-    inst.step()  # one claim committed, one turned down by the limit: not a conflict
+    inst.step()  # one claim committed, one turned down by the limit
     text = status_text({**STATUS, "server": "s", "agents": 1,
                         "schedulers": [inst.metrics_summary(h.clock())]})
     assert "  batch/0: 1 tasks placed, 1 txns (0 conflicted, 1 refused), " in text, text
