@@ -628,13 +628,18 @@ def decode_scheduler(name: str, value: bytes, revision: int) -> SchedulerRecord:
 
 
 def encode_usage(u: UsageRecord) -> bytes:
-    return orjson.dumps({"base": u.base_revision, "used": _res(u.used)})
+    doc: dict[str, Any] = {"base": u.base_revision, "used": _res(u.used)}
+    if u.base_used is not None:
+        doc["base_used"] = _res(u.base_used)
+    return orjson.dumps(doc)
 
 
 def decode_usage(scheduler: str, value: bytes, revision: int) -> UsageRecord:
     try:
         doc = orjson.loads(value)
-        return UsageRecord(scheduler, doc["base"], _unres(doc["used"], signed=True), revision)
+        base_used = doc.get("base_used")
+        return UsageRecord(scheduler, doc["base"], _unres(doc["used"], signed=True), revision,
+                           None if base_used is None else _unres(base_used, signed=True))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"usage {scheduler!r}: stored record is corrupt ({e})") from e
 

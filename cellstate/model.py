@@ -852,6 +852,9 @@ class UsageRecord:
     base_revision: int  # the config revision the count starts from
     used: Resources
     revision: int = 0
+    # What it held at that revision: a limit set below it leaves the scheduler past its
+    # limit until its tasks end, which no claim caused (cellstate/invariants.py).
+    base_used: Resources | None = None
 
 
 # -- transactions --------------------------------------------------------------------

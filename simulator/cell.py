@@ -10,8 +10,11 @@ revision by one and every record it writes takes that revision, exactly as etcd'
 test_cell_equivalence.py drives random sequences of every write kind through both and
 requires the same results and the same cell).
 
-Not modelled: per-scheduler resource limits (usage records) and gangs too large for
-one etcd transaction (here every transaction is one write).
+Per-scheduler limits (:meth:`SimCell.set_config`) keep a usage record per
+resource-limited scheduler, as the store does: started in a write of their own right
+after the configuration's, and updated in the same write as every change of what the
+scheduler holds. Not modelled: gangs too large for one etcd transaction (here every
+transaction is one write).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from cellstate import decisions
 from cellstate.cell import CellSnapshot, machine_used
 from cellstate.keys import KeyKind
 from cellstate.model import (
+    CellConfig,
     CommitResult,
     InstanceRecord,
     Job,
@@ -36,6 +40,7 @@ from cellstate.model import (
     SchedulerRecord,
     TaskState,
     Transaction,
+    UsageRecord,
     fallbacks_taken,
     labels_from,
     sum_resources,
@@ -47,6 +52,7 @@ from cellstate.validation import Decision, check_batch, check_shape, validate_ma
 # Enum members as globals on hot paths (why: cellstate/validation.py).
 _MACHINE = KeyKind.MACHINE
 _TASK = KeyKind.TASK
+_USAGE = KeyKind.USAGE
 
 Changes = list[tuple[KeyKind, str]]
 # The snapshot table each kind of record lives in.
@@ -77,6 +83,8 @@ class SimCell:
         # last (None: removed): the counts are read only when sampled (every minute or
         # so), while a machine may be written several times in between.
         self._stale: dict[str, Machine | None] = {}
+        # Schedulers with a resource limit: their usage records follow every change.
+        self._limited: frozenset[str] = frozenset()
 
     # -- reading (the SnapshotSource side) -----------------------------------------------
 
@@ -161,6 +169,26 @@ class SimCell:
 
     # -- what agents and users do ----------------------------------------------------------
 
+    def set_config(self, config: CellConfig) -> int:
+        """Replace the cell's configuration (per-scheduler limits), as
+        ``CellStore.set_config``: the configuration at one revision, then for each
+        resource-limited scheduler a usage record counting from it (what the scheduler
+        holds then), each in a write of its own. Returns the configuration's revision."""
+        rev = self._snap.revision + 1
+        config = attrs.evolve(config, revision=rev)
+        self._publish(attrs.evolve(self._snap, revision=rev, config=config),
+                      [(KeyKind.CONFIG, "")])
+        self._limited = frozenset(s for s, lim in config.limits.items()
+                                  if lim.max_resources is not None)
+        for s in sorted(self._limited):
+            at = self._snap.revision + 1
+            held = self.usage.get(s, _NOTHING)
+            record = UsageRecord(s, rev, held, at, base_used=held)
+            self._publish(attrs.evolve(self._snap, revision=at,
+                                       usage=self._snap.usage.set(s, record)),
+                          [(_USAGE, s)])
+        return rev
+
     def add_machines(self, machines: Iterable[Machine]) -> int:
         return self._apply(decisions.add_machines(self._snap, list(machines)))
 
@@ -243,9 +271,18 @@ class SimCell:
             if kind is _MACHINE:
                 stale[ident] = rec
         self._count_usage(change.added, change.removed)
+        changes = list(change.writes)
+        if self._limited:
+            counted = self._usage_records(snap, change.added, change.removed, rev)
+            if counted:
+                table = tables.get("usage")
+                if table is None:
+                    table = tables["usage"] = snap.usage.mutate()
+                table.update(counted)
+                changes += [(_USAGE, s) for s in counted]
         self._publish(attrs.evolve(snap, revision=rev,
                                    **{n: t.finish() for n, t in tables.items()}),
-                      list(change.writes))
+                      changes)
         return rev
 
     def _apply_decision(self, d: Decision) -> int:
@@ -271,11 +308,29 @@ class SimCell:
         changes: Changes = [(_MACHINE, mid) for mid in d.machines]
         changes += [(_TASK, tid) for tid in d.tasks]
         self._count_usage(d.added, d.removed)
+        usage = snap.usage
+        if self._limited:
+            counted = self._usage_records(snap, d.added, d.removed, rev)
+            if counted:
+                usage = usage.update(counted)
+                changes += [(_USAGE, s) for s in counted]
         # Not attrs.evolve, which costs as much as the rest of a small commit.
         self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, tasks, snap.gangs,
-                                   snap.usage, snap.statuses, snap.instances, snap.schedulers,
+                                   usage, snap.statuses, snap.instances, snap.schedulers,
                                    snap.agents), changes)
         return rev
+
+    def _usage_records(self, snap: CellSnapshot, added: Mapping[str, Resources],
+                       removed: Mapping[str, Resources], rev: int) -> dict[str, UsageRecord]:
+        """The usage records of limited schedulers whose holdings the write moves, as the
+        store counts them (the same sums, so the same numbers)."""
+        out = {}
+        for s in self._limited.intersection(added.keys() | removed.keys()):
+            rec = snap.usage[s]
+            assert isinstance(rec, UsageRecord)
+            used = rec.used + added.get(s, _NOTHING) - removed.get(s, _NOTHING)
+            out[s] = attrs.evolve(rec, used=used, revision=rev)
+        return out
 
     def _count_usage(self, added: Mapping[str, Resources], removed: Mapping[str, Resources]
                      ) -> None:

@@ -13,7 +13,7 @@ import enum
 
 import attrs
 
-from cellstate.model import Detection, JobKind, TxnMode
+from cellstate.model import CellConfig, Detection, JobKind, TxnMode
 from simulator.constraints import Attribute
 from simulator.workload import Distribution, JobClass, Prefill
 
@@ -159,6 +159,9 @@ class SimConfig:
     # machine the run ran on.
     measure_decisions: bool = False
     failures: FailureSpec | None = None  # machines never fail without it
+    # Per-scheduler limits (Omega §3.4), set once the prefill is placed: what a
+    # scheduler holds then counts toward its resource limit.
+    limits: CellConfig | None = None
 
     def scheduler_of(self, cls: str) -> SchedulerSpec:
         for s in self.schedulers:

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import attrs
 
-from cellstate.model import Detection, JobKind, ModelError, TxnMode, check_name
+from cellstate import codec
+from cellstate.model import CellConfig, Detection, JobKind, ModelError, TxnMode, check_name
 from schedulers.runtime import RETRY_ORDERS
 from simulator.config import (
     FAILURE_SCOPES,
@@ -192,7 +193,8 @@ def load(path: Path) -> Experiment:
     _only(where, (), doc, {"name", "description", "architecture", "horizon", "day", "seed",
                            "sample_interval", "warmup", "trace", "cell", "prefill",
                            "workload", "scheduler", "retry", "two_level", "sweep", "plot",
-                           "drain", "speedup", "fidelity", "measure_decisions", "failures"})
+                           "drain", "speedup", "fidelity", "measure_decisions", "failures",
+                           "limits"})
     name = _str(where, ("name",), doc.get("name", path.stem))
     axes = tuple(_axis(where, i, a) for i, a in enumerate(_list(where, ("sweep",),
                                                                   doc.get("sweep", []))))
@@ -350,6 +352,8 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
         raise where.error(("measure_decisions",), f"must be true or false, got {_show(measure)}")
     cell = _cell(where, doc.get("cell", {}))
     failures = _failures(where, doc["failures"], cell) if "failures" in doc else None
+    limits = (_limits(where, doc["limits"], {s.name for s in schedulers})
+              if "limits" in doc else None)
     return SimConfig(
         arch, schedulers, classes, cell, prefill, horizon,
         int(seed), _str(where, ("trace",), trace) if trace is not None else None,
@@ -357,7 +361,8 @@ def _config(where: _Where, doc: Doc) -> SimConfig:
         _num(where, ("sample_interval",), doc.get("sample_interval", 60.0), positive=True),
         _num(where, ("day",), doc.get("day", min(86_400.0, horizon)), positive=True),
         _num(where, ("warmup",), doc.get("warmup", 0.0)),
-        _num(where, ("drain",), doc.get("drain", 0.0)), str(fidelity), measure, failures)
+        _num(where, ("drain",), doc.get("drain", 0.0)), str(fidelity), measure, failures,
+        limits)
 
 
 def _cell(where: _Where, raw: object) -> CellSpec:
@@ -671,6 +676,20 @@ def _retry(where: _Where, raw: object) -> RetrySpec:
                               t.get("max_attempts", d.max_attempts), True)),
                      int(_num(where, ("retry", "max_fruitless"),
                               t.get("max_fruitless", d.max_fruitless), True)), str(order))
+
+
+def _limits(where: _Where, raw: object, schedulers: set[str]) -> CellConfig:
+    """``[limits.NAME]`` tables, as a cellstate server's configuration has them
+    (``max_precedence``, ``max_resources``), for schedulers of the experiment."""
+    t = _table(where, ("limits",), raw)
+    for name in t:
+        if name not in schedulers:
+            raise where.error(("limits", name), f"{name!r} is not a [[scheduler]] of this "
+                              f"experiment ({', '.join(sorted(schedulers))})")
+    try:
+        return codec.parse_config({"limits": t}, "")
+    except ModelError as e:
+        raise where.error(("limits",), str(e)) from None
 
 
 def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:

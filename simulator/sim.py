@@ -458,6 +458,8 @@ class Simulation:
         """Prefill, then run to the horizon. ``after_prefill`` is for process entry
         points (e.g. to tune the garbage collector once the cell is loaded)."""
         self._prefill()
+        if self.config.limits is not None:
+            self.cell.set_config(self.config.limits)
         if after_prefill is not None:
             after_prefill()
         self._add_schedulers()

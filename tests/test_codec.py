@@ -154,3 +154,13 @@ def test_stored_running_sums_may_be_negative_but_not_zero() -> None:
         with pytest.raises(ModelError, match=r"usage 'batch': stored record is corrupt "
                                              r"\(resource 'cpu' has amount"):
             decode_usage("batch", orjson.dumps({"base": 4, "used": {"cpu": amount}}), 9)
+
+
+def test_a_usage_counter_keeps_what_its_scheduler_held_when_it_started() -> None:
+    from cellstate.codec import encode_usage
+    from cellstate.model import Resources, UsageRecord
+    rec = UsageRecord("batch", 4, Resources.of(cpu=2), 9, base_used=Resources.of(cpu=5))
+    assert decode_usage("batch", encode_usage(rec), 9) == rec
+    # Written before the field: none.
+    assert decode_usage("batch", orjson.dumps({"base": 4, "used": {"cpu": 2}}),
+                        9).base_used is None

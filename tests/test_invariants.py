@@ -180,11 +180,11 @@ def test_a_task_beyond_its_jobs_count() -> None:
 
 
 def _limited(max_resources: Resources, used: Resources, base_revision: int = 7,
-             ) -> CellSnapshot:
+             base_used: Resources | None = None) -> CellSnapshot:
     config = CellConfig({"s": SchedulerLimits(max_resources=max_resources)}, revision=7)
     snap = _sound()
     return attrs.evolve(snap, config=config, usage=immutables.Map(
-        {"s": UsageRecord("s", base_revision, used)}))
+        {"s": UsageRecord("s", base_revision, used, base_used=base_used)}))
 
 
 THREE = Resources.from_mapping({d: 3 * a for d, a in NEED.amounts})  # what _sound holds
@@ -212,6 +212,19 @@ def test_a_scheduler_past_its_limit_in_one_dimension(dim: str) -> None:
         {d: (3 * a - 0.5 if d == dim else 10 * a) for d, a in NEED.amounts})
     assert violations(_limited(limit, THREE)) == [
         f"scheduler s holds {THREE.get(dim):g} {dim}, past its limit"]
+    # Also when the limit was set below what it held then, if it holds more now.
+    less = Resources.from_mapping({**THREE.as_dict(), dim: THREE.get(dim) - 0.25})
+    assert violations(_limited(limit, THREE, base_used=less)) == [
+        f"scheduler s holds {THREE.get(dim):g} {dim}, past its limit"]
+
+
+def test_a_limit_set_below_what_a_scheduler_held_is_passed_until_its_tasks_end() -> None:
+    """Lowered under what the scheduler held then: no claim put it past the limit, so
+    holding that much (or less) breaks nothing."""
+    limit = Resources.from_mapping({d: a for d, a in NEED.amounts})
+    assert violations(_limited(limit, THREE, base_used=THREE)) == []
+    more = Resources.from_mapping({d: 4 * a for d, a in NEED.amounts})
+    assert violations(_limited(limit, THREE, base_used=more)) == []
 
 
 def test_a_counter_from_an_older_config_or_of_an_unlimited_scheduler_is_not_checked() -> None:

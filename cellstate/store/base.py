@@ -373,7 +373,7 @@ class StoreBase:
                 f"config revision {base} is compacted; set the limits again"
             ) from e
         used = scheduler_usage(snapshot_from_kvs(self.keys, res.kvs, base), scheduler)
-        record = UsageRecord(scheduler, base, used)
+        record = UsageRecord(scheduler, base, used, base_used=used)
         key = self.keys.usage(scheduler)
         self._write_once(
             _Write({key: self.view.guard_revision(key), self.keys.config: base}, {key: record})

@@ -12,11 +12,13 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from cellstate.admission import held_by
 from cellstate.cell import CellSnapshot, task_state, task_view
 from cellstate.errors import StoreError
 from cellstate.invariants import violations
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
+    CellConfig,
     Claim,
     CommitResult,
     Detection,
@@ -25,10 +27,13 @@ from cellstate.model import (
     JobState,
     JobStatus,
     MachineState,
+    Reason,
     Resources,
+    SchedulerLimits,
     TaskState,
     Transaction,
     TxnMode,
+    UsageRecord,
 )
 from cellstate.store import CellStore
 from schedulers.testing import job, machine, make_cell
@@ -39,12 +44,19 @@ JOBS = [job(f"j{i}", tasks=4, cpu=1, mem=1, scheduler="a" if i % 2 else "b")
         for i in range(8)]
 
 
-def _cells() -> tuple[CellStore, SimCell]:
+# Scheduler "a" may hold 3 cpus (of the cell's 8), "b" is not limited.
+LIMITS = CellConfig({"a": SchedulerLimits(max_resources=Resources.of(cpu=3))})
+
+
+def _cells(limits: CellConfig | None = None) -> tuple[CellStore, SimCell]:
     store = make_cell(MemoryKV(), MACHINES, JOBS)
     sim = SimCell()
     sim.add_machines(MACHINES)
     for j in JOBS:
         sim.submit_job(j)
+    if limits is not None:
+        store.set_config(limits)
+        sim.set_config(limits)
     return store, sim
 
 
@@ -58,9 +70,12 @@ def _outcome(snap: CellSnapshot) -> tuple[dict[str, list[str]], dict[str, TaskSt
 @pytest.mark.parametrize("mode", list(TxnMode))
 @pytest.mark.parametrize("detection", list(Detection))
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_same_commit_results(mode: TxnMode, detection: Detection, seed: int) -> None:
+@pytest.mark.parametrize("limits", [None, LIMITS], ids=["no limits", "limits"])
+def test_same_commit_results(mode: TxnMode, detection: Detection, seed: int,
+                             limits: CellConfig | None) -> None:
     rng = random.Random(seed)
-    store, sim = _cells()
+    store, sim = _cells(limits)
+    refused = 0
     # Each side's snapshots, newest last; a claim may be made on an older one, as a
     # scheduler deciding slowly would.
     seen: list[tuple[CellSnapshot, CellSnapshot]] = [(store.read_snapshot(), sim.snapshot())]
@@ -87,8 +102,34 @@ def test_same_commit_results(mode: TxnMode, detection: Detection, seed: int) -> 
             assert [c.task for c in a.committed] == [c.task for c in b.committed]
             assert [(r.claim.task, r.reason) for r in a.rejected] == [
                 (r.claim.task, r.reason) for r in b.rejected]
+            refused += sum(r.reason is Reason.LIMIT_EXCEEDED for r in a.rejected)
         seen.append((store.read_snapshot(), sim.snapshot()))
         assert _outcome(seen[-1][0]) == _outcome(seen[-1][1])
+        assert held_by(seen[-1][0], "a") == held_by(seen[-1][1], "a")
+        if limits is not None:
+            assert held_by(seen[-1][1], "a").get("cpu") <= 3
+    if limits is None:
+        assert refused == 0
+
+
+def test_a_limit_is_met_and_freed_the_same() -> None:
+    store, sim = _cells(LIMITS)
+    for target in (store, sim):
+        res = target.commit(Transaction("a", tuple(Claim("j1", i, f"m{i % 4}")
+                                                   for i in range(4)), job="j1"))
+        assert [c.index for c in res.committed] == [0, 1, 2]
+        assert [(r.claim.index, r.reason) for r in res.rejected] == [
+            (3, Reason.LIMIT_EXCEEDED)]
+        target.release_task("j1/1", TaskState.FINISHED)
+        res = target.commit(Transaction("a", (Claim("j1", 3, "m3"),), job="j1"))
+        assert [c.task for c in res.committed] == ["j1/3"]
+        res = target.commit(Transaction("a", (Claim("j3", 0, "m2"),), job="j3"))
+        assert res.rejected[0].reason is Reason.LIMIT_EXCEEDED
+    snaps = (store.read_snapshot(), sim.snapshot())
+    assert [held_by(x, "a").get("cpu") for x in snaps] == [3.0, 3.0]
+    records = [x.usage["a"] for x in snaps]
+    assert all(isinstance(r, UsageRecord) and r.used == Resources.of(cpu=3, mem=3)
+               for r in records), records
 
 
 def test_an_end_event_of_an_earlier_placement_releases_nothing() -> None:
@@ -132,6 +173,9 @@ write_st = st.one_of(
     st.tuples(st.just("remove"), st.integers(0, N_MACHINES)),
     st.tuples(st.just("add"), st.integers(0, N_MACHINES + 1)),
     st.tuples(st.just("submit"), st.integers(0, N_JOBS + 1)),
+    # Limits of the scheduler "s": none, a precedence limit, a resource limit, both.
+    st.tuples(st.just("limits"), st.sampled_from([None, 0, 1]),
+              st.sampled_from([None, 1.0, 3.0, 5.0])),
 )
 
 
@@ -174,7 +218,12 @@ def _apply_to(target: CellStore | SimCell, op: tuple) -> str:  # type: ignore[ty
             target.add_machines([machine(f"m{op[1]}", cpu=2, mem=8)])
         elif kind == "submit":
             target.submit_job(job(f"j{op[1]}", tasks=N_TASKS, cpu=1, mem=1, scheduler="s",
-                                  gang=op[1] == 1))
+                                  gang=op[1] == 1, precedence=op[1] % 2))
+        elif kind == "limits":
+            cpu = op[2]
+            target.set_config(CellConfig({"s": SchedulerLimits(
+                max_precedence=op[1],
+                max_resources=None if cpu is None else Resources.of(cpu=cpu))}))
     except StoreError as e:
         return f"{type(e).__name__}: {e}"
     return "ok"
@@ -188,7 +237,9 @@ def _cell_of(snap: CellSnapshot) -> object:
     tasks = {t: (r.state, r.machine, r.scheduler) for t, r in snap.tasks.items()}
     jobs = {j.id: j.task_count for j in snap.jobs.values()}
     statuses = {s.job: (s.state, s.reason) for s in snap.statuses.values()}
-    return machines, tasks, jobs, statuses
+    # What each limited scheduler holds, as its usage record (or the machines) says.
+    limits = {name: (lim, held_by(snap, name)) for name, lim in snap.config.limits.items()}
+    return machines, tasks, jobs, statuses, limits
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
