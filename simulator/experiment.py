@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 import attrs
 
 from cellstate import codec
-from cellstate.model import CellConfig, Detection, JobKind, ModelError, TxnMode, check_name
+from cellstate.model import (
+    CellConfig,
+    Detection,
+    JobKind,
+    ModelError,
+    SchedulerLimits,
+    TxnMode,
+    check_name,
+)
 from schedulers.runtime import RETRY_ORDERS
 from simulator.config import (
     FAILURE_SCOPES,
@@ -158,8 +166,17 @@ class _Where:
         elif rest:
             hits = [i for i, t in enumerate(self.lines)
                     if re.match(rf"\s*\[\s*{re.escape(head)}\s*\]", t)]
+            # A sub-table may have a header of its own: [limits.batch].
+            sub = [i for i, t in enumerate(self.lines)
+                   if re.match(rf"\s*\[\s*{re.escape(head)}\s*\.\s*\"?"
+                               rf"{re.escape(str(rest[0]))}\"?\s*\]", t)]
             if hits:
                 start, stop = hits[0], self._next_header(hits[0])
+            elif sub:
+                start, stop = sub[0], self._next_header(sub[0])
+                rest.pop(0)
+                if not rest:
+                    return start + 1
             else:
                 rest.insert(0, head)
         else:
@@ -686,10 +703,13 @@ def _limits(where: _Where, raw: object, schedulers: set[str]) -> CellConfig:
         if name not in schedulers:
             raise where.error(("limits", name), f"{name!r} is not a [[scheduler]] of this "
                               f"experiment ({', '.join(sorted(schedulers))})")
-    try:
-        return codec.parse_config({"limits": t}, "")
-    except ModelError as e:
-        raise where.error(("limits",), str(e)) from None
+    limits: dict[str, SchedulerLimits] = {}
+    for name, entry in t.items():
+        try:
+            limits.update(codec.parse_config({"limits": {name: entry}}, "").limits)
+        except ModelError as e:
+            raise where.error(("limits", name), str(e)) from None
+    return CellConfig(limits)
 
 
 def _failures(where: _Where, raw: object, cell: CellSpec) -> FailureSpec:
