@@ -154,3 +154,15 @@ def test_bad_limits_are_named(tmp_path: Path, limits: str, says: str) -> None:
     with pytest.raises(InputError) as e:
         load(path)
     assert says in str(e.value) and "e.toml" in str(e.value)
+
+
+def test_the_committed_limits_experiment_loads() -> None:
+    root = Path(__file__).resolve().parents[2]
+    exp = load(root / "experiments" / "limits" / "quota_shared.toml")
+    cpus = []
+    for r in exp.runs:
+        assert r.config.limits is not None
+        lim = r.config.limits.limits_for("batch")
+        assert lim is not None and lim.max_resources is not None
+        cpus.append(lim.max_resources.get("cpu"))
+    assert cpus == [40000, 3000, 2000, 1500, 1200, 1000]
