@@ -80,7 +80,7 @@ class SchedulerMetrics:
     conflicted: int = 0
     tasks_placed: int = 0
     jobs_abandoned: int = 0
-    jobs_held: int = 0  # times a job was held back by the scheduler's limits
+    jobs_held: int = 0  # jobs held back by the scheduler's limits (again after an attempt)
     attempts: dict[str, int] = attrs.field(factory=dict)
     rejected: dict[str, int] = attrs.field(factory=dict)  # claims turned down, by reason
 

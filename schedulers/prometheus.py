@@ -62,8 +62,9 @@ class SchedulerCollector(Collector):
                        m.tasks_placed)
         yield _counter("omega_scheduler_jobs_abandoned", "Jobs given up on", labels, who,
                        m.jobs_abandoned)
-        yield _counter("omega_scheduler_jobs_held", "Times a job was held back to wait for "
-                       "the scheduler's resource limit", labels, who, m.jobs_held)
+        yield _counter("omega_scheduler_jobs_held", "Jobs held back to wait for the "
+                       "scheduler's resource limit (again after each attempt)", labels, who,
+                       m.jobs_held)
         waits = list(m.wait_times)
         wait = SummaryMetricFamily("omega_scheduler_job_wait_seconds",
                                    "Submission to the first scheduling attempt", labels=labels)

@@ -159,6 +159,9 @@ class _JobState:
     fruitless: int = 0
     next_try_at: float = 0.0
     requeued_at: float | None = None  # when a retry put it at the back of the queue
+    # Held back by the scheduler's limits since its last attempt (reported once: a
+    # held job is looked at again at every change of the scheduler's usage).
+    held: bool = False
 
 
 def follow_source(store: CellStore, source: SnapshotSource) -> None:
@@ -587,8 +590,9 @@ class SchedulerInstance:
             return True
         st = self._state(jid)
         st.next_try_at = now + self.config.max_retry_delay
-        if jid not in self._held:
-            self._held.add(jid)
+        self._held.add(jid)
+        if not st.held:
+            st.held = True
             self.metrics.jobs_held += 1
             if self.pending is not None:
                 self.pending.record(job, (Unplaced(jid, blocker.text, code="limit"),), None,
@@ -725,6 +729,7 @@ class SchedulerInstance:
     def _after_attempt(self, job: Job, plan: Plan, res: CommitResult | None, now: float) -> None:
         st = self._state(job.id)
         st.attempts += 1
+        st.held = False
         placed = len(res.committed) if res is not None else 0
         st.fruitless = 0 if placed else st.fruitless + 1
         permanent = [u for u in plan.unplaced if u.job == job.id and u.permanent]

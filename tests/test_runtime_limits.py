@@ -172,3 +172,28 @@ def test_trim_keeps_the_plans_order_and_what_evicts() -> None:
     assert limits.trim(snap, "other", plan, snap.jobs, Resources()) is plan
     assert not limits.binding(SchedulerLimits()) and not limits.binding(None)
     assert limits.binding(SchedulerLimits(max_precedence=0))
+
+
+def test_a_held_job_is_counted_and_reported_once_while_it_waits() -> None:
+    """Every change of the scheduler's usage looks at its held jobs again; the report
+    of why one waits is written once per wait, not at each look."""
+    h = _cell()
+    book = PendingBook()
+    inst = h.add(BatchPolicy())
+    inst.pending = book
+    h.submit([job("j1", tasks=2, cpu=1), job("j2", tasks=1, cpu=1)])
+    h.run(lambda s: _states(h, "j1") == [TaskState.RUNNING] * 2)
+    h.clock.now += 5
+    h.pump()
+    inst.step()
+    assert inst.metrics.jobs_held == 1
+    book.take(h.snapshot(), inst.still_waiting)
+    # A usage change (the limit is raised and lowered again: the counter restarts)
+    # makes the held job due again; it is held again without a new report.
+    h.admin.set_config(CellConfig({"batch": SchedulerLimits(
+        max_resources=Resources((("cpu", 2.0),)), max_precedence=9)}))
+    h.pump()
+    inst.step()
+    puts, _ = book.take(h.snapshot(), inst.still_waiting)
+    assert puts == {} and inst.metrics.jobs_held == 1
+    assert _states(h, "j2") == [TaskState.PENDING]
