@@ -60,6 +60,7 @@ from cellstate.model import (
     Job,
     JobState,
     JobStatus,
+    Resources,
     TaskState,
     Transaction,
     TxnMode,
@@ -235,6 +236,9 @@ class SchedulerInstance:
         # itself (Policy.handles_limits) gets its jobs as they come.
         self._held: set[str] = set()
         self._limits_changed = False
+        # (config revision, what the scheduler held) when jobs were last held back:
+        # only a new configuration or less held can let one in.
+        self._held_basis: tuple[int, Resources] | None = None
         self._limited = not policy.handles_limits
         # Set when a job arrives or ownership moves: run() stops waiting out another
         # job's backoff (up to max_retry_delay) and looks at the newcomer at once.
@@ -538,21 +542,29 @@ class SchedulerInstance:
         snap = self.source.snapshot()
         self._inflight = [x for x in self._inflight if x[0] > snap.revision]
         self._refresh(snap, dirty, touched)
-        if limits_changed:
+        if limits_changed and self._held and self._room_may_have_grown(snap):
             self._release_held(now)
         self._reap_orphans(snap, now)
         if self.policy.propose_interval is not None and now >= self._next_propose:
             self._next_propose = now + self.policy.propose_interval
             return self._decide(snap, [], now, seen, propose=True)
         limited = self._limited and limits.binding(snap.config.limits_for(self.scheduler))
+        pending = (limits.in_flight((c, j) for _, c, j in self._inflight)
+                   if limited and self._inflight else None)
         if self.policy.batches_jobs() or self.policy.requeue_interval is not None:
             due = [j for j in self.queued() if self._state(j).next_try_at <= now]
             if limited:
-                due = [j for j in due if not self._hold(snap, j, now)]
+                due = [j for j in due if not self._hold(snap, j, now, pending)]
         else:
             due = self._next_due(now)
-            while limited and due and self._hold(snap, due[0], now):
-                due = self._next_due(now)
+            if limited and due and self._hold(snap, due[0], now, pending):
+                # One pass in queue order to the first due job the limits let in.
+                due = []
+                for j in self.queued():
+                    if self._state(j).next_try_at <= now and not self._hold(snap, j, now,
+                                                                             pending):
+                        due = [j]
+                        break
         if not due:
             if not (self._absorbs and seen != frozenset() and self._absorb(snap, now, seen)):
                 self._keep_seen(seen)
@@ -574,14 +586,14 @@ class SchedulerInstance:
         jobs = [snap.jobs[j] for j in (due if self.policy.batches_jobs() else due[:1])]
         return self._decide(snap, jobs, now, seen)
 
-    def _hold(self, snap: CellSnapshot, jid: str, now: float) -> bool:
+    def _hold(self, snap: CellSnapshot, jid: str, now: float,
+              pending: Resources | None) -> bool:
         """Whether the scheduler's limits hold ``jid`` back now (see
         schedulers/limits.py): then it waits for a change of them or of the
         scheduler's usage (or ``max_retry_delay`` at most), its attempts not counted,
-        or is abandoned when they never could take it."""
+        or is abandoned when they never could take it. ``pending``: what this
+        instance's commits in flight take."""
         job = snap.jobs[jid]
-        pending = limits.in_flight((c, j) for _, c, j in self._inflight) if (
-            self._inflight) else None
         blocker = admission.limit_blocker(snap, job, pending)
         if blocker is None:
             return False
@@ -591,6 +603,7 @@ class SchedulerInstance:
         st = self._state(jid)
         st.next_try_at = now + self.config.max_retry_delay
         self._held.add(jid)
+        self._held_basis = (snap.config.revision, admission.held_by(snap, self.scheduler))
         if not st.held:
             st.held = True
             self.metrics.jobs_held += 1
@@ -598,6 +611,16 @@ class SchedulerInstance:
                 self.pending.record(job, (Unplaced(jid, blocker.text, code="limit"),), None,
                                     st.attempts, now)
         return True
+
+    def _room_may_have_grown(self, snap: CellSnapshot) -> bool:
+        """Whether the limits may let a held job in now: a new configuration, or the
+        scheduler holds less of some resource than when it held them back (its own
+        placements landing, the usual change, let none in)."""
+        basis = self._held_basis
+        if basis is None or basis[0] != snap.config.revision:
+            return True
+        now_held = admission.held_by(snap, self.scheduler)
+        return any(now_held.get(d) < amount for d, amount in basis[1].amounts)
 
     def _release_held(self, now: float) -> None:
         for jid in self._held:

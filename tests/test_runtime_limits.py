@@ -197,3 +197,29 @@ def test_a_held_job_is_counted_and_reported_once_while_it_waits() -> None:
     puts, _ = book.take(h.snapshot(), inst.still_waiting)
     assert puts == {} and inst.metrics.jobs_held == 1
     assert _states(h, "j2") == [TaskState.PENDING]
+
+
+def test_only_less_held_or_new_limits_let_held_jobs_be_looked_at_again() -> None:
+    """The scheduler's own placements move its usage too; they let no held job in, so
+    they do not make the held jobs due again (each look costs a check per job)."""
+    h = _cell(CellConfig({"batch": SchedulerLimits(
+        max_resources=Resources((("cpu", 3.0),)))}))
+    inst = h.add(BatchPolicy())
+    h.submit([job("j1", tasks=2, cpu=1)])
+    h.run(lambda s: _states(h, "j1") == [TaskState.RUNNING] * 2)
+    h.submit([job("wide", tasks=1, cpu=2)])  # 2 cpus: 1 left, held
+    h.pump()
+    inst.step()
+    held_until = inst._state("wide").next_try_at
+    assert held_until > h.clock.now and _states(h, "wide") == [TaskState.PENDING]
+    h.submit([job("small", tasks=1, cpu=1)])  # takes the last cpu: usage grows
+    h.run(lambda s: _states(h, "small") == [TaskState.RUNNING])
+    h.pump()
+    inst.step()
+    assert inst._state("wide").next_try_at == held_until  # not looked at again
+    # A task of its own ends: less held, the held job is looked at (and fits once two end).
+    h.admin.release_task(task_id("j1", 0), TaskState.FINISHED, "m1")
+    h.admin.release_task(task_id("j1", 1), TaskState.FINISHED, "m1")
+    ended = h.clock.now
+    h.run(lambda s: _states(h, "wide") == [TaskState.RUNNING])
+    assert h.clock.now - ended < 1.0
