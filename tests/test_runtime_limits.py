@@ -212,6 +212,7 @@ def test_only_less_held_or_new_limits_let_held_jobs_be_looked_at_again() -> None
     inst.step()
     held_until = inst._state("wide").next_try_at
     assert held_until > h.clock.now and _states(h, "wide") == [TaskState.PENDING]
+    h.clock.now += 5  # a look now would hold it until a later time
     h.submit([job("small", tasks=1, cpu=1)])  # takes the last cpu: usage grows
     h.run(lambda s: _states(h, "small") == [TaskState.RUNNING])
     h.pump()
