@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from simulator.seeds import Estimate, by_point, estimate
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]
 
 
 def rows(path: Path) -> list[Row]:
@@ -50,7 +50,7 @@ def table(head: Sequence[str], body: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def ci_plot(out: Path, groups: dict[tuple[Any, ...], list[Row]], x_at: int,
+def ci_plot(out: Path, groups: Mapping[tuple[Any, ...], Sequence[Row]], x_at: int,
             series_at: int | None, ys: Sequence[str], ylabel: str, title: str,
             logy: bool = False, symlog: bool = False) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -153,7 +153,7 @@ def fig13(res: Path) -> str:
                      "batch jobs unscheduled at end"], body))
 
 
-def paired(groups: dict[tuple[Any, ...], list[Row]], a: str, b: str, tj: str,
+def paired(groups: Mapping[tuple[Any, ...], Sequence[Row]], a: str, b: str, tj: str,
            key: str) -> Estimate | None:
     """Per seed, variant ``a``'s ``key`` minus variant ``b``'s at ``tj`` (same seed,
     same jobs): the mean difference and its 95% interval."""
