@@ -224,3 +224,23 @@ def test_only_less_held_or_new_limits_let_held_jobs_be_looked_at_again() -> None
     ended = h.clock.now
     h.run(lambda s: _states(h, "wide") == [TaskState.RUNNING])
     assert h.clock.now - ended < 1.0
+
+
+def test_an_elastic_scheduler_grows_a_job_only_as_far_as_its_limit() -> None:
+    """The MapReduce scheduler's extra workers come from proposals, not from a job's
+    attempt: they are kept within the limit as well, none sent to be refused."""
+    from schedulers.mapreduce import MapReducePolicy
+    from schedulers.testing import JobBuilder
+    h = Harness()
+    h.admin.add_machines([machine("m1", cpu=8, mem=64)])
+    h.admin.set_config(CellConfig({"mapreduce": SchedulerLimits(
+        max_resources=Resources((("cpu", 3.0),)))}))
+    h.add(MapReducePolicy(interval=1.0))
+    h.submit([JobBuilder("mr").scheduler("mapreduce").cpu(1).mem(1)
+              .mapreduce(maps=40, map_seconds=60, workers=2, max_workers=6).build()])
+    start = h.clock.now
+    h.run(lambda s: h.clock.now - start > 30, max_steps=100_000)
+    snap = h.snapshot()
+    running = [t for t, r in snap.tasks.items() if r.job == "mr" and r.state is TaskState.RUNNING]
+    assert len(running) == 3  # two asked for, one extra: the limit's 3 cpus
+    assert _limit_rejections(h) == 0
