@@ -679,7 +679,7 @@ class SchedulerInstance:
                 self.store.resize_job(job_id, count)
             except StoreError as e:
                 log.warning("%s: resize of %s refused: %s", self.scheduler, job_id, e)
-        if self._limited:
+        if self._limited and limits.binding(attempt.snap.config.limits_for(self.scheduler)):
             plan = limits.trim(attempt.snap, self.scheduler, plan, attempt.snap.jobs,
                                limits.in_flight((c, j) for _, c, j in self._inflight))
         results = self._commit(attempt.snap, plan, attempt.now)
