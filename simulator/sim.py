@@ -99,6 +99,8 @@ class _Locality:
 
 
 class Driver(Protocol):
+    inst: SchedulerInstance
+
     @property
     def name(self) -> str: ...
     def poke(self) -> None: ...
@@ -490,6 +492,13 @@ class Simulation:
             out.update(self.mapreduce.summary(self.recorder.utilization))
         if self.config.failures is not None:
             self.recorder.failure_summary(out)
+        if self.config.limits is not None:
+            # Jobs a scheduler's limits held back (schedulers/limits.py; a job counts
+            # again after each attempt that left it waiting).
+            for name in self._instances:
+                out[f"{name}_jobs_held"] = sum(d.inst.metrics.jobs_held
+                                               for (s, _), d in self._drivers.items()
+                                               if s == name)
         out["events"] = self.loop.processed
         if self.allocator is not None:
             out["offers"] = self.allocator.offers_made

@@ -66,8 +66,10 @@ def test_a_task_past_the_limit_runs_when_the_first_ones_end(tmp_path: Path,
     # (Two-level: plus the offers' own delays.)
     assert 200.0 <= r["batch_completion_mean_s"] <= 202.0
     assert r["batch_conflicted"] == 0 and r["tasks_unplaced"] == 0
+    assert r["batch_jobs_held"] == 1  # its retry found the limit full: held, not tried
     # The same without the limit: all three at once.
     _, free = run(tmp_path, None, THREE_TASKS, (), arch)
+    assert "batch_jobs_held" not in free
     assert 100.0 <= free["batch_completion_mean_s"] <= 102.0
 
 
@@ -106,6 +108,7 @@ def test_random_load_under_a_limit_stays_within_it_and_gives_up_on_nothing() -> 
     r = sim.run()
     assert max(peak) == 12.0  # the limit was reached, never passed
     assert r["batch_abandoned"] == 0 and r["batch_conflicted"] == 0
+    assert r["batch_jobs_held"] > 0
     assert violations(sim.cell.snapshot()) == []
 
 
