@@ -5,6 +5,7 @@ never take is abandoned at once, with the reason."""
 from __future__ import annotations
 
 from cellstate.cell import CellSnapshot
+from cellstate.invariants import violations
 from cellstate.model import (
     CellConfig,
     JobState,
@@ -244,3 +245,26 @@ def test_an_elastic_scheduler_grows_a_job_only_as_far_as_its_limit() -> None:
     running = [t for t, r in snap.tasks.items() if r.job == "mr" and r.state is TaskState.RUNNING]
     assert len(running) == 3  # two asked for, one extra: the limit's 3 cpus
     assert _limit_rejections(h) == 0
+
+
+def test_a_flow_scheduler_under_a_limit_places_what_it_allows_and_the_rest_later() -> None:
+    """The flow scheduler solves for the whole queue at once; the limit trims its plan
+    and it proposes the rest in later rounds, once its tasks end."""
+    from schedulers.flow.policy import FlowPolicy
+    from schedulers.testing import JobBuilder
+    h = Harness()
+    h.admin.add_machines([machine(f"m{i}", cpu=4, mem=16) for i in range(3)])
+    h.admin.set_config(CellConfig({"flow": SchedulerLimits(
+        max_resources=Resources((("cpu", 3.0),)))}))
+    h.add(FlowPolicy(policy="quincy"))
+    h.submit([JobBuilder("f").tasks(5).cpu(1).mem(1).scheduler("flow").build()])
+    h.run(lambda s: _states(h, "f").count(TaskState.RUNNING) == 3)
+    start = h.clock.now
+    h.run(lambda s: h.clock.now - start > 120, max_steps=100_000)
+    assert _states(h, "f").count(TaskState.RUNNING) == 3 and "f" not in h.snapshot().statuses
+    for i, st in enumerate(_states(h, "f")):
+        if st is TaskState.RUNNING:
+            h.admin.release_task(task_id("f", i), TaskState.FINISHED)
+    h.run(lambda s: _states(h, "f").count(TaskState.RUNNING) == 2)
+    assert _limit_rejections(h) == 0
+    assert violations(h.snapshot()) == []
