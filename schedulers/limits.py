@@ -48,47 +48,36 @@ def trim(snap: CellSnapshot, scheduler: str, plan: Plan, jobs: Mapping[str, Job]
         return plan
     cap = limits.max_resources
     used = held_by(snap, scheduler) + pending
-    by_job: dict[str, list[Claim]] = {}
-    for c in plan.claims:
-        by_job.setdefault(c.job, []).append(c)
-    kept: set[str] = set()  # jobs whose claims stay
-    dropped: dict[str, int] = {}
-    for jid, claims in by_job.items():
+    by_job: dict[str, list[int]] = {}  # job -> positions of its claims in the plan
+    for i, c in enumerate(plan.claims):
+        by_job.setdefault(c.job, []).append(i)
+    drop: set[int] = set()
+    dropped: dict[str, int] = {}  # job -> tasks dropped
+    for jid, positions in by_job.items():
         job = jobs.get(jid)
         if job is None:
-            kept.add(jid)  # the commit skips it anyway
-            continue
-        counted = [c for c in claims if not c.evict and not c.moves_from]
-        need = sum_resources(job.task_resources for _ in counted)
+            continue  # the commit skips it anyway
+        need = job.task_resources
+        counted = [i for i in positions
+                   if not plan.claims[i].evict and not plan.claims[i].moves_from]
         if job.gang:
+            whole = sum_resources(need for _ in counted)
+            if (used + whole).exceeding_limit(cap) is None:
+                used = used + whole
+            else:
+                drop.update(positions)
+                dropped[jid] = len(positions)
+            continue
+        for i in counted:
             if (used + need).exceeding_limit(cap) is None:
                 used = used + need
-                kept.add(jid)
             else:
-                dropped[jid] = len(claims)
-            continue
-        kept.add(jid)
-        for _ in counted:
-            if (used + job.task_resources).exceeding_limit(cap) is not None:
+                drop.add(i)
                 dropped[jid] = dropped.get(jid, 0) + 1
-            else:
-                used = used + job.task_resources
-    if not dropped:
+    if not drop:
         return plan
-    out: list[Claim] = []
-    budget = dict(dropped)  # non-gang: how many of each job's counted claims to drop
-    for c in reversed(plan.claims):
-        jid = c.job
-        job = jobs.get(jid)
-        if jid not in kept:
-            continue
-        if job is not None and not job.gang and budget.get(jid) and not (
-                c.evict or c.moves_from):
-            budget[jid] -= 1  # the last of a job's claims go first
-            continue
-        out.append(c)
-    out.reverse()
     unplaced = [Unplaced(jid, f"scheduler {scheduler!r} is at its resource limit of "
                               f"{cap}: {n} task(s) wait for its own tasks to end",
                          tasks=n, code="limit") for jid, n in dropped.items()]
-    return Plan(tuple(out), (*plan.unplaced, *unplaced), plan.resize)
+    return Plan(tuple(c for i, c in enumerate(plan.claims) if i not in drop),
+                (*plan.unplaced, *unplaced), plan.resize)

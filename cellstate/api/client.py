@@ -248,9 +248,7 @@ class CellClient:
         request = pb.CommitRequest(transaction=convert.transaction_to(txn, instance))
         reply = self.call("Commit", request, what="commit", invalid=TransactionError,
                           timeout=self.timeout + PER_ITEM_TIMEOUT * len(txn.claims))
-        result = convert.result_from(txn, reply)
-        self.saw(result.revision)
-        return result
+        return convert.result_from(txn, reply)  # call() saw its revision
 
     def commit_many(self, txns: Sequence[Transaction], instance: str = "") -> list[CommitResult]:
         """Several transactions in one Commit call, answered one by one (see
@@ -259,6 +257,7 @@ class CellClient:
             transactions=[convert.transaction_to(t, instance) for t in txns])
         reply = self.call("Commit", request, what="commit", invalid=TransactionError)
         results = convert.results_from(txns, reply)
+        # The revisions are per transaction here, not on the reply call() looks at.
         self.saw(max((r.revision for r in results), default=0))
         return results
 

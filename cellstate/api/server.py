@@ -201,6 +201,10 @@ class CellStateService(pb_grpc.CellStateServicer):
     def snap(self) -> CellSnapshot:
         return self.replica.snapshot()
 
+    def _cell_revision(self) -> int:
+        """The cell's revision in etcd now (one small read)."""
+        return self.kv.range(self.keys.config).revision
+
     def _wrote(self, revision: int) -> int:
         with self._written_lock:
             self._written = max(self._written, revision)
@@ -218,7 +222,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         if view.snap.revision >= want:
             return view
         if min_revision > view.snap.revision:
-            current = self.kv.range(self.keys.config).revision
+            current = self._cell_revision()
             if min_revision > current:
                 raise convert.WireError(
                     f"min_revision {min_revision} is in the future: the cell is at "
@@ -309,7 +313,7 @@ class CellStateService(pb_grpc.CellStateServicer):
         if start <= self.cache.revision + 1:
             return ""
         try:
-            current = self.kv.range(self.keys.config).revision
+            current = self._cell_revision()
         except KVError:
             return ""  # cannot tell: serve it; the stream waits as it would anyway
         if start <= current + 1:
