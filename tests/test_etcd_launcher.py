@@ -350,3 +350,38 @@ def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
         for pid in started:
             if not _gone(pid):
                 _kill(pid)
+
+
+def test_a_shared_etcd_that_died_is_restarted_for_the_next_test(tmp_path: Path) -> None:
+    """One crash of the session's etcd (etcd 3.5.1 can panic under heavy writes) fails
+    the test it happened in and no other: the next test that needs the server finds it
+    restarted on the same endpoint, and the summary says when it died, with its log."""
+    (tmp_path / "test_shared_dies.py").write_text(textwrap.dedent(
+        """
+        import os, signal, time
+        import pytest
+        from cellstate.kv.base import Put
+
+        def test_the_server_dies(etcd_server):
+            os.kill(etcd_server.local.pid, signal.SIGKILL)  # from outside, as a panic
+            while etcd_server.local.running:
+                time.sleep(0.05)
+
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_later_tests_have_it(etcd_kv, n):
+            assert etcd_kv.txn([], [Put(b"/k", b"v")]).succeeded
+        """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "tests.conftest", "--rootdir", str(tmp_path),
+         str(tmp_path / "test_shared_dies.py")],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "3 passed" in out, out
+    assert "shared etcd died" in out, out
+    assert (f"(status {-signal.SIGKILL}) during or after test_shared_dies.py::"
+            "test_the_server_dies; restarted before test_shared_dies.py::"
+            "test_later_tests_have_it[1]") in out, out
+    assert out.count("restarted before") == 1, out
