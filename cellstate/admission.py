@@ -21,6 +21,7 @@ import math
 
 import attrs
 
+from cellstate import fit
 from cellstate.cell import CellSnapshot, scheduler_usage
 from cellstate.errors import StoreError
 from cellstate.model import Job, Resources, UsageRecord, required_tasks
@@ -115,18 +116,20 @@ def _quota_blocker(snap: CellSnapshot, job: Job, limit: Resources,
                    pending: Resources | None = None) -> Blocker | None:
     need = job.task_resources
     whole = _times(need, required_tasks(job)) if job.gang else need
-    dim = whole.exceeding_limit(limit)
     what = f"all {required_tasks(job)} tasks of the gang" if job.gang else "one task"
     verb = "need" if job.gang else "needs"
-    if dim is not None:
+    never = fit.quota(Resources(), whole, limit, job.scheduler)
+    if never is not None:
+        dim = never.dimension
         return Blocker("quota", f"{what} {verb} {whole.get(dim):g} {dim}, above scheduler "
                                 f"{job.scheduler!r}'s limit of {limit.get(dim):g}", True)
     held = held_by(snap, job.scheduler)
     if pending:
         held = held + pending
-    dim = (held + whole).exceeding_limit(limit)
-    if dim is None:
+    now = fit.quota(held, whole, limit, job.scheduler)
+    if now is None:
         return None
+    dim = now.dimension
     return Blocker("quota", f"scheduler {job.scheduler!r} holds {held.get(dim):g} of its "
                             f"limit of {limit.get(dim):g} {dim}; {what} {verb} "
                             f"{whole.get(dim):g} more")

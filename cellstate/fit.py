@@ -20,6 +20,12 @@ names the reason):
 4. the task fits, in every dimension, in what is free once
    the victims leave                                         -> insufficient_resources
 
+and one rule of the scheduler rather than the machine, :func:`quota`: one more task
+keeps a resource-limited scheduler within its limit (Omega §3.4)   -> limit_exceeded.
+The store applies it to what the scheduler holds within its decision, the runtime to
+the usage it last saw plus what it has committed since (``schedulers/limits.py``), and
+the admission report (why a job waits) to the same.
+
 The neighbour rules (3) are skipped when neither the job nor any job already on the
 machine has such a rule: the common case, and the commit hot path.
 
@@ -61,6 +67,7 @@ class Rule(enum.Enum):
     ANTI_AFFINITY = "anti_affinity"
     AFFINITY = "affinity"
     RESOURCES = "resources"
+    QUOTA = "quota"
 
 
 _RESOURCES = Rule.RESOURCES  # as a global: see _UP
@@ -68,7 +75,8 @@ _RESOURCES = Rule.RESOURCES  # as a global: see _UP
 
 _NOTHING = Resources()
 _SHORT: dict[str, str] = {}  # dimension -> its label, made once (a tally hashes it)
-_REASONS = {Rule.MACHINE_STATE: Reason.MACHINE_DOWN, Rule.RESOURCES: Reason.INSUFFICIENT_RESOURCES}
+_REASONS = {Rule.MACHINE_STATE: Reason.MACHINE_DOWN, Rule.RESOURCES: Reason.INSUFFICIENT_RESOURCES,
+            Rule.QUOTA: Reason.LIMIT_EXCEEDED}
 
 
 class Misfit(NamedTuple):
@@ -184,6 +192,21 @@ def resources(need: Resources, m: Machine, used: Resources,
     return Misfit(_RESOURCES, label,
                   "machine {0!r} has {1:g} {2} free, task needs {3:g}",
                   (m.id, free, dim, need.get(dim)), dim)
+
+
+def quota(held: Resources, need: Resources, limit: Resources,
+          scheduler: str = "") -> Misfit | None:
+    """A scheduler holding ``held`` may take ``need`` more within its resource ``limit``
+    (a dimension the limit does not name is not limited). ``args`` of the misfit: the
+    scheduler, what it holds in the dimension, the dimension, the limit there, and
+    what ``need`` asks of it."""
+    dim = (held + need).exceeding_limit(limit)
+    if dim is None:
+        return None
+    return Misfit(Rule.QUOTA, f"{dim} quota",
+                  "scheduler {0!r} holds {1:g} {2}; this task would take it past its "
+                  "limit of {3:g}",
+                  (scheduler, held.get(dim), dim, limit.get(dim), need.get(dim)), dim)
 
 
 # -- what the rules read ------------------------------------------------------------------

@@ -858,15 +858,9 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
     held = record.used + w.added.get(scheduler, Resources()) - w.removed.get(
         scheduler, Resources()
     ) - (returned or Resources())
-    dim = (held + need).exceeding_limit(limits.max_resources)
-    if dim is not None:
-        return _reject(
-            claim,
-            Reason.LIMIT_EXCEEDED,
-            f"scheduler {scheduler!r} holds {held.get(dim):g} {dim}; this task would take it "
-            f"past its limit of {limits.max_resources.get(dim):g}",
-            dim,
-        )
+    miss = fit.quota(held, need, limits.max_resources, scheduler)
+    if miss is not None:
+        return _reject(claim, miss.reason, miss.detail, miss.dimension)
     return None
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from cellstate.admission import held_by
 from cellstate.cell import CellSnapshot
+from cellstate.fit import quota
 from cellstate.model import Claim, Job, Resources, SchedulerLimits, sum_resources
 from schedulers.api import Plan, Unplaced
 
@@ -62,14 +63,14 @@ def trim(snap: CellSnapshot, scheduler: str, plan: Plan, jobs: Mapping[str, Job]
                    if not plan.claims[i].evict and not plan.claims[i].moves_from]
         if job.gang:
             whole = sum_resources(need for _ in counted)
-            if (used + whole).exceeding_limit(cap) is None:
+            if quota(used, whole, cap) is None:
                 used = used + whole
             else:
                 drop.update(positions)
                 dropped[jid] = len(positions)
             continue
         for i in counted:
-            if (used + need).exceeding_limit(cap) is None:
+            if quota(used, need, cap) is None:
                 used = used + need
             else:
                 drop.add(i)

@@ -162,6 +162,7 @@ def test_reasons_of_the_rules() -> None:
 
     assert reason(Rule.MACHINE_STATE) is Reason.MACHINE_DOWN
     assert reason(Rule.RESOURCES) is Reason.INSUFFICIENT_RESOURCES
+    assert reason(Rule.QUOTA) is Reason.LIMIT_EXCEEDED
     assert {reason(r) for r in (Rule.SELECTOR, Rule.MAX_PER_MACHINE, Rule.ANTI_AFFINITY,
                                 Rule.AFFINITY)} == {Reason.CONSTRAINT_VIOLATED}
 
@@ -189,6 +190,24 @@ def test_resources_checks_every_dimension(cap: dict[str, int], used: dict[str, i
         free = cap.get(got.dimension, 0) - used.get(got.dimension, 0) + freed.get(got.dimension, 0)
         assert got.detail == (f"machine 'm' has {max(free, 0):g} {got.dimension} free, task "
                               f"needs {need.get(got.dimension, 0):g}")
+
+
+@settings(max_examples=400, deadline=None)
+@given(limit=amounts, held=amounts, need=amounts)
+def test_quota_limits_only_the_dimensions_named(limit: dict[str, int], held: dict[str, int],
+                                                need: dict[str, int]) -> None:
+    """The scheduler's rule: it may take ``need`` more iff in every dimension its limit
+    names held + need <= limit (a dimension the limit does not name is free); else the
+    first such dimension by name, with what it holds there and its limit."""
+    over = [d for d in DIMS if d in limit and held.get(d, 0) + need.get(d, 0) > limit[d]]
+    got = fit.quota(Resources.from_mapping(held), Resources.from_mapping(need),
+                    Resources.from_mapping(limit), "batch")
+    assert (got.dimension if got else None) == (over[0] if over else None)
+    if got is not None:
+        d = got.dimension
+        assert got.rule is Rule.QUOTA and got.label == f"{d} quota"
+        assert got.detail == (f"scheduler 'batch' holds {held.get(d, 0):g} {d}; this task "
+                              f"would take it past its limit of {limit[d]:g}")
 
 
 floats = st.dictionaries(st.sampled_from(DIMS), st.floats(0, 1e6, allow_nan=False))
