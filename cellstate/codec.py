@@ -267,10 +267,10 @@ class _Fields:
             )
 
 
-def parse_resources(value: object, where: str) -> Resources:
+def parse_resources(value: object, where: str, *, keep_zero: bool = False) -> Resources:
     if not isinstance(value, Mapping):
         raise ModelError(f"{where} must be an object of dimension to amount, got {value!r}")
-    return Resources.from_mapping(value, where)
+    return Resources.from_mapping(value, where, keep_zero=keep_zero)
 
 
 def parse_selector(value: object, where: str) -> Selector:
@@ -387,9 +387,11 @@ MAX_ACTIVITIES = 10_000_000
 MAX_ACTIVITY_SECONDS = 1e7
 
 
-def parse_mapreduce(value: object, where: str) -> MapReduceSpec | None:
+def parse_mapreduce(value: object, where: str,
+                    workers_field: str = "workers") -> MapReduceSpec | None:
     """A MapReduce job's activities and workers (``mapreduce`` in a job spec; a
-    simulator trace's row has the same fields and rules)."""
+    simulator trace's row has the same fields and rules, its workers under the name
+    ``workers_field``, ``tasks``)."""
     if value is None:
         return None
     f = _Fields(value, where)
@@ -399,16 +401,17 @@ def parse_mapreduce(value: object, where: str) -> MapReduceSpec | None:
     reduces = f.integer("reduces", 0, 0, MAX_ACTIVITIES)
     map_seconds = _activity_seconds(f, "map_seconds", required=True)
     reduce_seconds = _activity_seconds(f, "reduce_seconds", required=reduces > 0)
-    if "workers" not in f.doc:
-        raise ModelError(f"{f.path('workers')} is required (the workers the job asks for)")
-    workers = f.integer("workers", 1, 1, MAX_TASKS_PER_JOB)
+    if workers_field not in f.doc:
+        raise ModelError(f"{f.path(workers_field)} is required (the workers the job asks "
+                         "for)")
+    workers = f.integer(workers_field, 1, 1, MAX_TASKS_PER_JOB)
     # By default the job may grow until every activity of a phase runs at once: more
     # workers than that never help.
     useful = max(workers, min(max(maps, reduces), MAX_TASKS_PER_JOB))
     max_workers = f.integer("max_workers", useful, 1, MAX_TASKS_PER_JOB)
     if max_workers < workers:
         raise ModelError(f"{f.path('max_workers')} ({max_workers}) is below "
-                         f"{f.path('workers')} ({workers}): the elastic upper bound cannot "
+                         f"{f.path(workers_field)} ({workers}): the elastic upper bound cannot "
                          "be less than what the job asks for")
     f.no_unknown()
     return MapReduceSpec(maps, reduces, map_seconds, reduce_seconds, workers, max_workers)
@@ -685,7 +688,10 @@ def parse_config(doc: object, where: str = "config", *, revision: int = 0) -> Ce
         max_res = lf.get("max_resources")
         limits[name] = SchedulerLimits(
             max_prec,
-            parse_resources(max_res, lf.path("max_resources")) if max_res is not None else None,
+            # A limit of 0 in a dimension is a limit, not "no limit" (dropping the zero
+            # as other resources do would leave that dimension unlimited).
+            parse_resources(max_res, lf.path("max_resources"), keep_zero=True)
+            if max_res is not None else None,
         )
         lf.no_unknown()
     return CellConfig(limits, revision)

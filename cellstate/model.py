@@ -78,7 +78,10 @@ class Resources:
         return cls.from_mapping(amounts)
 
     @classmethod
-    def from_mapping(cls, amounts: Mapping[str, object], where: str = "resources") -> Resources:
+    def from_mapping(cls, amounts: Mapping[str, object], where: str = "resources",
+                     *, keep_zero: bool = False) -> Resources:
+        """``keep_zero``: an amount of 0 stays named (a limit of 0 limits; elsewhere a
+        dimension of 0 is the same as one not named, and is dropped)."""
         if not isinstance(amounts, Mapping):
             raise ModelError(f"{where} must be a mapping of dimension to amount")
         pairs = []
@@ -89,7 +92,7 @@ class Resources:
                     " digits and '_', starting with a letter)"
                 )
             amount = check_amount(value, f"{where}.{name}")
-            if amount:
+            if amount or keep_zero:
                 pairs.append((name, amount))
         return cls(tuple(sorted(pairs)))
 

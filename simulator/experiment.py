@@ -699,12 +699,11 @@ def _limits(where: _Where, raw: object, schedulers: set[str]) -> CellConfig:
     """``[limits.NAME]`` tables, as a cellstate server's configuration has them
     (``max_precedence``, ``max_resources``), for schedulers of the experiment."""
     t = _table(where, ("limits",), raw)
-    for name in t:
+    limits: dict[str, SchedulerLimits] = {}
+    for name, entry in t.items():
         if name not in schedulers:
             raise where.error(("limits", name), f"{name!r} is not a [[scheduler]] of this "
                               f"experiment ({', '.join(sorted(schedulers))})")
-    limits: dict[str, SchedulerLimits] = {}
-    for name, entry in t.items():
         try:
             limits.update(codec.parse_config({"limits": {name: entry}}, "").limits)
         except ModelError as e:

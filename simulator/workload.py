@@ -14,7 +14,6 @@ import itertools
 import json
 import math
 import random
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -458,17 +457,15 @@ def _mapreduce(where: str, row: dict[str, object], kind: JobKind,
 
     # The numbers as a job spec's mapreduce table has them, judged by the same rules
     # (cellstate.codec.parse_mapreduce); the trace's own work is reading the numbers.
-    doc: dict[str, object] = {"workers": workers}
+    doc: dict[str, object] = {"tasks": workers}
     for field in TRACE_MAPREDUCE:
         if field in row:
             value = _number(where, row, field, minimum=-math.inf)
             doc[field] = int(value) if field in _WHOLE and value == int(value) else value
     try:
-        spec = parse_mapreduce(doc, "")
+        spec = parse_mapreduce(doc, "", workers_field="tasks")
     except ModelError as e:
-        # A trace row's tasks are the workers the job asks for.
-        message = re.sub(r"\bworkers \(", "tasks (", str(e))
-        raise InputError(f"{where}: {message}") from None
+        raise InputError(f"{where}: {e}") from None
     assert spec is not None
     return spec
 

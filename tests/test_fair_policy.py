@@ -15,6 +15,7 @@ from collections.abc import Callable
 import attrs
 import pytest
 
+from cellstate import codec
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.invariants import violations
 from cellstate.model import (
@@ -366,6 +367,21 @@ def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
     assert evicted(h, inst) == ["a/3"]
     assert inst.policy.report()["share.bob"] == 0.25
     assert violations(h.snapshot()) == []
+
+
+def test_a_limit_of_zero_cpu_leaves_the_fair_scheduler_no_cpu() -> None:
+    # A cpu limit of 0 is a pool of 0 cpus, not "cpu not limited": nothing runs, and
+    # nothing is asked of the store in vain.
+    h = Harness()
+    h.admin.add_machines([machine("m1", cpu=4, mem=16)])
+    h.admin.set_config(codec.parse_config(
+        {"limits": {"fair": {"max_resources": {"cpu": 0, "mem": 16}}}}))
+    inst = h.add(FairPolicy(min_runtime=0.0, delta=0.05), scheduler="fair",
+                 config=LONG_LEASE)
+    h.submit([fair_job("a", "alice", 2)])
+    settle(h)
+    assert running(h.snapshot(), "a") == []
+    assert [r for res in Harness.committer(inst).results for r in res.rejected] == []
 
 
 @pytest.mark.parametrize(("options", "says"), [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import attrs
 
+from cellstate import admission, codec
 from cellstate.model import (
     OPPORTUNISTIC_PRECEDENCE,
     Allocation,
@@ -215,6 +216,23 @@ def test_a_limited_scheduler_without_a_usage_count_is_told_to_retry() -> None:
     assert [(r.claim, r.reason, r.detail) for r in d.rejected] == [
         (claim, Reason.LIMIT_EXCEEDED, "usage of scheduler 'batch' is not known yet; retry")]
     assert d.reads.usage == {"batch"}
+
+
+def test_a_limit_of_zero_in_a_dimension_is_a_limit() -> None:
+    """A config that gives a scheduler 0 cpu (as an operator writes it) lets it take no
+    cpu at all; it used to read as "cpu not limited", since resources drop zeros."""
+    config = codec.parse_config({"limits": {"batch": {"max_resources": {"cpu": 0, "mem": 8}}}},
+                                revision=50)
+    usage = [UsageRecord("batch", 50, Resources(), 60)]
+    snap = cell([machine("m1", cpu=8)], [job("j", cpu=1, mem=1)], config=config, usage=usage)
+    d = validate(snap, Transaction("batch", (Claim("j", 0, "m1"),)))
+    assert [(r.reason, r.detail) for r in d.rejected] == [
+        (Reason.LIMIT_EXCEEDED,
+         "scheduler 'batch' holds 0 cpu; this task would take it past its limit of 0")]
+    blocker = admission.limit_blocker(snap, snap.jobs["j"])
+    assert blocker is not None and blocker.permanent
+    assert blocker.text == "one task needs 1 cpu, above scheduler 'batch''s limit of 0"
+    assert codec.decode_config(codec.encode_config(config), 50) == config
 
 
 def test_a_job_at_the_schedulers_precedence_limit_is_allowed() -> None:

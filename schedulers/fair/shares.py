@@ -31,7 +31,7 @@ import attrs
 import numpy as np
 
 from cellstate.cell import alloc_placed
-from cellstate.fit import machine_up
+from cellstate.fit import machine_up, quota
 from cellstate.model import Job, Resources, split_task_id, sum_resources
 from schedulers.api import CellView
 
@@ -242,8 +242,7 @@ class CellShares:
         """Whether holding ``need`` more (once ``freed`` is given back) would break the
         scheduler's resource limit."""
         return (self.quota is not None
-                and (self.held - (freed or Resources()) + need).exceeding_limit(self.quota)
-                is not None)
+                and quota(self.held - (freed or Resources()), need, self.quota) is not None)
 
 
 def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | None = None,
@@ -263,7 +262,8 @@ def read_shares(view: CellView, scheduler: str, weights: Mapping[str, float] | N
     quota = limits.max_resources if limits is not None else None
     pool = cell
     if quota is not None:
-        pool = Resources(tuple((d, min(a, quota.get(d)) if quota.get(d) > 0 else a)
+        capped = dict(quota.amounts)  # a dimension the limit does not name is not capped
+        pool = Resources(tuple((d, min(a, capped[d]) if d in capped else a)
                                for d, a in cell.amounts))
     book = ShareBook(pool, weights, default_weight)
     where: dict[str, str] = {}
