@@ -200,8 +200,9 @@ def test_quota_limits_only_the_dimensions_named(limit: dict[str, int], held: dic
     names held + need <= limit (a dimension the limit does not name is free); else the
     first such dimension by name, with what it holds there and its limit."""
     over = [d for d in DIMS if d in limit and held.get(d, 0) + need.get(d, 0) > limit[d]]
+    # A limit keeps the dimensions it names at 0 (as the config parser builds it).
     got = fit.quota(Resources.from_mapping(held), Resources.from_mapping(need),
-                    Resources.from_mapping(limit), "batch")
+                    Resources.from_mapping(limit, keep_zero=True), "batch")
     assert (got.dimension if got else None) == (over[0] if over else None)
     if got is not None:
         d = got.dimension
