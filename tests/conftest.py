@@ -11,7 +11,8 @@ import pytest
 from cellstate.kv.base import KV
 from cellstate.kv.memory import MemoryKV
 
-pytest_plugins = ["tests.etcd_fixture", "tests.invariant_check", "tests.terminate_cleanly"]
+pytest_plugins = ["tests.run_summary", "tests.etcd_fixture", "tests.invariant_check",
+                  "tests.terminate_cleanly"]
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])

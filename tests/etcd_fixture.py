@@ -40,6 +40,7 @@ from cellstate.kv.base import Delete, KVError
 from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcd, server_flags
 from omega.proc import supervised
+from tests import run_summary
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 _CONTAINER_PORT = 2379
@@ -48,7 +49,7 @@ _READY_TIMEOUT = 60.0
 log = logging.getLogger(__name__)
 
 _SHARED = pytest.StashKey["EtcdServer"]()
-_DEATHS = pytest.StashKey[list[str]]()
+_DEATHS = "shared etcd died"  # the section of the run's summary (tests/run_summary.py)
 _LAST_USER = pytest.StashKey[str]()  # the last test that had the shared server
 
 
@@ -171,7 +172,7 @@ def revive_shared_etcd(config: pytest.Config, nodeid: str) -> str | None:
     report = (f"the shared etcd at {server.endpoint} exited (status {local.exit_status}) "
               f"during or after {during}; restarted before {nodeid}. End of its log:\n"
               f"{local.log_tail()}")
-    config.stash.setdefault(_DEATHS, []).append(report)
+    run_summary.lines(config).setdefault(_DEATHS, []).append(report)
     log.error("%s", report)
     try:
         local.restart()
@@ -188,8 +189,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    for report in config.stash.get(_DEATHS, []):
-        terminalreporter.write_sep("=", "shared etcd died", red=True)
+    for report in run_summary.lines(config).get(_DEATHS, []):
+        terminalreporter.write_sep("=", _DEATHS, red=True)
         terminalreporter.write_line(report)
 
 

@@ -29,20 +29,22 @@ from cellstate.kv.memory import MemoryKV
 from cellstate.replica import snapshot_from_kvs
 from cellstate.store.base import StoreBase
 from simulator.cell import SimCell
+from tests import run_summary
 
-# Tests checked and CPU seconds the checks took, for the terminal summary.
-_COST = pytest.StashKey[list[float]]()
+# Tests checked and CPU seconds the checks took, for the terminal summary (kept in
+# tests/run_summary.py's counts, which pytest-xdist's workers send to the controller).
+_TESTS, _CPU = "invariant_check.tests", "invariant_check.cpu"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "broken_cell: the test leaves a cell broken on purpose; the invariant "
         "check after it (tests/invariant_check.py) is skipped")
-    config.stash[_COST] = [0, 0.0]
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    tests, cpu = config.stash.get(_COST, [0, 0.0])
+    tests = run_summary.counts(config).get(_TESTS, 0)
+    cpu = run_summary.counts(config).get(_CPU, 0.0)
     if tests:
         terminalreporter.write_line(f"invariant check: {tests:g} tests' cells checked in "
                                     f"{cpu:.1f} s of CPU")
@@ -113,9 +115,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         started = time.process_time()
         problems = touched.problems(shared)
         if touched.stores or touched.sims:
-            cost = item.config.stash[_COST]
-            cost[0] += 1
-            cost[1] += time.process_time() - started
+            cost = run_summary.counts(item.config)
+            cost[_TESTS] = cost.get(_TESTS, 0) + 1
+            cost[_CPU] = cost.get(_CPU, 0.0) + time.process_time() - started
         if problems:
             raise AssertionError("the test left its cells breaking the store's invariants "
                                  "(tests/invariant_check.py):\n  " + "\n  ".join(problems))

@@ -352,10 +352,13 @@ def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
                 _kill(pid)
 
 
-def test_a_shared_etcd_that_died_is_restarted_for_the_next_test(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [(), ("-n", "1")], ids=["one-process", "xdist"])
+def test_a_shared_etcd_that_died_is_restarted_for_the_next_test(
+        tmp_path: Path, workers: tuple[str, ...]) -> None:
     """One crash of the session's etcd (etcd 3.5.1 can panic under heavy writes) fails
     the test it happened in and no other: the next test that needs the server finds it
-    restarted on the same endpoint, and the summary says when it died, with its log."""
+    restarted on the same endpoint, and the summary says when it died, with its log
+    (also when a pytest-xdist worker ran the tests: tests/run_summary.py)."""
     (tmp_path / "test_shared_dies.py").write_text(textwrap.dedent(
         """
         import os, signal, time
@@ -373,7 +376,7 @@ def test_a_shared_etcd_that_died_is_restarted_for_the_next_test(tmp_path: Path) 
         """))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
          "-p", "tests.conftest", "--rootdir", str(tmp_path),
          str(tmp_path / "test_shared_dies.py")],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
