@@ -11,7 +11,10 @@ SIGKILL cannot be caught; the session's shared etcd survives even that (it runs 
 omega's supervisor, tests/etcd_fixture.py).
 
 Some tests run code in this process that installs handlers of its own (a process's
-``stop_event_on_signals``, the demo); after each test the handler is put back. Python
+``stop_event_on_signals``, the demo); after each test the SIGTERM handler is put back,
+and so is SIGINT's: a pytest-xdist worker told to stop (its controller was stopped,
+or died) interrupts the running test by sending itself SIGINT, and a test's handler
+left in place would swallow it (the worker is then killed with nothing cleaned up). Python
 runs a handler in the main thread when it next runs Python code: if the kernel hands
 SIGTERM to another thread (gRPC's) while the main thread blocks in a long call, the
 run stops when that call returns.
@@ -31,6 +34,7 @@ class _Guard:
 
     def __init__(self) -> None:
         self.fired = False
+        self.sigint = signal.getsignal(signal.SIGINT)  # Python's KeyboardInterrupt
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.fired = True
@@ -40,9 +44,12 @@ class _Guard:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        if (not self.fired and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) != self.handler):
+        if self.fired or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) != self.handler:
             signal.signal(signal.SIGTERM, self.handler)
+        if signal.getsignal(signal.SIGINT) != self.sigint and self.sigint is not None:
+            signal.signal(signal.SIGINT, self.sigint)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -285,16 +285,18 @@ def test_module_exports_match() -> None:
         assert name in etcd_launcher.__all__
 
 
+@pytest.mark.parametrize("workers", [(), ("-n", "1")], ids=["one-process", "xdist"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
-                                                          sig: signal.Signals) -> None:
+def test_a_stopped_test_run_stops_the_etcd_a_test_started(
+        tmp_path: Path, sig: signal.Signals, workers: tuple[str, ...]) -> None:
     """CI stops an overrunning run with SIGTERM, and may SIGKILL it: the etcd a test body
     started (not the session's shared one) must go with it. On SIGTERM the test's own
     clean-up stops it (tests/terminate_cleanly.py), also after an earlier test ran code
     that installed a SIGTERM handler of its own; a SIGKILL runs no clean-up, and the
-    supervisor every test etcd runs under (tests/etcd_fixture.py) stops it."""
+    supervisor every test etcd runs under (tests/etcd_fixture.py) stops it. Under
+    pytest-xdist the signal goes to the controller, and the test runs in a worker."""
     (tmp_path / "test_holds_etcd.py").write_text(textwrap.dedent(
-        """
+        f"""
         import time
         from omega.signals import stop_event_on_signals
         from tests.etcd_fixture import make_local_etcd
@@ -306,7 +308,9 @@ def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
             server = make_local_etcd()
             try:
                 server.start()
-                print("ETCD", server.pid, server.data_dir, flush=True)
+                # A file, not stdout: an xdist worker's output reaches no one meanwhile.
+                with open({str(tmp_path / "etcd.txt")!r}, "w") as f:
+                    print("ETCD", server.pid, server.data_dir, file=f, flush=True)
                 # Short sleeps: the kernel may hand SIGTERM to another thread (gRPC's),
                 # and Python runs the handler only when the main thread wakes up.
                 for _ in range(6000):
@@ -315,38 +319,47 @@ def test_a_stopped_test_run_stops_the_etcd_a_test_started(tmp_path: Path,
                 server.stop()
         """))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-         "-p", "tests.conftest", "--rootdir", str(tmp_path),
-         str(tmp_path / "test_holds_etcd.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    log = tmp_path / "run.log"
+    with open(log, "w") as output:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *workers,
+             "-p", "tests.conftest", "--rootdir", str(tmp_path),
+             str(tmp_path / "test_holds_etcd.py")],
+            stdout=output, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     started: list[int] = []  # the supervisor, then etcd itself
+    said = tmp_path / "etcd.txt"
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "ETCD " in line:  # after pytest's progress dot of the first test
-                _, pid_text, data_dir = line[line.index("ETCD "):].split()
-                started = [int(pid_text), *_children(int(pid_text))]
-                break
+        deadline = time.monotonic() + 60
+        while not said.read_text().endswith("\n") if said.exists() else True:
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        _, pid_text, data_dir = said.read_text().split()
+        started = [int(pid_text), *_children(int(pid_text))]
         assert len(started) == 2 and not any(map(_gone, started)), \
             f"the child test run did not start its etcd under a supervisor: {started}"
         proc.send_signal(sig)
         try:
-            out, _ = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, _ = proc.communicate()
-            pytest.fail(f"the stopped test run did not end:\n{out}")
+            proc.wait()
+            pytest.fail(f"the stopped test run did not end:\n{log.read_text()}")
+        out = log.read_text()
         # pytest's "interrupted", or killed outright.
         assert proc.returncode == (2 if sig is signal.SIGTERM else -signal.SIGKILL), out
+        # An xdist controller ends without waiting for its worker to finish cleaning up
+        # (the worker notices it is gone within seconds, and unwinds or dies).
         for pid in started:
-            assert _wait_gone(pid), f"etcd (or its supervisor) outlived the {sig.name}"
+            assert _wait_gone(pid, 30), f"etcd (or its supervisor) outlived the {sig.name}"
         if sig is signal.SIGTERM:
+            deadline = time.monotonic() + 30
+            while Path(data_dir).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
             assert not Path(data_dir).exists()
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
         for pid in started:
             if not _gone(pid):
                 _kill(pid)
