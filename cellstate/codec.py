@@ -659,6 +659,34 @@ def config_to_doc(c: CellConfig) -> dict[str, Any]:
     return {"limits": limits}
 
 
+def limits_to_doc(lim: SchedulerLimits | None) -> dict[str, Any]:
+    """One scheduler's limits as its table in the config: every field, None where it
+    has no such limit."""
+    cap = lim.max_resources if lim is not None else None
+    return {"max_precedence": lim.max_precedence if lim is not None else None,
+            "max_resources": _res(cap) if cap is not None else None}
+
+
+def changed_limits(scheduler: str, current: SchedulerLimits | None,
+                   changes: object) -> SchedulerLimits:
+    """``current`` with ``changes`` applied: an object whose ``max_precedence`` and
+    ``max_resources`` (each optional) replace the current ones, None removing that
+    limit. Judged as a server's ``[limits.NAME]`` table is (errors name the field)."""
+    where = f"limits.{scheduler}"
+    if not isinstance(changes, Mapping):
+        raise ModelError(f"{where} must be an object with max_precedence and/or "
+                         f"max_resources, got {changes!r}")
+    unknown = sorted(set(changes) - {"max_precedence", "max_resources"})
+    if unknown:
+        raise ModelError(f"{where}: unknown field {unknown[0]!r} (known: max_precedence, "
+                         "max_resources)")
+    if not changes:
+        raise ModelError(f"{where}: nothing to change (give max_precedence and/or "
+                         "max_resources)")
+    merged = {k: v for k, v in {**limits_to_doc(current), **changes}.items() if v is not None}
+    return parse_config({"limits": {scheduler: merged}}, "").limits[scheduler]
+
+
 def encode_config(c: CellConfig) -> bytes:
     return orjson.dumps(config_to_doc(c))
 

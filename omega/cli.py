@@ -492,13 +492,14 @@ NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simul
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, dashboard, logscmd, machinecmds, plan
+    from omega import completion, dashboard, limitscmd, logscmd, machinecmds, plan
 
     completion.register(sub, build_parser)
     dashboard.register(sub, _cellstate_flag)
     logscmd.register(sub, _cellstate_flag, _non_negative_int)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
     machinecmds.register(sub, _cellstate_flag, _positive(int))
+    limitscmd.register(sub, _cellstate_flag)
 
 
 def _add_simulator(sub: Any) -> None:

@@ -241,6 +241,13 @@ class Authorizer:
         if who is not INSECURE:
             self._only(who, (Kind.OPERATOR,), f"{action} machine {machine}")
 
+    def set_limits(self, context: grpc.ServicerContext, scheduler: str) -> None:
+        """A scheduler's limits: operators only (they bound what it may take of the
+        cell, and with identities which schedulers may act at all)."""
+        who = self.caller(context)
+        if who is not INSECURE:
+            self._only(who, (Kind.OPERATOR,), f"set scheduler {scheduler!r}'s limits")
+
     # -- schedulers ------------------------------------------------------------------
 
     def as_scheduler(self, context: grpc.ServicerContext, scheduler: str, what: str) -> None:

@@ -322,6 +322,16 @@ class CellClient:
         return {"machine": machine, "revision": int(reply.revision), "state": reply.state,
                 "tasks_lost": int(reply.tasks_lost)}
 
+    def set_limits(self, scheduler: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change one scheduler's limits (operators only): ``changes`` has
+        ``max_precedence`` and/or ``max_resources`` (None removes that limit). Returns
+        the revision (0 if nothing had to change) and the scheduler's limits now."""
+        reply = self.call("SetLimits", pb.SetLimitsRequest(
+            scheduler=scheduler, changes_json=orjson.dumps(changes)),
+            what=f"setting scheduler {scheduler}'s limits")
+        return {"scheduler": scheduler, "revision": int(reply.revision),
+                **orjson.loads(reply.limits_json)}
+
     def list_machines(self, state: str = "", limit: int = 0) -> list[dict[str, Any]]:
         reply = self.call("ListMachines", pb.ListMachinesRequest(
             state=state, limit=limit, min_revision=self._seen),

@@ -513,6 +513,26 @@ class CellStateService(pb_grpc.CellStateServicer):
                                           tasks_lost=lost)
 
     @rpc
+    def SetLimits(self, request: pb.SetLimitsRequest,
+                  context: grpc.ServicerContext) -> pb.SetLimitsResponse:
+        check_name(request.scheduler, "scheduler")
+        try:
+            changes = orjson.loads(request.changes_json)
+        except orjson.JSONDecodeError as e:
+            raise convert.WireError(f"changes_json: not JSON ({e})") from None
+        self.auth.set_limits(context, request.scheduler)
+        with self.stores.get() as store:
+            revision, now = store.update_limits(
+                request.scheduler,
+                lambda current: codec.changed_limits(request.scheduler, current, changes))
+        self._wrote(revision)
+        doc = codec.limits_to_doc(now)
+        if now.max_resources is not None:  # what it holds of them, as GetStatus says
+            held = admission.held_by(self._view(revision).snap, request.scheduler)
+            doc["used"] = held.as_dict()
+        return pb.SetLimitsResponse(revision=revision, limits_json=orjson.dumps(doc))
+
+    @rpc
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext,
                   ) -> pb.CellStatus:
         self.auth.read(context)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cellstate import codec, decisions
 from cellstate.cell import (
@@ -34,8 +34,10 @@ from cellstate.model import (
     MachineState,
     ModelError,
     Resources,
+    SchedulerLimits,
     TaskResult,
     TaskState,
+    check_name,
     labels_from as model_labels,
     split_task_id,
 )
@@ -264,6 +266,37 @@ class AdminWrites(LargeGangs):
 
         with self._lock:
             return self._decide_and_write(f"resizing job {job_id}", decide, unchanged)
+
+    def update_limits(
+        self, scheduler: str,
+        change: Callable[[SchedulerLimits | None], SchedulerLimits],
+    ) -> tuple[int, SchedulerLimits]:
+        """Set one scheduler's limits to ``change(its limits now)``, leaving the other
+        schedulers' as they are, while nobody else rewrites the config in between (the
+        change is applied again to what a failed guard read). Returns the revision (0
+        when the limits were already those) and the limits now. ``change`` may raise
+        (ModelError) to refuse: nothing is written then."""
+        check_name(scheduler, "scheduler")
+        with self._lock:
+            key = self.keys.config
+            self._fetch([key])
+            made: list[SchedulerLimits] = []
+
+            def attempt() -> _Write:
+                now = self.view.config
+                new = change(now.limits_for(scheduler))
+                made.append(new)
+                config = CellConfig({**now.limits, scheduler: new})
+                codec.parse_config(codec.config_to_doc(config))  # as set_config checks
+                return _Write({key: self.view.guard_revision(key)}, {key: config})
+
+            current = self.view.config.limits_for(scheduler)
+            wanted = change(current)
+            if current is not None and wanted == current:
+                return 0, current
+            res = self._retry(f"setting scheduler {scheduler!r}'s limits", attempt)
+            self._ensure_usage(self.view.config.limits)
+            return res.revision, made[-1]
 
     def set_config(self, config: CellConfig) -> int:
         """Replace the cell's configuration (per-scheduler limits)."""

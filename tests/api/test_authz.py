@@ -228,6 +228,8 @@ OPERATIONS: dict[str, Call] = {
         machine="m1", action="drain")),
     "uncordon m1": lambda c, w: c.call(w, "SetMachineState", pb.SetMachineStateRequest(
         machine="m1", action="uncordon")),
+    "set batch's cpu limit": lambda c, w: c.call(w, "SetLimits", pb.SetLimitsRequest(
+        scheduler="batch", changes_json=b'{"max_resources": {"cpu": 1000}}')),
 }
 
 # Who may do what; every other (identity, operation) pair must be refused with
@@ -278,6 +280,8 @@ ALLOWED: dict[str, set[str]] = {
     "cordon m2": {"operator:root"},
     "drain m1": {"operator:root"},
     "uncordon m1": {"operator:root"},
+    # Limits bound what a scheduler may take, and which schedulers may act at all.
+    "set batch's cpu limit": {"operator:root"},
 }
 # Refused for a reason that is not the caller's identity: the job is in a final state.
 OTHER_REFUSAL = {("kill finished job", "operator:root"): (FINAL, "final state"),

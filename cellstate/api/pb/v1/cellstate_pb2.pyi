@@ -307,6 +307,22 @@ class SetMachineStateResponse(_message.Message):
     tasks_lost: int
     def __init__(self, revision: _Optional[int] = ..., state: _Optional[str] = ..., tasks_lost: _Optional[int] = ...) -> None: ...
 
+class SetLimitsRequest(_message.Message):
+    __slots__ = ("scheduler", "changes_json")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    changes_json: bytes
+    def __init__(self, scheduler: _Optional[str] = ..., changes_json: _Optional[bytes] = ...) -> None: ...
+
+class SetLimitsResponse(_message.Message):
+    __slots__ = ("revision", "limits_json")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_JSON_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    limits_json: bytes
+    def __init__(self, revision: _Optional[int] = ..., limits_json: _Optional[bytes] = ...) -> None: ...
+
 class ListMachinesRequest(_message.Message):
     __slots__ = ("state", "limit", "min_revision")
     STATE_FIELD_NUMBER: _ClassVar[int]

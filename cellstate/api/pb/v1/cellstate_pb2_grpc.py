@@ -84,6 +84,11 @@ class CellStateStub:
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.SerializeToString,
                 response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.FromString,
                 _registered_method=True)
+        self.SetLimits = channel.unary_unary(
+                '/omega.cellstate.v1.CellState/SetLimits',
+                request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsRequest.SerializeToString,
+                response_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/omega.cellstate.v1.CellState/GetStatus',
                 request_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.GetStatusRequest.SerializeToString,
@@ -189,6 +194,12 @@ class CellStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -289,6 +300,11 @@ def add_CellStateServicer_to_server(servicer, server):
                     servicer.SetMachineState,
                     request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.FromString,
                     response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.SerializeToString,
+            ),
+            'SetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimits,
+                    request_deserializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsRequest.FromString,
+                    response_serializer=omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -601,6 +617,33 @@ class CellState:
             '/omega.cellstate.v1.CellState/SetMachineState',
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateRequest.SerializeToString,
             omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetMachineStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omega.cellstate.v1.CellState/SetLimits',
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsRequest.SerializeToString,
+            omega_dot_cellstate_dot_v1_dot_cellstate__pb2.SetLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,
