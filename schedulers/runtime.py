@@ -603,7 +603,8 @@ class SchedulerInstance:
         st = self._state(jid)
         st.next_try_at = now + self.config.max_retry_delay
         self._held.add(jid)
-        self._held_basis = (snap.config.revision, admission.held_by(snap, self.scheduler))
+        held = admission.held_by(snap, self.scheduler)
+        self._held_basis = (snap.config.revision, held + pending if pending else held)
         if not st.held:
             st.held = True
             self.metrics.jobs_held += 1
@@ -693,7 +694,24 @@ class SchedulerInstance:
             if self.pending is not None and job.id in self._queue:
                 self.pending.record(job, plan.unplaced, results.get(job.id),
                                     self._state(job.id).attempts, now)
+        self._wait_for_room(attempt.snap, plan)
         return results
+
+    def _wait_for_room(self, snap: CellSnapshot, plan: Plan) -> None:
+        """Jobs whose tasks the limit kept out of this plan (``limits.trim``) wait, as
+        held jobs do, for the limits to change or the scheduler to hold less: then they
+        are tried at once, not after their retry delay (an operator who raises the
+        limit expects the waiting tasks to start)."""
+        trimmed = {u.job for u in plan.unplaced if u.code == "limit"}
+        trimmed &= self._queue.keys()
+        if not trimmed:
+            return
+        self._held.update(trimmed)
+        # What it holds with this plan's commits, which the snapshot does not show yet:
+        # its own placements landing must not count as room that grew.
+        held = admission.held_by(snap, self.scheduler) + limits.in_flight(
+            (c, j) for rev, c, j in self._inflight if rev > snap.revision)
+        self._held_basis = (snap.config.revision, held)
 
     def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:
         """Commit the plan as one transaction per job, all in one ``commit_many`` call

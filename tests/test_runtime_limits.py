@@ -16,6 +16,7 @@ from cellstate.model import (
     task_id,
 )
 from schedulers.batch import BatchPolicy
+from schedulers.runtime import RuntimeConfig
 from schedulers.testing import job, machine
 from schedulers.testing.harness import Harness
 from schedulers.why import PendingBook
@@ -78,6 +79,38 @@ def test_a_raised_limit_lets_held_jobs_run_at_once() -> None:
     raised = h.clock.now
     h.run(lambda s: _states(h, "j1") + _states(h, "j2") == [TaskState.RUNNING] * 4)
     assert h.clock.now - raised < 1.0
+    assert _limit_rejections(h) == 0
+
+
+def test_a_job_the_limit_cut_short_runs_at_once_when_the_limit_is_raised() -> None:
+    """Raised while the job's other tasks wait out their retry delay (a minute here)
+    after the limit kept them out of its plan: they run at once, as held jobs do."""
+    h = _cell()
+    h.add(BatchPolicy(), config=RuntimeConfig(retry_delay=60.0, max_retry_delay=120.0))
+    h.submit([job("j1", tasks=4, cpu=1)])
+    h.run(lambda s: _states(h, "j1").count(TaskState.RUNNING) == 2)
+    h.admin.set_config(CellConfig({"batch": SchedulerLimits(
+        max_resources=Resources((("cpu", 4.0),)))}))
+    raised = h.clock.now
+    h.run(lambda s: _states(h, "j1") == [TaskState.RUNNING] * 4)
+    assert h.clock.now - raised < 1.0
+    assert _limit_rejections(h) == 0
+
+
+def test_a_job_the_limit_cut_short_runs_at_once_when_its_own_task_ends() -> None:
+    """Within the retry delay, one of the scheduler's tasks ends: the task the limit
+    kept out runs at once. (What the scheduler held when the job started waiting counts
+    the claims it had just committed, which its copy of the cell did not show yet;
+    counted without them, the end of a task would not read as room that grew.)"""
+    h = _cell()
+    h.add(BatchPolicy(), config=RuntimeConfig(retry_delay=60.0, max_retry_delay=120.0))
+    h.submit([job("j1", tasks=3, cpu=1)])
+    h.run(lambda s: _states(h, "j1").count(TaskState.RUNNING) == 2)
+    h.admin.release_task(task_id("j1", 0), TaskState.FINISHED, "m1")
+    ended = h.clock.now
+    h.run(lambda s: _states(h, "j1").count(TaskState.RUNNING) == 2
+          and _states(h, "j1")[2] is TaskState.RUNNING)
+    assert h.clock.now - ended < 1.0
     assert _limit_rejections(h) == 0
 
 

@@ -231,3 +231,30 @@ def test_a_report_goes_once_its_job_no_longer_waits(cell: tuple[Cluster, str]) -
                  lambda: not kv.range(prefix, prefix_end(prefix)).kvs, c, timeout=30)
     finally:
         kv.close()
+
+
+def test_a_limit_raised_live_lets_the_held_tasks_run_at_once(
+        cell: tuple[Cluster, str]) -> None:
+    """`omega limits` raises batch's cpu limit while two tasks of a job wait for it: the
+    scheduler (whose retry delay is a minute) places them at once, as it sees the config
+    change, and the store takes them."""
+    c, _ = cell
+    with c.client() as client:
+        client.submit_job(_job("raised", "batch", 8))
+    assert _codes(_report(c, "raised", "batch"))["limit"]["tasks"] == 2
+    started = time.monotonic()
+    out = c.run("limits", "batch", "--max-resources", "cpu=8", "--cellstate", c.cellstate)
+    try:
+        assert out.startswith("limits of batch set (revision "), out
+        assert out.rstrip().endswith("precedence up to 4; holds cpu 6 of 8"), out
+
+        def all_running() -> bool:
+            with c.client() as client:
+                tasks = client.get_job("raised")["tasks"]
+                return [t["state"] for t in tasks] == ["running"] * 8
+
+        wait_for("the held tasks to run", all_running, c, timeout=30)
+        assert time.monotonic() - started < 30  # not after the retry delay (60 s)
+    finally:
+        _kill(c, "raised")
+        c.run("limits", "batch", "--max-resources", "cpu=6", "--cellstate", c.cellstate)
