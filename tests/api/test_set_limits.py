@@ -89,6 +89,17 @@ def test_a_new_scheduler_gets_limits_and_a_usage_count(
     assert set(store.read_snapshot().config.limits) == {"batch", "service"}
 
 
+def test_a_scheduler_listed_with_no_limits(live: tuple[CellStateServer, CellStore],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`none` for a scheduler the config does not list yet lists it with no limits:
+    with identities, that is what lets a new scheduler act (docs/security.md)."""
+    server, store = live
+    code, out, _ = run_omega(server, capsys, "limits", "flow", "--max-resources", "none")
+    config = store.read_snapshot().config
+    assert code == 0 and out == f"limits of flow set (revision {config.revision}): none\n"
+    assert config.limits["flow"] == SchedulerLimits()
+
+
 @pytest.mark.parametrize(("scheduler", "changes", "says"), [
     ("batch", b'{"max_resources": {"cpu": -1}}', "limits.batch.max_resources.cpu is negative"),
     ("batch", b'{"max_precedence": "high"}', "limits.batch.max_precedence must be an integer"),
