@@ -190,3 +190,14 @@ def pipe_closed() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return PIPE_CLOSED
+
+
+def cell_client(args: argparse.Namespace, retry_for: float = 5.0) -> Any:
+    """A client of the cellstate servers ``--cellstate`` names, with the command's TLS
+    flags (a CellClient; imported here, not at the top: most commands need none)."""
+    from cellstate.api.client import CellClient
+    from cellstate.api.config import addresses
+    from omega.security import tls_from_args
+
+    return CellClient(addresses(args.cellstate, "--cellstate"), retry_for=retry_for,
+                      tls=tls_from_args(args))

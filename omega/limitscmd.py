@@ -70,14 +70,13 @@ def _resources(text: str) -> dict[str, float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from omega.cliglobal import emit
-    from omega.machinecmds import _client
+    from omega.cliglobal import cell_client, emit
     from omega.statusfmt import limits_text
 
     changes: dict[str, Any] = {name: getattr(args, name)
                                for name in ("max_precedence", "max_resources")
                                if hasattr(args, name)}
-    with _client(args) as client:
+    with cell_client(args) as client:
         if changes:
             if args.scheduler is None:
                 raise ValueError("name the scheduler whose limits to change "

@@ -34,17 +34,13 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellstate.api.client import CellClient
-    from cellstate.api.config import addresses
-    from omega.cliglobal import emit
-    from omega.security import tls_from_args
+    from omega.cliglobal import cell_client, emit
 
     if not args.log_dir:
         raise ValueError("give the agents' log folder: --log-dir DIR (or $OMEGA_LOG_DIR, or "
                          "log_dir in the config file)")
     root = Path(args.log_dir)
-    with CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0,
-                    tls=tls_from_args(args)) as client:
+    with cell_client(args) as client:
         info = client.get_job(args.job_id)
     count = int(info["spec"].get("task_count", 0))
     if args.task is not None and args.task >= count:

@@ -37,20 +37,11 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
     r.set_defaults(func=resize)
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from cellstate.api.client import CellClient
-    from cellstate.api.config import addresses
-    from omega.security import tls_from_args
-
-    return CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0,
-                      tls=tls_from_args(args))
-
-
 def machines(args: argparse.Namespace, action: str) -> int:
-    from omega.cliglobal import emit
+    from omega.cliglobal import cell_client, emit
 
     done = []
-    with _client(args) as client:
+    with cell_client(args) as client:
         # A typo among several machines changes none of them (each is its own write).
         known = {m["id"] for m in client.list_machines()}
         unknown = [m for m in args.machines if m not in known]
@@ -72,9 +63,9 @@ def _text(action: str, d: dict[str, Any]) -> str:
 
 
 def resize(args: argparse.Namespace) -> int:
-    from omega.cliglobal import emit
+    from omega.cliglobal import cell_client, emit
 
-    with _client(args) as client:
+    with cell_client(args) as client:
         revision = client.resize(args.job_id, args.tasks)
     emit(args, {"job": args.job_id, "task_count": args.tasks, "revision": revision},
          f"job {args.job_id}: {args.tasks} tasks (revision {revision})")

@@ -145,9 +145,8 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
 
 def run(args: argparse.Namespace, options_from_flags: Callable[[Any], dict[str, Any]]) -> int:
     from cellstate import codec
-    from cellstate.api.client import CellClient, remote_replica
-    from cellstate.api.config import addresses
-    from omega.cliglobal import BAD_INPUT, emit
+    from cellstate.api.client import remote_replica
+    from omega.cliglobal import BAD_INPUT, cell_client, emit
     from omega.jobfile import load_job_file
     from schedulers.registry import Registry, UnknownSchedulerError
 
@@ -156,10 +155,7 @@ def run(args: argparse.Namespace, options_from_flags: Callable[[Any], dict[str, 
         raise ValueError(f"{args.file}: plan takes one job, the file has {len(docs)}")
     job = codec.parse_job(docs[0], "job")
     job = attrs.evolve(job, submitted_at=job.submitted_at or time.time())
-    from omega.security import tls_from_args
-
-    with CellClient(addresses(args.cellstate, "--cellstate"), retry_for=5.0,
-                    tls=tls_from_args(args)) as client:
+    with cell_client(args) as client:
         replica = remote_replica(client, args.cell)
         replica.load()
         snap = replica.snapshot()
