@@ -840,6 +840,11 @@ class SchedulerLimits:
 
 @attrs.frozen(slots=True)
 class CellConfig:
+    """The cell's configuration: per-scheduler limits, as written at ``revision``.
+    Two configs compare equal when their revisions do (the limits are not compared:
+    a record is known by its revision, as the replica's ``verify`` compares them);
+    compare ``.limits`` to compare what they say."""
+
     limits: Mapping[str, SchedulerLimits] = attrs.field(factory=dict, eq=False)
     revision: int = 0
 
