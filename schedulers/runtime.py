@@ -370,7 +370,9 @@ class SchedulerInstance:
         if KeyKind.CONFIG in kinds or (
                 KeyKind.USAGE in kinds and (KeyKind.USAGE, self.scheduler) in changed):
             self._limits_changed = True
-            if self._held:
+            # A new config (rare) always wakes: a decision under way may be about to
+            # hold a job back, after which nothing else would wake it for this change.
+            if self._held or KeyKind.CONFIG in kinds:
                 self._wake.set()
         with self._lock:
             if self._seen is not None:
@@ -689,12 +691,14 @@ class SchedulerInstance:
         # Retries count from the end of the attempt (equal to its start when deciding
         # takes no virtual time).
         now = self.clock()
+        # Before the reports go out: whoever reads one and raises the limit at once
+        # must find the job waiting for that.
+        self._wait_for_room(attempt.snap, plan)
         for job in attempt.jobs:
             self._after_attempt(job, plan, results.get(job.id), now)
             if self.pending is not None and job.id in self._queue:
                 self.pending.record(job, plan.unplaced, results.get(job.id),
                                     self._state(job.id).attempts, now)
-        self._wait_for_room(attempt.snap, plan)
         return results
 
     def _wait_for_room(self, snap: CellSnapshot, plan: Plan) -> None:
