@@ -12,14 +12,18 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from cellstate import codec
 from cellstate.cell import task_view
 from cellstate.invariants import violations
-from cellstate.kv.base import KV, Compare, Op, RangeResult, TxnResult, Watcher
+from cellstate.kv.base import KV, Compare, Op, Put, RangeResult, TxnResult, Watcher
 from cellstate.model import (
+    CellConfig,
     Claim,
     JobState,
     JobStatus,
     Reason,
+    Resources,
+    SchedulerLimits,
     TaskState,
     Transaction,
     TxnMode,
@@ -234,3 +238,33 @@ def test_a_kill_is_not_replaced_by_an_abandonment(kv: KV, cell: str) -> None:
     admin.kill_job(JobStatus("j", JobState.KILLED, "user"))
     admin.set_job_status(JobStatus("j", JobState.ABANDONED, "scheduler gave up"))
     assert admin.read_snapshot().statuses["j"].state is JobState.KILLED
+
+
+# -- a new config's usage counter, started by two stores at once ---------------------
+
+
+def test_two_stores_starting_a_new_configs_usage_counter_both_go_on(kv: KV,
+                                                                    cell: str) -> None:
+    """Every store that meets a new resource limit starts the scheduler's usage
+    counter. When another store's write lands first (a server that set the limit live,
+    while a scheduler commits through another), the loser's commit goes on with that
+    counter; it used to fail ("the records changed while writing"), and the scheduler
+    then slept its retry delay."""
+    admin = setup(kv, cell)
+    racing = Interleaving(kv)
+    sched = CellStore(racing, cell)
+    sched.load()
+    usage_key = admin.keys.usage("s")
+    # The limit arrives as a config written without its counter (as a server writes it
+    # before it starts the counter), and the other store starts the counter exactly
+    # between this store's read of it and its own write.
+    config = CellConfig({"s": SchedulerLimits(max_resources=Resources.of(cpu=6))})
+    kv.txn([], [Put(admin.keys.config, codec.encode_config(config))])
+    racing.before_txn = lambda ops: any(isinstance(op, Put) and op.key == usage_key
+                                        for op in ops)
+    racing.hook = lambda: (admin.load(), admin._ensure_usage(["s"]))
+    res = sched.commit(Transaction("s", (Claim("j", 0, "m0"),)))
+    assert racing.fired
+    assert [c.task for c in res.committed] == ["j/0"]
+    usage = admin.read_snapshot().usage["s"]
+    assert usage.used == Resources.of(cpu=1, mem=1)

@@ -375,9 +375,16 @@ class StoreBase:
         used = scheduler_usage(snapshot_from_kvs(self.keys, res.kvs, base), scheduler)
         record = UsageRecord(scheduler, base, used, base_used=used)
         key = self.keys.usage(scheduler)
-        self._write_once(
-            _Write({key: self.view.guard_revision(key), self.keys.config: base}, {key: record})
-        )
+        if self._try_write(_Write({key: self.view.guard_revision(key),
+                                   self.keys.config: base}, {key: record})).succeeded:
+            return
+        # Every store that meets a new config starts its counters (a server that set
+        # it, each scheduler's commits through other servers): another may have been
+        # first, which is as good. Only a config changed again meanwhile is news.
+        self._fetch([key, self.keys.config])
+        rec = self.view.usage.get(scheduler)
+        if rec is None or rec.base_revision != self.view.config.revision:
+            raise ContentionError("the records changed while writing; try again")
 
     def _usage_records(
         self, added: Mapping[str, Resources], removed: Mapping[str, Resources]
