@@ -27,6 +27,7 @@ from cellstate.model import (
     TaskState,
     Transaction,
     TxnMode,
+    UsageRecord,
 )
 from cellstate.store import CellStore, StoreError, StoreOptions
 from schedulers.testing import job, machine
@@ -262,9 +263,14 @@ def test_two_stores_starting_a_new_configs_usage_counter_both_go_on(kv: KV,
     kv.txn([], [Put(admin.keys.config, codec.encode_config(config))])
     racing.before_txn = lambda ops: any(isinstance(op, Put) and op.key == usage_key
                                         for op in ops)
-    racing.hook = lambda: (admin.load(), admin._ensure_usage(["s"]))
+
+    def start_the_counter() -> None:
+        admin.load()
+        admin._ensure_usage(["s"])
+
+    racing.hook = start_the_counter
     res = sched.commit(Transaction("s", (Claim("j", 0, "m0"),)))
     assert racing.fired
     assert [c.task for c in res.committed] == ["j/0"]
     usage = admin.read_snapshot().usage["s"]
-    assert usage.used == Resources.of(cpu=1, mem=1)
+    assert isinstance(usage, UsageRecord) and usage.used == Resources.of(cpu=1, mem=1)
