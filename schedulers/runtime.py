@@ -713,8 +713,9 @@ class SchedulerInstance:
         self._held.update(trimmed)
         # What it holds with this plan's commits, which the snapshot does not show yet:
         # its own placements landing must not count as room that grew.
+        # (Every claim in flight is past ``snap``: decide() dropped the others.)
         held = admission.held_by(snap, self.scheduler) + limits.in_flight(
-            (c, j) for rev, c, j in self._inflight if rev > snap.revision)
+            (c, j) for _, c, j in self._inflight)
         self._held_basis = (snap.config.revision, held)
 
     def _commit(self, snap: CellSnapshot, plan: Plan, now: float) -> dict[str, CommitResult]:

@@ -280,13 +280,10 @@ class AdminWrites(LargeGangs):
         with self._lock:
             key = self.keys.config
             self._fetch([key])
-            made: list[SchedulerLimits] = []
 
             def attempt() -> _Write:
                 now = self.view.config
-                new = change(now.limits_for(scheduler))
-                made.append(new)
-                config = CellConfig({**now.limits, scheduler: new})
+                config = CellConfig({**now.limits, scheduler: change(now.limits_for(scheduler))})
                 codec.parse_config(codec.config_to_doc(config))  # as set_config checks
                 return _Write({key: self.view.guard_revision(key)}, {key: config})
 
@@ -296,7 +293,10 @@ class AdminWrites(LargeGangs):
                 return 0, current
             res = self._retry(f"setting scheduler {scheduler!r}'s limits", attempt)
             self._ensure_usage(self.view.config.limits)
-            return res.revision, made[-1]
+            # The view took the written config in (the write succeeded).
+            written = self.view.config.limits_for(scheduler)
+            assert written is not None
+            return res.revision, written
 
     def set_config(self, config: CellConfig) -> int:
         """Replace the cell's configuration (per-scheduler limits)."""

@@ -380,8 +380,8 @@ class StoreBase:
             return
         # Every store that meets a new config starts its counters (a server that set
         # it, each scheduler's commits through other servers): another may have been
-        # first, which is as good. Only a config changed again meanwhile is news.
-        self._fetch([key, self.keys.config])
+        # first, which is as good. Only a config changed again meanwhile is news. (The
+        # failed write has read both guarded keys into the view.)
         rec = self.view.usage.get(scheduler)
         if rec is None or rec.base_revision != self.view.config.revision:
             raise ContentionError("the records changed while writing; try again")
