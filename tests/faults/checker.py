@@ -287,9 +287,12 @@ def _ack_problem(a: Ack, snap: CellSnapshot) -> str:
         if v.state is not TaskState.RUNNING or v.machine != a.machine:
             return f"the task is {v.state.value} on {v.machine or 'no machine'}, not " \
                    f"running on {a.machine}"
+        # A commit's revision is that of its last write (CommitResult.revision): a
+        # commit that took several etcd transactions (its guards failed for some
+        # machines, which it decided again) wrote some claims before it.
         rec = snap.tasks.get(a.task)
-        if rec is None or rec.revision != rev:
-            return "the task's record was not written at that revision"
+        if rec is None or rec.revision > rev:
+            return "the task's record was not written by that revision"
         return ""
     if a.op == "submit":
         job = snap.jobs.get(a.job)

@@ -128,6 +128,18 @@ def test_acknowledgements_missing_from_history_are_reported(kv: MemoryKV,
     assert "not running on m2" in h.ack_problems[0]
 
 
+def test_a_commit_of_several_writes_is_acknowledged_at_its_last(kv: MemoryKV,
+                                                                store: CellStore) -> None:
+    """CommitResult.revision is that of a commit's last etcd write: a claim written by
+    an earlier one of its writes is acknowledged at the later revision, and is there."""
+    first = store.commit(Transaction("batch", (Claim("j", 0, "m1"),)))
+    last = store.commit(Transaction("batch", (Claim("j", 1, "m2"),)))
+    assert first.revision < last.revision
+    h = _walk(kv, [Ack("commit", last.revision, 0.0, task="j/0", machine="m1"),
+                   Ack("commit", last.revision, 0.0, task="j/1", machine="m2")])
+    assert h.ack_problems == []
+
+
 def test_a_placement_after_the_kill_is_reported(kv: MemoryKV, store: CellStore) -> None:
     killed = _put(kv, (K.status("j"), codec.encode_status(
         JobStatus("j", JobState.KILLED, "by a test"))))
