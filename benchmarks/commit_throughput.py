@@ -60,7 +60,10 @@ counts those read-only Txns, which ``txn/c`` does not); committer processes tune
 garbage collector after loading the cell as scheduler processes do (``--default-gc``:
 they do not); ``--profile DIR`` cProfiles the committers of the incremental/fine etcd runs;
 ``--committers``, ``--modes``, ``--detections`` choose the configurations (e.g.
-``--committers 1,4 --modes incremental --detections fine``, the goals' runs).
+``--committers 1,4 --modes incremental --detections fine``, the goals' runs);
+``--disjoint`` gives each committer machines of its own (every n-th), as the raw
+baseline's processes own their keys: what the store costs without contention (a
+diagnostic; the goals are not checked in it).
 """
 
 from __future__ import annotations
