@@ -161,6 +161,40 @@ def test_a_kill_landing_while_a_large_gang_stages_aborts_the_gang(kv: KV, cell: 
     assert violations(admin.read_snapshot()) == []
 
 
+def test_a_claim_taking_the_quota_while_a_large_gang_stages_aborts_the_gang(
+        kv: KV, cell: str) -> None:
+    """Each part of a staged gang passes the scheduler's resource limit; another commit
+    of the same scheduler lands before the gang's commit point and leaves too little.
+    The commit point counts the whole gang against the limit again (the quota fit
+    rule), so the gang aborts with the limit named and nothing of it runs."""
+    tasks = 40
+    admin = CellStore(kv, cell)
+    admin.add_machines([machine(f"m{i}", cpu=8, mem=64) for i in range(tasks)])
+    admin.submit_job(job("j", tasks=tasks, cpu=1, scheduler="s", gang=True))
+    admin.submit_job(job("k", tasks=2, cpu=1, scheduler="s"))
+    admin.set_config(CellConfig({"s": SchedulerLimits(max_resources=Resources.of(cpu=41))}))
+    hooked = Interleaving(kv)
+    hooked.max_txn_ops = 16  # the staged protocol for 40 claims on 40 machines
+    hooked.before_txn = lambda ops: any(b'"committed"' in getattr(o, "value", b"")
+                                        for o in ops)
+    other = CellStore(kv, cell)
+    hooked.hook = lambda: other.commit(Transaction("s", (Claim("k", 0, "m0"),
+                                                         Claim("k", 1, "m1"))))
+    sched = CellStore(hooked, cell, options=StoreOptions(per_machine_writes="never"))
+    res = sched.commit(Transaction("s", tuple(Claim("j", i, f"m{i}") for i in range(tasks)),
+                                   TxnMode.GANG))
+    assert hooked.fired, "the gang never reached its commit point"
+    assert res.committed == ()
+    first = res.rejected[0]
+    assert (first.reason, first.dimension) == (Reason.LIMIT_EXCEEDED, "cpu")
+    assert first.detail == "scheduler 's' would hold 42 cpu, past its limit of 41"
+    admin.recover()
+    assert running(admin, "j") == [] and running(admin, "k") == ["k/0", "k/1"]
+    usage = admin.read_snapshot().usage["s"]
+    assert isinstance(usage, UsageRecord) and usage.used.get("cpu") == 2
+    assert violations(admin.read_snapshot()) == []
+
+
 # -- finding 2: a shrink racing a claim -------------------------------------------------
 
 

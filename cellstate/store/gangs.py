@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from cellstate import decisions
+from cellstate import decisions, fit
 from cellstate.errors import (
     AlreadyExistsError as AlreadyExistsError,
     ContentionError as ContentionError,
@@ -47,6 +47,8 @@ from cellstate.validation import (
 )
 
 log = logging.getLogger(__name__)
+
+_NOTHING = Resources()
 
 
 class LargeGangs(ClaimCommits):
@@ -185,11 +187,12 @@ class LargeGangs(ClaimCommits):
                 lim = self.view.config.limits_for(u.scheduler)
                 assert lim is not None and lim.max_resources is not None
                 if u.scheduler in added:
-                    dim = u.used.exceeding_limit(lim.max_resources)
-                    if dim is not None:
-                        first = txn.claims[0]
+                    # The counter already holds the whole gang: nothing more to add.
+                    miss = fit.quota(u.used, _NOTHING, lim.max_resources, u.scheduler)
+                    if miss is not None:
+                        dim = miss.dimension
                         return Rejection(
-                            first, Reason.LIMIT_EXCEEDED,
+                            txn.claims[0], miss.reason,
                             f"scheduler {u.scheduler!r} would hold {u.used.get(dim):g} {dim}, "
                             f"past its limit of {lim.max_resources.get(dim):g}", dim,
                         )
