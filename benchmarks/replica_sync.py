@@ -6,15 +6,26 @@ batches of claims: events applied per second and the delay from a commit's retur
 the replica having applied it (p50/p99).
 
     python benchmarks/replica_sync.py [--machines 10000] [--commits 300] [--no-fsync]
+    python benchmarks/replica_sync.py --apply-cost [--machines 2000] [--commits 400]
+
+``--apply-cost`` measures instead what following costs a process: commits of 50 claims
+on machines picked at random (as commit_throughput's committers pick them) go into a
+memory backend, twice ``--commits`` of them; the replica applies the first half (so
+machines already hold tasks), the garbage collector is tuned as processes tune it
+(``cellstate.gc_tuning``), then the replica applies the second half in one thread and
+the CPU time it took is printed per commit of 50 claims (three keys each: the task's
+record, its allocation, its machine's record).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import threading
 import time
 
+from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.kv.base import KV
 from cellstate.kv.etcd import EtcdKV
 from cellstate.kv.memory import MemoryKV
@@ -70,12 +81,60 @@ def run(name: str, kv: KV, reader_kv: KV, machines: int, commits: int) -> dict[s
     }
 
 
+def apply_cost(machines: int, commits: int, seed: int = 1) -> float:
+    """CPU seconds per commit of 50 claims that a replica takes to apply (see the
+    module's docstring)."""
+    kv = MemoryKV()
+    store = build(kv, machines)
+    store.load()
+    replica = Replica(kv, "bench")
+    replica.load()
+    rng = random.Random(seed)
+    mids = sorted(store.view.machines)
+    task = 0
+
+    def commit_some(n: int) -> None:
+        nonlocal task
+        for _ in range(n):
+            claims = tuple(Claim("load", task + k, mid, store.view.machines[mid].seq)
+                           for k, mid in enumerate(rng.choices(mids, k=50)))
+            task += 50
+            store.commit(Transaction("batch", claims))
+
+    commit_some(commits)
+    while replica.pump():
+        pass
+    tune_for_large_heap()
+    commit_some(commits)
+    t0 = time.process_time()
+    while replica.pump():
+        pass
+    return (time.process_time() - t0) / commits
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--machines", type=int, default=10_000)
-    ap.add_argument("--commits", type=int, default=300)
+    ap.add_argument("--machines", type=int, default=None,
+                    help="10,000 (2,000 with --apply-cost)")
+    ap.add_argument("--commits", type=int, default=None, help="300 (400 with --apply-cost)")
     ap.add_argument("--no-fsync", action="store_true")
+    ap.add_argument("--apply-cost", action="store_true",
+                    help="CPU a replica spends applying commits (memory backend)")
     args = ap.parse_args()
+    if args.apply_cost:
+        machines = args.machines or 2_000
+        commits = args.commits or 400
+        if machines < 1 or commits < 1:
+            ap.error("--machines and --commits must be at least 1")
+        cost = apply_cost(machines, commits)
+        print(f"replica of a {machines}-machine cell applying {commits} commits of 50 claims "
+              f"(after {commits} applied before): {cost * 1e3:.2f} ms of CPU per commit, "
+              f"{cost / 50 * 1e6:.1f} us per claim")
+        return
+    args.machines = args.machines or 10_000
+    args.commits = args.commits or 300
+    if args.machines < 1 or args.commits < 1:
+        ap.error("--machines and --commits must be at least 1")
     rows = []
     mem = MemoryKV()
     rows.append(("memory", run("memory", mem, mem, args.machines, args.commits)))

@@ -12,6 +12,7 @@ Two kinds of entry point:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -51,8 +52,30 @@ from cellstate.model import (
     check_name,
     labels_from,
     set_key_seq,
+    trusted_machine,
     trusted_resources,
 )
+
+# Decoding looks states up by value in these (an Enum call costs about as much as
+# decoding the rest of a task's record); what they lack goes to the Enum, whose error
+# is the one a corrupt value has always raised.
+_MACHINE_STATES: dict[object, MachineState] = {s.value: s for s in MachineState}
+_TASK_STATES: dict[object, TaskState] = {s.value: s for s in TaskState}
+
+
+def _machine_state(value: object) -> MachineState:
+    try:
+        return _MACHINE_STATES[value]
+    except (KeyError, TypeError):
+        return MachineState(value)
+
+
+def _task_state(value: object) -> TaskState:
+    try:
+        return _TASK_STATES[value]
+    except (KeyError, TypeError):
+        return TaskState(value)
+
 
 MAX_TASKS_PER_JOB = 1_000_000
 MAX_PRECEDENCE = 1_000_000
@@ -103,42 +126,71 @@ def encode_machine(m: Machine) -> bytes:
 
 def decode_machine(
     machine_id: str, value: bytes, revision: int,
-    allocations: Mapping[str, Allocation] | None = None,
+    allocations: Mapping[str, Allocation] | None = None, *, copy: bool = True,
 ) -> Machine:
-    return decode_machine_counted(machine_id, value, revision, allocations)[0]
+    return decode_machine_counted(machine_id, value, revision, allocations, copy=copy)[0]
 
 
 def decode_machine_counted(
     machine_id: str, value: bytes, revision: int,
-    allocations: Mapping[str, Allocation] | None = None,
+    allocations: Mapping[str, Allocation] | None = None, *, copy: bool = True,
 ) -> tuple[Machine, int]:
-    """The machine, and how many allocation keys its record says it has."""
+    """The machine, and how many allocation keys its record says it has. ``copy``:
+    the machine gets a copy of ``allocations`` (False: the caller's dict itself, which it
+    must not change afterwards)."""
     try:
-        doc = orjson.loads(value)
-        if "allocs" in doc:
-            raise ModelError(
-                f"machine {machine_id!r} is stored in the layout before allocation keys "
-                "(allocations inside the machine's record); this version cannot read it"
-            )
-        count = doc.get("n", 0)
-        if type(count) is not int or count < 0:
-            raise ValueError(f"allocation count {count!r}")
-        return Machine(
-            machine_id,
-            _unres(doc["capacity"]),
-            doc.get("rack", ""),
-            doc.get("fd", ""),
-            tuple(sorted(doc.get("labels", {}).items())),
-            MachineState(doc["state"]),
-            doc.get("agent", ""),
-            dict(allocations) if allocations else {},
-            revision,
-        ), count
+        static, count = _split_count(value)
+        capacity, rack, fd, labels, state, agent, n = _machine_fields(static)
+        allocs = (dict(allocations) if copy else allocations) if allocations else {}
+        return trusted_machine(machine_id, capacity, rack, fd, labels, state, agent, allocs,
+                               revision), n if count is None else count
+    except _OldLayout:
+        raise ModelError(
+            f"machine {machine_id!r} is stored in the layout before allocation keys "
+            "(allocations inside the machine's record); this version cannot read it"
+        ) from None
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
             AttributeError) as e:
-        if isinstance(e, ModelError):
-            raise
         raise ModelError(f"machine {machine_id!r}: stored record is corrupt ({e})") from e
+
+
+class _OldLayout(Exception):
+    pass
+
+
+_COUNT_FIELD = b',"n":'
+
+
+def _split_count(value: bytes) -> tuple[bytes, int | None]:
+    """A machine's record without the allocation count that :func:`encode_machine`
+    writes last, and the count; ``(value, None)`` for a record that does not end so.
+    Every placement rewrites the record with only that count changed, so what comes
+    before it is decoded once (:func:`_machine_fields`) and not again per placement.
+    (A ``"`` inside a JSON string is escaped, so the field's bytes only occur as the
+    field itself.)"""
+    i = value.rfind(_COUNT_FIELD)
+    if i > 0 and value[-1:] == b"}":
+        digits = value[i + len(_COUNT_FIELD) : -1]
+        if digits.isdigit() and (digits[:1] != b"0" or len(digits) == 1):
+            return value[:i] + b"}", int(digits)
+    return value, None
+
+
+@functools.lru_cache(maxsize=65_536)
+def _machine_fields(
+    static: bytes,
+) -> tuple[Resources, str, str, Labels, MachineState, str, int]:
+    """A machine record's fields but its allocations (a pure function of the bytes,
+    kept for as many machines as a large cell has: see _split_count)."""
+    doc = orjson.loads(static)
+    if "allocs" in doc:
+        raise _OldLayout
+    count = doc.get("n", 0)
+    if type(count) is not int or count < 0:
+        raise ValueError(f"allocation count {count!r}")
+    return (_unres(doc["capacity"]), doc.get("rack", ""), doc.get("fd", ""),
+            tuple(sorted(doc.get("labels", {}).items())), _machine_state(doc["state"]),
+            doc.get("agent", ""), count)
 
 
 def encode_alloc(a: Allocation) -> bytes:
@@ -532,7 +584,7 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
         return TaskRecord(
             job,
             int(index),
-            TaskState(doc["state"]),
+            _task_state(doc["state"]),
             doc.get("machine", ""),
             doc.get("scheduler", ""),
             doc.get("gang", ""),

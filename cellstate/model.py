@@ -458,6 +458,32 @@ _set_settled_used, _set_has_tags, _set_job_ids, _set_gang_tags = (
 del _slot
 
 
+def trusted_machine(machine_id: str, capacity: Resources, rack: str, failure_domain: str,
+                    labels: Labels, state: MachineState, agent: str,
+                    allocations: Mapping[str, Allocation], seq: int) -> Machine:
+    """``Machine(...)`` of these fields, built as :func:`_copy_machine` builds a copy
+    (attrs' frozen ``__init__`` sets each of the fifteen slots through
+    ``object.__setattr__``): a replica decodes a machine record for every placement it
+    follows. The fields are trusted (decoded from the store's own encoding)."""
+    c = _new_object(Machine)
+    _set_id(c, machine_id)
+    _set_capacity(c, capacity)
+    _set_rack(c, rack)
+    _set_failure_domain(c, failure_domain)
+    _set_labels(c, labels)
+    _set_state(c, state)
+    _set_agent(c, agent)
+    _set_allocations(c, allocations)
+    _set_seq(c, seq)
+    _set_calm(c, None)
+    _set_diff(c, None)
+    _set_settled_used(c, None)
+    _set_has_tags(c, None)
+    _set_job_ids(c, None)
+    _set_gang_tags(c, None)
+    return c
+
+
 def _copy_machine(m: Machine, allocations: Mapping[str, Allocation], seq: int,
                   calm: bool, settled_used: Resources | None = None,
                   has_tags: bool | None = None, job_ids: frozenset[str] | None = None,

@@ -107,7 +107,8 @@ def _apply_machines(
                 allocs[tid] = codec.decode_alloc(tid, kv.value, seq)
         rec = records.get(mid)
         if rec is not None:
-            machines[mid] = codec.decode_machine(mid, rec.value, rec.mod_revision, allocs)
+            machines[mid] = codec.decode_machine(mid, rec.value, rec.mod_revision, allocs,
+                                                 copy=False)
         elif old is not None:
             # Allocations change only with their machine's record; this is the tail of
             # a batch split by the watch (or a hand-made edit): keep the sequence.

@@ -84,7 +84,7 @@ class WorkingView:
                 # The same sequence means the same allocations: no need to decode.
                 self.machines[kind[1]] = codec.decode_machine(
                     kind[1], kv.value, kv.mod_revision,
-                    _allocations(self.keys, kind[1], allocs, held))
+                    _allocations(self.keys, kind[1], allocs, held), copy=False)
             return
         if as_of > self.revision:
             self.revision = as_of

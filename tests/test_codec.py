@@ -14,15 +14,28 @@ from cellstate.codec import (
     decode_alloc,
     decode_job,
     decode_machine,
+    decode_machine_counted,
+    decode_task,
     decode_usage,
     encode_job,
     encode_machine,
+    encode_task,
     parse_config,
     parse_job,
     parse_machine,
 )
+from cellstate.keys import KeyKind, Keyspace
 from cellstate.kv.memory import MemoryKV
-from cellstate.model import Claim, ModelError, Reason
+from cellstate.model import (
+    Allocation,
+    Claim,
+    MachineState,
+    ModelError,
+    Reason,
+    Resources,
+    TaskRecord,
+    TaskState,
+)
 from schedulers.testing import job, machine, make_cell, txn
 
 GOOD_JOB: dict[str, Any] = {
@@ -106,6 +119,69 @@ def test_a_corrupt_stored_record_names_its_key() -> None:
         decode_machine("m1", b"{not json", 3)
     m = machine("m1")
     assert decode_machine("m1", encode_machine(m), 9).seq == 9
+
+
+@pytest.mark.parametrize("state", ["melted", ["up"], 3, None])
+def test_a_stored_state_no_record_can_have_is_corrupt(state: object) -> None:
+    """States decode through a table of the enums' values; one it lacks (a value edited
+    by hand, of any JSON type) is as corrupt as ever, with the enum's own words."""
+    machine_doc = orjson.loads(encode_machine(machine("m1")))
+    task_doc = orjson.loads(encode_task(TaskRecord("j", 0, TaskState.RUNNING, "m1", "s")))
+    machine_doc["state"] = task_doc["state"] = state
+    with pytest.raises(ModelError, match=r"machine 'm1': stored record is corrupt \(.*"
+                                         r"not a valid MachineState"):
+        decode_machine("m1", orjson.dumps(machine_doc), 3)
+    with pytest.raises(ModelError, match=r"task 'j/0': stored record is corrupt \(.*"
+                                         r"not a valid TaskState"):
+        decode_task("j/0", orjson.dumps(task_doc), 3)
+    for s in MachineState:
+        machine_doc["state"] = s.value
+        assert decode_machine("m1", orjson.dumps(machine_doc), 3).state is s
+    for t in TaskState:
+        task_doc["state"] = t.value
+        assert decode_task("j/0", orjson.dumps(task_doc), 3).state is t
+
+
+def test_a_machine_decodes_the_same_whatever_decoded_before() -> None:
+    """What precedes a machine record's allocation count is decoded once per distinct
+    bytes and reused: a record differing in any field but the count decodes anew."""
+    up = attrs.evolve(machine("m1", cpu=8), rack="r1", labels=(("zone", "a"),),
+                      agent="agent-1")
+    allocs = {f"j/{i}": Allocation(f"j/{i}", "j", "s", 0, Resources.of(cpu=1)) for i in range(3)}
+    for count in range(3):
+        value = encode_machine(attrs.evolve(up, allocations=dict(list(allocs.items())[:count])))
+        m, n = decode_machine_counted("m1", value, 7)
+        assert n == count and m.allocations == {} and m.seq == 7
+        assert (m.capacity, m.rack, m.labels, m.agent, m.state) == (
+            up.capacity, "r1", (("zone", "a"),), "agent-1", MachineState.UP)
+    for changed in (attrs.evolve(up, state=MachineState.DRAINING),
+                    attrs.evolve(up, labels=(("zone", "b"),)),
+                    attrs.evolve(up, capacity=Resources.of(cpu=4, mem=64))):
+        value = encode_machine(attrs.evolve(changed, allocations=allocs))
+        m, n = decode_machine_counted("m2", value, 8)
+        assert (m.id, n, m.state, m.labels, m.capacity) == (
+            "m2", 3, changed.state, changed.labels, changed.capacity)
+    given = dict(allocs)
+    assert decode_machine("m1", encode_machine(up), 9, given, copy=False).allocations is given
+    assert decode_machine("m1", encode_machine(up), 9, given).allocations is not given
+
+
+@pytest.mark.parametrize("count", [b"-1", b"05", b"1.5", b'"3"', b"null"])
+def test_a_stored_allocation_count_no_store_writes_is_corrupt(count: bytes) -> None:
+    value = encode_machine(machine("m1"))[:-1] + b',"n":' + count + b"}"
+    with pytest.raises(ModelError, match=r"machine 'm1': stored record is corrupt"):
+        decode_machine_counted("m1", value, 3)
+
+
+def test_keys_of_every_kind_classify_and_others_do_not() -> None:
+    keys = Keyspace("c")
+    for kind in KeyKind:
+        if kind is not KeyKind.CONFIG:
+            assert keys.classify(keys.key(kind, "x/1")) == (kind, "x/1")
+    assert keys.classify(keys.config) == (KeyKind.CONFIG, "")
+    for other in (b"/omega/c/nothing/x", b"/omega/c/jobs/", b"/omega/c/jobs", b"/omega/d/jobs/x",
+                  b"/omega/c/JOBS/x"):
+        assert keys.classify(other) is None, other
 
 
 def test_store_refuses_bad_specs_and_stays_unchanged() -> None:

@@ -62,6 +62,18 @@ def test_cached_values_are_computed_once_and_carried_by_copies() -> None:
     assert fewer.gang_tags == frozenset() and fewer.settled_used == half
 
 
+def test_a_trusted_machine_is_the_machine_attrs_would_build() -> None:
+    half = Resources.of(cpu=0.5, mem=1.0)
+    allocs = {"j/0": Allocation("j/0", "j", "s", 0, half)}
+    fields = ("m1", Resources.of(cpu=4.0), "r1", "fd1", (("zone", "a"),),
+              cellstate.model.MachineState.DRAINING, "agent-1", allocs, 9)
+    built, trusted = Machine(*fields), cellstate.model.trusted_machine(*fields)
+    assert [getattr(trusted, f.name) for f in attrs.fields(Machine)] == [
+        getattr(built, f.name) for f in attrs.fields(Machine)]
+    assert trusted == built and repr(trusted) == repr(built)
+    assert trusted.allocations is allocs and trusted.settled_used == half
+
+
 def test_a_claim_names_its_task_and_a_copy_names_its_own() -> None:
     c = Claim("j", 3, "m1")
     assert c.task == "j/3" == cellstate.model.task_id("j", 3)
