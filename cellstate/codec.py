@@ -119,7 +119,8 @@ def encode_machine(m: Machine) -> bytes:
         doc["agent"] = m.agent
     if m.allocations:
         # How many allocation keys the machine has: a reader that learns only the keys
-        # written since the sequence it holds (keys.py) sees deletions from this.
+        # written since the sequence it holds (keys.py) sees deletions from this. Last,
+        # so that a decoder splits it off and decodes the rest once (_split_count).
         doc["n"] = len(m.allocations)
     return orjson.dumps(doc)
 
