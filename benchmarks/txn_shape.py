@@ -32,6 +32,7 @@ for _p in (_HERE.parent, _HERE):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from commit_cpu import process_cpu_s  # noqa: E402
 from commit_throughput import (  # noqa: E402
     MACHINES,
     TASK_CPU,
@@ -42,6 +43,7 @@ from commit_throughput import (  # noqa: E402
 )
 
 from cellstate import codec  # noqa: E402
+from cellstate.keys import Keyspace  # noqa: E402
 from cellstate.kv.base import Compare, Put  # noqa: E402
 from cellstate.kv.etcd import EtcdKV  # noqa: E402
 from cellstate.model import Allocation, Resources  # noqa: E402
@@ -51,20 +53,15 @@ BATCH = 50
 SHAPES = ("raw", "raw + task compares", "raw + allocation puts", "store's shape")
 
 
-def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_shape(kv: EtcdKV, etcd_pid: int, prefix: bytes, shape: str, seconds: float,
+def run_shape(kv: EtcdKV, etcd_pid: int, keys: Keyspace, shape: str, seconds: float,
               seed: int) -> tuple[float, float, int, int]:
-    """Commits of one shape for ``seconds``: (Txn/s, etcd CPU ms per Txn, compares
-    and puts of the last Txn)."""
+    """Commits of one shape for ``seconds`` in a cell of its own (``keys``, the
+    store's layout): (Txn/s, etcd CPU ms per Txn, compares and puts of the last Txn)."""
     machine_value, task_value = minimal_values()
     alloc_value = codec.encode_alloc(Allocation(
         "", job_id(0), scheduler_name(0), 0, Resources.of(cpu=TASK_CPU, mem=TASK_MEM)))
-    pool = [prefix + b"machines/m%05d" % i for i in range(MACHINES)]
+    mids = [f"m{i:05d}" for i in range(MACHINES)]
+    pool = [keys.machine(mid) for mid in mids]
     revs: dict[bytes, int] = {}
     for i in range(0, len(pool), 100):
         chunk = pool[i : i + 100]
@@ -79,19 +76,18 @@ def run_shape(kv: EtcdKV, etcd_pid: int, prefix: bytes, shape: str, seconds: flo
     puts: list[Put] = []
     cpu0, t0 = process_cpu_s(etcd_pid), time.monotonic()
     while time.monotonic() - t0 < seconds:
-        chosen = rng.choices(pool, k=BATCH)
+        picked = rng.choices(range(MACHINES), k=BATCH)
+        chosen = [pool[i] for i in picked]
         machines = list(dict.fromkeys(chosen))
         compares = [Compare.mod_revision_is(k, revs[k]) for k in machines]
         puts = [Put(k, machine_value) for k in machines]
-        task_keys = [prefix + b"tasks/%s/%d" % (job_id(0).encode(), task + j)
-                     for j in range(BATCH)]
+        task_keys = [keys.task(job_id(0), task + j) for j in range(BATCH)]
         if task_compares:
             compares += [Compare.absent(k) for k in task_keys]
         puts += [Put(k, task_value) for k in task_keys]
         if alloc_puts:
-            puts += [Put(b"%sallocs/%s/%016x/%s/%d" % (
-                prefix, m[len(prefix) + len(b"machines/"):], revs[m], job_id(0).encode(),
-                task + j), alloc_value) for j, m in enumerate(chosen)]
+            puts += [Put(keys.alloc(mids[i], revs[pool[i]], f"{job_id(0)}/{task + j}"),
+                         alloc_value) for j, i in enumerate(picked)]
         task += BATCH
         res = kv.txn(compares, puts)
         if not res.succeeded:
@@ -124,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for i, shape in enumerate(SHAPES):
                     rate, cpu_ms, ncmp, nput = run_shape(
-                        kv, server.pid, b"/shape-%d-%d/" % (r, i), shape, args.seconds, r)
+                        kv, server.pid, Keyspace(f"shape-{r}-{i}"), shape, args.seconds, r)
                     print(f"{r:>5} {shape:<22} {rate:>6.0f} {cpu_ms:>11.2f} {ncmp:>8} "
                           f"{nput:>5}", flush=True)
         finally:
