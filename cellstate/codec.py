@@ -12,10 +12,11 @@ Two kinds of entry point:
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -63,18 +64,14 @@ _MACHINE_STATES: dict[object, MachineState] = {s.value: s for s in MachineState}
 _TASK_STATES: dict[object, TaskState] = {s.value: s for s in TaskState}
 
 
-def _machine_state(value: object) -> MachineState:
-    try:
-        return _MACHINE_STATES[value]
-    except (KeyError, TypeError):
-        return MachineState(value)
+_E = TypeVar("_E", bound=enum.Enum)
 
 
-def _task_state(value: object) -> TaskState:
+def _member(table: Mapping[object, _E], cls: type[_E], value: object) -> _E:
     try:
-        return _TASK_STATES[value]
+        return table[value]
     except (KeyError, TypeError):
-        return TaskState(value)
+        return cls(value)
 
 
 MAX_TASKS_PER_JOB = 1_000_000
@@ -190,8 +187,8 @@ def _machine_fields(
     if type(count) is not int or count < 0:
         raise ValueError(f"allocation count {count!r}")
     return (_unres(doc["capacity"]), doc.get("rack", ""), doc.get("fd", ""),
-            tuple(sorted(doc.get("labels", {}).items())), _machine_state(doc["state"]),
-            doc.get("agent", ""), count)
+            tuple(sorted(doc.get("labels", {}).items())),
+            _member(_MACHINE_STATES, MachineState, doc["state"]), doc.get("agent", ""), count)
 
 
 def encode_alloc(a: Allocation) -> bytes:
@@ -585,7 +582,7 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
         return TaskRecord(
             job,
             int(index),
-            _task_state(doc["state"]),
+            _member(_TASK_STATES, TaskState, doc["state"]),
             doc.get("machine", ""),
             doc.get("scheduler", ""),
             doc.get("gang", ""),
