@@ -22,9 +22,12 @@ import orjson
 
 from cellstate.model import (
     MAX_AMOUNT,
+    MAX_BLOCK_COPIES,
     MAX_INPUT_LOCATIONS,
+    MAX_TASK_INPUT_COPIES,
     AgentRecord,
     Allocation,
+    Block,
     CellConfig,
     Constraints,
     Detection,
@@ -246,6 +249,9 @@ def job_to_doc(job: Job) -> dict[str, Any]:
         doc["detection"] = job.detection.value
     if job.input:
         doc["input"] = dict(job.input)
+    if job.task_input:
+        doc["task_input"] = [[{"size": b.size, "on": list(b.on)} for b in blocks]
+                             for blocks in job.task_input]
     if job.priority:
         doc["priority"] = job.priority
     if job.mapreduce is not None:
@@ -400,6 +406,7 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
     if isinstance(submitted_at, bool) or not isinstance(submitted_at, int | float):
         raise ModelError(f"{f.path('submitted_at')} must be a number")
     input_ = _parse_input(f.get("input"), f.path("input"))
+    task_input = _parse_task_input(f.get("task_input"), f.path("task_input"))
     if mapreduce is None:
         task_count = f.integer("task_count", 1, 1, MAX_TASKS_PER_JOB)
     else:
@@ -425,10 +432,14 @@ def parse_job(doc: object, where: str = "job", *, revision: int = 0) -> Job:
         detection=detection,
         revision=revision,
         input=input_,
+        task_input=task_input,
         mapreduce=mapreduce,
         priority=f.integer("priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
     )
     f.no_unknown()
+    if len(task_input) > task_count:
+        raise ModelError(f"{f.path('task_input')} lists the input of {len(task_input)} "
+                         f"tasks; the job has {task_count}")
     return job
 
 
@@ -512,6 +523,44 @@ def _parse_input(value: object, where: str) -> tuple[tuple[str, float], ...]:
         check_name(mid, f"{where}: machine id")
         out.append((mid, check_amount(amount, f"{where}.{mid}")))
     return tuple(sorted(out))
+
+
+def _parse_task_input(value: object, where: str) -> tuple[tuple[Block, ...], ...]:
+    """Each task's input blocks: a list (task by task) of lists of blocks, each a
+    mapping with ``size`` and ``on`` (the machines holding a copy)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ModelError(f"{where} must be a list with, for each task in order, the list "
+                         "of its input blocks ({size = ..., on = [machine, ...]})")
+    out: list[tuple[Block, ...]] = []
+    copies = 0
+    for i, blocks in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(blocks, list):
+            raise ModelError(f"{at} must be a list of blocks ({{size = ..., on = "
+                             f"[machine, ...]}}), got {blocks!r}")
+        task: list[Block] = []
+        for j, block in enumerate(blocks):
+            b = _Fields(block, f"{at}[{j}]")
+            size = check_amount(b.get("size", required=True), b.path("size"))
+            on = b.get("on", required=True)
+            if (not isinstance(on, list) or not on or len(on) > MAX_BLOCK_COPIES
+                    or not all(isinstance(m, str) for m in on)):
+                raise ModelError(f"{b.path('on')} must list 1 to {MAX_BLOCK_COPIES} machine "
+                                 f"ids holding a copy of the block, got {on!r}")
+            if len(set(on)) != len(on):
+                raise ModelError(f"{b.path('on')} names a machine twice: {on!r}")
+            for mid in on:
+                check_name(mid, f"{b.path('on')}: machine id")
+            b.no_unknown()
+            copies += len(on)
+            if copies > MAX_TASK_INPUT_COPIES:
+                raise ModelError(f"{where} names more than {MAX_TASK_INPUT_COPIES} copies "
+                                 "of blocks in all, above the limit")
+            task.append(Block(size, tuple(on)))
+        out.append(tuple(task))
+    return tuple(out)
 
 
 # -- machines from user input --------------------------------------------------------

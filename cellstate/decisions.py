@@ -385,7 +385,9 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
         if used >= task_count:
             raise StoreError(f"job {job_id}: task {used} has run; cannot shrink to "
                              f"{task_count} tasks")
-    return Change(frozenset(), {(KeyKind.JOB, job_id): attrs.evolve(job, task_count=task_count)})
+    # Input of tasks a shrink removes goes with them (a record names no task it lacks).
+    return Change(frozenset(), {(KeyKind.JOB, job_id): attrs.evolve(
+        job, task_count=task_count, task_input=job.task_input[:task_count])})
 
 
 # -- large gangs ---------------------------------------------------------------------

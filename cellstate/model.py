@@ -29,6 +29,10 @@ _DIMENSION = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # sums exact enough in float arithmetic (2**53 / 1e12 leaves ~4 digits of headroom).
 MAX_AMOUNT = 1e12
 MAX_INPUT_LOCATIONS = 10_000
+# Copies of input blocks one job's tasks may name in all (``Job.task_input``): a job
+# record stays well below etcd's request limit (1.5 MiB) at about 60 bytes a copy.
+MAX_TASK_INPUT_COPIES = 20_000
+MAX_BLOCK_COPIES = 16
 # Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
 # less than this fraction of it still fits.
 _FIT_SLACK = 1e-9
@@ -615,6 +619,15 @@ class MapReduceSpec:
 
 
 @attrs.frozen(slots=True)
+class Block:
+    """One block of a task's input: its size (GB, or any unit the job's owner likes)
+    and the machines holding a copy of it (distinct, at least one)."""
+
+    size: float
+    on: tuple[str, ...]
+
+
+@attrs.frozen(slots=True)
 class Job:
     id: str
     owner: str
@@ -636,6 +649,11 @@ class Job:
     # the amount in any unit the job's owner likes (GB). Its tasks read it evenly; a
     # locality-aware policy (Quincy) prefers the machines and racks that hold most.
     input: tuple[tuple[str, float], ...] = ()
+    # Each task's own input blocks, task i's at position i (Quincy's per-task
+    # locality: the flow scheduler gives such a task a node of its own, with its own
+    # preference arcs). Tasks past the end, and every task when empty, read their even
+    # share of ``input``.
+    task_input: tuple[tuple[Block, ...], ...] = ()
     # A MapReduce job's activities and workers (kind MAPREDUCE); None for other jobs.
     mapreduce: MapReduceSpec | None = None
     # The owner's own order among their jobs (higher first). Only a fair-share

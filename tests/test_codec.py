@@ -55,6 +55,14 @@ def test_a_good_job_round_trips() -> None:
     assert ranked.priority == -3 and decode_job("j1", encode_job(ranked), 0) == ranked
 
 
+def test_each_tasks_own_input_blocks_round_trip() -> None:
+    j = parse_job({**GOOD_JOB, "task_input": [
+        [{"size": 0.25, "on": ["m1", "m2", "m3"]}, {"size": 0.5, "on": ["m4"]}], []]})
+    assert [[(b.size, b.on) for b in t] for t in j.task_input] == [
+        [(0.25, ("m1", "m2", "m3")), (0.5, ("m4",))], []]
+    assert decode_job("j1", encode_job(j), 0) == j
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -76,6 +84,16 @@ def test_a_good_job_round_trips() -> None:
          "job.constraints.affinity[0].values must not be empty"),
         ({"duration": -5}, "job.duration must be a non-negative"),
         ({"colour": "red"}, "unknown field(s) 'colour'"),
+        ({"task_input": {"0": []}}, "job.task_input must be a list"),
+        ({"task_input": [[{"on": ["m1"]}]]}, "job.task_input[0][0].size is required"),
+        ({"task_input": [[{"size": 1, "on": []}]]}, "job.task_input[0][0].on must list 1"),
+        ({"task_input": [[{"size": 1, "on": ["m1", "m1"]}]]}, "names a machine twice"),
+        ({"task_input": [[{"size": 1, "on": ["m 1"]}]]}, "machine id 'm 1' is not a valid"),
+        ({"task_input": [[{"size": 1, "on": ["m1"], "copies": 3}]]},
+         "job.task_input[0][0]: unknown field(s) 'copies'"),
+        ({"task_input": [[], [], [], []]}, "lists the input of 4 tasks; the job has 3"),
+        ({"task_input": [[{"size": 1, "on": [f"m{i}" for i in range(16)]}]] * 1251},
+         "more than 20000 copies"),
     ],
 )
 def test_bad_job_fields_are_named(change: dict[str, Any], message: str) -> None:
