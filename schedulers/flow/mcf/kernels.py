@@ -1,0 +1,586 @@
+"""The numba kernels of the Firmament-style solvers (one module, so one on-disk cache).
+
+Conventions shared by every kernel (the solver module sets them up):
+
+* arcs are ``0..m-1`` with ``tail``, ``head``, ``cap`` (capacity minus lower bound),
+  ``cost`` and ``x`` (flow minus lower bound, ``0 <= x <= cap``);
+* ``e[v]`` is node v's *excess*: supply (lower bounds shifted in) plus inflow minus
+  outflow; a feasible flow has ``e == 0`` everywhere;
+* the residual network is stored as half-arcs in a forward star (CSR, ``start``,
+  ``adj``): half-arc ``2a`` goes tail->head with residual ``cap - x`` and cost
+  ``cost``, half-arc ``2a+1`` goes head->tail with residual ``x`` and cost ``-cost``;
+* a node's price ``pi`` enters reduced costs as ``rc = cost - pi[from] + pi[to]``.
+  Prices only *rise* at nodes with excess (in both algorithms), and a flow is optimal
+  when every residual half-arc has ``rc >= 0`` (reduced-cost optimality).
+
+Every kernel leaves ``x``, ``e`` and the prices consistent whenever it returns, also
+when it stops early (work budget spent, or told to stop through ``abort[0] != 0``),
+so another kernel can carry on from where it stopped. Status codes: ``DONE``,
+``BUDGET`` (stopped early, state consistent), ``ABORTED`` (the other racer won),
+``INFEASIBLE``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+DONE = 0
+BUDGET = 1
+ABORTED = 2
+INFEASIBLE = -1
+NOT_CONVERGED = 3
+
+INF = np.int64(2**62)
+
+#: Counters a kernel reports in its ``stats`` array.
+ST_OPS = 0  # arcs looked at: the unit of the work budget
+ST_AUGMENT = 1  # relaxation: augmentations
+ST_RISE = 2  # relaxation: price rises
+ST_PUSH = 3  # cost scaling: pushes
+ST_RELABEL = 4  # cost scaling: relabels
+ST_PHASES = 5  # cost scaling: refine phases
+NSTATS = 6
+
+_CHECK = 4095  # look at the abort flag every 4,096 arcs
+
+
+@njit(cache=True, nogil=True)
+def build_csr(n, tail, head):  # type: ignore[no-untyped-def]
+    """Forward star of the residual half-arcs by counting sort: O(n + m)."""
+    m = tail.shape[0]
+    start = np.zeros(n + 1, dtype=np.int64)
+    for a in range(m):
+        start[tail[a] + 1] += 1
+        start[head[a] + 1] += 1
+    for v in range(n):
+        start[v + 1] += start[v]
+    pos = start[:n].copy()
+    adj = np.empty(2 * m, dtype=np.int64)
+    for a in range(m):
+        t = tail[a]
+        adj[pos[t]] = 2 * a
+        pos[t] += 1
+        h = head[a]
+        adj[pos[h]] = 2 * a + 1
+        pos[h] += 1
+    return start, adj
+
+
+@njit(cache=True, nogil=True)
+def warm_flow(n, supply, tail, head, lower, capacity, slots,
+              prev_tail, prev_head, prev_flow, pi, old_nodes):  # type: ignore[no-untyped-def]
+    """The starting point of a warm solve, from the previous round's state.
+
+    An arc whose slot held the same (tail, head) last round takes its old flow,
+    clipped into [lower, capacity]; a new arc starts at its lower bound. Returns the
+    shifted flow ``x``, the excesses, the count of reused arcs, and writes a price
+    for every node with no reused arc (a new node, or a reused index): the price
+    that makes its cheapest out-arc's reduced cost 0 (or, with no out-arc, its
+    dearest in-arc's), so new tasks start next to where their flow goes.
+    """
+    m = tail.shape[0]
+    x = np.zeros(m, dtype=np.int64)
+    e = supply.copy()
+    seen = np.zeros(n, dtype=np.bool_)
+    reused = 0
+    ns = prev_tail.shape[0]
+    for a in range(m):
+        s = slots[a]
+        t = tail[a]
+        h = head[a]
+        f = lower[a]
+        if s < ns and prev_tail[s] == t and prev_head[s] == h:
+            f = min(max(prev_flow[s], lower[a]), capacity[a])
+            reused += 1
+            seen[t] = True
+            seen[h] = True
+        x[a] = f - lower[a]
+        e[t] -= f
+        e[h] += f
+    for v in range(n):
+        if v >= old_nodes:
+            seen[v] = False
+    return x, e, reused, seen
+
+
+@njit(cache=True, nogil=True)
+def price_new_nodes(n, tail, head, cost, pi, seen):  # type: ignore[no-untyped-def]
+    """Prices for the nodes warm_flow did not see (see there); two passes, so a new
+    node next to another new node (a task next to its new job's aggregator) gets a
+    price from the other's."""
+    m = tail.shape[0]
+    for v in range(n):
+        if not seen[v]:
+            pi[v] = 0
+    for _ in range(2):
+        best_out = np.full(n, INF, dtype=np.int64)
+        best_in = np.full(n, -INF, dtype=np.int64)
+        for a in range(m):
+            t = tail[a]
+            h = head[a]
+            if not seen[t]:
+                c = cost[a] + pi[h]
+                if c < best_out[t]:
+                    best_out[t] = c
+            if not seen[h]:
+                c = pi[t] - cost[a]
+                if c > best_in[h]:
+                    best_in[h] = c
+        for v in range(n):
+            if not seen[v]:
+                if best_out[v] < INF:
+                    pi[v] = best_out[v]
+                elif best_in[v] > -INF:
+                    pi[v] = best_in[v]
+
+
+@njit(cache=True, nogil=True)
+def make_optimal(tail, head, cap, cost, x, e, pi):  # type: ignore[no-untyped-def]
+    """Saturate every arc whose reduced cost is negative and empty every arc whose
+    reduced cost is positive (reduced-cost optimality, relaxation's precondition);
+    returns the units of flow moved (the imbalance made)."""
+    moved = 0
+    for a in range(tail.shape[0]):
+        t = tail[a]
+        h = head[a]
+        r = cost[a] - pi[t] + pi[h]
+        d = 0
+        if r < 0:
+            d = cap[a] - x[a]
+        elif r > 0:
+            d = -x[a]
+        if d != 0:
+            x[a] += d
+            e[t] -= d
+            e[h] += d
+            moved += abs(d)
+    return moved
+
+
+@njit(cache=True, nogil=True)
+def max_violation(tail, head, cap, cost, x, p, scale):  # type: ignore[no-untyped-def]
+    """The largest reduced-cost violation of the residual half-arcs under prices
+    ``p`` and costs times ``scale``: the ε the flow is ε-optimal for."""
+    worst = 0
+    for a in range(tail.shape[0]):
+        r = cost[a] * scale - p[tail[a]] + p[head[a]]
+        if r < 0 and x[a] < cap[a]:
+            worst = max(worst, -r)
+        elif r > 0 and x[a] > 0:
+            worst = max(worst, r)
+    return worst
+
+
+# -- relaxation -------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-untyped-def]
+          budget, abort, stats, sink_first):
+    """Bertsekas' RELAX (dual ascent), as Firmament runs it.
+
+    Precondition: reduced-cost optimality (``make_optimal``); it holds throughout.
+    From a node s with excess, grow a tree S over residual half-arcs of reduced cost
+    0, keeping e(S) (the excess in S) and R(S) (residual capacity of the 0-reduced-
+    cost half-arcs leaving S). When the tree reaches a node with a deficit, augment
+    along the tree path. When e(S) > R(S), raising the prices of S is a dual ascent
+    step: saturate the 0-reduced-cost half-arcs leaving S, and raise S's prices by
+    the smallest positive reduced cost leaving S, which makes new half-arcs
+    admissible. If none leaves S and e(S) > 0 the network is infeasible.
+
+    ``sink_first``: Firmament's arc prioritisation (§5.3.1) in its simplest form:
+    scan a newly reached node's arcs towards deficit nodes first.
+    """
+    mark = np.zeros(n, dtype=np.int64)
+    pred = np.full(n, -1, dtype=np.int64)
+    tree = np.empty(n, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    inq = np.zeros(n, dtype=np.bool_)
+    qh = 0
+    qn = 0
+    for v in range(n):
+        if e[v] > 0:
+            queue[(qh + qn) % n] = v
+            qn += 1
+            inq[v] = True
+    ops = stats[ST_OPS]
+    check = ops + _CHECK
+    stamp = 0
+    while qn > 0:
+        if ops > budget:
+            stats[ST_OPS] = ops
+            return BUDGET
+        if abort[0] != 0:
+            stats[ST_OPS] = ops
+            return ABORTED
+        s = queue[qh]
+        qh = (qh + 1) % n
+        qn -= 1
+        inq[s] = False
+        if e[s] <= 0:
+            continue
+        stamp += 1
+        mark[s] = stamp
+        pred[s] = -1
+        tree[0] = s
+        size = 1
+        scan = 0
+        ptr = start[s]
+        es = e[s]
+        rs = 0
+        for k in range(start[s], start[s + 1]):
+            h = adj[k]
+            a = h >> 1
+            if h & 1 == 0:
+                w = head[a]
+                r = cap[a] - x[a]
+                c = cost[a]
+            else:
+                w = tail[a]
+                r = x[a]
+                c = -cost[a]
+            if w != s and r > 0 and c - pi[s] + pi[w] == 0:
+                rs += r
+        ops += start[s + 1] - start[s]
+        while True:
+            if es > rs:
+                # Dual ascent: saturate the balanced half-arcs out of S, raise S.
+                delta = INF
+                for i in range(size):
+                    u = tree[i]
+                    for k in range(start[u], start[u + 1]):
+                        h = adj[k]
+                        a = h >> 1
+                        if h & 1 == 0:
+                            w = head[a]
+                            r = cap[a] - x[a]
+                            c = cost[a]
+                        else:
+                            w = tail[a]
+                            r = x[a]
+                            c = -cost[a]
+                        if r == 0 or mark[w] == stamp:
+                            continue
+                        rc = c - pi[u] + pi[w]
+                        if rc == 0:
+                            if h & 1 == 0:
+                                x[a] += r
+                            else:
+                                x[a] -= r
+                            e[u] -= r
+                            e[w] += r
+                            if e[w] > 0 and not inq[w]:
+                                queue[(qh + qn) % n] = w
+                                qn += 1
+                                inq[w] = True
+                        elif rc < delta:
+                            delta = rc
+                    ops += start[u + 1] - start[u]
+                if delta == INF:
+                    total = 0
+                    for i in range(size):
+                        total += e[tree[i]]
+                    if total > 0:
+                        stats[ST_OPS] = ops
+                        return INFEASIBLE
+                else:
+                    for i in range(size):
+                        pi[tree[i]] += delta
+                stats[ST_RISE] += 1
+                for i in range(size):
+                    u = tree[i]
+                    if e[u] > 0 and not inq[u]:
+                        queue[(qh + qn) % n] = u
+                        qn += 1
+                        inq[u] = True
+                break
+            # Grow the tree by one node over a balanced half-arc (breadth first).
+            found = -1
+            while scan < size:
+                u = tree[scan]
+                while ptr < start[u + 1]:
+                    h = adj[ptr]
+                    ptr += 1
+                    ops += 1
+                    a = h >> 1
+                    if h & 1 == 0:
+                        w = head[a]
+                        r = cap[a] - x[a]
+                        c = cost[a]
+                    else:
+                        w = tail[a]
+                        r = x[a]
+                        c = -cost[a]
+                    if r > 0 and mark[w] != stamp and c - pi[u] + pi[w] == 0:
+                        found = h
+                        break
+                if found >= 0:
+                    break
+                scan += 1
+                if scan < size:
+                    ptr = start[tree[scan]]
+            if ops >= check:
+                check = ops + _CHECK
+                if abort[0] != 0:
+                    stats[ST_OPS] = ops
+                    return ABORTED
+            if found < 0:
+                # R(S) > 0 promised a balanced half-arc; cannot happen, but a price
+                # rise is always a safe next step.
+                rs = -1
+                continue
+            a = found >> 1
+            w = head[a] if found & 1 == 0 else tail[a]
+            mark[w] = stamp
+            pred[w] = found
+            if e[w] < 0:
+                # Augment along the tree path s -> w.
+                d = min(e[s], -e[w])
+                v = w
+                while v != s:
+                    h = pred[v]
+                    a = h >> 1
+                    if h & 1 == 0:
+                        d = min(d, cap[a] - x[a])
+                        v = tail[a]
+                    else:
+                        d = min(d, x[a])
+                        v = head[a]
+                v = w
+                while v != s:
+                    h = pred[v]
+                    a = h >> 1
+                    if h & 1 == 0:
+                        x[a] += d
+                        v = tail[a]
+                    else:
+                        x[a] -= d
+                        v = head[a]
+                e[s] -= d
+                e[w] += d
+                stats[ST_AUGMENT] += 1
+                if e[s] > 0:
+                    queue[(qh + qn) % n] = s
+                    qn += 1
+                    inq[s] = True
+                break
+            tree[size] = w
+            size += 1
+            es += e[w]
+            for k in range(start[w], start[w + 1]):
+                h = adj[k]
+                a = h >> 1
+                if h & 1 == 0:
+                    z = head[a]
+                    r = cap[a] - x[a]
+                    rb = x[a]
+                    c = cost[a]
+                else:
+                    z = tail[a]
+                    r = x[a]
+                    rb = cap[a] - x[a]
+                    c = -cost[a]
+                rc = c - pi[w] + pi[z]
+                if mark[z] == stamp:
+                    # The reverse half-arc z -> w was counted as leaving S.
+                    if rc == 0 and z != w:
+                        rs -= rb
+                elif r > 0 and rc == 0:
+                    rs += r
+            ops += start[w + 1] - start[w]
+            if sink_first:
+                # Look at w's own arcs next if one reaches a deficit directly.
+                for k in range(start[w], start[w + 1]):
+                    h = adj[k]
+                    a = h >> 1
+                    z = head[a] if h & 1 == 0 else tail[a]
+                    if e[z] < 0 and mark[z] != stamp:
+                        # Move w to the scan position so its arcs come next.
+                        tree[size - 1] = tree[scan]
+                        tree[scan] = w
+                        ptr = start[w]
+                        break
+    stats[ST_OPS] = ops
+    return DONE
+
+
+# -- cost scaling -----------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[no-untyped-def]
+                 scale, eps, alpha, budget, abort, stats):
+    """Goldberg's cost scaling: push-relabel refines of ε-optimal pseudoflows, FIFO.
+
+    Costs are multiplied by ``scale`` (n+1), so a flow ε-optimal with ε = 1 in scaled
+    units is optimal. ``eps`` is the first phase's ε: from scratch, the largest
+    scaled cost over ``alpha``; warm, the flow's largest reduced-cost violation, so
+    a flow that the changes barely disturbed starts near the end. Each refine
+    saturates the half-arcs with reduced cost below -ε (so the pseudoflow is
+    ε-optimal), then discharges every excess along admissible half-arcs (reduced
+    cost < 0), relabelling a node to the cheapest residual neighbour's price plus ε
+    when it has none.
+
+    A feasible network keeps each relabelled node's price below the starting prices
+    plus n (max scaled cost + ε) (a node with excess has a residual path to a
+    deficit, whose price does not move); past that bound the network is infeasible.
+    """
+    m = tail.shape[0]
+    queue = np.empty(n, dtype=np.int64)
+    inq = np.zeros(n, dtype=np.bool_)
+    cur = np.empty(n, dtype=np.int64)
+    cmax = 0
+    for a in range(m):
+        cmax = max(cmax, abs(cost[a]))
+    ops = stats[ST_OPS]
+    while True:
+        for a in range(m):
+            r = cost[a] * scale - p[tail[a]] + p[head[a]]
+            d = 0
+            if r < -eps:
+                d = cap[a] - x[a]
+            elif r > eps:
+                d = -x[a]
+            if d != 0:
+                x[a] += d
+                e[tail[a]] -= d
+                e[head[a]] += d
+        ops += m
+        pmax = -INF
+        for v in range(n):
+            pmax = max(pmax, p[v])
+        bound = pmax + (n + 1) * (cmax * scale + eps)
+        qh = 0
+        qn = 0
+        for v in range(n):
+            cur[v] = start[v]
+            inq[v] = False
+            if e[v] > 0:
+                queue[(qh + qn) % n] = v
+                qn += 1
+                inq[v] = True
+        while qn > 0:
+            if ops > budget:
+                stats[ST_OPS] = ops
+                return BUDGET
+            if abort[0] != 0:
+                stats[ST_OPS] = ops
+                return ABORTED
+            v = queue[qh]
+            qh = (qh + 1) % n
+            qn -= 1
+            inq[v] = False
+            while e[v] > 0:
+                if cur[v] == start[v + 1]:
+                    # Relabel: the cheapest residual neighbour, plus ε.
+                    best = INF
+                    for k in range(start[v], start[v + 1]):
+                        h = adj[k]
+                        a = h >> 1
+                        if h & 1 == 0:
+                            if x[a] < cap[a]:
+                                best = min(best, cost[a] * scale + p[head[a]])
+                        elif x[a] > 0:
+                            best = min(best, -cost[a] * scale + p[tail[a]])
+                    ops += start[v + 1] - start[v]
+                    if best == INF or best + eps > bound:
+                        stats[ST_OPS] = ops
+                        return INFEASIBLE
+                    p[v] = best + eps
+                    cur[v] = start[v]
+                    stats[ST_RELABEL] += 1
+                    continue
+                h = adj[cur[v]]
+                a = h >> 1
+                ops += 1
+                if h & 1 == 0:
+                    w = head[a]
+                    r = cap[a] - x[a]
+                    rc = cost[a] * scale - p[v] + p[w]
+                else:
+                    w = tail[a]
+                    r = x[a]
+                    rc = -cost[a] * scale - p[v] + p[w]
+                if r > 0 and rc < 0:
+                    d = min(e[v], r)
+                    if h & 1 == 0:
+                        x[a] += d
+                    else:
+                        x[a] -= d
+                    e[v] -= d
+                    e[w] += d
+                    stats[ST_PUSH] += 1
+                    if e[w] > 0 and not inq[w]:
+                        queue[(qh + qn) % n] = w
+                        qn += 1
+                        inq[w] = True
+                    if d == r:
+                        cur[v] += 1
+                else:
+                    cur[v] += 1
+        stats[ST_PHASES] += 1
+        if eps <= 1:
+            break
+        eps = max(1, eps // alpha)
+    stats[ST_OPS] = ops
+    return DONE
+
+
+@njit(cache=True, nogil=True)
+def exact_prices(n, start, adj, tail, head, cap, cost, x, pi, limit):  # type: ignore[no-untyped-def]
+    """Price refine: lower prices until every residual half-arc has reduced cost
+    >= 0, by label correcting (no negative cycle exists when the flow is optimal).
+    Turns cost scaling's ε-optimal prices (divided by the scale) into prices that
+    satisfy reduced-cost optimality exactly, as relaxation and the next warm start
+    need. Returns False if ``limit`` node scans did not settle it."""
+    queue = np.empty(n, dtype=np.int64)
+    inq = np.ones(n, dtype=np.bool_)
+    for v in range(n):
+        queue[v] = v
+    qh = 0
+    qn = n
+    scans = 0
+    while qn > 0:
+        scans += 1
+        if scans > limit:
+            return False
+        v = queue[qh]
+        qh = (qh + 1) % n
+        qn -= 1
+        inq[v] = False
+        best = pi[v]
+        for k in range(start[v], start[v + 1]):
+            h = adj[k]
+            a = h >> 1
+            if h & 1 == 0:
+                if x[a] < cap[a]:
+                    best = min(best, cost[a] + pi[head[a]])
+            elif x[a] > 0:
+                best = min(best, -cost[a] + pi[tail[a]])
+        if best < pi[v]:
+            pi[v] = best
+            for k in range(start[v], start[v + 1]):
+                h = adj[k]
+                a = h >> 1
+                # The reverse of half-arc h goes into v.
+                if h & 1 == 0:
+                    u = head[a]
+                    ok = x[a] > 0 and -cost[a] - pi[u] + pi[v] < 0
+                else:
+                    u = tail[a]
+                    ok = x[a] < cap[a] and cost[a] - pi[u] + pi[v] < 0
+                if ok and not inq[u]:
+                    queue[(qh + qn) % n] = u
+                    qn += 1
+                    inq[u] = True
+    return True
+
+
+@njit(cache=True, nogil=True)
+def flow_cost_fits(x, lower, cost):  # type: ignore[no-untyped-def]
+    """Whether sum(flow * cost) stays inside int64 (else the caller sums exactly)."""
+    total = 0.0
+    for a in range(x.shape[0]):
+        total += abs(float(x[a] + lower[a]) * float(cost[a]))
+    return total < 2.0**62

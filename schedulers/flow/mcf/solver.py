@@ -1,0 +1,342 @@
+"""Firmament's min-cost-flow solver (seed 003, §4-6): relaxation and cost scaling,
+raced or chosen per round, warm-started from the previous round.
+
+Why warm: between two rounds a few percent of the network changes (tasks end and
+arrive, waiting tasks' costs grow), so last round's optimal flow and prices are
+nearly optimal for this round. The solver keeps, per arc *slot*, the flow and the
+arc's ends (a slot whose ends changed holds another arc), and a price per node index.
+A warm solve starts from the old flow clipped into the new bounds (new arcs at their
+lower bound), which leaves imbalances where supplies or arcs changed, and repairs
+only what the changes broke:
+
+* **relaxation** first restores reduced-cost optimality by saturating arcs of
+  negative and emptying arcs of positive reduced cost (more imbalance), then routes
+  the imbalances by dual ascent (``kernels.relax``);
+* **cost scaling** keeps the flow, takes ε as the largest reduced-cost violation
+  (not the largest cost), and refines down to ε = 1 (``kernels.cost_scaling``).
+
+Stale state is never wrong, only slow: any flow and prices are a valid start for
+both algorithms. Prices of nodes with no reused arc (new tasks, reused indexes) are
+set so that their cheapest out-arc has reduced cost 0.
+
+How the two are combined (``algorithm``):
+
+* ``"race"``: both run at once in two threads (the kernels release the GIL); the
+  first to finish sets a shared abort flag that the other checks every few thousand
+  arcs. Firmament does this (§6.1).
+* ``"auto"`` (default): relaxation with a work budget of ``relax_budget`` times
+  (nodes + arcs) arc scans; past it, cost scaling carries on from relaxation's
+  state (it is consistent and reduced-cost optimal, so it is a warm start like any
+  other). This avoids relaxation's bad cases (contention: §4.3, Fig. 8-9) without
+  paying for a second thread every round.
+* ``"relax"``, ``"cost-scaling"``: one algorithm only.
+
+The warm state is the winner's: relaxation's prices satisfy reduced-cost
+optimality; cost scaling's are ε-optimal in scaled costs, so they are divided by
+the scale and lowered by label correcting until they satisfy it exactly ("price
+refine", §6.3), so the next warm start is valid for either algorithm.
+
+Integer range: cost scaling multiplies costs by n+1 and its prices grow to about
+n (n+1) max|cost|. It refuses (``SolveError``) when 4 (n+1)^2 max|cost| passes
+2^62 (e.g. 150,000 nodes with costs over ~10^7); ``"auto"`` and ``"race"`` then run
+relaxation alone, whose prices stay within n max|cost|.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import ClassVar, Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from schedulers.flow.mcf import kernels as K
+from schedulers.flow.network import Arrays
+from schedulers.flow.solvers import Solution, SolveError
+
+Algorithm = Literal["auto", "race", "relax", "cost-scaling"]
+ALGORITHMS: tuple[Algorithm, ...] = ("auto", "race", "relax", "cost-scaling")
+
+I64 = npt.NDArray[np.int64]
+_NO_BUDGET = 2**62
+_RANGE = 2**62
+
+
+@attrs.frozen
+class SolveStats:
+    """What the last solve did."""
+
+    algorithm: str  # the algorithm whose flow was returned: "relax" or "cost-scaling"
+    warm: bool  # started from the previous round's state
+    seconds: float  # wall time of the whole solve
+    relax_cpu: float  # CPU seconds in relaxation (its thread's, in a race)
+    cost_scaling_cpu: float  # CPU seconds in cost scaling (and its price refine)
+    repaired: int  # units of excess the start had to route (imbalance made by changes)
+    reused_arcs: int  # arcs that took their flow from the previous round
+    fallback: bool  # auto: relaxation ran out of budget and cost scaling finished
+    augmentations: int
+    price_rises: int
+    pushes: int
+    relabels: int
+    phases: int  # cost scaling's refine phases
+    ops: int  # arcs looked at, both algorithms
+
+
+@attrs.define
+class _Run:
+    """One algorithm's working copy of the state, and what it did."""
+
+    x: I64
+    e: I64
+    pi: I64
+    stats: I64 = attrs.field(factory=lambda: np.zeros(K.NSTATS, dtype=np.int64))
+    status: int = K.DONE
+    moved: int = 0  # units make_optimal moved (relaxation's repair)
+    cpu: float = 0.0
+    error: str = ""
+
+
+class FirmamentSolver:
+    """Min-cost flow by relaxation and/or cost scaling, warm-started (module doc).
+
+    ``algorithm``: "auto", "race", "relax" or "cost-scaling". ``warm``: keep the
+    state between calls (False: every call is from scratch). ``relax_budget``: in
+    "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over.
+    ``alpha``: cost scaling's ε divisor per phase. ``sink_first``: relaxation's arc
+    prioritisation heuristic (§5.3.1).
+    """
+
+    name: ClassVar[str] = "firmament"
+
+    def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
+                 relax_budget: float = 30.0, alpha: int = 8,
+                 sink_first: bool = False) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
+        if alpha < 2:
+            raise ValueError("alpha must be at least 2")
+        self.algorithm: Algorithm = algorithm
+        self.warm = warm
+        self.relax_budget = relax_budget
+        self.alpha = alpha
+        self.sink_first = sink_first
+        self.last: SolveStats | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the previous round: the next solve is from scratch."""
+        self._tail_of: I64 = np.empty(0, dtype=np.int64)  # per slot; -1: no arc
+        self._head_of: I64 = np.empty(0, dtype=np.int64)
+        self._flow_of: I64 = np.empty(0, dtype=np.int64)
+        self._pi: I64 | None = None
+
+    # -- the solve ---------------------------------------------------------------------
+
+    def solve(self, net: Arrays) -> Solution:
+        wall = time.perf_counter()
+        n = int(net.nodes)
+        supply = np.ascontiguousarray(net.supply[:n], dtype=np.int64)
+        if int(supply.sum()) != 0:
+            raise SolveError(f"firmament: supplies sum to {int(supply.sum())}, not 0")
+        tail = np.ascontiguousarray(net.tail, dtype=np.int64)
+        head = np.ascontiguousarray(net.head, dtype=np.int64)
+        lower = np.ascontiguousarray(net.lower, dtype=np.int64)
+        capacity = np.ascontiguousarray(net.capacity, dtype=np.int64)
+        cost = np.ascontiguousarray(net.cost, dtype=np.int64)
+        slots = np.ascontiguousarray(net.arcs, dtype=np.int64)
+        cap = capacity - lower
+        if len(cap) and int(cap.min()) < 0:
+            raise SolveError("firmament: an arc's lower bound exceeds its capacity")
+        warm = self.warm and self._pi is not None
+        pi = np.zeros(n, dtype=np.int64)
+        if warm:
+            assert self._pi is not None
+            old = min(n, len(self._pi))
+            pi[:old] = self._pi[:old]
+            x, e, reused, seen = K.warm_flow(
+                n, supply, tail, head, lower, capacity, slots,
+                self._tail_of, self._head_of, self._flow_of, pi, old)
+            K.price_new_nodes(n, tail, head, cost, pi, seen)
+        else:
+            x = np.zeros(len(tail), dtype=np.int64)
+            e = supply.copy()
+            if len(tail):
+                np.subtract.at(e, tail, lower)
+                np.add.at(e, head, lower)
+            reused = 0
+        start, adj = K.build_csr(n, tail, head)
+        g = _Graph(n, start, adj, tail, head, cap, cost)
+        imbalance = int(e[e > 0].sum())
+        relax_run = cs_run = None
+        fallback = False
+        cs_ok = self._cs_fits(n, cost)
+        algorithm = self.algorithm
+        if algorithm in ("auto", "race") and not cs_ok:
+            algorithm = "relax"
+        if algorithm == "cost-scaling":
+            if not cs_ok:
+                raise SolveError(self._range_message(n, cost))
+            cs_run = _Run(x, e, pi)
+            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64))
+            winner = cs_run
+        elif algorithm == "relax":
+            relax_run = _Run(x, e, pi)
+            self._relax(g, relax_run, _NO_BUDGET, np.zeros(1, np.int64))
+            winner = relax_run
+        elif algorithm == "auto":
+            relax_run = _Run(x, e, pi)
+            budget = int(self.relax_budget * (n + len(tail)))
+            self._relax(g, relax_run, budget, np.zeros(1, np.int64))
+            winner = relax_run
+            if relax_run.status == K.BUDGET:
+                fallback = True
+                cs_run = _Run(relax_run.x, relax_run.e, relax_run.pi)
+                self._cost_scaling(g, cs_run, True, _NO_BUDGET, np.zeros(1, np.int64))
+                winner = cs_run
+        else:
+            relax_run = _Run(x, e.copy(), pi.copy())
+            cs_run = _Run(x.copy(), e.copy(), pi.copy())
+            winner = self._race(g, relax_run, cs_run, warm)
+        for run in (relax_run, cs_run):
+            if run is not None and run.status == K.INFEASIBLE:
+                raise SolveError(f"firmament: infeasible network ({run.error})")
+        if winner.status != K.DONE:  # pragma: no cover - every path above finishes
+            raise SolveError(f"firmament: no solution (status {winner.status})")
+        flow = winner.x + lower
+        total = self._cost(winner.x, lower, cost, flow)
+        self._keep(n, slots, tail, head, flow, winner.pi)
+        if relax_run is not None:
+            imbalance += relax_run.moved
+        self.last = self._stats(winner is cs_run, warm, wall, relax_run, cs_run,
+                                imbalance, int(reused), fallback)
+        return Solution(flow, total)
+
+    # -- the algorithms ----------------------------------------------------------------
+
+    def _relax(self, g: _Graph, run: _Run, budget: int, abort: I64) -> None:
+        t0 = time.thread_time()
+        run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
+        run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
+                             run.x, run.e, run.pi, budget, abort, run.stats,
+                             self.sink_first)
+        if run.status == K.INFEASIBLE:
+            run.error = "relaxation: excess with no residual arc out of its tree"
+        run.cpu += time.thread_time() - t0
+
+    def _cost_scaling(self, g: _Graph, run: _Run, warm: bool, budget: int,
+                      abort: I64) -> None:
+        t0 = time.thread_time()
+        scale = g.n + 1
+        limit = _RANGE // (4 * scale)
+        if int(np.abs(run.pi).max(initial=0)) > limit:
+            run.pi[:] = 0  # stale prices too far apart to scale: start from zero
+        p = run.pi * scale
+        if warm:
+            eps = max(1, int(K.max_violation(g.tail, g.head, g.cap, g.cost, run.x, p, scale)))
+        else:
+            cmax = int(np.abs(g.cost).max(initial=0))
+            eps = max(1, cmax * scale // self.alpha)
+        run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
+                                    run.x, run.e, p, scale, eps, self.alpha, budget,
+                                    abort, run.stats)
+        if run.status == K.INFEASIBLE:
+            run.error = "cost scaling: a node's price passed the feasibility bound"
+        if run.status == K.DONE:
+            # Price refine: ε-optimal scaled prices -> exact reduced-cost optimality.
+            run.pi = p // scale
+            if not K.exact_prices(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
+                                  run.x, run.pi, 50 * (g.n + 1)):
+                run.pi[:] = 0  # not settled: the next warm start uses zero prices
+        run.cpu += time.thread_time() - t0
+
+    def _race(self, g: _Graph, relax_run: _Run, cs_run: _Run, warm: bool) -> _Run:
+        abort = np.zeros(1, dtype=np.int64)
+        order: list[_Run] = []
+        lock = threading.Lock()
+
+        def finish(run: _Run) -> None:
+            with lock:
+                if run.status in (K.DONE, K.INFEASIBLE) and not order:
+                    order.append(run)
+                    abort[0] = 1
+
+        def go_relax() -> None:
+            self._relax(g, relax_run, _NO_BUDGET, abort)
+            finish(relax_run)
+
+        def go_cs() -> None:
+            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, abort)
+            finish(cs_run)
+
+        other = threading.Thread(target=go_cs, name="firmament-cost-scaling")
+        other.start()
+        go_relax()
+        other.join()
+        if not order:  # pragma: no cover - one of them always finishes
+            raise SolveError("firmament race: neither algorithm finished")
+        return order[0]
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    @staticmethod
+    def _cs_fits(n: int, cost: I64) -> bool:
+        cmax = int(np.abs(cost).max(initial=0))
+        return 4 * (n + 1) ** 2 * max(cmax, 1) < _RANGE
+
+    @staticmethod
+    def _range_message(n: int, cost: I64) -> str:
+        cmax = int(np.abs(cost).max(initial=0))
+        return (f"firmament cost scaling: max |cost| {cmax} times (n+1)^2 = {(n + 1) ** 2} "
+                f"(times 4) passes 2^62; prices would overflow int64. Use relaxation, "
+                f"or smaller costs")
+
+    @staticmethod
+    def _cost(x: I64, lower: I64, cost: I64, flow: I64) -> int:
+        if K.flow_cost_fits(x, lower, cost):
+            return int(np.dot(flow, cost))
+        return sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(), strict=True))
+
+    def _keep(self, n: int, slots: I64, tail: I64, head: I64, flow: I64, pi: I64) -> None:
+        if not self.warm:
+            return
+        size = int(slots.max()) + 1 if len(slots) else 0
+        self._tail_of = np.full(size, -1, dtype=np.int64)
+        self._head_of = np.full(size, -1, dtype=np.int64)
+        self._flow_of = np.zeros(size, dtype=np.int64)
+        self._tail_of[slots] = tail
+        self._head_of[slots] = head
+        self._flow_of[slots] = flow
+        # Only differences of prices matter: keep them near zero.
+        self._pi = pi - (int(pi.max()) if n else 0)
+
+    @staticmethod
+    def _stats(cs_won: bool, warm: bool, wall: float, relax_run: _Run | None,
+               cs_run: _Run | None, imbalance: int, reused: int,
+               fallback: bool) -> SolveStats:
+        zero = np.zeros(K.NSTATS, dtype=np.int64)
+        rs = relax_run.stats if relax_run is not None else zero
+        cs = cs_run.stats if cs_run is not None else zero
+        return SolveStats(
+            algorithm="cost-scaling" if cs_won else "relax", warm=warm,
+            seconds=time.perf_counter() - wall,
+            relax_cpu=relax_run.cpu if relax_run is not None else 0.0,
+            cost_scaling_cpu=cs_run.cpu if cs_run is not None else 0.0,
+            repaired=imbalance, reused_arcs=reused, fallback=fallback,
+            augmentations=int(rs[K.ST_AUGMENT]), price_rises=int(rs[K.ST_RISE]),
+            pushes=int(cs[K.ST_PUSH]), relabels=int(cs[K.ST_RELABEL]),
+            phases=int(cs[K.ST_PHASES]), ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]))
+
+
+@attrs.frozen
+class _Graph:
+    """The round's network as the kernels take it (shared, read-only, by racers)."""
+
+    n: int
+    start: I64
+    adj: I64
+    tail: I64
+    head: I64
+    cap: I64
+    cost: I64
