@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
+    Block,
     Claim,
     Constraints,
     Job,
@@ -76,7 +77,19 @@ def random_job(rng: random.Random, jid: str, machines: Sequence[Machine], *,
             where.append("gone")
         job = attrs.evolve(job, input=tuple(sorted(
             (mid, float(rng.randint(1, 50))) for mid in where)))
+        if rng.random() < 0.5:
+            # Each task's own blocks (all tasks, or only the first few): Quincy gives
+            # such a task a node of its own.
+            job = attrs.evolve(job, task_input=tuple(
+                random_blocks(rng, machines) for _ in range(rng.randint(1, job.task_count))))
     return job
+
+
+def random_blocks(rng: random.Random, machines: Sequence[Machine]) -> tuple[Block, ...]:
+    ids = [m.id for m in machines] + ["gone"]
+    return tuple(Block(float(rng.choice([1, 2, 4])),
+                       tuple(rng.sample(ids, k=rng.randint(1, min(3, len(ids))))))
+                 for _ in range(rng.randint(1, 3)))
 
 
 def place_some(store: CellStore, rng: random.Random, job: Job, machines: Sequence[Machine],

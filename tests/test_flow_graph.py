@@ -228,12 +228,15 @@ class Churn:
         self.now += self.rng.choice([0.0, 0.5, 7.0, 15.0])
 
 
-def _fresh(churn: Churn, policy: str, preempt_below: int | None, snap: CellSnapshot
-           ) -> GraphManager:
+def _fresh(churn: Churn, policy: str, preempt_below: int | None, snap: CellSnapshot,
+           started: dict[tuple[str, str], float]) -> GraphManager:
+    """A network built from scratch by a manager that knows what the cell does not:
+    the moves made and when running tasks were first seen running."""
     gm = GraphManager(make_cost_model(policy), FLOW, move_guard=GUARD,
                       preempt_below=preempt_below)
     for moved, at in churn.moved:
         gm.note_moved(moved, at)
+    gm.note_started(started)
     gm.rebuild(snap, churn.now)
     return gm
 
@@ -255,7 +258,7 @@ def test_an_updated_network_equals_a_rebuilt_one_after_every_change(policy: str,
         snap, changes = churn.take()
         stats = gm.update(snap, changes, churn.now)
         incremental += not stats.full
-        want = _fresh(churn, policy, preempt_below, snap).net.canonical()
+        want = _fresh(churn, policy, preempt_below, snap, gm.started()).net.canonical()
         assert gm.net.canonical() == want, f"seed {seed}, step {step}: networks differ"
         assert gm.has_waiting() == any(e.waiting for e in gm.jobs.values())
     assert incremental > 10  # most updates were incremental, not rebuilds
@@ -292,7 +295,7 @@ def test_changes_taken_in_between_rounds_leave_the_network_a_rebuild_makes(
         assert changes == frozenset()  # all taken in already
         assert not gm.update(snap, changes, churn.now).full
         rounds += 1
-        want = _fresh(churn, policy, preempt_below, snap).net.canonical()
+        want = _fresh(churn, policy, preempt_below, snap, gm.started()).net.canonical()
         assert gm.net.canonical() == want, f"seed {seed}, step {step}: networks differ"
     assert rounds > 10
 

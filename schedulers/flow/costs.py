@@ -33,7 +33,7 @@ right.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
@@ -41,7 +41,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from cellstate.model import Claim, Job, Machine, Resources
+from cellstate.model import Block, Claim, Job, Machine, Resources
 
 if TYPE_CHECKING:
     from schedulers.api import Context
@@ -50,6 +50,27 @@ if TYPE_CHECKING:
 
 #: Wait-time costs stop growing after this many seconds, so that costs stay bounded.
 MAX_WAIT = 86_400.0
+
+
+class Racks(dict[str, str]):
+    """The cell's racks as cost models see them: machine -> rack, and how many
+    machines each rack has (a rack's worst machine may hold none of a task's input
+    only if the rack has a machine that holds none)."""
+
+    def __init__(self, rack_of: Mapping[str, str] | None = None) -> None:
+        super().__init__(rack_of or {})
+        self.sizes: dict[str, int] = {}
+        for rack in self.values():
+            self.sizes[rack] = self.sizes.get(rack, 0) + 1
+
+
+class TaskCosts(NamedTuple):
+    """A task's own arcs (a node of its own, Quincy's per-task locality): direct arcs
+    to the machines and racks it prefers, and the cost of the arc to the cluster
+    aggregator (its shape's ``E`` node), from which it may run on any machine."""
+
+    preferences: Sequence[Preference]
+    cluster: int
 
 
 class Preference(NamedTuple):
@@ -120,7 +141,8 @@ MachineCosts = tuple[npt.NDArray[np.int64], "npt.NDArray[np.int64] | None"]
 class Group:
     """Running tasks on one machine offered to the network again, all of one shape and
     precedence (so the network has one node per machine and kind of task, not one
-    per task)."""
+    per task), or one task with a node of its own (``task``: where the cost model
+    priced it on its own, :meth:`CostModel.task_costs`)."""
 
     resources: Resources
     precedence: int
@@ -128,6 +150,7 @@ class Group:
     count: int
     movable: int  # not moved too recently (the flapping guard)
     own: bool  # the flow scheduler's own tasks; False: another's, preemptible only
+    task: str = ""  # the task of a node of its own
 
 
 class CostModelError(ValueError):
@@ -243,6 +266,35 @@ class CostModel:
     def to_cluster(self, job: Job) -> int:
         return 0
 
+    def cluster_cost(self, job: Job, racks: Racks) -> int:
+        """The arc from a job's shared node of waiting tasks to the cluster aggregator,
+        knowing the cell's racks; the default is :meth:`to_cluster`."""
+        return self.to_cluster(job)
+
+    def task_costs(self, job: Job, index: int, racks: Racks) -> TaskCosts | None:
+        """A task's own arcs where it differs from its job's other tasks (Quincy: its
+        own input blocks); None: it is like them, and shares their node (an
+        equivalence class). A task priced here is also a node of its own while it
+        runs (its continuation arc, :meth:`transfer` and :meth:`run_discounts`)."""
+        return None
+
+    def task_unscheduled(self, job: Job, costs: TaskCosts, waited: float) -> int:
+        """Cost of leaving a task with its own node waiting (``waited`` seconds so
+        far)."""
+        return self.unscheduled(job, waited)
+
+    def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
+        """Cost of a task with its own node running on ``machine`` (Quincy's d*: the
+        data it reads from elsewhere): its continuation arc, less
+        :meth:`run_discounts`."""
+        return 0
+
+    def run_discounts(self, ran: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        """What running for ``ran`` seconds takes off each task's continuation arc
+        (Quincy's p*), for many tasks at once: a task that has run long is dearer to
+        move or preempt."""
+        return np.zeros(len(ran), dtype=np.int64)
+
     def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
         """Direct arcs for a job's waiting tasks; ``racks`` maps machine to rack."""
         return ()
@@ -275,7 +327,10 @@ class CostModel:
         return 0
 
     def preempt(self, group: Group, waited: float) -> int | None:
-        """Cost of taking running tasks off their machine; None: never."""
+        """Cost of taking running tasks off their machine; None: never. ``waited``:
+        how long a task with a node of its own waited before it started (Quincy
+        charges a preemption as the unscheduled cost of that wait); 0 for a group of
+        tasks of several jobs."""
         return None
 
     def migrate(self, group: Group) -> int | None:
@@ -366,14 +421,22 @@ class LoadSpreadingCostModel(_MovesTasks):
 
 
 class QuincyCostModel(_MovesTasks):
-    """Quincy (Isard et al., SOSP 2009, as Firmament has it): the cost of a placement is
-    the data its task would read over the network, dearer across racks than within
-    one; tasks get preference arcs to the machines and racks that hold at least
-    ``machine_threshold`` / ``rack_threshold`` of their job's input, and reach every
-    other machine through the cluster aggregator at the worst-case cost. Leaving a task
-    unscheduled costs more the longer it has waited; a running task is preempted only
-    when that beats its ``preempt_cost``, and migrates when the data it would save is
-    worth more than ``migrate_cost``."""
+    """Quincy (Isard et al., SOSP 2009) as Firmament prices it: the cost of running a
+    task on a machine is the data it would read over the network, ``rack_cost`` a GB
+    within its rack and ``core_cost`` across racks (times ``data_scale``). A task gets
+    preference arcs to the machines and racks holding at least ``machine_threshold``
+    / ``rack_threshold`` of its input, priced at that machine's cost and at the
+    rack's worst machine's; the arc to the cluster aggregator costs the cluster's worst
+    machine's (all of it across racks as soon as a rack holds none of the input).
+    Leaving a task unscheduled costs ``wait_cost`` a second waited, on top of its
+    cluster arc's cost (so a placement anywhere beats waiting); preempting a running
+    task costs its unscheduled cost at the time it started, plus ``preempt_cost``.
+
+    A task with its own input blocks (``Job.task_input``) is a node of its own, with
+    its own preferences; while it runs its continuation arc costs what it reads there
+    less ``run_discount`` a second it has run (Firmament's d* - p*), and moving it
+    costs the new machine's cost plus ``migrate_cost``. Other tasks read their job's
+    input evenly (``Job.input``, every copy counted where it is) and share a node."""
 
     name = "quincy"
     uses_racks = True
@@ -381,53 +444,164 @@ class QuincyCostModel(_MovesTasks):
         "rack_cost": 1, "core_cost": 4, "data_scale": 100,
         "machine_threshold": 0.1, "rack_threshold": 0.25, "max_preferences": 8,
         "unscheduled_cost": 1000, "wait_cost": 2, "precedence_cost": 1000,
-        "migrate_cost": 500, "preempt_cost": 3000,
+        "migrate_cost": 500, "preempt_cost": 3000, "run_discount": 1,
     }
 
-    def _per_task(self, job: Job) -> float:
-        return self.options["data_scale"] / max(job.task_count, 1)
+    def _job_data(self, job: Job, racks: Racks) -> _Data:
+        """A task's share of its job's input: the whole input seen at the scale of one
+        task."""
+        return _Data.of(((mid, a) for mid, a in job.input), racks,
+                        self.options["data_scale"] / max(job.task_count, 1))
 
-    def _total(self, job: Job) -> float:
-        return sum(a for _, a in job.input)
+    def _task_data(self, job: Job, index: int, racks: Racks) -> _Data | None:
+        if index >= len(job.task_input):
+            return None
+        blocks = job.task_input[index]
+        return _Data.of_blocks(blocks, racks, self.options["data_scale"])
 
-    def to_cluster(self, job: Job) -> int:
-        # The worst case: every byte crosses the core.
-        return round(self.options["core_cost"] * self._total(job) * self._per_task(job))
+    def _cost(self, data: _Data, on_machine: float, on_rack: float) -> int:
+        o = self.options
+        return round(data.scale * (o["rack_cost"] * (on_rack - on_machine)
+                                   + o["core_cost"] * (data.total - on_rack)))
 
-    def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
-        total = self._total(job)
-        if total <= 0:
-            return ()
-        o, scale = self.options, self._per_task(job)
-        on_rack: dict[str, float] = {}
-        for mid, amount in job.input:
-            rack = racks.get(mid)
-            if rack is not None:
-                on_rack[rack] = on_rack.get(rack, 0.0) + amount
+    def _worst_in_rack(self, data: _Data, rack: str, racks: Racks) -> int:
+        on_rack = data.on_rack.get(rack, 0.0)
+        holders = data.holders.get(rack, ())
+        worst = max((self._cost(data, data.on_machine[m], on_rack) for m in holders),
+                    default=-MAX_COST_GUARD)
+        if len(holders) < racks.sizes.get(rack, 0):
+            worst = max(worst, self._cost(data, 0.0, on_rack))  # a machine holding none
+        return worst
+
+    def _cluster(self, data: _Data, racks: Racks) -> int:
+        if len(data.on_rack) < len(racks.sizes):
+            return self._cost(data, 0.0, 0.0)  # a rack holds none: all of it crosses
+        return max((self._worst_in_rack(data, r, racks) for r in data.on_rack),
+                   default=self._cost(data, 0.0, 0.0))
+
+    def _preferences(self, data: _Data, racks: Racks) -> list[Preference]:
+        o = self.options
+        if data.total <= 0:
+            return []
         out: list[Preference] = []
-        for mid, amount in sorted(job.input, key=lambda x: (-x[1], x[0])):
-            rack = racks.get(mid)
-            if rack is None or amount < o["machine_threshold"] * total:
-                continue
-            local_rack = on_rack[rack]
-            cost = o["rack_cost"] * (local_rack - amount) + o["core_cost"] * (total - local_rack)
-            out.append(Preference(mid, "", round(cost * scale)))
+        for mid, amount in sorted(data.on_machine.items(), key=lambda x: (-x[1], x[0])):
+            if amount < o["machine_threshold"] * data.total:
+                break
+            rack = racks[mid]
+            out.append(Preference(mid, "", self._cost(data, amount, data.on_rack[rack])))
             if len(out) >= o["max_preferences"]:
                 break
-        for rack, amount in sorted(on_rack.items(), key=lambda x: (-x[1], x[0])):
-            if rack and amount >= o["rack_threshold"] * total:
-                # Within the rack, the worst machine holds none of it.
-                cost = o["rack_cost"] * amount + o["core_cost"] * (total - amount)
-                out.append(Preference("", rack, round(cost * scale)))
+        for rack, amount in sorted(data.on_rack.items(), key=lambda x: (-x[1], x[0])):
+            if amount < o["rack_threshold"] * data.total:
+                break
+            out.append(Preference("", rack, self._worst_in_rack(data, rack, racks)))
         return out
 
-    def unscheduled(self, job: Job, waited: float) -> int:
+    def to_cluster(self, job: Job) -> int:
+        # Without the cell's racks: the worst case, every byte across the core (the
+        # graph manager prices the arc with preferences(), which sees them).
+        data = _Data.of(job.input, Racks(), self.options["data_scale"] / max(job.task_count, 1))
+        return self._cost(data, 0.0, 0.0)
+
+    def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
+        r = racks if isinstance(racks, Racks) else Racks(racks)
+        return self._preferences(self._job_data(job, r), r)
+
+    def cluster_cost(self, job: Job, racks: Racks) -> int:
+        """The job's shared node's arc to the cluster aggregator (its worst machine)."""
+        return self._cluster(self._job_data(job, racks), racks)
+
+    def task_costs(self, job: Job, index: int, racks: Racks) -> TaskCosts | None:
+        data = self._task_data(job, index, racks)
+        if data is None:
+            return None
+        return TaskCosts(tuple(self._preferences(data, racks)), self._cluster(data, racks))
+
+    def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
+        data = self._task_data(job, index, racks)
+        if data is None:
+            data = self._job_data(job, racks)
+        rack = racks.get(machine)
+        return self._cost(data, data.on_machine.get(machine, 0.0),
+                          data.on_rack.get(rack, 0.0) if rack is not None else 0.0)
+
+    def run_discounts(self, ran: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        return np.floor(self.options["run_discount"] * np.clip(ran, 0.0, MAX_WAIT)
+                        ).astype(np.int64)
+
+    def _waiting(self, waited: float, precedence: int) -> int:
         o = self.options
-        return (self.to_cluster(job) + round(o["unscheduled_cost"]
-                + o["wait_cost"] * min(waited, MAX_WAIT) + o["precedence_cost"] * job.precedence))
+        return round(o["unscheduled_cost"] + o["wait_cost"] * min(waited, MAX_WAIT)
+                     + o["precedence_cost"] * precedence)
+
+    def unscheduled(self, job: Job, waited: float) -> int:
+        return self.to_cluster(job) + self._waiting(waited, job.precedence)
+
+    def task_unscheduled(self, job: Job, costs: TaskCosts, waited: float) -> int:
+        return costs.cluster + self._waiting(waited, job.precedence)
+
+    def preempt(self, group: Group, waited: float) -> int | None:
+        o = self.options
+        return round(o["preempt_cost"] + o["precedence_cost"] * group.precedence
+                     + o["wait_cost"] * min(waited, MAX_WAIT))
 
     def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
         return ((load.slots, 0),) if load.slots > 0 else ()
+
+
+#: Below any cost a model gives (network.MAX_COST is 2^40).
+MAX_COST_GUARD = 2**50
+
+
+@attrs.frozen
+class _Data:
+    """Where a task's input lies: its total, the data on each machine and rack that
+    holds some (a block counted once per machine and once per rack, whatever its
+    copies there), the machines of each rack that hold some, and the cost scale."""
+
+    total: float
+    on_machine: dict[str, float]
+    on_rack: dict[str, float]
+    holders: dict[str, list[str]]
+    scale: float
+
+    @staticmethod
+    def of(amounts: Iterable[tuple[str, float]], racks: Racks, scale: float) -> _Data:
+        on_machine: dict[str, float] = {}
+        on_rack: dict[str, float] = {}
+        holders: dict[str, list[str]] = {}
+        total = 0.0
+        for mid, amount in amounts:
+            total += amount
+            rack = racks.get(mid)
+            if rack is None:
+                continue  # not in the cell: read from elsewhere
+            if mid not in on_machine:
+                holders.setdefault(rack, []).append(mid)
+            on_machine[mid] = on_machine.get(mid, 0.0) + amount
+            on_rack[rack] = on_rack.get(rack, 0.0) + amount
+        return _Data(total, on_machine, on_rack, holders, scale)
+
+    @staticmethod
+    def of_blocks(blocks: Sequence[Block], racks: Racks, scale: float) -> _Data:
+        on_machine: dict[str, float] = {}
+        on_rack: dict[str, float] = {}
+        holders: dict[str, list[str]] = {}
+        total = 0.0
+        for b in blocks:
+            total += b.size
+            seen_racks: set[str] = set()
+            for mid in b.on:
+                rack = racks.get(mid)
+                if rack is None:
+                    continue
+                if mid not in on_machine:
+                    holders.setdefault(rack, []).append(mid)
+                on_machine[mid] = on_machine.get(mid, 0.0) + b.size
+                if rack not in seen_racks:
+                    seen_racks.add(rack)
+                    on_rack[rack] = on_rack.get(rack, 0.0) + b.size
+        return _Data(total, on_machine, on_rack, holders, scale)
 
 
 class NetworkAwareCostModel(LoadSpreadingCostModel):

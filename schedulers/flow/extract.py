@@ -76,7 +76,8 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
              ) -> tuple[list[Arrival], dict[str, int], dict[NodeKey, int]]:
     """Every unit that arrives on a machine (not counting units that stay), the units
     left unscheduled per job, and the units preempted per group node."""
-    moving = (flow > 0) & (net.kind != ArcKind.STAY) & (net.kind != ArcKind.TO_SINK)
+    moving = ((flow > 0) & (net.kind != ArcKind.STAY) & (net.kind != ArcKind.TO_SINK)
+              & (net.kind != ArcKind.LEAVE_UNSCHEDULED))
     idx = np.flatnonzero(moving)
     idx = idx[np.argsort(_LAYER[net.kind[idx]], kind="stable")]
     queues: dict[NodeKey, deque[list[Any]]] = {}
@@ -131,7 +132,8 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         if p is None:
             if src[0] == "W":
                 jid = str(src[1])
-                p = deque((jid, i) for i in graph.waiting_of(jid))
+                p = (deque([(jid, int(str(src[2])))]) if len(src) == 3  # its own node
+                     else deque((jid, i) for i in graph.sharing_of(jid)))
             else:
                 p = deque(split_task_id(t) for t in graph.group_tasks(src))
             pools[src] = p

@@ -52,7 +52,14 @@ from cellstate.model import (
     sum_resources,
     task_id,
 )
-from schedulers.flow.costs import CostModel, Group, MachineBatch, MachineLoad
+from schedulers.flow.costs import (
+    CostModel,
+    Group,
+    MachineBatch,
+    MachineLoad,
+    Racks,
+    TaskCosts,
+)
 from schedulers.flow.network import MAX_CAPACITY, Arc, FlowNetwork, NodeKey
 from schedulers.runtime import owner_of
 
@@ -72,6 +79,7 @@ class ArcKind(enum.IntEnum):
     TO_RACK = 7  # E -> R
     INTO_MACHINE = 8  # E -> M or R -> M
     TO_SINK = 9  # M -> S
+    LEAVE_UNSCHEDULED = 10  # U -> S
 
 
 @attrs.frozen(cache_hash=True)
@@ -113,6 +121,10 @@ class JobEntry:
     groups: set[str] = attrs.field(factory=set)  # machines where it has re-offered tasks
     prefs: set[str] = attrs.field(factory=set)  # machines it has preference arcs into
     gkey: GroupKey | None = None  # the group its running tasks join (made once)
+    # Tasks the cost model prices on their own (None: like the job's others), asked
+    # once per task; and the waiting ones that have a node of their own now.
+    costs: dict[int, TaskCosts | None] = attrs.field(factory=dict)
+    task_nodes: set[int] = attrs.field(factory=set)
 
 
 @attrs.frozen(cache_hash=True)
@@ -124,6 +136,7 @@ class GroupKey:
     shape: Shape
     precedence: int
     own: bool
+    task: str = ""  # a running task with a node of its own (priced on its own)
 
 
 class Layout(NamedTuple):
@@ -259,6 +272,9 @@ class GraphManager:
         self.shapes: dict[Shape, int] = {}  # shape -> jobs of it
         self.racks: dict[str, str] = {}  # machine -> rack
         self._rack_set: set[str] = set()
+        self._layout = Racks()  # self.racks as cost models see them
+        self._task_jobs: set[str] = set()  # jobs with a task priced on its own
+        self._runs = _Continuations()  # running tasks with a node of their own
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
         self._members: tuple[str, ...] = ()
         self._moved_at: dict[str, float] = {}  # task -> when this scheduler moved it
@@ -308,17 +324,37 @@ class GraphManager:
                 gangs = True
         if gangs:
             full.update(j for j, e in self.jobs.items() if e.job.gang)
+        if self._task_jobs and any(self._layout_changed(snap, mid) for mid in machines):
+            # Tasks priced on their own are priced from the cell's layout (racks,
+            # machines' capacities and labels); it changes rarely, and then every
+            # such task's arcs are made again.
+            return self.rebuild(snap, now)
         return self._apply(snap, full, tasks, machines, now)
+
+    def _layout_changed(self, snap: CellSnapshot, mid: str) -> bool:
+        m = snap.machines.get(mid)
+        me = self.machines.get(mid)
+        if m is None or me is None:
+            return m is not None or me is not None
+        old = me.machine
+        return not (old is m or (old.capacity == m.capacity and old.rack == m.rack
+                                 and old.labels == m.labels))
 
     def rebuild(self, snap: CellSnapshot, now: float) -> UpdateStats:
         moved, guards, blocked = self._moved_at, self._guards, self._blocked
+        started = self._runs.started
         self._reset()
         self._moved_at, self._guards, self._blocked = moved, guards, blocked
+        # When running tasks started, as this scheduler first saw them running (the
+        # cell keeps no start time): the continuation discount goes on from there.
+        self._runs.started = started
         self._snap, self._now = snap, now
         self._members = tuple(snap.live_instances(self.scheduler)) or (self.instance,)
         self.built = True
-        return self._apply(snap, set(snap.jobs.keys()), set(), set(snap.machines.keys()), now,
-                           full_build=True)
+        stats = self._apply(snap, set(snap.jobs.keys()), set(), set(snap.machines.keys()), now,
+                            full_build=True)
+        self._runs.prune()
+        return stats
 
     def note_moved(self, tasks: Iterable[tuple[str, str]], now: float) -> None:
         """The policy moved or preempted these (task, machine it left): they may not be
@@ -327,6 +363,15 @@ class GraphManager:
             self._moved_at[tid] = now
             heapq.heappush(self._guards, (now + self.move_guard, tid, mid))
             self._stale_machines.add(mid)
+
+    def started(self) -> dict[tuple[str, str], float]:
+        """When each running task with a node of its own was first seen running on
+        its machine ((task, machine) -> time): the cell keeps no start time, so a
+        graph manager that takes over another's network (tests) is told these."""
+        return dict(self._runs.started)
+
+    def note_started(self, started: Mapping[tuple[str, str], float]) -> None:
+        self._runs.started.update(started)
 
     def due(self, now: float) -> bool:
         """Whether a guard or a block runs out by ``now``: the network changes then,
@@ -398,6 +443,9 @@ class GraphManager:
                     self.racks[mid] = rack
         if racks_changed:
             self._rack_set = set(self.racks.values())
+            self._layout = Racks(self.racks)
+            # A job's arcs to racks and the cluster are priced on the layout.
+            rearc.update(j for j, e in self.jobs.items() if e.job.input)
         if self.model.uses_racks:  # else a shape's aggregator has no arcs of its own
             for s in (self.shapes if racks_changed
                       else sorted(self.shapes.keys() - self._shape_owners, key=repr)):
@@ -428,7 +476,7 @@ class GraphManager:
         self.net.write(*(np.array(w, dtype=np.int64) for w in (w_slot, w_cap, w_cost, w_lower)))
         self._writes = ([], [], [], [])
         for jid in sorted(rearc):
-            self._job_arcs(jid, now)
+            self._job_arcs(jid, now, jid in full)
             # Every job whose waiting tasks changed is in rearc: the others keep theirs.
             e = self.jobs.get(jid)
             if e is not None and e.waiting:
@@ -437,10 +485,18 @@ class GraphManager:
                 self._waiting_jobs.discard(jid)
         for jid in self._waiting_jobs:
             if jid not in rearc:
-                job = self.jobs[jid].job
+                e = self.jobs[jid]
+                job = e.job
+                waited = max(now - job.submitted_at, 0.0)
                 # Position 0: the unscheduled arc (see _job_arcs).
-                self.net.set_cost(("W", jid), 0, self.model.unscheduled(
-                    job, max(now - job.submitted_at, 0.0)))
+                if self.net.slots_of(("W", jid)) is not None:
+                    self.net.set_cost(("W", jid), 0, self.model.unscheduled(job, waited))
+                for i in e.task_nodes:
+                    tc = e.costs[i]
+                    assert tc is not None
+                    self.net.set_cost(("W", jid, i), 0,
+                                      self.model.task_unscheduled(job, tc, waited))
+        self._runs.write(self.net, self.model, now)
         self.net.set_supply(SINK, 0)
         self.net.set_supply(SINK, -self.net.total_supply)
         return UpdateStats(full_build, len(rearc), len(machines), batched)
@@ -486,6 +542,9 @@ class GraphManager:
             if old.shape != shape_of(job) or old.job.precedence != job.precedence:
                 old.shape, old.gkey = self._intern(shape_of(job)), None
                 machines.update(old.groups)
+            if old.job.task_input != job.task_input and old.costs:
+                old.costs = {}
+                machines.update(old.groups)
             old.job, old.waiting = job, waiting
 
     def _machines_of(self, snap: CellSnapshot, jid: str, job: Job) -> set[str]:
@@ -499,6 +558,11 @@ class GraphManager:
     def _forget_job(self, jid: str, e: JobEntry) -> None:
         self.net.drop(("W", jid))
         self.net.set_supply(("W", jid), 0)
+        for i in e.task_nodes:
+            self.net.drop(("W", jid, i))
+            self.net.set_supply(("W", jid, i), 0)
+        self.net.drop(("U", jid))
+        self._task_jobs.discard(jid)
         for mid in e.prefs:
             self._pref_in.get(mid, set()).discard(jid)
         del self.jobs[jid]
@@ -768,6 +832,8 @@ class GraphManager:
             e = self.jobs.get(a.job)
             if e is None or not self.reoffers:
                 return None
+            if e.job.task_input and self._task_costs(e, split_task_id(a.task)[1]) is not None:
+                return self._intern(GroupKey(e.shape, e.job.precedence, True, a.task))
             if e.gkey is None:
                 e.gkey = self._intern(GroupKey(e.shape, e.job.precedence, True))
             return e.gkey
@@ -840,6 +906,11 @@ class GraphManager:
             self.net.drop(key)
             self.net.set_supply(key, 0)
             self._group_costs.pop(key, None)
+            if gk.task:
+                self._runs.remove(key)
+            return
+        if gk.task:
+            self._task_group_arcs(key, mid, gk, movable)
             return
         costs = self._group_costs.get(key) if not self.model.group_costs_use_counts else None
         known = costs is not None  # the group's arcs exist, made from these costs
@@ -874,6 +945,74 @@ class GraphManager:
             self.net.set_arcs(key, arcs)
         self.net.set_supply(key, count)
 
+    def _task_costs(self, e: JobEntry, index: int) -> TaskCosts | None:
+        """The model's pricing of a task on its own (None: it shares its job's node),
+        asked once per task and layout."""
+        if not e.job.task_input:
+            return None
+        if index in e.costs:
+            return e.costs[index]
+        tc = self.model.task_costs(e.job, index, self._layout)
+        e.costs[index] = tc
+        if tc is not None:
+            self._task_jobs.add(e.job.id)
+        return tc
+
+    def _task_preferences(self, e: JobEntry, src: NodeKey, tc: TaskCosts, capacity: int,
+                          extra: int, skip: str = "") -> list[Arc]:
+        """A task node's direct arcs to the machines and racks it prefers: only to
+        machines of the cell its shape could ever fit (capacity and selector, whatever
+        their state: one that is down has no room, so no flow goes there)."""
+        out: list[Arc] = []
+        assert self._snap is not None
+        machines = self._snap.machines
+        for p in tc.preferences:
+            if p.machine:
+                m = machines.get(p.machine)
+                if m is None or p.machine == skip or not self._could_fit(e.shape, m):
+                    continue
+                out.append(Arc(src, ("M", p.machine), capacity, p.cost + extra, 0,
+                               ArcKind.PREFERENCE))
+            elif p.rack in self._rack_set and self.model.uses_racks:
+                out.append(Arc(src, ("R", e.shape, p.rack), capacity, p.cost + extra, 0,
+                               ArcKind.PREFERENCE))
+        return out
+
+    @staticmethod
+    def _could_fit(s: Shape, m: Machine) -> bool:
+        if s.selector and not all(r.matches(m.label(r.key)) for r in s.selector):
+            return False
+        return all(amount <= 0 or m.capacity.get(dim) + 1e-9 >= amount
+                   for dim, amount in s.resources.amounts)
+
+    def _task_group_arcs(self, key: NodeKey, mid: str, gk: GroupKey, movable: int) -> None:
+        """A running task with a node of its own: its continuation arc to its machine
+        (Quincy's d* less p*: what it reads there, less a discount for the time it has
+        run), its own preferences and the cluster aggregator (moving: the new
+        machine's cost plus the model's migration cost) and its job's unscheduled
+        aggregator (preemption)."""
+        jid, index = split_task_id(gk.task)
+        e = self.jobs[jid]
+        tc = self._task_costs(e, index)
+        assert tc is not None
+        job = e.job
+        transfer = self.model.transfer(job, index, mid, self._layout)
+        started = self._runs.start(key, self._now)
+        g = Group(gk.shape.resources, gk.precedence, mid, 1, movable, True, gk.task)
+        arcs = [Arc(key, ("M", mid), 1, 0, 1 - movable, ArcKind.STAY)]
+        migrate = self.model.migrate(g)
+        if migrate is not None:
+            arcs.append(Arc(key, ("E", gk.shape), movable, tc.cluster + migrate, 0,
+                            ArcKind.MIGRATE))
+            arcs.extend(self._task_preferences(e, key, tc, movable, migrate, skip=mid))
+        preempt = self.model.preempt(g, max(started - job.submitted_at, 0.0))
+        if preempt is not None:
+            arcs.append(Arc(key, ("U", jid), movable, preempt, 0, ArcKind.PREEMPT))
+        slots = self.net.set_arcs(key, arcs)
+        self.net.set_supply(key, 1)
+        # Its cost is written with every other continuation arc's (_Continuations).
+        self._runs.put(key, slots[0], transfer)
+
     def _shape_arcs(self, s: Shape) -> None:
         if not self.model.uses_racks:
             return
@@ -881,24 +1020,32 @@ class GraphManager:
         self.net.set_arcs(("E", s), [Arc(("E", s), ("R", s, rack), MAX_CAPACITY, 0, 0,
                                           ArcKind.TO_RACK) for rack in sorted(self._rack_set)])
 
-    def _job_arcs(self, jid: str, now: float) -> None:
+    def _job_arcs(self, jid: str, now: float, reload: bool = True) -> None:
+        """``reload`` False: only the job's waiting tasks changed (nodes of tasks priced
+        on their own are then added and dropped, not made again)."""
         e = self.jobs.get(jid)
         if e is None:
             return
         for mid in e.prefs:
             self._pref_in.get(mid, set()).discard(jid)
         e.prefs = set()
-        k = len(e.waiting)
+        job = e.job
+        u: NodeKey = ("U", jid)
+        # The job's unscheduled aggregator: every unit of the job may end there.
+        self.net.set_arcs(u, [Arc(u, SINK, job.task_count, 0, 0, ArcKind.LEAVE_UNSCHEDULED)])
+        waited = max(now - job.submitted_at, 0.0)
+        shared = [i for i in sorted(e.waiting) if self._task_costs(e, i) is None]
+        self._task_nodes(e, waited, reload)
+        k = len(shared)
         w: NodeKey = ("W", jid)
         self.net.set_supply(w, k)
         if k == 0:
             self.net.drop(w)
             return
-        job = e.job
-        arcs = [Arc(w, SINK, k, self.model.unscheduled(job, max(now - job.submitted_at, 0.0)),
-                    0, ArcKind.UNSCHEDULED),
-                Arc(w, ("E", e.shape), k, self.model.to_cluster(job), 0, ArcKind.TO_CLUSTER)]
-        for p in self.model.preferences(job, self.racks):
+        arcs = [Arc(w, u, k, self.model.unscheduled(job, waited), 0, ArcKind.UNSCHEDULED),
+                Arc(w, ("E", e.shape), k, self.model.cluster_cost(job, self._layout), 0,
+                    ArcKind.TO_CLUSTER)]
+        for p in self.model.preferences(job, self._layout):
             if p.machine:
                 me = self.machines.get(p.machine)
                 n = (fit_count(me.avail, e.shape, me.machine, self.model.dimensions)
@@ -918,6 +1065,31 @@ class GraphManager:
             self._pref_in.setdefault(mid, set()).add(jid)
         self.net.set_arcs(w, arcs)
 
+    def _task_nodes(self, e: JobEntry, waited: float, reload: bool) -> None:
+        """The nodes of a job's waiting tasks priced on their own: one per task, with
+        supply 1, its own preferences, the cluster aggregator and the job's
+        unscheduled aggregator."""
+        jid, job = e.job.id, e.job
+        want = {i for i in e.waiting if self._task_costs(e, i) is not None}
+        for i in sorted(e.task_nodes - want):
+            self.net.drop(("W", jid, i))
+            self.net.set_supply(("W", jid, i), 0)
+        for i in sorted(want):
+            tc = e.costs[i]
+            assert tc is not None
+            w: NodeKey = ("W", jid, i)
+            if not reload and i in e.task_nodes:
+                # Position 0: the unscheduled arc, whose cost grows with the wait.
+                self.net.set_cost(w, 0, self.model.task_unscheduled(job, tc, waited))
+                continue
+            self.net.set_arcs(w, [
+                Arc(w, ("U", jid), 1, self.model.task_unscheduled(job, tc, waited), 0,
+                    ArcKind.UNSCHEDULED),
+                Arc(w, ("E", e.shape), 1, tc.cluster, 0, ArcKind.TO_CLUSTER),
+                *self._task_preferences(e, w, tc, 1, 0)])
+            self.net.set_supply(w, 1)
+        e.task_nodes = want
+
     # -- what the extraction needs -----------------------------------------------------------
 
     def has_waiting(self) -> bool:
@@ -927,6 +1099,12 @@ class GraphManager:
     def waiting_of(self, jid: str) -> list[int]:
         e = self.jobs.get(jid)
         return sorted(e.waiting) if e is not None else []
+
+    def sharing_of(self, jid: str) -> list[int]:
+        """The waiting tasks of ``jid`` its node ``("W", jid)`` stands for (not those
+        with a node of their own)."""
+        e = self.jobs.get(jid)
+        return sorted(e.waiting - e.task_nodes) if e is not None else []
 
     def used_on(self, m: Machine) -> Resources | None:
         """What holds ``m`` (``cellstate.cell.machine_used``) as the network counts it,
@@ -950,4 +1128,71 @@ class GraphManager:
     def describe(self) -> Mapping[str, Any]:
         return {"nodes": self.net.node_count, "arcs": self.net.arc_count,
                 "jobs": len(self.jobs), "machines": len(self.machines),
-                "shapes": len(self.shapes)}
+                "shapes": len(self.shapes),
+                "task_nodes": sum(len(e.task_nodes) for e in self.jobs.values())
+                + len(self._runs)}
+
+
+def _run_of(key: NodeKey) -> tuple[str, str]:
+    """(task, machine) of a running task's own node ``("G", machine, GroupKey)``."""
+    gk = key[2]
+    assert isinstance(gk, GroupKey)
+    return gk.task, str(key[1])
+
+
+class _Continuations:
+    """The continuation arcs of running tasks with nodes of their own, as arrays: their
+    slots, the model's cost of running there (``transfer``) and when each started, so
+    that the discount for time run (``CostModel.run_discounts``) is written for all of
+    them at once, every update, not task by task in Python."""
+
+    def __init__(self) -> None:
+        # (task, machine) -> when this scheduler first saw it running there
+        self.started: dict[tuple[str, str], float] = {}
+        self._at: dict[NodeKey, int] = {}
+        self._free: list[int] = []
+        self._slot = np.zeros(0, dtype=np.int64)
+        self._base = np.zeros(0, dtype=np.int64)
+        self._start = np.zeros(0, dtype=np.float64)
+        self._live = np.zeros(0, dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def start(self, key: NodeKey, now: float) -> float:
+        return self.started.setdefault(_run_of(key), now)
+
+    def put(self, key: NodeKey, slot: int, base: int) -> None:
+        i = self._at.get(key)
+        if i is None:
+            if not self._free:
+                n = len(self._slot)
+                grow = max(n, 64)
+                self._slot = np.concatenate([self._slot, np.zeros(grow, dtype=np.int64)])
+                self._base = np.concatenate([self._base, np.zeros(grow, dtype=np.int64)])
+                self._start = np.concatenate([self._start, np.zeros(grow)])
+                self._live = np.concatenate([self._live, np.zeros(grow, dtype=bool)])
+                self._free.extend(range(n + grow - 1, n - 1, -1))
+            i = self._free.pop()
+            self._at[key] = i
+        self._slot[i], self._base[i], self._start[i] = slot, base, self.started[_run_of(key)]
+        self._live[i] = True
+
+    def remove(self, key: NodeKey) -> None:
+        self.started.pop(_run_of(key), None)
+        i = self._at.pop(key, None)
+        if i is not None:
+            self._live[i] = False
+            self._free.append(i)
+
+    def prune(self) -> None:
+        """Forget start times of tasks no longer running here (after a rebuild)."""
+        running = {_run_of(k) for k in self._at}
+        for run in [r for r in self.started if r not in running]:
+            del self.started[run]
+
+    def write(self, net: FlowNetwork, model: CostModel, now: float) -> None:
+        live = np.flatnonzero(self._live)
+        if len(live):
+            net.write_costs(self._slot[live], self._base[live]
+                            - model.run_discounts(now - self._start[live]))

@@ -201,6 +201,18 @@ class FlowNetwork:
         self._cost[slots] = cost
         self._lower[slots] = low
 
+    def write_costs(self, slots: npt.NDArray[np.int64], cost: npt.NDArray[np.int64]) -> None:
+        """New costs for many live arcs at once (all else stays): costs that move with
+        time alone, such as a running task's continuation discount."""
+        if not len(slots):
+            return
+        bad = np.flatnonzero((cost < -MAX_COST) | (cost > MAX_COST) | ~self._live[slots])
+        if len(bad):
+            i = int(bad[0])
+            raise NetworkError(f"arc at slot {int(slots[i])}: no live arc, or its cost "
+                               f"{int(cost[i])} is outside +-{MAX_COST}")
+        self._cost[slots] = cost
+
     @staticmethod
     def _check(owner: Owner, a: Arc) -> None:
         if not 0 <= a.lower <= a.capacity <= MAX_CAPACITY:
