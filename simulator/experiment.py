@@ -40,6 +40,7 @@ from simulator.config import (
 from simulator.constraints import Attribute, ConstraintGen
 from simulator.workload import (
     PLACEMENTS,
+    READS,
     Distribution,
     Diurnal,
     InputError,
@@ -535,17 +536,20 @@ def _diurnal(where: _Where, at: Path_, raw: object) -> Diurnal:
 
 def _input(where: _Where, at: Path_, raw: object) -> InputSpec:
     t = _table(where, at, raw)
-    _only(where, at, t, {"blocks_per_task", "replicas", "block_size", "placement"})
+    _only(where, at, t, {"blocks_per_task", "replicas", "block_size", "placement", "reads"})
     d = InputSpec()
     placement = t.get("placement", d.placement)
     if placement not in PLACEMENTS:
         raise where.error((*at, "placement"), f"{_show(placement)} is not one of "
                           f"{', '.join(PLACEMENTS)}")
+    reads = t.get("reads", d.reads)
+    if reads not in READS:
+        raise where.error((*at, "reads"), f"{_show(reads)} is not one of {', '.join(READS)}")
     return InputSpec(_whole(where, (*at, "blocks_per_task"),
                             t.get("blocks_per_task", d.blocks_per_task)),
                      _whole(where, (*at, "replicas"), t.get("replicas", d.replicas)),
                      _num(where, (*at, "block_size"), t.get("block_size", d.block_size), True),
-                     str(placement))
+                     str(placement), str(reads))
 
 
 def _mapreduce(where: _Where, at: Path_, raw: object) -> MapReduceClass:

@@ -36,6 +36,7 @@ from cellstate.cell import CellSnapshot
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
+    Block,
     CommitResult,
     Job,
     JobKind,
@@ -61,41 +62,66 @@ from simulator.mapreduce import MapReduceRuns
 from simulator.prefill import workload_jobs
 from simulator.recorder import Recorder
 from simulator.twolevel import Allocator, Framework, OfferView
-from simulator.workload import JobClass, JobSpec, generate, input_of, load_trace
+from simulator.workload import (
+    JobClass,
+    JobSpec,
+    generate,
+    input_of,
+    load_trace,
+    task_input_of,
+)
 
 # Leases never lapse in virtual time; an instance with no work sleeps until poked.
 _NEVER = 10**9
 
 
 class _Locality:
-    """Where a job's input blocks are: how many of them each machine and each rack
-    holds a copy of, and the data each task reads (its even share of them all)."""
+    """Where a job's input blocks are, and what each task reads: its own blocks
+    (``per_task`` of them, task i's from block ``i * per_task``), or, with
+    ``per_task`` 0, an even share of all of them. A block is read from a copy on the
+    task's machine if there is one, else from its rack if a copy is there."""
 
     def __init__(self, blocks: list[tuple[str, ...]], rack_of: dict[str, str],
-                 per_task: float) -> None:
-        self.blocks = len(blocks)
+                 per_task: float, blocks_per_task: int = 0) -> None:
+        self.blocks = blocks
         self.per_task = per_task
-        self.on_machine: dict[str, int] = {}
-        self.on_rack: dict[str, int] = {}
+        self.own = blocks_per_task
+        self.rack_of = rack_of
+        if not self.own:
+            self.whole = self._held(blocks)
+
+    def _held(self, blocks: Sequence[tuple[str, ...]]
+              ) -> tuple[dict[str, int], dict[str, int], int, int]:
+        """Blocks with a copy on each machine and rack, and the most any one holds."""
+        on_machine: dict[str, int] = {}
+        on_rack: dict[str, int] = {}
         for copies in blocks:
             for m in copies:
-                self.on_machine[m] = self.on_machine.get(m, 0) + 1
-            for r in {rack_of[m] for m in copies}:
-                self.on_rack[r] = self.on_rack.get(r, 0) + 1
+                on_machine[m] = on_machine.get(m, 0) + 1
+            for r in {self.rack_of[m] for m in copies}:
+                on_rack[r] = on_rack.get(r, 0) + 1
+        return (on_machine, on_rack, max(on_machine.values(), default=0),
+                max(on_rack.values(), default=0))
 
-        # The most any one machine or rack holds: the best a placement can read locally.
-        self.best_machine = max(self.on_machine.values(), default=0)
-        self.best_rack = max(self.on_rack.values(), default=0)
-
-    def read(self, machine: str, rack: str) -> tuple[float, float, float, float, float]:
-        """(data, local data, rack-local data) of a task running on ``machine``, and
-        the local and rack-local data on the best machine and rack for it."""
+    def read(self, index: int, machine: str, rack: str
+             ) -> tuple[float, float, float, float, float]:
+        """(data, local data, rack-local data) of task ``index`` running on
+        ``machine``, and the local and rack-local data on the best machine and rack
+        for it (the ceilings)."""
         if not self.blocks:
             return 0.0, 0.0, 0.0, 0.0, 0.0
-        share = self.per_task / self.blocks
-        return (self.per_task, share * self.on_machine.get(machine, 0),
-                share * self.on_rack.get(rack, 0), share * self.best_machine,
-                share * self.best_rack)
+        if self.own:
+            mine = self.blocks[index * self.own:(index + 1) * self.own]
+            if not mine:
+                return 0.0, 0.0, 0.0, 0.0, 0.0
+            on_machine, on_rack, best_machine, best_rack = self._held(mine)
+            n = len(mine)
+        else:
+            on_machine, on_rack, best_machine, best_rack = self.whole
+            n = len(self.blocks)
+        share = self.per_task / n
+        return (self.per_task, share * on_machine.get(machine, 0),
+                share * on_rack.get(rack, 0), share * best_machine, share * best_rack)
 
 
 class Driver(Protocol):
@@ -268,7 +294,7 @@ class Simulation:
 
         def arrive() -> None:
             sched = self.config.scheduler_of(spec.cls)
-            job = spec.job(sched.name, self._input(spec))
+            job = spec.job(sched.name, *self._input(spec))
             self._submit(job, spec.cls)
             owner = owner_of(job.id, self._instances[sched.name])
             if owner is not None:
@@ -320,19 +346,26 @@ class Simulation:
         if driver is not None:
             driver.poke()
 
-    def _input(self, spec: JobSpec) -> tuple[tuple[str, float], ...]:
-        """Input blocks for a job of a class that has them (``Job.input``)."""
+    def _input(self, spec: JobSpec
+               ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[Block, ...], ...]]:
+        """Input blocks for a job of a class that has them: the job's
+        (``Job.input``) and, where its tasks read their own, each task's
+        (``Job.task_input``)."""
         cls = self._classes.get(spec.cls)
         if cls is None or cls.input is None:
-            return ()
+            return (), ()
         rng = self._input_rngs.get(cls.name)
         if rng is None:
             rng = self._input_rngs[cls.name] = stream(self.config.seed, f"input/{cls.name}")
-        blocks = cls.input.blocks(spec.tasks, rng, self._machine_ids, self._rack_of,
-                                  self._racks)
+        spec_in = cls.input
+        blocks = spec_in.blocks(spec.tasks, rng, self._machine_ids, self._rack_of, self._racks)
+        own = spec_in.reads == "task"
         self._locality[spec.id] = _Locality(
-            blocks, self._rack_of, cls.input.blocks_per_task * cls.input.block_size)
-        return input_of(blocks, cls.input.block_size)
+            blocks, self._rack_of, spec_in.blocks_per_task * spec_in.block_size,
+            spec_in.blocks_per_task if own else 0)
+        return (input_of(blocks, spec_in.block_size),
+                task_input_of(blocks, spec_in.block_size, spec_in.blocks_per_task)
+                if own else ())
 
     def _submit(self, job: Job, cls: str) -> None:
         self._jobs[job.id] = job
@@ -381,7 +414,7 @@ class Simulation:
             first.add(c.index)
             self.recorder.placed(job, now)
             if loc is not None:
-                self.recorder.read(*loc.read(c.machine, self._rack_of[c.machine]))
+                self.recorder.read(*loc.read(c.index, c.machine, self._rack_of[c.machine]))
         if len(first) >= job.task_count and job.duration is not None:
             # Tasks of a job run equally long: the last placed ends last.
             self.recorder.job_response(now + job.duration - job.submitted_at, job.duration)

@@ -21,6 +21,7 @@ import attrs
 
 from cellstate.codec import parse_mapreduce
 from cellstate.model import (
+    Block,
     Constraints,
     Job,
     JobKind,
@@ -151,13 +152,18 @@ class MapReduceClass:
 
 
 PLACEMENTS = ("hdfs", "random")
+#: What a task reads: its own blocks (``task``: ``Job.task_input``, each task's node
+#: priced on its own, as Quincy's tasks are), or an even share of all its job's
+#: blocks (``job``: only ``Job.input``, the job's tasks alike).
+READS = ("task", "job")
 
 
 @attrs.frozen
 class InputSpec:
     """Input data for a class's jobs, stored as a distributed file system stores it:
     each task of a job reads ``blocks_per_task`` blocks of ``block_size`` (GB), and
-    each block has ``replicas`` copies on distinct machines. ``hdfs`` placement is
+    each block has ``replicas`` copies on distinct machines (``reads``: see
+    :data:`READS`). ``hdfs`` placement is
     HDFS's default: the first copy on a random machine, the second on a machine of
     another rack, the third on another machine of the second's rack, any further ones
     on random machines; ``random`` puts every copy on a random machine."""
@@ -166,6 +172,7 @@ class InputSpec:
     replicas: int = 3
     block_size: float = 0.25
     placement: str = "hdfs"
+    reads: str = "task"
 
     def blocks(self, job_tasks: int, rng: random.Random, machines: Sequence[str],
                rack_of: dict[str, str], racks: dict[str, list[str]]
@@ -200,6 +207,13 @@ class InputSpec:
             if m not in chosen:
                 chosen.append(m)
         return tuple(chosen)
+
+
+def task_input_of(blocks: Sequence[tuple[str, ...]], block_size: float, per_task: int
+                  ) -> tuple[tuple[Block, ...], ...]:
+    """``Job.task_input`` for these blocks: task i reads blocks ``i * per_task`` on."""
+    return tuple(tuple(Block(block_size, copies) for copies in blocks[i:i + per_task])
+                 for i in range(0, len(blocks), per_task))
 
 
 def input_of(blocks: Sequence[tuple[str, ...]], block_size: float
@@ -260,12 +274,15 @@ class JobSpec:
     precedence: int = 0  # across all jobs: who may evict whom
     constraints: Constraints = attrs.field(factory=Constraints)
 
-    def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = ()) -> Job:
-        """The job to submit; ``data`` is its input (``Job.input``)."""
+    def job(self, scheduler: str, data: tuple[tuple[str, float], ...] = (),
+            task_data: tuple[tuple[Block, ...], ...] = ()) -> Job:
+        """The job to submit; ``data`` is its input (``Job.input``), ``task_data``
+        each task's own (``Job.task_input``)."""
         return Job(self.id, self.owner, scheduler, self.tasks,
                    Resources.of(cpu=self.cpu, mem=self.mem), kind=self.kind,
                    duration=self.duration if self.mapreduce is None else None,
-                   submitted_at=self.submit, input=data, mapreduce=self.mapreduce,
+                   submitted_at=self.submit, input=data, task_input=task_data,
+                   mapreduce=self.mapreduce,
                    priority=self.priority, precedence=self.precedence,
                    constraints=self.constraints)
 

@@ -43,6 +43,7 @@ class CheckedGraph(GraphManager):
         twin._moved_at = dict(self._moved_at)
         twin._guards = list(self._guards)
         twin._blocked = dict(self._blocked)
+        twin.note_started(self.started())
         twin.rebuild(snap, now)
         mine, theirs = self.net.canonical(), twin.net.canonical()
         if mine != theirs:
