@@ -99,3 +99,25 @@ def test_a_model_overriding_a_per_machine_method_is_priced_machine_by_machine() 
         costs.update(gm.net.arc(s).cost for owner in gm.net.owners() if owner[0] == "M"
                      for s in gm.net.arcs_of(owner))
     assert costs - {0}, "the override priced the arcs into machines"
+
+
+def test_network_aware_tiers_make_each_further_task_dearer_by_bandwidth() -> None:
+    """Firmament's network-aware policy: each further task on a machine in one round
+    costs more (convex), from the bandwidth the tasks outside the network hold."""
+    model = make_cost_model("network", tiers=4, bandwidth_weight=1000)
+    m = Machine("m0", Resources.of(cpu=8, mem=8, net=10))
+    spread_only = make_cost_model("load-spread", tiers=4)
+
+    def tiers(outside_net: float) -> list[tuple[int, int]]:
+        load = MachineLoad(m, 8, 0.0, Resources.of(net=outside_net),
+                           Resources.of(net=outside_net))
+        return list(model.sink_tiers(load))
+
+    free = tiers(0.0)
+    spread = list(spread_only.sink_tiers(MachineLoad(m, 8, 0.0, Resources())))
+    # Bandwidth part: tier k full at k/4 of the bandwidth left: 250, 500, 750, 1000.
+    assert [c - s for (_, c), (_, s) in zip(free, spread, strict=True)] == [250, 500, 750, 1000]
+    half = tiers(5.0)  # others hold half of the link: 5/10 + k/4 of the rest
+    assert [c - s for (_, c), (_, s) in zip(half, spread, strict=True)] == [625, 750, 875, 1000]
+    steps = [b[1] - a[1] for a, b in zip(free, free[1:], strict=False)]
+    assert all(x > 0 for x in steps) and steps == sorted(steps)  # rising, convex

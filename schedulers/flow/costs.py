@@ -91,6 +91,9 @@ class MachineLoad:
     slots: int
     others: float
     used: Resources  # everything held there, the network's own tasks included
+    # What the tasks outside the network hold there (given to sink_tiers; empty in
+    # MachineBatch.loads, which prices the arcs into machines)
+    outside: Resources = attrs.field(factory=Resources)
 
 
 class MachineBatch:
@@ -608,12 +611,17 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
     """Firmament's network-aware policy: network bandwidth is a machine resource (the
     dimension ``resource``, default ``net``) that tasks declare like cpu; a task only
     gets an arc to a machine with enough bandwidth left (the graph manager's fit rule),
-    and a machine costs more the more of its bandwidth is taken."""
+    and a machine costs more the more of its bandwidth is taken: by the tasks already
+    there (the arc into it), and by each further task placed there in the same round
+    (the machine's arcs to the sink, in ``tiers`` steps that each add their share of
+    the bandwidth left, ``bandwidth_weight`` for all of it: convex, as Firmament's
+    one arc per further task). Load is spread as load-spreading spreads it, too."""
 
     name = "network"
     defaults: ClassVar[Mapping[str, float]] = {
         **LoadSpreadingCostModel.defaults, "bandwidth_weight": 1000,
     }
+    tiers_use_usage = True
 
     def __init__(self, resource: str = "net", **options: Any) -> None:
         if not isinstance(resource, str) or not resource:
@@ -621,6 +629,14 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
                                  f"resource dimension, got {resource!r}")
         super().__init__(**options)
         self.resource = resource
+
+    def sink_tiers(self, load: MachineLoad) -> Sequence[tuple[int, int]]:
+        spread = _tiers(load.slots, load.others, 1000, int(self.options["tiers"]))
+        cap = load.machine.capacity.get(self.resource)
+        taken = min(load.outside.get(self.resource) / cap, 1.0) if cap > 0 else 1.0
+        bandwidth = _tiers(load.slots, taken, self.options["bandwidth_weight"],
+                           int(self.options["tiers"]))
+        return [(n, a + b) for (n, a), (_, b) in zip(spread, bandwidth, strict=True)]
 
     def machine_arc(self, load: MachineLoad) -> int:
         cap = load.machine.capacity.get(self.resource)

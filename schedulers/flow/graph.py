@@ -637,7 +637,7 @@ class GraphManager:
         # no shape of this scheduler's (it has no job) counts them.
         slots = max([reoffered, *(reoffered + n for n in fits.values()),
                      *(fits[s] + reclaim[s] for s in self.shapes)])
-        load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used)
+        load = MachineLoad(m, slots, min(max(share, 0.0), 1.0), used, m.capacity - avail)
         arcs: list[Arc] = []
         into = self.model.machine_arc(load)
         # Asked even while no re-offered task runs here: the reclaim arcs then have
@@ -676,7 +676,7 @@ class GraphManager:
         # A separate owner: the tiers change with the machine's load from others,
         # not with every placement of this scheduler's tasks.
         tier_key = (load.slots, load.others,
-                    load.used if self.model.tiers_use_usage else None)
+                    (load.used, load.outside) if self.model.tiers_use_usage else None)
         if tier_key != me.tier_key:
             me.tier_key = tier_key
             self.net.set_arcs(("T", mid), [
@@ -778,7 +778,8 @@ class GraphManager:
             if usage or key != me.tier_key:
                 self._tiers(mid, me, MachineLoad(
                     me.machine, slot_list[i], other_list[i],
-                    me.machine.capacity - Resources(tuple(sorted(free()[i].items())))))
+                    me.machine.capacity - Resources(tuple(sorted(free()[i].items()))),
+                    me.machine.capacity - me.avail))
         for i in redo:
             self._machine_arcs(pending[i], mes[i])
         return n - len(redo)
