@@ -1,5 +1,5 @@
 """Round latency of the flow scheduler, split into graph update, solve, extraction and
-commit (issue 10), beside Firmament's published figures.
+commit (issues 10 and 33), beside Firmament's published figures.
 
 A cell of MACHINES machines (12 slots each: 12 CPU, 48 GB; racks of 40) is filled to
 a slot use with running tasks of the flow scheduler (jobs of 10-200 one-slot tasks;
@@ -15,7 +15,18 @@ under Quincy each job's input lies on 3-8 machines of one or two racks). Then:
   CPU time of that is printed as ``between``; ``--no-absorb`` leaves every change to
   the round, as the simulator's flow scheduler does.
 
-Scenario ``bigjob``: at 90% slot use, one job of 3,000 tasks arrives (load-spreading).
+Policies: ``quincy-task`` is Quincy over Firmament's network with a node per task (each
+task's own input, one block of 1 GB with three copies placed as HDFS places them, so on
+3 machines of 2 racks), solved by our incremental solver (``FirmamentSolver``: each
+round starts from the last round's flow and prices); each round's network is also
+solved from scratch by OR-Tools (timed apart, its answer checked equal in cost), and
+the ratios are printed. ``quincy`` and ``load-spread`` are the grouped networks (a job's
+waiting tasks one node; running tasks one node per machine and kind) solved by
+OR-Tools from scratch, as rounds were before: the baseline the per-task round is held
+to (at most 2x), in the same run.
+
+Scenario ``bigjob``: at 90% slot use, one job of 3,000 tasks arrives (load-spreading;
+with ``--bigjob-policy quincy-task``, Quincy with per-task nodes).
 
 Everything is in one process over the memory store (the store's real validation and
 commit code; no etcd), with the replica feeding change sets as in a scheduler process.
@@ -23,8 +34,9 @@ The parts are timed in CPU time of this process (the machine is shared: other
 processes' share of the cores stays out), and the whole round in wall time too.
 
     python benchmarks/flow_round.py [--machines 1250,12500] [--use 0.5,0.9]
-                                    [--policies quincy,load-spread] [--rounds 5]
-                                    [--no-bigjob] [--no-absorb]
+                                    [--policies quincy-task,quincy,load-spread]
+                                    [--rounds 5] [--no-bigjob] [--no-absorb]
+                                    [--bigjob-policy load-spread]
 """
 
 from __future__ import annotations
@@ -43,14 +55,15 @@ from cellstate.cell import CellSnapshot
 from cellstate.gc_tuning import tune_for_large_heap
 from cellstate.keys import KeyKind
 from cellstate.kv.memory import MemoryKV
-from cellstate.model import Claim, Job, Machine, Resources, TaskState, Transaction
+from cellstate.model import Block, Claim, Job, Machine, Resources, TaskState, Transaction
 from cellstate.replica import Replica
 from cellstate.store import CellStore
 from schedulers.api import CellView
 from schedulers.flow.costs import make_cost_model
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
-from schedulers.flow.solvers import OrToolsSolver
+from schedulers.flow.mcf import FirmamentSolver
+from schedulers.flow.solvers import OrToolsSolver, Solver
 
 SLOTS = 12
 RACK = 40
@@ -80,6 +93,8 @@ class Timing:
     moved: int = 0
     nodes: int = 0
     arcs: int = 0
+    ortools: float = 0.0  # OR-Tools from scratch on the same network (0: not run)
+    algorithm: str = ""  # what solved it (FirmamentSolver.last)
 
     @property
     def total(self) -> float:
@@ -88,6 +103,7 @@ class Timing:
 
 class Cell:
     def __init__(self, machines: int, policy: str, rng: random.Random) -> None:
+        self.per_task = policy == "quincy-task"
         self.kv = MemoryKV()
         self.store = CellStore(self.kv)
         self.rng = rng
@@ -101,7 +117,7 @@ class Cell:
         self.changes: set[tuple[KeyKind, str]] | None = None
         self.replica.on_changes(self._changed)
         self.njobs = 0
-        self.running: list[tuple[str, str]] = []  # (task, machine)
+        self.running: dict[str, str] = {}  # task -> machine
 
     def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         if changed is None or self.changes is None:
@@ -120,12 +136,30 @@ class Cell:
         jid = f"j{self.njobs:05}"
         self.njobs += 1
         data: tuple[tuple[str, float], ...] = ()
+        if self.per_task:
+            blocks = tuple((self._block(),) for _ in range(tasks))
+            held: dict[str, float] = {}
+            for (b,) in blocks:
+                for mid in b.on:
+                    held[mid] = held.get(mid, 0.0) + b.size
+            return Job(jid, "bench", SCHED, tasks, TASK, submitted_at=now,
+                       input=tuple(sorted(held.items())), task_input=blocks)
         if self.policy == "quincy":
             first = self.rng.randrange(len(self.ids))
             span = [self.ids[(first + k) % len(self.ids)] for k in range(2 * RACK)]
             holders = sorted(set(self.rng.sample(span, self.rng.randint(3, 8))))
             data = tuple((mid, float(self.rng.randint(1, 20))) for mid in holders)
         return Job(jid, "bench", SCHED, tasks, TASK, submitted_at=now, input=data)
+
+    def _block(self) -> Block:
+        """One block of 1 GB, three copies as HDFS places them: a random machine, then
+        two machines of another rack."""
+        n = len(self.ids)
+        first = self.rng.randrange(n)
+        racks = n // RACK
+        other = (first // RACK + self.rng.randrange(1, racks)) % racks
+        second, third = self.rng.sample(range(other * RACK, other * RACK + RACK), 2)
+        return Block(1.0, (self.ids[first], self.ids[second], self.ids[third]))
 
     def fill(self, use: float, now: float) -> None:
         """Running tasks of the flow scheduler up to ``use`` of the slots, spread
@@ -140,7 +174,7 @@ class Cell:
             for i in range(job.task_count):
                 mid = order[at + i]
                 claims.append(Claim(job.id, i, mid))
-                self.running.append((f"{job.id}/{i}", mid))
+                self.running[f"{job.id}/{i}"] = mid
             at += job.task_count
             if len(claims) > 4000:
                 self._commit_all(claims)
@@ -157,11 +191,9 @@ class Cell:
 
     def end(self, fraction: float) -> None:
         """End a fraction of the running tasks."""
-        self.rng.shuffle(self.running)
-        n = round(fraction * len(self.running))
-        for tid, mid in self.running[:n]:
-            self.store.release_task(tid, TaskState.FINISHED, mid)
-        del self.running[:n]
+        tasks = sorted(self.running)
+        for tid in self.rng.sample(tasks, round(fraction * len(tasks))):
+            self.store.release_task(tid, TaskState.FINISHED, self.running.pop(tid))
 
     def arrive(self, tasks: int, per_job: int, now: float) -> None:
         for _ in range(tasks // per_job):
@@ -177,7 +209,10 @@ def absorb(cell: Cell, graph: GraphManager, now: float) -> float:
     return time.process_time() - t0
 
 
-def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
+def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
+           compare: bool) -> Timing:
+    """One round; ``compare``: also solve its network with OR-Tools from scratch
+    (outside the round's times) and check that both found the same optimal cost."""
     t = Timing()
     changes = cell.take_changes()
     snap = cell.replica.snapshot()
@@ -186,8 +221,18 @@ def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
     graph.update(snap, changes, now)
     t1 = time.process_time()
     net = graph.net.arrays()
-    sol = OrToolsSolver().solve(net)
+    sol = solver.solve(net)
     t2 = time.process_time()
+    if isinstance(solver, FirmamentSolver) and solver.last is not None:
+        t.algorithm = f"{solver.last.algorithm}{'' if solver.last.warm else ' cold'}"
+    if compare:
+        w_or = time.perf_counter()
+        o0 = time.process_time()
+        ref = OrToolsSolver().solve(net)
+        t.ortools = time.process_time() - o0
+        w0 += time.perf_counter() - w_or  # not part of the round
+        assert ref.cost == sol.cost, (ref.cost, sol.cost)
+        t2 = time.process_time() - t.ortools
     view = CellView(snap, SCHED)
     ex = extract(graph, net, sol.flow, view, snap)
     graph.note_moved(ex.moved, now)
@@ -200,7 +245,10 @@ def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
     t4 = time.process_time()
     t.wall = time.perf_counter() - w0
     for res in results:
-        cell.running.extend((c.task, c.machine) for c in res.committed if not c.moves_from)
+        for c in res.committed:
+            cell.running[c.task] = c.machine  # placed, or moved there
+        for tid in res.evicted:
+            cell.running.pop(tid, None)
     t.update, t.solve, t.extract, t.commit = t1 - t0, t2 - t1, t3 - t2, t4 - t3
     t.placed, t.moved = ex.placed, ex.migrated + ex.preempted
     t.nodes, t.arcs = net.nodes, len(net.tail)
@@ -208,7 +256,8 @@ def round_(cell: Cell, graph: GraphManager, now: float) -> Timing:
 
 
 def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
-             between: bool, seed: int = 7) -> tuple[Timing, list[Timing]]:
+             between: bool, seed: int = 7, algorithm: str = "auto"
+             ) -> tuple[Timing, list[Timing]]:
     # The cells of earlier scenarios are garbage in reference cycles (a replica and its
     # callbacks) that the tuned collector would keep for a long while: left there, they
     # made later scenarios' solves up to twice as slow as in a process of their own.
@@ -223,8 +272,12 @@ def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
     else:
         for _ in range(max(arrive // 100, 1)):
             cell.store.submit_job(cell.job(100, now))
-    graph = GraphManager(make_cost_model(policy), SCHED, move_guard=60.0)
-    cold = round_(cell, graph, now)
+    model = make_cost_model("quincy" if policy == "quincy-task" else policy)
+    graph = GraphManager(model, SCHED, move_guard=60.0)
+    solver: Solver = (FirmamentSolver(algorithm) if cell.per_task  # type: ignore[arg-type]
+                      else OrToolsSolver())
+    compare = cell.per_task
+    cold = round_(cell, graph, now, solver, compare)
     warm = []
     for _ in range(rounds):
         now += 1.0
@@ -235,7 +288,7 @@ def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
             cell.store.submit_job(cell.job(3000, now))
         else:
             cell.arrive(arrive, 100, now)
-        t = round_(cell, graph, now)
+        t = round_(cell, graph, now, solver, compare)
         t.between = spent
         warm.append(t)
     return cold, warm
@@ -262,13 +315,25 @@ def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
           f"{_ms(med('commit'))}; {warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
           f"{statistics.median(t.placed for t in warm):.0f}, moved "
           f"{statistics.median(t.moved for t in warm):.0f}) median of {len(warm)}")
+    if warm[0].ortools:
+        ort = med("ortools")
+        print(f"{'':<34}         solved by: {', '.join(t.algorithm for t in warm)} "
+              f"(cold: {cold.algorithm}); OR-Tools from scratch on the same networks "
+              f"{_ms(ort)} ms (cold round's {_ms(cold.ortools)}): "
+              f"{ort / max(med('solve'), 1e-9):.1f}x our solve, "
+              f"{ort / max(decide, 1e-9):.1f}x our whole decision")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machines", default="1250,12500")
     ap.add_argument("--use", default="0.5,0.9")
-    ap.add_argument("--policies", default="quincy,load-spread")
+    ap.add_argument("--policies", default="quincy-task,quincy,load-spread")
+    ap.add_argument("--algorithm", default="auto",
+                    choices=["auto", "race", "relax", "cost-scaling"],
+                    help="FirmamentSolver's algorithm for the per-task rounds")
+    ap.add_argument("--bigjob-policy", default="load-spread",
+                    choices=["load-spread", "quincy-task"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-bigjob", action="store_true")
     ap.add_argument("--no-absorb", action="store_true",
@@ -281,12 +346,14 @@ def main() -> None:
     for machines in (int(x) for x in args.machines.split(",")):
         for policy in args.policies.split(","):
             for use in (float(x) for x in args.use.split(",")):
-                cold, warm = scenario(machines, use, policy, args.rounds, False, between)
+                cold, warm = scenario(machines, use, policy, args.rounds, False, between,
+                                      algorithm=args.algorithm)
                 report(f"{policy} {machines} machines {use:.0%}", cold, warm)
             print(f"{'':<34} peer: {PEER.get(policy, '')}")
         if not args.no_bigjob:
-            cold, warm = scenario(machines, 0.9, "load-spread", args.rounds, True, between)
-            report(f"bigjob 3000 tasks {machines} machines", cold, warm)
+            cold, warm = scenario(machines, 0.9, args.bigjob_policy, args.rounds, True,
+                                  between, algorithm=args.algorithm)
+            report(f"bigjob 3000 tasks {machines} machines {args.bigjob_policy}", cold, warm)
             print(f"{'':<34} peer: {PEER['bigjob']}")
     print(f"load average {os.getloadavg()[0]:.2f}")
 

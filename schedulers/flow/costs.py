@@ -467,6 +467,32 @@ class QuincyCostModel(_MovesTasks):
         return round(data.scale * (o["rack_cost"] * (on_rack - on_machine)
                                    + o["core_cost"] * (data.total - on_rack)))
 
+    def _task_prices(self, data: _Data, racks: Racks) -> tuple[list[Preference], int]:
+        """Preferences and the cluster arc of a task (or of a job's shared node), each
+        rack's worst machine priced once (both need it)."""
+        o = self.options
+        worst = {r: self._worst_in_rack(data, r, racks) for r in data.on_rack}
+        if len(data.on_rack) < len(racks.sizes) or not worst:
+            cluster = self._cost(data, 0.0, 0.0)
+        else:
+            cluster = max(worst.values())
+        out: list[Preference] = []
+        total = data.total
+        if total > 0:
+            at_least = o["machine_threshold"] * total
+            most = o["max_preferences"]
+            for mid, amount in sorted(data.on_machine.items(), key=lambda x: (-x[1], x[0])):
+                if amount < at_least or len(out) >= most:
+                    break
+                out.append(Preference(mid, "", self._cost(data, amount,
+                                                          data.on_rack[racks[mid]])))
+            at_least = o["rack_threshold"] * total
+            for rack, amount in sorted(data.on_rack.items(), key=lambda x: (-x[1], x[0])):
+                if amount < at_least:
+                    break
+                out.append(Preference("", rack, worst[rack]))
+        return out, cluster
+
     def _worst_in_rack(self, data: _Data, rack: str, racks: Racks) -> int:
         on_rack = data.on_rack.get(rack, 0.0)
         holders = data.holders.get(rack, ())
@@ -476,30 +502,6 @@ class QuincyCostModel(_MovesTasks):
             worst = max(worst, self._cost(data, 0.0, on_rack))  # a machine holding none
         return worst
 
-    def _cluster(self, data: _Data, racks: Racks) -> int:
-        if len(data.on_rack) < len(racks.sizes):
-            return self._cost(data, 0.0, 0.0)  # a rack holds none: all of it crosses
-        return max((self._worst_in_rack(data, r, racks) for r in data.on_rack),
-                   default=self._cost(data, 0.0, 0.0))
-
-    def _preferences(self, data: _Data, racks: Racks) -> list[Preference]:
-        o = self.options
-        if data.total <= 0:
-            return []
-        out: list[Preference] = []
-        for mid, amount in sorted(data.on_machine.items(), key=lambda x: (-x[1], x[0])):
-            if amount < o["machine_threshold"] * data.total:
-                break
-            rack = racks[mid]
-            out.append(Preference(mid, "", self._cost(data, amount, data.on_rack[rack])))
-            if len(out) >= o["max_preferences"]:
-                break
-        for rack, amount in sorted(data.on_rack.items(), key=lambda x: (-x[1], x[0])):
-            if amount < o["rack_threshold"] * data.total:
-                break
-            out.append(Preference("", rack, self._worst_in_rack(data, rack, racks)))
-        return out
-
     def to_cluster(self, job: Job) -> int:
         # Without the cell's racks: the worst case, every byte across the core (the
         # graph manager prices the arc with preferences(), which sees them).
@@ -508,25 +510,38 @@ class QuincyCostModel(_MovesTasks):
 
     def preferences(self, job: Job, racks: Mapping[str, str]) -> Sequence[Preference]:
         r = racks if isinstance(racks, Racks) else Racks(racks)
-        return self._preferences(self._job_data(job, r), r)
+        return self._task_prices(self._job_data(job, r), r)[0]
 
     def cluster_cost(self, job: Job, racks: Racks) -> int:
         """The job's shared node's arc to the cluster aggregator (its worst machine)."""
-        return self._cluster(self._job_data(job, racks), racks)
+        return self._task_prices(self._job_data(job, racks), racks)[1]
 
     def task_costs(self, job: Job, index: int, racks: Racks) -> TaskCosts | None:
         data = self._task_data(job, index, racks)
         if data is None:
             return None
-        return TaskCosts(tuple(self._preferences(data, racks)), self._cluster(data, racks))
+        preferences, cluster = self._task_prices(data, racks)
+        return TaskCosts(tuple(preferences), cluster)
 
     def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
-        data = self._task_data(job, index, racks)
-        if data is None:
+        if index >= len(job.task_input):
             data = self._job_data(job, racks)
+            rack = racks.get(machine)
+            return self._cost(data, data.on_machine.get(machine, 0.0),
+                              data.on_rack.get(rack, 0.0) if rack is not None else 0.0)
+        # Straight from the blocks (no _Data): every task that starts asks this once.
         rack = racks.get(machine)
-        return self._cost(data, data.on_machine.get(machine, 0.0),
-                          data.on_rack.get(rack, 0.0) if rack is not None else 0.0)
+        total = here = in_rack = 0.0
+        for b in job.task_input[index]:
+            total += b.size
+            if machine in b.on:
+                here += b.size
+                in_rack += b.size
+            elif rack is not None and any(racks.get(m) == rack for m in b.on):
+                in_rack += b.size
+        o = self.options
+        return round(o["data_scale"] * (o["rack_cost"] * (in_rack - here)
+                                        + o["core_cost"] * (total - in_rack)))
 
     def run_discounts(self, ran: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
         return np.floor(self.options["run_discount"] * np.clip(ran, 0.0, MAX_WAIT)

@@ -152,31 +152,38 @@ class FlowNetwork:
         Arcs joining the same nodes as the owner's present ones, in the same order and
         of the same kinds, keep their slots and take the new numbers."""
         wanted = tuple(arcs)
-        structure = tuple((a.tail, a.head, a.kind) for a in wanted)
+        for a in wanted:
+            # The check of _check, inline: this runs for every arc of every task node.
+            if not (0 <= a.lower <= a.capacity <= MAX_CAPACITY
+                    and -MAX_COST <= a.cost <= MAX_COST):
+                self._check(owner, a)
+        structure = tuple([(a.tail, a.head, a.kind) for a in wanted])
         if self._structure.get(owner) == structure:
             owned = self._owned[owner]
+            lower, cap, cost = self._lower, self._cap, self._cost
             for s, a in zip(owned, wanted, strict=True):
-                self._check(owner, a)
-                self._lower[s], self._cap[s], self._cost[s] = a.lower, a.capacity, a.cost
+                lower[s], cap[s], cost[s] = a.lower, a.capacity, a.cost
             return list(owned)
         self.drop(owner)
-        slots: list[int] = []
-        for a in wanted:
-            self._check(owner, a)
-            if not self._free_arcs:
-                self._grow()
-            s = self._free_arcs.pop()
-            self._tail[s] = self._ref(a.tail)
-            self._head[s] = self._ref(a.head)
-            self._lower[s] = a.lower
-            self._cap[s] = a.capacity
-            self._cost[s] = a.cost
-            self._kind[s] = a.kind
-            self._live[s] = True
-            slots.append(s)
-        if slots:
-            self._owned[owner] = slots
-            self._structure[owner] = structure
+        if not wanted:
+            return []
+        free = self._free_arcs
+        while len(free) < len(wanted):
+            self._grow()
+        slots = [free.pop() for _ in wanted]
+        ref = self._ref
+        tail, head, lower, cap, cost, kind, live = (
+            self._tail, self._head, self._lower, self._cap, self._cost, self._kind, self._live)
+        for s, a in zip(slots, wanted, strict=True):
+            tail[s] = ref(a.tail)
+            head[s] = ref(a.head)
+            lower[s] = a.lower
+            cap[s] = a.capacity
+            cost[s] = a.cost
+            kind[s] = a.kind
+            live[s] = True
+        self._owned[owner] = slots
+        self._structure[owner] = structure
         return slots
 
     def write(self, slots: npt.NDArray[np.int64], capacity: npt.NDArray[np.int64],
