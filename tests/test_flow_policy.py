@@ -201,7 +201,7 @@ def test_a_round_drops_what_changed_while_it_solved() -> None:
                               "aladdin, load-spread, "),
     ({"policy": ["quincy"]}, "option policy must name a cost model, got ['quincy']"),
     ({"policy": 3}, "option policy must name a cost model, got 3"),
-    ({"solver": "cplex"}, "option solver must be one of networkx, ortools, got 'cplex'"),
+    ({"solver": "cplex"}, "option solver must be one of firmament, networkx, ortools, got 'cplex'"),
     ({"solver": {"name": "ortools"}}, "option solver must be one of"),
     ({"interval": -1}, "option interval must be a number from 0 to 3600, got -1"),
     ({"interval": "fast"}, "option interval must be a number from 0 to 3600, got 'fast'"),

@@ -21,7 +21,9 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
   group, or a ``CostModel`` instance. A model with a planner of its own
   (``CostModel.planner``: Aladdin+H) plans the rounds; the others price the arcs of
   the graph manager's network;
-* ``solver``: ``ortools`` (default) or ``networkx`` (exact and slow: tests);
+* ``solver``: ``firmament`` (our relaxation and cost scaling, warm-started round to
+  round: ``schedulers/flow/mcf``), ``ortools`` (OR-Tools from scratch every round)
+  or ``networkx`` (exact and slow: tests); ``solvers.DEFAULT_SOLVER`` by default;
 * ``interval`` (1.0 s), ``move_guard`` (60 s);
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
   this to be preempted (by tasks of a higher precedence only); default: never;
@@ -59,7 +61,7 @@ from schedulers.flow.costs import (
 )
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
-from schedulers.flow.solvers import SOLVERS, Solver
+from schedulers.flow.solvers import DEFAULT_SOLVER, SOLVERS, Solver, cold
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
 
@@ -90,6 +92,7 @@ class Round:
     stale: int
     full_build: bool
     spilled: int = 0
+    algorithm: str = ""  # what solved it, where the solver says ("relax", ...)
 
 
 class FlowPolicy(Policy):
@@ -125,11 +128,13 @@ class FlowPolicy(Policy):
                 self.model = make_cost_model(policy, **dict(costs))
             except CostModelError as e:
                 raise FlowOptionError(f"flow scheduler: option policy: {e}") from None
-        solver = options.get("solver", "ortools")
+        solver = options.get("solver", DEFAULT_SOLVER)
         if not isinstance(solver, str) or solver not in SOLVERS:
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
                                   f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
         self.solver: Solver = SOLVERS[str(solver)]()
+        # A planner's passes are networks of their own: nothing to start from.
+        self._pass_solver = cold(self.solver)
         self.interval = o.number("interval", 1.0, 0.0, 3600.0)
         self.propose_interval = self.interval
         self.move_guard = o.number("move_guard", 60.0, 0.0, 86_400.0)
@@ -213,11 +218,13 @@ class FlowPolicy(Policy):
             return self._planned_round(ctx, due, self.planner)
         graph = self.graph(ctx)
         t0 = self.timer()
-        stats = graph.update(ctx.view.snap, ctx.changes, ctx.now)
+        full = graph.update(ctx.view.snap, ctx.changes, ctx.now).full
         t1 = self.timer()
         net = graph.net.arrays()
         solution = self.solver.solve(net)
         t2 = self.timer()
+        stats = getattr(self.solver, "last", None)
+        algorithm = str(getattr(stats, "algorithm", ""))
         latest = ctx.latest() if ctx.latest is not None else None
         ex = extract(graph, net, solution.flow, ctx.view, latest)
         graph.note_moved(ex.moved, ctx.now)
@@ -227,12 +234,12 @@ class FlowPolicy(Policy):
         self._unsolved = False
         self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
                            ex.placed, ex.migrated, ex.preempted,
-                           sum(ex.unscheduled.values()), ex.repaired, ex.stale, stats.full,
-                           ex.spilled))
+                           sum(ex.unscheduled.values()), ex.repaired, ex.stale, full,
+                           ex.spilled, algorithm))
         return Plan(tuple(ex.claims), tuple(self._unplaced(ctx, due, ex)))
 
     def _planned_round(self, ctx: Context, due: Sequence[Job], planner: RoundPlanner) -> Plan:
-        ex, fig = planner.plan(ctx, self.solver)
+        ex, fig = planner.plan(ctx, self._pass_solver)
         self._record(Round(ctx.now, fig.update, fig.solve, fig.extract, fig.nodes, fig.arcs,
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, fig.regrouped,
@@ -261,6 +268,10 @@ class FlowPolicy(Policy):
         t["stale"] += r.stale
         t["spilled"] += r.spilled
         t["full_builds"] += r.full_build
+        if r.algorithm:
+            # Rounds each of the solver's algorithms solved (Firmament's race).
+            key = f"solved_by_{r.algorithm.replace('-', '_')}"
+            t[key] = t.get(key, 0) + 1
         recent = list(itertools.islice(reversed(self.rounds), RECENT))
         # A new mapping each time: report() is read from the metrics thread.
         self._report = {

@@ -4,8 +4,10 @@ A solver takes the network as arrays (``FlowNetwork.arrays``) and returns the fl
 each arc. Lower bounds are handled here, once, for every solver: an arc's lower bound
 is sent as supply from its head and demand at its tail and added back to the flow.
 
-* :class:`OrToolsSolver` (the default): OR-Tools' ``SimpleMinCostFlow`` (cost
-  scaling), built from the arrays each round; it has no warm start.
+* ``firmament`` (``schedulers/flow/mcf``): Firmament's relaxation and cost scaling
+  of our own, in numba, each round starting from the last round's flow and prices.
+* :class:`OrToolsSolver`: OR-Tools' ``SimpleMinCostFlow`` (cost scaling), built
+  from the arrays each round; it has no warm start: the cold reference.
 * :class:`NetworkxSolver`: networkx's network simplex, exact and slow: the oracle the
   tests check the others against on small networks.
 
@@ -96,7 +98,29 @@ class NetworkxSolver:
         return Solution(flow, int(cost) + fixed)
 
 
+def _firmament() -> Solver:
+    # Imported when asked for: numba's compiled kernels load on first use.
+    from schedulers.flow.mcf import FirmamentSolver
+
+    return FirmamentSolver()
+
+
 SOLVERS: dict[str, Callable[[], Solver]] = {
+    "firmament": _firmament,
     OrToolsSolver.name: OrToolsSolver,
     NetworkxSolver.name: NetworkxSolver,
 }
+
+#: The flow scheduler's solver unless told otherwise.
+DEFAULT_SOLVER = "ortools"
+
+
+def cold(solver: Solver) -> Solver:
+    """A solver for networks that have nothing to do with one another (each of
+    Aladdin's passes builds its own): no state kept from one to the next."""
+    if solver.name == "firmament":
+        from schedulers.flow.mcf import FirmamentSolver
+
+        assert isinstance(solver, FirmamentSolver)
+        return FirmamentSolver(solver.algorithm, warm=False)
+    return solver
