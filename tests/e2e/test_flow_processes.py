@@ -50,7 +50,8 @@ def _flow(c: Cluster, tmp_path: Path, *extra: str) -> None:
     # A short lease, from the config file, so a restart after a kill waits little
     # for the killed run's registration to lapse.
     config = tmp_path / "flow.toml"
-    config.write_text("[scheduler]\nlease_ttl = 3\n[options]\ninterval = 0.5\n")
+    config.write_text("[scheduler]\nlease_ttl = 3\n[options]\ninterval = 0.5\n"
+                      'solver = "firmament"\n')
     c.start("flow-0", "scheduler", "flow", "--policy", "quincy", "--config", str(config),
             "--cellstate", c.cellstate, "--instance", "f0", *extra)
 
@@ -88,9 +89,13 @@ def test_batch_and_flow_place_their_jobs_side_by_side(history_etcd: LocalEtcd, t
             machines = sorted(m["id"] for m in client.list_machines())
             for i in range(12):
                 client.submit_job(_job(f"b-{i:02}", "batch", 8))
-                # Every other flow job reads data stored on two machines (Quincy).
+                # Every other flow job reads data stored on two machines (Quincy); every
+                # fourth, each task its own block (a node of its own per task).
                 data: dict[str, Any] = (
                     {"input": {machines[i]: 10.0, machines[-1 - i]: 4.0}} if i % 2 else {})
+                if i % 4 == 1:
+                    data["task_input"] = [[{"size": 1.0, "on": [machines[(i + k) % 24]]}]
+                                          for k in range(8)]
                 client.submit_job(_job(f"f-{i:02}", "flow", 8, **data))
                 jobs |= {f"b-{i:02}": 8, f"f-{i:02}": 8}
         wait_for("every task running", lambda: _all_running(c, jobs), c)
@@ -103,6 +108,8 @@ def test_batch_and_flow_place_their_jobs_side_by_side(history_etcd: LocalEtcd, t
         assert flow["policy"]["rounds"] >= 1
         assert flow["policy"]["placed"] >= 96  # claims made; 96 of them committed
         assert flow["policy"]["median_solve_ms"] > 0
+        # Solved by our own solver, each round from the last one's state.
+        assert sum(v for k, v in flow["policy"].items() if k.startswith("solved_by_")) >= 1
         # The process hands the policy the cell's changes between rounds (its own
         # commits coming back, the agent starting the tasks): the network takes them
         # in then, not in the next round.
@@ -126,9 +133,13 @@ def test_flow_scheduler_killed_mid_commit_and_restarted(history_etcd: LocalEtcd,
             # refused: the batch scheduler must have registered before then.
             wait_for_schedulers(client, c, "batch")
             # Queued before the flow scheduler starts: its first round plans them all.
+            machines = sorted(m["id"] for m in client.list_machines())
             for i in range(30):
-                # (not refused: the flow scheduler is about to start)
-                client.submit_job(_job(f"f-{i:02}", "flow", 10, cpu=0.25),
+                # (not refused: the flow scheduler is about to start); every third job's
+                # tasks read blocks of their own (a node per task in the network)
+                own = ({"task_input": [[{"size": 1.0, "on": [machines[(i + k) % 40]]}]
+                                       for k in range(10)]} if i % 3 == 0 else {})
+                client.submit_job(_job(f"f-{i:02}", "flow", 10, cpu=0.25, **own),
                                   allow_unknown_scheduler=True)
                 jobs[f"f-{i:02}"] = 10
             for i in range(5):
