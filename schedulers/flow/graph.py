@@ -211,12 +211,21 @@ class MachineEntry:
                     return gk, True
         return gk, False
 
+    def _by_shape(self) -> dict[Resources, int]:
+        """The re-offered tasks counted by their resources (a machine's tasks with
+        nodes of their own are one group each, mostly of one shape)."""
+        out: dict[Resources, int] = {}
+        for gk, tids in self.groups.items():
+            r = gk.shape.resources
+            out[r] = out.get(r, 0) + len(tids)
+        return out
+
     def free_amounts(self) -> dict[str, float]:
         """What no allocation holds: ``avail`` less the re-offered tasks."""
         amounts = dict(self.avail.amounts)
-        for gk, tids in self.groups.items():
-            for dim, amount in gk.shape.resources.amounts:
-                amounts[dim] = amounts.get(dim, 0.0) - amount * len(tids)
+        for r, n in self._by_shape().items():
+            for dim, amount in r.amounts:
+                amounts[dim] = amounts.get(dim, 0.0) - amount * n
         return amounts
 
     def reoffered(self) -> int:
@@ -226,9 +235,9 @@ class MachineEntry:
         """What the machine's allocations hold as this entry counts them: the tasks
         outside the network (capacity less ``avail``) and the re-offered ones."""
         amounts = dict((self.machine.capacity - self.avail).amounts)
-        for gk, tids in self.groups.items():
-            for dim, amount in gk.shape.resources.amounts:
-                amounts[dim] = amounts.get(dim, 0.0) + amount * len(tids)
+        for r, n in self._by_shape().items():
+            for dim, amount in r.amounts:
+                amounts[dim] = amounts.get(dim, 0.0) + amount * n
         return Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
 
 
@@ -706,13 +715,13 @@ class GraphManager:
                 me.avail_row = (me.avail, dims, row)
             avail_rows.append(row)
             row = row.copy()
-            # As MachineEntry.free_amounts, group by group in the same order, so the
+            # As MachineEntry.free_amounts, shape by shape in the same order, so the
             # floats come out the same.
-            for gk, tids in me.groups.items():
-                for d, a in gk.shape.resources.amounts:
+            for r, k in me._by_shape().items():
+                for d, a in r.amounts:
                     j = col.get(d)
                     if j is not None:
-                        row[j] -= a * len(tids)
+                        row[j] -= a * k
             room_rows.append(row)
         avail = np.array(avail_rows, dtype=np.float64).reshape(n, len(dims))
         room = np.array(room_rows, dtype=np.float64).reshape(n, len(dims))
