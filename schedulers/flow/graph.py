@@ -717,8 +717,8 @@ class GraphManager:
             row = row.copy()
             # As MachineEntry.free_amounts, shape by shape in the same order, so the
             # floats come out the same.
-            for r, k in me._by_shape().items():
-                for d, a in r.amounts:
+            for res, k in me._by_shape().items():
+                for d, a in res.amounts:
                     j = col.get(d)
                     if j is not None:
                         row[j] -= a * k
