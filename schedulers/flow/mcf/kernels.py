@@ -43,11 +43,13 @@ ST_PHASES = 5  # cost scaling: refine phases
 NSTATS = 6
 
 _CHECK = 4095  # look at the abort flag every 4,096 arcs
+_LOOK = 64  # relaxation looks ahead from joining nodes of at most this degree
 
 
 @njit(cache=True, nogil=True)
 def build_csr(n, tail, head):  # type: ignore[no-untyped-def]
-    """Forward star of the residual half-arcs by counting sort: O(n + m)."""
+    """Forward star of the residual half-arcs by counting sort: O(n + m); each node's
+    forward half-arcs (out-arcs) come before its backward ones."""
     m = tail.shape[0]
     start = np.zeros(n + 1, dtype=np.int64)
     for a in range(m):
@@ -57,10 +59,12 @@ def build_csr(n, tail, head):  # type: ignore[no-untyped-def]
         start[v + 1] += start[v]
     pos = start[:n].copy()
     adj = np.empty(2 * m, dtype=np.int64)
+    # Forward half-arcs first in each node's list: towards the sink side.
     for a in range(m):
         t = tail[a]
         adj[pos[t]] = 2 * a
         pos[t] += 1
+    for a in range(m):
         h = head[a]
         adj[pos[h]] = 2 * a + 1
         pos[h] += 1
@@ -68,16 +72,15 @@ def build_csr(n, tail, head):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def warm_flow(n, supply, tail, head, lower, capacity, slots,
-              prev_tail, prev_head, prev_flow, pi, old_nodes):  # type: ignore[no-untyped-def]
+def warm_flow(n, supply, tail, head, lower, capacity, slots,  # type: ignore[no-untyped-def]
+              prev_tail, prev_head, prev_flow, old_nodes):
     """The starting point of a warm solve, from the previous round's state.
 
     An arc whose slot held the same (tail, head) last round takes its old flow,
     clipped into [lower, capacity]; a new arc starts at its lower bound. Returns the
-    shifted flow ``x``, the excesses, the count of reused arcs, and writes a price
-    for every node with no reused arc (a new node, or a reused index): the price
-    that makes its cheapest out-arc's reduced cost 0 (or, with no out-arc, its
-    dearest in-arc's), so new tasks start next to where their flow goes.
+    shifted flow ``x``, the excesses, the count of reused arcs, and which nodes have
+    a reused arc (the others, new nodes or reused indexes, get a price from
+    ``price_new_nodes``).
     """
     m = tail.shape[0]
     x = np.zeros(m, dtype=np.int64)
@@ -106,7 +109,9 @@ def warm_flow(n, supply, tail, head, lower, capacity, slots,
 
 @njit(cache=True, nogil=True)
 def price_new_nodes(n, tail, head, cost, pi, seen):  # type: ignore[no-untyped-def]
-    """Prices for the nodes warm_flow did not see (see there); two passes, so a new
+    """Prices for the nodes warm_flow did not see: the price that makes a node's
+    cheapest out-arc's reduced cost 0 (or, with no out-arc, its dearest in-arc's),
+    so a new task starts next to where its flow goes. Two passes, so a new
     node next to another new node (a task next to its new job's aggregator) gets a
     price from the other's."""
     m = tail.shape[0]
@@ -176,25 +181,59 @@ def max_violation(tail, head, cap, cost, x, p, scale):  # type: ignore[no-untype
 
 
 @njit(cache=True, nogil=True)
+def _augment(s, w, pred, tail, head, cap, x, e):  # type: ignore[no-untyped-def]
+    """Send min(e[s], -e[w], path residual) along the tree path s -> w."""
+    d = min(e[s], -e[w])
+    v = w
+    while v != s:
+        h = pred[v]
+        a = h >> 1
+        if h & 1 == 0:
+            d = min(d, cap[a] - x[a])
+            v = tail[a]
+        else:
+            d = min(d, x[a])
+            v = head[a]
+    v = w
+    while v != s:
+        h = pred[v]
+        a = h >> 1
+        if h & 1 == 0:
+            x[a] += d
+            v = tail[a]
+        else:
+            x[a] -= d
+            v = head[a]
+    e[s] -= d
+    e[w] += d
+
+
+@njit(cache=True, nogil=True)
 def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-untyped-def]
-          budget, abort, stats, sink_first):
-    """Bertsekas' RELAX (dual ascent), as Firmament runs it.
+          budget, abort, stats):
+    """Relaxation (dual ascent, after Bertsekas' RELAX), as Firmament runs it.
 
     Precondition: reduced-cost optimality (``make_optimal``); it holds throughout.
     From a node s with excess, grow a tree S over residual half-arcs of reduced cost
-    0, keeping e(S) (the excess in S) and R(S) (residual capacity of the 0-reduced-
-    cost half-arcs leaving S). When the tree reaches a node with a deficit, augment
-    along the tree path. When e(S) > R(S), raising the prices of S is a dual ascent
-    step: saturate the 0-reduced-cost half-arcs leaving S, and raise S's prices by
-    the smallest positive reduced cost leaving S, which makes new half-arcs
-    admissible. If none leaves S and e(S) > 0 the network is infeasible.
+    0. When the tree reaches a node with a deficit, augment along the tree path.
+    When no balanced half-arc leaves S, raising the prices of S is a dual ascent
+    step (the dual gains e(S) per unit): S's prices rise by the smallest reduced
+    cost of a residual half-arc leaving S, which makes it balanced. If none leaves
+    S while e(S) > 0, the network is infeasible.
 
-    ``sink_first``: Firmament's arc prioritisation (§5.3.1) in its simplest form:
-    scan a newly reached node's arcs towards deficit nodes first.
+    Unlike RELAX, R(S) (the balanced capacity out of S) is not kept, so a rise waits
+    until S cannot grow: keeping R costs a scan of every node's whole adjacency as
+    it joins, and the aggregators (X, racks) have one arc per task. Instead, as
+    Firmament's arc prioritisation does (§5.3.1), the tree grows depth first, each
+    node's arcs towards the sink side first (``build_csr`` lists forward half-arcs
+    first), with a look-ahead for a deficit among a joining node's arcs when it has
+    few; so a new task usually reaches a free slot in a few steps.
     """
     mark = np.zeros(n, dtype=np.int64)
     pred = np.full(n, -1, dtype=np.int64)
+    cur = np.empty(n, dtype=np.int64)
     tree = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
     queue = np.empty(n, dtype=np.int64)
     inq = np.zeros(n, dtype=np.bool_)
     qh = 0
@@ -223,86 +262,85 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
         stamp += 1
         mark[s] = stamp
         pred[s] = -1
+        cur[s] = start[s]
         tree[0] = s
         size = 1
-        scan = 0
-        ptr = start[s]
-        es = e[s]
-        rs = 0
-        for k in range(start[s], start[s + 1]):
-            h = adj[k]
-            a = h >> 1
-            if h & 1 == 0:
-                w = head[a]
-                r = cap[a] - x[a]
-                c = cost[a]
-            else:
-                w = tail[a]
-                r = x[a]
-                c = -cost[a]
-            if w != s and r > 0 and c - pi[s] + pi[w] == 0:
-                rs += r
-        ops += start[s + 1] - start[s]
-        while True:
-            if es > rs:
-                # Dual ascent: saturate the balanced half-arcs out of S, raise S.
-                delta = INF
-                for i in range(size):
-                    u = tree[i]
-                    for k in range(start[u], start[u + 1]):
-                        h = adj[k]
-                        a = h >> 1
-                        if h & 1 == 0:
-                            w = head[a]
-                            r = cap[a] - x[a]
-                            c = cost[a]
-                        else:
-                            w = tail[a]
-                            r = x[a]
-                            c = -cost[a]
-                        if r == 0 or mark[w] == stamp:
-                            continue
-                        rc = c - pi[u] + pi[w]
-                        if rc == 0:
-                            if h & 1 == 0:
-                                x[a] += r
-                            else:
-                                x[a] -= r
-                            e[u] -= r
-                            e[w] += r
-                            if e[w] > 0 and not inq[w]:
-                                queue[(qh + qn) % n] = w
-                                qn += 1
-                                inq[w] = True
-                        elif rc < delta:
-                            delta = rc
-                    ops += start[u + 1] - start[u]
-                if delta == INF:
-                    total = 0
-                    for i in range(size):
-                        total += e[tree[i]]
-                    if total > 0:
-                        stats[ST_OPS] = ops
-                        return INFEASIBLE
-                else:
-                    for i in range(size):
-                        pi[tree[i]] += delta
-                stats[ST_RISE] += 1
-                for i in range(size):
-                    u = tree[i]
-                    if e[u] > 0 and not inq[u]:
-                        queue[(qh + qn) % n] = u
-                        qn += 1
-                        inq[u] = True
-                break
-            # Grow the tree by one node over a balanced half-arc (breadth first).
+        stack[0] = s
+        top = 1
+        target = -1
+        while top > 0:
+            u = stack[top - 1]
             found = -1
-            while scan < size:
-                u = tree[scan]
-                while ptr < start[u + 1]:
-                    h = adj[ptr]
-                    ptr += 1
-                    ops += 1
+            k = cur[u]
+            end = start[u + 1]
+            while k < end:
+                h = adj[k]
+                k += 1
+                a = h >> 1
+                if h & 1 == 0:
+                    w = head[a]
+                    r = cap[a] - x[a]
+                    c = cost[a]
+                else:
+                    w = tail[a]
+                    r = x[a]
+                    c = -cost[a]
+                if r > 0 and mark[w] != stamp and c - pi[u] + pi[w] == 0:
+                    found = h
+                    break
+            ops += k - cur[u]
+            cur[u] = k
+            if found < 0:
+                top -= 1
+                continue
+            a = found >> 1
+            w = head[a] if found & 1 == 0 else tail[a]
+            mark[w] = stamp
+            pred[w] = found
+            if e[w] < 0:
+                target = w
+                break
+            tree[size] = w
+            size += 1
+            cur[w] = start[w]
+            stack[top] = w
+            top += 1
+            if start[w + 1] - start[w] <= _LOOK:
+                for k in range(start[w], start[w + 1]):
+                    h = adj[k]
+                    a = h >> 1
+                    if h & 1 == 0:
+                        z = head[a]
+                        r = cap[a] - x[a]
+                        c = cost[a]
+                    else:
+                        z = tail[a]
+                        r = x[a]
+                        c = -cost[a]
+                    if e[z] < 0 and r > 0 and mark[z] != stamp and c - pi[w] + pi[z] == 0:
+                        mark[z] = stamp
+                        pred[z] = h
+                        target = z
+                        break
+                ops += start[w + 1] - start[w]
+                if target >= 0:
+                    break
+            if ops >= check:
+                check = ops + _CHECK
+                if abort[0] != 0:
+                    stats[ST_OPS] = ops
+                    return ABORTED
+        if target >= 0:
+            _augment(s, target, pred, tail, head, cap, x, e)
+            stats[ST_AUGMENT] += 1
+        else:
+            # S cannot grow: raise its prices by the smallest positive reduced cost
+            # of a residual half-arc leaving it.
+            delta = INF
+            for i in range(size):
+                u = tree[i]
+                for k in range(start[u], start[u + 1]):
+                    h = adj[k]
                     a = h >> 1
                     if h & 1 == 0:
                         w = head[a]
@@ -312,97 +350,90 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                         w = tail[a]
                         r = x[a]
                         c = -cost[a]
-                    if r > 0 and mark[w] != stamp and c - pi[u] + pi[w] == 0:
-                        found = h
-                        break
-                if found >= 0:
-                    break
-                scan += 1
-                if scan < size:
-                    ptr = start[tree[scan]]
-            if ops >= check:
-                check = ops + _CHECK
-                if abort[0] != 0:
-                    stats[ST_OPS] = ops
-                    return ABORTED
-            if found < 0:
-                # R(S) > 0 promised a balanced half-arc; cannot happen, but a price
-                # rise is always a safe next step.
-                rs = -1
-                continue
-            a = found >> 1
-            w = head[a] if found & 1 == 0 else tail[a]
-            mark[w] = stamp
-            pred[w] = found
-            if e[w] < 0:
-                # Augment along the tree path s -> w.
-                d = min(e[s], -e[w])
-                v = w
-                while v != s:
-                    h = pred[v]
-                    a = h >> 1
-                    if h & 1 == 0:
-                        d = min(d, cap[a] - x[a])
-                        v = tail[a]
-                    else:
-                        d = min(d, x[a])
-                        v = head[a]
-                v = w
-                while v != s:
-                    h = pred[v]
-                    a = h >> 1
-                    if h & 1 == 0:
-                        x[a] += d
-                        v = tail[a]
-                    else:
-                        x[a] -= d
-                        v = head[a]
-                e[s] -= d
-                e[w] += d
-                stats[ST_AUGMENT] += 1
-                if e[s] > 0:
-                    queue[(qh + qn) % n] = s
-                    qn += 1
-                    inq[s] = True
-                break
-            tree[size] = w
-            size += 1
-            es += e[w]
-            for k in range(start[w], start[w + 1]):
+                    if r > 0 and mark[w] != stamp:
+                        rc = c - pi[u] + pi[w]
+                        if rc < delta:
+                            delta = rc
+                ops += start[u + 1] - start[u]
+            if delta == INF:
+                stats[ST_OPS] = ops
+                return INFEASIBLE
+            for i in range(size):
+                pi[tree[i]] += delta
+            stats[ST_RISE] += 1
+        if e[s] > 0:
+            queue[(qh + qn) % n] = s
+            qn += 1
+            inq[s] = True
+    stats[ST_OPS] = ops
+    return DONE
+
+
+@njit(cache=True, nogil=True)
+def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit):  # type: ignore[no-untyped-def]
+    """Move deficits downstream, keeping reduced-cost optimality: Firmament's
+    efficient task removal (§5.3.2), generalised.
+
+    A task that ends leaves a deficit at its machine, whose flow to the sink is no
+    longer fed; from there the relaxation's trees would have to find it across the
+    whole zero-reduced-cost component. Instead a deficit node v takes back flow from
+    one of its out-arcs (the deficit moves to that arc's head, eventually the sink,
+    where new tasks' flow is wanted anyway), lowering v's price first if that arc is
+    not balanced, and only as far as every residual arc into v allows (if an in-arc
+    binds first, v keeps the lower price and its deficit). At most ``limit`` arcs are
+    looked at (networks with cycles could pass a deficit around)."""
+    queue = np.empty(n, dtype=np.int64)
+    inq = np.zeros(n, dtype=np.bool_)
+    qh = 0
+    qn = 0
+    for v in range(n):
+        if e[v] < 0:
+            queue[qn] = v
+            qn += 1
+            inq[v] = True
+    ops = 0
+    moved = 0
+    while qn > 0 and ops < limit:
+        v = queue[qh]
+        qh = (qh + 1) % n
+        qn -= 1
+        inq[v] = False
+        while e[v] < 0 and ops < limit:
+            back = -1
+            back_rc = INF
+            min_in = INF
+            for k in range(start[v], start[v + 1]):
                 h = adj[k]
                 a = h >> 1
                 if h & 1 == 0:
-                    z = head[a]
-                    r = cap[a] - x[a]
-                    rb = x[a]
-                    c = cost[a]
-                else:
-                    z = tail[a]
-                    r = x[a]
-                    rb = cap[a] - x[a]
-                    c = -cost[a]
-                rc = c - pi[w] + pi[z]
-                if mark[z] == stamp:
-                    # The reverse half-arc z -> w was counted as leaving S.
-                    if rc == 0 and z != w:
-                        rs -= rb
-                elif r > 0 and rc == 0:
-                    rs += r
-            ops += start[w + 1] - start[w]
-            if sink_first:
-                # Look at w's own arcs next if one reaches a deficit directly.
-                for k in range(start[w], start[w + 1]):
-                    h = adj[k]
-                    a = h >> 1
-                    z = head[a] if h & 1 == 0 else tail[a]
-                    if e[z] < 0 and mark[z] != stamp:
-                        # Move w to the scan position so its arcs come next.
-                        tree[size - 1] = tree[scan]
-                        tree[scan] = w
-                        ptr = start[w]
-                        break
-    stats[ST_OPS] = ops
-    return DONE
+                    if x[a] > 0 and head[a] != v:
+                        rcb = -(cost[a] - pi[v] + pi[head[a]])
+                        if rcb < back_rc:
+                            back_rc = rcb
+                            back = a
+                elif x[a] < cap[a] and tail[a] != v:
+                    rci = cost[a] - pi[tail[a]] + pi[v]
+                    if rci < min_in:
+                        min_in = rci
+            ops += start[v + 1] - start[v]
+            if back < 0:
+                break
+            if back_rc > 0:
+                if back_rc > min_in:
+                    pi[v] -= min_in
+                    break
+                pi[v] -= back_rc
+            w = head[back]
+            d = min(-e[v], x[back])
+            x[back] -= d
+            e[v] += d
+            e[w] -= d
+            moved += d
+            if e[w] < 0 and not inq[w]:
+                queue[(qh + qn) % n] = w
+                qn += 1
+                inq[w] = True
+    return moved
 
 
 # -- cost scaling -----------------------------------------------------------------------

@@ -104,15 +104,16 @@ class FirmamentSolver:
     ``algorithm``: "auto", "race", "relax" or "cost-scaling". ``warm``: keep the
     state between calls (False: every call is from scratch). ``relax_budget``: in
     "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over.
-    ``alpha``: cost scaling's ε divisor per phase. ``sink_first``: relaxation's arc
-    prioritisation heuristic (§5.3.1).
+    ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost scaling starts
+    at the from-scratch first ε divided by alpha this many more times (or at the
+    flow's largest violation, if that is larger).
     """
 
     name: ClassVar[str] = "firmament"
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
                  relax_budget: float = 30.0, alpha: int = 8,
-                 sink_first: bool = False) -> None:
+                 warm_phases: int = 1) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
         if alpha < 2:
@@ -121,7 +122,7 @@ class FirmamentSolver:
         self.warm = warm
         self.relax_budget = relax_budget
         self.alpha = alpha
-        self.sink_first = sink_first
+        self.warm_phases = warm_phases
         self.last: SolveStats | None = None
         self.reset()
 
@@ -157,7 +158,7 @@ class FirmamentSolver:
             pi[:old] = self._pi[:old]
             x, e, reused, seen = K.warm_flow(
                 n, supply, tail, head, lower, capacity, slots,
-                self._tail_of, self._head_of, self._flow_of, pi, old)
+                self._tail_of, self._head_of, self._flow_of, old)
             K.price_new_nodes(n, tail, head, cost, pi, seen)
         else:
             x = np.zeros(len(tail), dtype=np.int64)
@@ -218,9 +219,10 @@ class FirmamentSolver:
     def _relax(self, g: _Graph, run: _Run, budget: int, abort: I64) -> None:
         t0 = time.thread_time()
         run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
+        K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
+                4 * (g.n + len(g.tail)))
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
-                             run.x, run.e, run.pi, budget, abort, run.stats,
-                             self.sink_first)
+                             run.x, run.e, run.pi, budget, abort, run.stats)
         if run.status == K.INFEASIBLE:
             run.error = "relaxation: excess with no residual arc out of its tree"
         run.cpu += time.thread_time() - t0
@@ -233,11 +235,14 @@ class FirmamentSolver:
         if int(np.abs(run.pi).max(initial=0)) > limit:
             run.pi[:] = 0  # stale prices too far apart to scale: start from zero
         p = run.pi * scale
+        cmax = int(np.abs(g.cost).max(initial=0))
+        eps = max(1, cmax * scale // self.alpha)
         if warm:
-            eps = max(1, int(K.max_violation(g.tail, g.head, g.cap, g.cost, run.x, p, scale)))
-        else:
-            cmax = int(np.abs(g.cost).max(initial=0))
-            eps = max(1, cmax * scale // self.alpha)
+            # The flow is already V-optimal (V: its largest violation), but an excess
+            # needs ε near the price gaps it must cross, or two nodes relabel each
+            # other up by ε at a time; so ε starts at V or max cost over alpha^k.
+            violation = int(K.max_violation(g.tail, g.head, g.cap, g.cost, run.x, p, scale))
+            eps = max(violation, eps // self.alpha ** self.warm_phases, 1)
         run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                     run.x, run.e, p, scale, eps, self.alpha, budget,
                                     abort, run.stats)
