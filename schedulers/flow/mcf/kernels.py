@@ -259,88 +259,33 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
         inq[s] = False
         if e[s] <= 0:
             continue
-        stamp += 1
-        mark[s] = stamp
-        pred[s] = -1
-        cur[s] = start[s]
-        tree[0] = s
-        size = 1
-        stack[0] = s
-        top = 1
-        target = -1
-        while top > 0:
-            u = stack[top - 1]
-            found = -1
-            k = cur[u]
-            end = start[u + 1]
-            while k < end:
-                h = adj[k]
-                k += 1
-                a = h >> 1
-                if h & 1 == 0:
-                    w = head[a]
-                    r = cap[a] - x[a]
-                    c = cost[a]
-                else:
-                    w = tail[a]
-                    r = x[a]
-                    c = -cost[a]
-                if r > 0 and mark[w] != stamp and c - pi[u] + pi[w] == 0:
-                    found = h
-                    break
-            ops += k - cur[u]
-            cur[u] = k
-            if found < 0:
-                top -= 1
-                continue
-            a = found >> 1
-            w = head[a] if found & 1 == 0 else tail[a]
-            mark[w] = stamp
-            pred[w] = found
-            if e[w] < 0:
-                target = w
-                break
-            tree[size] = w
-            size += 1
-            cur[w] = start[w]
-            stack[top] = w
-            top += 1
-            if start[w + 1] - start[w] <= _LOOK:
-                for k in range(start[w], start[w + 1]):
+        # Stay with s until its excess is gone: after a rise the next tree holds the
+        # last one and more (its arcs stay balanced), whereas switching roots lets
+        # two trees undo each other's balanced arcs and creep up in small rises.
+        while e[s] > 0:
+            if ops > budget:
+                stats[ST_OPS] = ops
+                return BUDGET
+            if abort[0] != 0:
+                stats[ST_OPS] = ops
+                return ABORTED
+            stamp += 1
+            mark[s] = stamp
+            pred[s] = -1
+            cur[s] = start[s]
+            tree[0] = s
+            size = 1
+            stack[0] = s
+            top = 1
+            target = -1
+            while top > 0:
+                u = stack[top - 1]
+                found = -1
+                k = cur[u]
+                end = start[u + 1]
+                while k < end:
                     h = adj[k]
-                    a = h >> 1
-                    if h & 1 == 0:
-                        z = head[a]
-                        r = cap[a] - x[a]
-                        c = cost[a]
-                    else:
-                        z = tail[a]
-                        r = x[a]
-                        c = -cost[a]
-                    if e[z] < 0 and r > 0 and mark[z] != stamp and c - pi[w] + pi[z] == 0:
-                        mark[z] = stamp
-                        pred[z] = h
-                        target = z
-                        break
-                ops += start[w + 1] - start[w]
-                if target >= 0:
-                    break
-            if ops >= check:
-                check = ops + _CHECK
-                if abort[0] != 0:
-                    stats[ST_OPS] = ops
-                    return ABORTED
-        if target >= 0:
-            _augment(s, target, pred, tail, head, cap, x, e)
-            stats[ST_AUGMENT] += 1
-        else:
-            # S cannot grow: raise its prices by the smallest positive reduced cost
-            # of a residual half-arc leaving it.
-            delta = INF
-            for i in range(size):
-                u = tree[i]
-                for k in range(start[u], start[u + 1]):
-                    h = adj[k]
+                    k += 1
                     a = h >> 1
                     if h & 1 == 0:
                         w = head[a]
@@ -350,21 +295,82 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                         w = tail[a]
                         r = x[a]
                         c = -cost[a]
-                    if r > 0 and mark[w] != stamp:
-                        rc = c - pi[u] + pi[w]
-                        if rc < delta:
-                            delta = rc
-                ops += start[u + 1] - start[u]
-            if delta == INF:
-                stats[ST_OPS] = ops
-                return INFEASIBLE
-            for i in range(size):
-                pi[tree[i]] += delta
-            stats[ST_RISE] += 1
-        if e[s] > 0:
-            queue[(qh + qn) % n] = s
-            qn += 1
-            inq[s] = True
+                    if r > 0 and mark[w] != stamp and c - pi[u] + pi[w] == 0:
+                        found = h
+                        break
+                ops += k - cur[u]
+                cur[u] = k
+                if found < 0:
+                    top -= 1
+                    continue
+                a = found >> 1
+                w = head[a] if found & 1 == 0 else tail[a]
+                mark[w] = stamp
+                pred[w] = found
+                if e[w] < 0:
+                    target = w
+                    break
+                tree[size] = w
+                size += 1
+                cur[w] = start[w]
+                stack[top] = w
+                top += 1
+                if start[w + 1] - start[w] <= _LOOK:
+                    for k in range(start[w], start[w + 1]):
+                        h = adj[k]
+                        a = h >> 1
+                        if h & 1 == 0:
+                            z = head[a]
+                            r = cap[a] - x[a]
+                            c = cost[a]
+                        else:
+                            z = tail[a]
+                            r = x[a]
+                            c = -cost[a]
+                        if e[z] < 0 and r > 0 and mark[z] != stamp and c - pi[w] + pi[z] == 0:
+                            mark[z] = stamp
+                            pred[z] = h
+                            target = z
+                            break
+                    ops += start[w + 1] - start[w]
+                    if target >= 0:
+                        break
+                if ops >= check:
+                    check = ops + _CHECK
+                    if abort[0] != 0:
+                        stats[ST_OPS] = ops
+                        return ABORTED
+            if target >= 0:
+                _augment(s, target, pred, tail, head, cap, x, e)
+                stats[ST_AUGMENT] += 1
+            else:
+                # S cannot grow: raise its prices by the smallest positive reduced cost
+                # of a residual half-arc leaving it.
+                delta = INF
+                for i in range(size):
+                    u = tree[i]
+                    for k in range(start[u], start[u + 1]):
+                        h = adj[k]
+                        a = h >> 1
+                        if h & 1 == 0:
+                            w = head[a]
+                            r = cap[a] - x[a]
+                            c = cost[a]
+                        else:
+                            w = tail[a]
+                            r = x[a]
+                            c = -cost[a]
+                        if r > 0 and mark[w] != stamp:
+                            rc = c - pi[u] + pi[w]
+                            if rc < delta:
+                                delta = rc
+                    ops += start[u + 1] - start[u]
+                if delta == INF:
+                    stats[ST_OPS] = ops
+                    return INFEASIBLE
+                for i in range(size):
+                    pi[tree[i]] += delta
+                stats[ST_RISE] += 1
     stats[ST_OPS] = ops
     return DONE
 
