@@ -112,7 +112,7 @@ SOLVERS: dict[str, Callable[[], Solver]] = {
 }
 
 #: The flow scheduler's solver unless told otherwise.
-DEFAULT_SOLVER = "ortools"
+DEFAULT_SOLVER = "firmament"
 
 
 def cold(solver: Solver) -> Solver:
