@@ -74,3 +74,12 @@ def test_an_infeasible_network_raises_solve_error(solver: str) -> None:
     net.set_supply(("t",), -5)
     with pytest.raises(SolveError):
         SOLVERS[solver]().solve(net.arrays())
+
+
+def test_the_ahead_of_time_compile_solves_with_every_algorithm_and_they_agree(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What the Docker image runs at build time (schedulers.flow.mcf.compile)."""
+    from schedulers.flow.mcf import compile as aot
+
+    aot.main()
+    assert "solver kernels compiled and cached" in capsys.readouterr().out

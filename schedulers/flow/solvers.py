@@ -55,7 +55,12 @@ class OrToolsSolver:
     name: ClassVar[str] = "ortools"
 
     def solve(self, net: Arrays) -> Solution:
-        from ortools.graph.python import min_cost_flow
+        try:
+            from ortools.graph.python import min_cost_flow
+        except ImportError:
+            raise SolveError("solver ortools: OR-Tools is not installed (it is an extra: "
+                             "pip install 'omega-cell[ortools]'); the default solver, "
+                             "firmament, needs nothing more") from None
 
         supply, cap, fixed = _shifted(net)
         mcf = min_cost_flow.SimpleMinCostFlow()
