@@ -47,81 +47,149 @@ _LOOK = 64  # relaxation looks ahead from joining nodes of at most this degree
 
 
 @njit(cache=True, nogil=True)
-def build_csr(n, tail, head):  # type: ignore[no-untyped-def]
-    """Forward star of the residual half-arcs by counting sort: O(n + m); each node's
-    forward half-arcs (out-arcs) come before its backward ones."""
-    m = tail.shape[0]
-    start = np.zeros(n + 1, dtype=np.int64)
-    for a in range(m):
-        start[tail[a] + 1] += 1
-        start[head[a] + 1] += 1
+def _place(n, tail, head, start, fpos, bpos, adj):  # type: ignore[no-untyped-def]
+    """The forward star of the residual half-arcs by counting sort: ``start[v + 1]``
+    holds v's degree and ``fpos[v]`` its out-degree on entry; fills ``start`` (prefix
+    sums) and ``adj``: each node's forward half-arcs (out-arcs, towards the sink
+    side) before its backward ones, each part in arc order."""
     for v in range(n):
         start[v + 1] += start[v]
-    pos = start[:n].copy()
-    adj = np.empty(2 * m, dtype=np.int64)
-    # Forward half-arcs first in each node's list: towards the sink side.
-    for a in range(m):
+    for v in range(n):
+        bpos[v] = start[v] + fpos[v]
+        fpos[v] = start[v]
+    for a in range(tail.shape[0]):
         t = tail[a]
-        adj[pos[t]] = 2 * a
-        pos[t] += 1
-    for a in range(m):
         h = head[a]
-        adj[pos[h]] = 2 * a + 1
-        pos[h] += 1
-    return start, adj
+        adj[fpos[t]] = 2 * a
+        fpos[t] += 1
+        adj[bpos[h]] = 2 * a + 1
+        bpos[h] += 1
 
 
 @njit(cache=True, nogil=True)
-def warm_flow(n, supply, tail, head, lower, capacity, slots,  # type: ignore[no-untyped-def]
-              prev_tail, prev_head, prev_flow, old_nodes):
-    """The starting point of a warm solve, from the previous round's state.
+def _optimal_arc(a, t, h, cap, cost, x, pi, de):  # type: ignore[no-untyped-def]
+    """make_optimal for one arc, its excess changes into ``de``; returns units moved."""
+    r = cost[a] - pi[t] + pi[h]
+    d = 0
+    if r < 0:
+        d = cap[a] - x[a]
+    elif r > 0:
+        d = -x[a]
+    if d != 0:
+        x[a] += d
+        de[t] -= d
+        de[h] += d
+    return abs(d)
 
-    An arc whose slot held the same (tail, head) last round takes its old flow,
-    clipped into [lower, capacity]; a new arc starts at its lower bound. Returns the
-    shifted flow ``x``, the excesses, the count of reused arcs, and which nodes have
-    a reused arc (the others, new nodes or reused indexes, get a price from
-    ``price_new_nodes``).
+
+@njit(cache=True, nogil=True)
+def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-untyped-def]
+            slots, prev_tail, prev_head, prev_flow, old_nodes, warm, optimal,
+            pi, x, cap, e, start, adj, seen, de, fpos, bpos, best, fresh):
+    """Everything a solve needs before its algorithm runs, in two passes over the arcs
+    (the work of ``warm_flow``, ``price_new_nodes``, ``make_optimal`` and
+    ``build_csr``, fused so that each arc array is read about once).
+
+    Fills (caller-allocated, every entry written): ``cap`` (capacity minus lower
+    bound), ``x`` (the warm flow, or the lower bounds when cold, shifted), ``e``
+    (excesses), ``start``/``adj`` (as ``build_csr``); warm, the prices of the nodes
+    with no reused arc in ``pi``; with ``optimal``, the flow made reduced-cost optimal
+    (as ``make_optimal``). ``seen``, ``de``, ``fpos``, ``bpos``, ``best`` (n) and
+    ``fresh`` (m) are scratch. Returns (bad arc or -1, reused arcs, positive excess before the
+    optimality repair, units that repair moved, max |cost|, max slot).
     """
     m = tail.shape[0]
-    x = np.zeros(m, dtype=np.int64)
-    e = supply.copy()
-    seen = np.zeros(n, dtype=np.bool_)
+    for v in range(n):
+        e[v] = supply[v]
+        de[v] = 0
+        seen[v] = False
+        fpos[v] = 0
+        start[v] = 0
+    start[n] = 0
+    bad = -1
     reused = 0
+    moved = 0
+    cmax = 0
+    smax = -1
+    nfresh = 0
     ns = prev_tail.shape[0]
     for a in range(m):
-        s = slots[a]
         t = tail[a]
         h = head[a]
-        f = lower[a]
-        if s < ns and prev_tail[s] == t and prev_head[s] == h:
-            f = min(max(prev_flow[s], lower[a]), capacity[a])
+        lo = lower[a]
+        c = capacity[a] - lo
+        if c < 0 and bad < 0:
+            bad = a
+        cap[a] = c
+        cmax = max(cmax, abs(cost[a]))
+        s = slots[a]
+        smax = max(smax, s)
+        f = lo
+        old = False
+        if warm and s < ns and prev_tail[s] == t and prev_head[s] == h:
+            f = min(max(prev_flow[s], lo), capacity[a])
             reused += 1
             seen[t] = True
             seen[h] = True
-        x[a] = f - lower[a]
+            old = True
+        xa = f - lo
         e[t] -= f
         e[h] += f
+        start[t + 1] += 1
+        start[h + 1] += 1
+        fpos[t] += 1
+        if optimal and (old or not warm):  # make_optimal, inline
+            r = cost[a] - pi[t] + pi[h]
+            d = 0
+            if r < 0:
+                d = c - xa
+            elif r > 0:
+                d = -xa
+            if d != 0:
+                xa += d
+                de[t] -= d
+                de[h] += d
+                moved += abs(d)
+        x[a] = xa
+        if warm and not old:
+            fresh[nfresh] = a
+            nfresh += 1
+    if bad >= 0:
+        return bad, reused, 0, 0, cmax, smax
+    if warm:
+        _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_nodes, best, bpos)
+        if optimal:
+            for i in range(nfresh):
+                a = fresh[i]
+                moved += _optimal_arc(a, tail[a], head[a], cap, cost, x, pi, de)
+    imbalance = 0
     for v in range(n):
-        if v >= old_nodes:
-            seen[v] = False
-    return x, e, reused, seen
+        if e[v] > 0:
+            imbalance += e[v]
+        e[v] += de[v]
+    _place(n, tail, head, start, fpos, bpos, adj)
+    return bad, reused, imbalance, moved, cmax, smax
 
 
 @njit(cache=True, nogil=True)
-def price_new_nodes(n, tail, head, cost, pi, seen):  # type: ignore[no-untyped-def]
-    """Prices for the nodes warm_flow did not see: the price that makes a node's
-    cheapest out-arc's reduced cost 0 (or, with no out-arc, its dearest in-arc's),
-    so a new task starts next to where its flow goes. Two passes, so a new
-    node next to another new node (a task next to its new job's aggregator) gets a
-    price from the other's."""
-    m = tail.shape[0]
+def _price_fresh(n, tail, head, cost, pi, seen, fresh,  # type: ignore[no-untyped-def]
+                 nfresh, old_nodes, best_out, best_in):
+    """``price_new_nodes`` over the arcs that are not reused only (every arc of a
+    node that no reused arc touches is one of them)."""
+    for v in range(old_nodes, n):
+        seen[v] = False
     for v in range(n):
         if not seen[v]:
             pi[v] = 0
     for _ in range(2):
-        best_out = np.full(n, INF, dtype=np.int64)
-        best_in = np.full(n, -INF, dtype=np.int64)
-        for a in range(m):
+        for i in range(nfresh):
+            a = fresh[i]
+            best_out[tail[a]] = INF
+            best_in[tail[a]] = -INF
+            best_out[head[a]] = INF
+            best_in[head[a]] = -INF
+        for i in range(nfresh):
+            a = fresh[i]
             t = tail[a]
             h = head[a]
             if not seen[t]:
@@ -132,12 +200,40 @@ def price_new_nodes(n, tail, head, cost, pi, seen):  # type: ignore[no-untyped-d
                 c = pi[t] - cost[a]
                 if c > best_in[h]:
                     best_in[h] = c
-        for v in range(n):
-            if not seen[v]:
-                if best_out[v] < INF:
-                    pi[v] = best_out[v]
-                elif best_in[v] > -INF:
-                    pi[v] = best_in[v]
+        for i in range(nfresh):
+            a = fresh[i]
+            for v in (tail[a], head[a]):
+                if not seen[v]:
+                    if best_out[v] < INF:
+                        pi[v] = best_out[v]
+                    elif best_in[v] > -INF:
+                        pi[v] = best_in[v]
+
+
+@njit(cache=True, nogil=True)
+def finish(x, lower, cost, slots, tail, head,  # type: ignore[no-untyped-def]
+           tail_of, head_of, flow_of, keep):
+    """The returned flow (x plus lower bounds, a new array), its cost (and whether
+    the int64 sum is exact: False when sum |flow * cost| may pass 2^62), and, with
+    ``keep``, each arc's ends and flow by slot for the next warm start (slots not
+    live this round get tail -1). One pass over the arcs."""
+    m = x.shape[0]
+    flow = np.empty(m, dtype=np.int64)
+    total = 0
+    bound = 0.0
+    for a in range(m):
+        f = x[a] + lower[a]
+        flow[a] = f
+        total += f * cost[a]
+        bound += abs(float(f) * float(cost[a]))
+    if keep:
+        tail_of[:] = -1
+        for a in range(m):
+            s = slots[a]
+            tail_of[s] = tail[a]
+            head_of[s] = head[a]
+            flow_of[s] = flow[a]
+    return flow, total, bound < 2.0**62
 
 
 @njit(cache=True, nogil=True)
@@ -405,25 +501,35 @@ def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit):  # type: ignor
         qn -= 1
         inq[v] = False
         while e[v] < 0 and ops < limit:
+            # v's out-arcs (forward half-arcs, listed first) hold the flow to take
+            # back; its in-arcs matter only if the best of those is not balanced.
             back = -1
             back_rc = INF
-            min_in = INF
-            for k in range(start[v], start[v + 1]):
+            k = start[v]
+            end = start[v + 1]
+            while k < end:
                 h = adj[k]
+                if h & 1 == 1:
+                    break
                 a = h >> 1
-                if h & 1 == 0:
-                    if x[a] > 0 and head[a] != v:
-                        rcb = -(cost[a] - pi[v] + pi[head[a]])
-                        if rcb < back_rc:
-                            back_rc = rcb
-                            back = a
-                elif x[a] < cap[a] and tail[a] != v:
-                    rci = cost[a] - pi[tail[a]] + pi[v]
-                    if rci < min_in:
-                        min_in = rci
-            ops += start[v + 1] - start[v]
+                if x[a] > 0 and head[a] != v:
+                    rcb = -(cost[a] - pi[v] + pi[head[a]])
+                    if rcb < back_rc:
+                        back_rc = rcb
+                        back = a
+                k += 1
+            ops += k - start[v] + 1
             if back < 0:
                 break
+            min_in = INF
+            if back_rc > 0:
+                for j in range(k, end):
+                    a = adj[j] >> 1
+                    if x[a] < cap[a] and tail[a] != v:
+                        rci = cost[a] - pi[tail[a]] + pi[v]
+                        if rci < min_in:
+                            min_in = rci
+                ops += end - k
             if back_rc > 0:
                 if back_rc > min_in:
                     pi[v] -= min_in
@@ -612,12 +718,3 @@ def exact_prices(n, start, adj, tail, head, cap, cost, x, pi, limit):  # type: i
                     qn += 1
                     inq[u] = True
     return True
-
-
-@njit(cache=True, nogil=True)
-def flow_cost_fits(x, lower, cost):  # type: ignore[no-untyped-def]
-    """Whether sum(flow * cost) stays inside int64 (else the caller sums exactly)."""
-    total = 0.0
-    for a in range(x.shape[0]):
-        total += abs(float(x[a] + lower[a]) * float(cost[a]))
-    return total < 2.0**62

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 import attrs
 import numpy as np
@@ -94,6 +94,7 @@ class _Run:
     stats: I64 = attrs.field(factory=lambda: np.zeros(K.NSTATS, dtype=np.int64))
     status: int = K.DONE
     moved: int = 0  # units make_optimal moved (relaxation's repair)
+    optimal: bool = False  # x is reduced-cost optimal already (prepare made it so)
     cpu: float = 0.0
     error: str = ""
 
@@ -132,6 +133,7 @@ class FirmamentSolver:
         self._head_of: I64 = np.empty(0, dtype=np.int64)
         self._flow_of: I64 = np.empty(0, dtype=np.int64)
         self._pi: I64 | None = None
+        self._buf = _Buffers()
 
     # -- the solve ---------------------------------------------------------------------
 
@@ -147,48 +149,47 @@ class FirmamentSolver:
         capacity = np.ascontiguousarray(net.capacity, dtype=np.int64)
         cost = np.ascontiguousarray(net.cost, dtype=np.int64)
         slots = np.ascontiguousarray(net.arcs, dtype=np.int64)
-        cap = capacity - lower
-        if len(cap) and int(cap.min()) < 0:
-            raise SolveError("firmament: an arc's lower bound exceeds its capacity")
+        m = len(tail)
         warm = self.warm and self._pi is not None
+        algorithm = self.algorithm
+        # Relaxation first on this state: the start is made reduced-cost optimal in
+        # the same passes (a racer's copy and cost scaling's start are not).
+        optimal = algorithm in ("auto", "relax")
         pi = np.zeros(n, dtype=np.int64)
+        old = 0
         if warm:
             assert self._pi is not None
             old = min(n, len(self._pi))
             pi[:old] = self._pi[:old]
-            x, e, reused, seen = K.warm_flow(
-                n, supply, tail, head, lower, capacity, slots,
-                self._tail_of, self._head_of, self._flow_of, old)
-            K.price_new_nodes(n, tail, head, cost, pi, seen)
-        else:
-            x = np.zeros(len(tail), dtype=np.int64)
-            e = supply.copy()
-            if len(tail):
-                np.subtract.at(e, tail, lower)
-                np.add.at(e, head, lower)
-            reused = 0
-        start, adj = K.build_csr(n, tail, head)
+        b = self._buf
+        x, cap, e = b.i64("x", m), b.i64("cap", m), b.i64("e", n)
+        start, adj = b.i64("start", n + 1), b.i64("adj", 2 * m)
+        bad, reused, imbalance, moved, cmax, smax = K.prepare(
+            n, supply, tail, head, lower, capacity, cost, slots,
+            self._tail_of, self._head_of, self._flow_of, old, warm, optimal,
+            pi, x, cap, e, start, adj, b.bools("seen", n), b.i64("de", n),
+            b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m))
+        if bad >= 0:
+            raise SolveError("firmament: an arc's lower bound exceeds its capacity")
         g = _Graph(n, start, adj, tail, head, cap, cost)
-        imbalance = int(e[e > 0].sum())
         relax_run = cs_run = None
         fallback = False
-        cs_ok = self._cs_fits(n, cost)
-        algorithm = self.algorithm
+        cs_ok = self._cs_fits(n, cmax)
         if algorithm in ("auto", "race") and not cs_ok:
             algorithm = "relax"
         if algorithm == "cost-scaling":
             if not cs_ok:
-                raise SolveError(self._range_message(n, cost))
+                raise SolveError(self._range_message(n, cmax))
             cs_run = _Run(x, e, pi)
             self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64))
             winner = cs_run
         elif algorithm == "relax":
-            relax_run = _Run(x, e, pi)
+            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved)
             self._relax(g, relax_run, _NO_BUDGET, np.zeros(1, np.int64))
             winner = relax_run
         elif algorithm == "auto":
-            relax_run = _Run(x, e, pi)
-            budget = int(self.relax_budget * (n + len(tail)))
+            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved)
+            budget = int(self.relax_budget * (n + m))
             self._relax(g, relax_run, budget, np.zeros(1, np.int64))
             winner = relax_run
             if relax_run.status == K.BUDGET:
@@ -197,7 +198,7 @@ class FirmamentSolver:
                 self._cost_scaling(g, cs_run, True, _NO_BUDGET, np.zeros(1, np.int64))
                 winner = cs_run
         else:
-            relax_run = _Run(x, e.copy(), pi.copy())
+            relax_run = _Run(x.copy(), e.copy(), pi.copy())
             cs_run = _Run(x.copy(), e.copy(), pi.copy())
             winner = self._race(g, relax_run, cs_run, warm)
         for run in (relax_run, cs_run):
@@ -205,20 +206,28 @@ class FirmamentSolver:
                 raise SolveError(f"firmament: infeasible network ({run.error})")
         if winner.status != K.DONE:  # pragma: no cover - every path above finishes
             raise SolveError(f"firmament: no solution (status {winner.status})")
-        flow = winner.x + lower
-        total = self._cost(winner.x, lower, cost, flow)
-        self._keep(n, slots, tail, head, flow, winner.pi)
+        if self.warm:
+            self._grow_slots(int(smax) + 1)
+        flow, total, exact = K.finish(winner.x, lower, cost, slots, tail, head,
+                                      self._tail_of, self._head_of, self._flow_of,
+                                      self.warm)
+        if not exact:
+            total = sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(),
+                                                        strict=True))
+        if self.warm:  # only differences of prices matter: keep them near zero
+            self._pi = winner.pi - (int(winner.pi.max()) if n else 0)
         if relax_run is not None:
             imbalance += relax_run.moved
         self.last = self._stats(winner is cs_run, warm, wall, relax_run, cs_run,
-                                imbalance, int(reused), fallback)
-        return Solution(flow, total)
+                                int(imbalance), int(reused), fallback)
+        return Solution(flow, int(total))
 
     # -- the algorithms ----------------------------------------------------------------
 
     def _relax(self, g: _Graph, run: _Run, budget: int, abort: I64) -> None:
         t0 = time.thread_time()
-        run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
+        if not run.optimal:
+            run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
         K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
                 4 * (g.n + len(g.tail)))
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
@@ -286,35 +295,22 @@ class FirmamentSolver:
     # -- bookkeeping -------------------------------------------------------------------
 
     @staticmethod
-    def _cs_fits(n: int, cost: I64) -> bool:
-        cmax = int(np.abs(cost).max(initial=0))
-        return 4 * (n + 1) ** 2 * max(cmax, 1) < _RANGE
+    def _cs_fits(n: int, cmax: int) -> bool:
+        return 4 * (n + 1) ** 2 * max(int(cmax), 1) < _RANGE
 
     @staticmethod
-    def _range_message(n: int, cost: I64) -> str:
-        cmax = int(np.abs(cost).max(initial=0))
+    def _range_message(n: int, cmax: int) -> str:
         return (f"firmament cost scaling: max |cost| {cmax} times (n+1)^2 = {(n + 1) ** 2} "
                 f"(times 4) passes 2^62; prices would overflow int64. Use relaxation, "
                 f"or smaller costs")
 
-    @staticmethod
-    def _cost(x: I64, lower: I64, cost: I64, flow: I64) -> int:
-        if K.flow_cost_fits(x, lower, cost):
-            return int(np.dot(flow, cost))
-        return sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(), strict=True))
-
-    def _keep(self, n: int, slots: I64, tail: I64, head: I64, flow: I64, pi: I64) -> None:
-        if not self.warm:
-            return
-        size = int(slots.max()) + 1 if len(slots) else 0
-        self._tail_of = np.full(size, -1, dtype=np.int64)
-        self._head_of = np.full(size, -1, dtype=np.int64)
-        self._flow_of = np.zeros(size, dtype=np.int64)
-        self._tail_of[slots] = tail
-        self._head_of[slots] = head
-        self._flow_of[slots] = flow
-        # Only differences of prices matter: keep them near zero.
-        self._pi = pi - (int(pi.max()) if n else 0)
+    def _grow_slots(self, size: int) -> None:
+        """The per-slot arrays cover ``size`` slots (grown by a quarter beyond it)."""
+        if len(self._tail_of) < size:
+            size += size // 4
+            self._tail_of = np.full(size, -1, dtype=np.int64)
+            self._head_of = np.full(size, -1, dtype=np.int64)
+            self._flow_of = np.zeros(size, dtype=np.int64)
 
     @staticmethod
     def _stats(cs_won: bool, warm: bool, wall: float, relax_run: _Run | None,
@@ -332,6 +328,28 @@ class FirmamentSolver:
             augmentations=int(rs[K.ST_AUGMENT]), price_rises=int(rs[K.ST_RISE]),
             pushes=int(cs[K.ST_PUSH]), relabels=int(cs[K.ST_RELABEL]),
             phases=int(cs[K.ST_PHASES]), ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]))
+
+
+class _Buffers:
+    """Arrays reused from solve to solve (grown, never shrunk): fresh m-sized arrays
+    cost page faults and zeroing each round. A view's contents are undefined; the
+    kernels write every entry they read."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, npt.NDArray[np.generic]] = {}
+
+    def _get(self, name: str, size: int, dtype: type[np.generic]) -> npt.NDArray[np.generic]:
+        have = self._arrays.get(name)
+        if have is None or len(have) < size:
+            have = np.empty(size + size // 4 + 16, dtype=dtype)
+            self._arrays[name] = have
+        return have[:size]
+
+    def i64(self, name: str, size: int) -> I64:
+        return cast(I64, self._get(name, size, np.int64))
+
+    def bools(self, name: str, size: int) -> npt.NDArray[np.bool_]:
+        return cast(npt.NDArray[np.bool_], self._get(name, size, np.bool_))
 
 
 @attrs.frozen
