@@ -5,6 +5,7 @@ machine."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -119,5 +120,5 @@ def test_network_aware_tiers_make_each_further_task_dearer_by_bandwidth() -> Non
     assert [c - s for (_, c), (_, s) in zip(free, spread, strict=True)] == [250, 500, 750, 1000]
     half = tiers(5.0)  # others hold half of the link: 5/10 + k/4 of the rest
     assert [c - s for (_, c), (_, s) in zip(half, spread, strict=True)] == [625, 750, 875, 1000]
-    steps = [b[1] - a[1] for a, b in zip(free, free[1:], strict=False)]
+    steps = [b[1] - a[1] for a, b in itertools.pairwise(free)]
     assert all(x > 0 for x in steps) and steps == sorted(steps)  # rising, convex

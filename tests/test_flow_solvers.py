@@ -10,10 +10,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from schedulers.flow.choice import SOLVERS
 from schedulers.flow.costs import make_cost_model
 from schedulers.flow.graph import ArcKind, GraphManager
 from schedulers.flow.network import Arc, FlowNetwork
-from schedulers.flow.solvers import SOLVERS, NetworkxSolver, OrToolsSolver, SolveError
+from schedulers.flow.solvers import NetworkxSolver, OrToolsSolver, SolveError
 from tests.flow_support import FLOW, NOW, check_feasible, random_cell
 
 SEEDS = range(40)

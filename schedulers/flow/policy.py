@@ -23,7 +23,7 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
   the graph manager's network;
 * ``solver``: ``firmament`` (our relaxation and cost scaling, warm-started round to
   round: ``schedulers/flow/mcf``), ``ortools`` (OR-Tools from scratch every round)
-  or ``networkx`` (exact and slow: tests); ``solvers.DEFAULT_SOLVER`` by default;
+  or ``networkx`` (exact and slow: tests); ``choice.DEFAULT_SOLVER`` by default;
 * ``interval`` (1.0 s), ``move_guard`` (60 s);
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
   this to be preempted (by tasks of a higher precedence only); default: never;
@@ -52,6 +52,7 @@ import attrs
 from cellstate.codec import MAX_PRECEDENCE
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
+from schedulers.flow.choice import DEFAULT_SOLVER, SOLVERS, cold
 from schedulers.flow.costs import (
     CostModel,
     CostModelError,
@@ -61,7 +62,7 @@ from schedulers.flow.costs import (
 )
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
-from schedulers.flow.solvers import DEFAULT_SOLVER, SOLVERS, Solver, cold
+from schedulers.flow.solvers import Solver
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
 

@@ -103,29 +103,8 @@ class NetworkxSolver:
         return Solution(flow, int(cost) + fixed)
 
 
-def _firmament() -> Solver:
-    # Imported when asked for: numba's compiled kernels load on first use.
-    from schedulers.flow.mcf import FirmamentSolver
-
-    return FirmamentSolver()
-
-
 SOLVERS: dict[str, Callable[[], Solver]] = {
-    "firmament": _firmament,
     OrToolsSolver.name: OrToolsSolver,
     NetworkxSolver.name: NetworkxSolver,
 }
-
-#: The flow scheduler's solver unless told otherwise.
-DEFAULT_SOLVER = "firmament"
-
-
-def cold(solver: Solver) -> Solver:
-    """A solver for networks that have nothing to do with one another (each of
-    Aladdin's passes builds its own): no state kept from one to the next."""
-    if solver.name == "firmament":
-        from schedulers.flow.mcf import FirmamentSolver
-
-        assert isinstance(solver, FirmamentSolver)
-        return FirmamentSolver(solver.algorithm, warm=False)
-    return solver
+"""The solvers of this module; ``schedulers.flow.choice.SOLVERS`` adds ours."""

@@ -52,7 +52,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from schedulers.flow.mcf import kernels as K
+import schedulers.flow.mcf.kernels as K
 from schedulers.flow.network import Arrays
 from schedulers.flow.solvers import Solution, SolveError
 
@@ -107,14 +107,17 @@ class FirmamentSolver:
     "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over.
     ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost scaling starts
     at the from-scratch first ε divided by alpha this many more times (or at the
-    flow's largest violation, if that is larger).
+    flow's largest violation, if that is larger). ``global_update``: cost scaling
+    updates every price globally (``kernels.global_update``, about one pass over the
+    arcs) at the start of each refine and whenever its relabels have looked at this
+    many times (nodes + arcs) arcs since the last; 0: never.
     """
 
     name: ClassVar[str] = "firmament"
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
                  relax_budget: float = 30.0, alpha: int = 8,
-                 warm_phases: int = 1) -> None:
+                 warm_phases: int = 1, global_update: float = 1.0) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
         if alpha < 2:
@@ -124,6 +127,7 @@ class FirmamentSolver:
         self.relax_budget = relax_budget
         self.alpha = alpha
         self.warm_phases = warm_phases
+        self.global_update = global_update
         self.last: SolveStats | None = None
         self.reset()
 
@@ -154,7 +158,7 @@ class FirmamentSolver:
         algorithm = self.algorithm
         # Relaxation first on this state: the start is made reduced-cost optimal in
         # the same passes (a racer's copy and cost scaling's start are not).
-        optimal = algorithm in ("auto", "relax")
+        optimal = algorithm in ("auto", "relax", "cost-scaling")
         pi = np.zeros(n, dtype=np.int64)
         old = 0
         if warm:
@@ -254,7 +258,8 @@ class FirmamentSolver:
             eps = max(violation, eps // self.alpha ** self.warm_phases, 1)
         run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                     run.x, run.e, p, scale, eps, self.alpha, budget,
-                                    abort, run.stats)
+                                    abort, run.stats,
+                                    int(self.global_update * (g.n + len(g.tail))))
         if run.status == K.INFEASIBLE:
             run.error = "cost scaling: a node's price passed the feasibility bound"
         if run.status == K.DONE:
