@@ -306,7 +306,7 @@ def _augment(s, w, pred, tail, head, cap, x, e):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-untyped-def]
-          budget, abort, stats):
+          budget, abort, stats, big, max_big):
     """Relaxation (dual ascent, after Bertsekas' RELAX), as Firmament runs it.
 
     Precondition: reduced-cost optimality (``make_optimal``); it holds throughout.
@@ -324,6 +324,12 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     node's arcs towards the sink side first (``build_csr`` lists forward half-arcs
     first), with a look-ahead for a deficit among a joining node's arcs when it has
     few; so a new task usually reaches a free slot in a few steps.
+
+    Where the cluster is full, a new task's tree spreads over most of the network
+    before each (small) rise, and relaxation needs thousands of them (Fig. 8). So
+    besides the work ``budget`` it stops (``BUDGET``) after ``max_big`` trees (ending
+    in an augmentation or a rise) that cost at least ``big`` arc scans each, for cost
+    scaling to carry on.
     """
     mark = np.zeros(n, dtype=np.int64)
     pred = np.full(n, -1, dtype=np.int64)
@@ -342,6 +348,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     ops = stats[ST_OPS]
     check = ops + _CHECK
     stamp = 0
+    bigs = 0
     while qn > 0:
         if ops > budget:
             stats[ST_OPS] = ops
@@ -366,6 +373,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                 stats[ST_OPS] = ops
                 return ABORTED
             stamp += 1
+            began = ops
             mark[s] = stamp
             pred[s] = -1
             cur[s] = start[s]
@@ -467,6 +475,11 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                 for i in range(size):
                     pi[tree[i]] += delta
                 stats[ST_RISE] += 1
+            if ops - began >= big:
+                bigs += 1
+                if bigs >= max_big:  # the state is consistent: stop here
+                    stats[ST_OPS] = ops
+                    return BUDGET
     stats[ST_OPS] = ops
     return DONE
 
@@ -552,8 +565,124 @@ def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit):  # type: ignor
 
 
 @njit(cache=True, nogil=True)
+def _heap_up(heap, pos, key, i):  # type: ignore[no-untyped-def]
+    v = heap[i]
+    while i > 0:
+        j = (i - 1) >> 1
+        u = heap[j]
+        if key[u] <= key[v]:
+            break
+        heap[i] = u
+        pos[u] = i
+        i = j
+    heap[i] = v
+    pos[v] = i
+
+
+@njit(cache=True, nogil=True)
+def _heap_pop(heap, pos, key, size):  # type: ignore[no-untyped-def]
+    """Remove and return the node of least key; ``size`` is the heap's size before."""
+    top = heap[0]
+    pos[top] = -2
+    size -= 1
+    if size > 0:
+        v = heap[size]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= size:
+                break
+            if c + 1 < size and key[heap[c + 1]] < key[heap[c]]:
+                c += 1
+            if key[heap[c]] >= key[v]:
+                break
+            heap[i] = heap[c]
+            pos[heap[c]] = i
+            i = c
+        heap[i] = v
+        pos[v] = i
+    return top
+
+
+@njit(cache=True, nogil=True)
+def global_update(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[no-untyped-def]
+                  scale, eps, bound, dist, heap, pos):
+    """Goldberg's global price update for an ε-optimal pseudoflow (scaled prices
+    ``p``): each node's distance to the nearest deficit, in units of ε, over
+    residual half-arcs of length floor(rc / ε) + 1 (0 for admissible ones), by
+    Dijkstra backwards from every deficit; then p[v] += dist(v) ε. Distances stop
+    at D, the farthest excess node's: unsettled nodes count as D (capped distances
+    keep ε-optimality), so every excess node gets an admissible path to a deficit.
+
+    Returns the ops spent, or -1 if an excess node has no residual path to any
+    deficit (infeasible). Applies nothing (returns the ops) if a price would pass
+    ``bound``; ``dist``, ``heap``, ``pos`` (n) are scratch."""
+    size = 0
+    left = 0  # excess nodes not yet settled
+    for v in range(n):
+        pos[v] = -1
+        dist[v] = INF
+        if e[v] > 0:
+            left += 1
+    if left == 0:
+        return 0
+    for v in range(n):
+        if e[v] < 0:
+            dist[v] = 0
+            heap[size] = v
+            pos[v] = size
+            size += 1
+    ops = 0
+    top = 0
+    while size > 0 and left > 0:
+        v = _heap_pop(heap, pos, dist, size)
+        size -= 1
+        top = dist[v]
+        if e[v] > 0:
+            left -= 1
+        ops += start[v + 1] - start[v]
+        for k in range(start[v], start[v + 1]):
+            h = adj[k]
+            a = h >> 1
+            # The reverse of half-arc h goes u -> v.
+            if h & 1 == 0:
+                u = head[a]
+                if x[a] == 0:
+                    continue
+                rc = -cost[a] * scale - p[u] + p[v]
+            else:
+                u = tail[a]
+                if x[a] == cap[a]:
+                    continue
+                rc = cost[a] * scale - p[u] + p[v]
+            if pos[u] == -2:
+                continue
+            ln = rc // eps + 1
+            if ln < 0:
+                ln = 0
+            nd = top + ln
+            if nd < dist[u]:
+                dist[u] = nd
+                if pos[u] == -1:
+                    heap[size] = u
+                    pos[u] = size
+                    size += 1
+                _heap_up(heap, pos, dist, pos[u])
+    if left > 0:
+        return -1
+    for v in range(n):
+        if pos[v] != -2:
+            dist[v] = top
+        if p[v] + dist[v] * eps > bound:
+            return ops
+    for v in range(n):
+        p[v] += dist[v] * eps
+    return ops
+
+
+@njit(cache=True, nogil=True)
 def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[no-untyped-def]
-                 scale, eps, alpha, budget, abort, stats):
+                 scale, eps, alpha, budget, abort, stats, update_every):
     """Goldberg's cost scaling: push-relabel refines of ε-optimal pseudoflows, FIFO.
 
     Costs are multiplied by ``scale`` (n+1), so a flow ε-optimal with ε = 1 in scaled
@@ -568,11 +697,21 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
     A feasible network keeps each relabelled node's price below the starting prices
     plus n (max scaled cost + ε) (a node with excess has a residual path to a
     deficit, whose price does not move); past that bound the network is infeasible.
+
+    With ``update_every`` > 0, a global price update (``global_update``) runs at
+    the start of each refine and again once relabels have looked at
+    ``update_every`` arcs (a node's relabel counts its degree plus one): it
+    gives every excess an admissible path to a deficit at once, where relabels
+    alone raise the prices of a crowd of excesses ε at a time (a full cluster, where
+    new tasks must end up unscheduled: Fig. 8).
     """
     m = tail.shape[0]
     queue = np.empty(n, dtype=np.int64)
     inq = np.zeros(n, dtype=np.bool_)
     cur = np.empty(n, dtype=np.int64)
+    dist = np.empty(n, dtype=np.int64)
+    heap = np.empty(n, dtype=np.int64)
+    hpos = np.empty(n, dtype=np.int64)
     cmax = 0
     for a in range(m):
         cmax = max(cmax, abs(cost[a]))
@@ -594,6 +733,14 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
         for v in range(n):
             pmax = max(pmax, p[v])
         bound = pmax + (n + 1) * (cmax * scale + eps)
+        relabels = 0
+        if update_every > 0:
+            done = global_update(n, start, adj, tail, head, cap, cost, x, e, p, scale,
+                                 eps, bound, dist, heap, hpos)
+            if done < 0:
+                stats[ST_OPS] = ops
+                return INFEASIBLE
+            ops += done
         qh = 0
         qn = 0
         for v in range(n):
@@ -633,6 +780,17 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
                     p[v] = best + eps
                     cur[v] = start[v]
                     stats[ST_RELABEL] += 1
+                    relabels += start[v + 1] - start[v] + 1
+                    if update_every > 0 and relabels >= update_every:
+                        relabels = 0
+                        done = global_update(n, start, adj, tail, head, cap, cost, x, e,
+                                             p, scale, eps, bound, dist, heap, hpos)
+                        if done < 0:
+                            stats[ST_OPS] = ops
+                            return INFEASIBLE
+                        ops += done
+                        for u in range(n):  # admissible arcs may lie behind cur
+                            cur[u] = start[u]
                     continue
                 h = adj[cur[v]]
                 a = h >> 1

@@ -117,7 +117,8 @@ class FirmamentSolver:
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
                  relax_budget: float = 30.0, alpha: int = 8,
-                 warm_phases: int = 1, global_update: float = 1.0) -> None:
+                 warm_phases: int = 20, global_update: float = 0.3,
+                 big_tree: float = 0.125, big_trees: int = 4) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
         if alpha < 2:
@@ -128,6 +129,8 @@ class FirmamentSolver:
         self.alpha = alpha
         self.warm_phases = warm_phases
         self.global_update = global_update
+        self.big_tree = big_tree
+        self.big_trees = big_trees
         self.last: SolveStats | None = None
         self.reset()
 
@@ -194,7 +197,8 @@ class FirmamentSolver:
         elif algorithm == "auto":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved)
             budget = int(self.relax_budget * (n + m))
-            self._relax(g, relax_run, budget, np.zeros(1, np.int64))
+            self._relax(g, relax_run, budget, np.zeros(1, np.int64),
+                        int(self.big_tree * (n + m)), self.big_trees)
             winner = relax_run
             if relax_run.status == K.BUDGET:
                 fallback = True
@@ -228,14 +232,15 @@ class FirmamentSolver:
 
     # -- the algorithms ----------------------------------------------------------------
 
-    def _relax(self, g: _Graph, run: _Run, budget: int, abort: I64) -> None:
+    def _relax(self, g: _Graph, run: _Run, budget: int, abort: I64, big: int = _NO_BUDGET,
+               max_big: int = _NO_BUDGET) -> None:
         t0 = time.thread_time()
         if not run.optimal:
             run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
         K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
                 4 * (g.n + len(g.tail)))
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
-                             run.x, run.e, run.pi, budget, abort, run.stats)
+                             run.x, run.e, run.pi, budget, abort, run.stats, big, max_big)
         if run.status == K.INFEASIBLE:
             run.error = "relaxation: excess with no residual arc out of its tree"
         run.cpu += time.thread_time() - t0
