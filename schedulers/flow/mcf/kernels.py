@@ -84,19 +84,28 @@ def _optimal_arc(a, t, h, cap, cost, x, pi, de):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-untyped-def]
-            slots, prev_tail, prev_head, prev_flow, old_nodes, warm, optimal,
+            slots, prev_ends, prev_flow, old_nodes, warm, optimal, has_lower,
             pi, x, cap, e, start, adj, seen, de, fpos, bpos, best, fresh):
     """Everything a solve needs before its algorithm runs, in two passes over the arcs
-    (the work of ``warm_flow``, ``price_new_nodes``, ``make_optimal`` and
-    ``build_csr``, fused so that each arc array is read about once).
+    (the starting flow, prices for new nodes, the reduced-cost repair and the forward
+    star, fused so that each arc array is read about once).
+
+    Warm, an arc whose slot held the same (tail, head) last round (``prev_ends``,
+    ``prev_flow`` by slot) takes its old flow clipped into [lower, capacity]; any
+    other arc starts at its lower bound. A node that no reused arc touches (a new
+    task, a reused index) gets the price that gives its cheapest out-arc reduced
+    cost 0 (with no out-arc, its dearest in-arc), in two rounds so that a new node
+    next to another new node (a task and its new job's aggregator) uses the other's.
 
     Fills (caller-allocated, every entry written): ``cap`` (capacity minus lower
-    bound), ``x`` (the warm flow, or the lower bounds when cold, shifted), ``e``
-    (excesses), ``start``/``adj`` (as ``build_csr``); warm, the prices of the nodes
-    with no reused arc in ``pi``; with ``optimal``, the flow made reduced-cost optimal
-    (as ``make_optimal``). ``seen``, ``de``, ``fpos``, ``bpos``, ``best`` (n) and
-    ``fresh`` (m) are scratch. Returns (bad arc or -1, reused arcs, positive excess before the
-    optimality repair, units that repair moved, max |cost|, max slot).
+    bound; with no lower bound anywhere, ``has_lower`` False, the caller passes
+    ``capacity`` itself and it is not written), ``x`` (the warm flow, or the lower
+    bounds when cold, shifted), ``e`` (excesses), ``start``/``adj`` (``_place``);
+    warm, the prices of the nodes with no reused arc in ``pi``; with ``optimal``, the
+    flow made reduced-cost optimal (as ``make_optimal``). ``seen``, ``de``, ``fpos``,
+    ``bpos``, ``best`` (n) and ``fresh`` (m) are scratch. Returns (bad arc or -1,
+    reused arcs, positive excess before the optimality repair, units that repair
+    moved, max |cost|, max slot).
     """
     m = tail.shape[0]
     for v in range(n):
@@ -112,21 +121,24 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
     cmax = 0
     smax = -1
     nfresh = 0
-    ns = prev_tail.shape[0]
+    ns = prev_ends.shape[0]
     for a in range(m):
         t = tail[a]
         h = head[a]
-        lo = lower[a]
-        c = capacity[a] - lo
+        lo = 0
+        c = capacity[a]
+        if has_lower:
+            lo = lower[a]
+            c -= lo
+            cap[a] = c
         if c < 0 and bad < 0:
             bad = a
-        cap[a] = c
         cmax = max(cmax, abs(cost[a]))
         s = slots[a]
         smax = max(smax, s)
         f = lo
         old = False
-        if warm and s < ns and prev_tail[s] == t and prev_head[s] == h:
+        if warm and s < ns and prev_ends[s] == (t << 31) | h:
             f = min(max(prev_flow[s], lo), capacity[a])
             reused += 1
             seen[t] = True
@@ -174,8 +186,8 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
 @njit(cache=True, nogil=True)
 def _price_fresh(n, tail, head, cost, pi, seen, fresh,  # type: ignore[no-untyped-def]
                  nfresh, old_nodes, best_out, best_in):
-    """``price_new_nodes`` over the arcs that are not reused only (every arc of a
-    node that no reused arc touches is one of them)."""
+    """The new nodes' prices (``prepare``), from the arcs that are not reused only
+    (every arc of a node that no reused arc touches is one of them)."""
     for v in range(old_nodes, n):
         seen[v] = False
     for v in range(n):
@@ -212,26 +224,27 @@ def _price_fresh(n, tail, head, cost, pi, seen, fresh,  # type: ignore[no-untype
 
 @njit(cache=True, nogil=True)
 def finish(x, lower, cost, slots, tail, head,  # type: ignore[no-untyped-def]
-           tail_of, head_of, flow_of, keep):
-    """The returned flow (x plus lower bounds, a new array), its cost (and whether
-    the int64 sum is exact: False when sum |flow * cost| may pass 2^62), and, with
-    ``keep``, each arc's ends and flow by slot for the next warm start (slots not
-    live this round get tail -1). One pass over the arcs."""
+           ends_of, flow_of, keep):
+    """The returned flow (x plus lower bounds, a new array; ``lower`` empty: none),
+    its cost (and whether the int64 sum is exact: False when sum |flow * cost| may
+    pass 2^62), and, with
+    ``keep``, each arc's ends (tail << 31 | head) and flow by slot for the next warm
+    start (slots not live this round get -1)."""
     m = x.shape[0]
     flow = np.empty(m, dtype=np.int64)
     total = 0
     bound = 0.0
+    has_lower = lower.shape[0] == m
     for a in range(m):
-        f = x[a] + lower[a]
+        f = x[a] + lower[a] if has_lower else x[a]
         flow[a] = f
         total += f * cost[a]
         bound += abs(float(f) * float(cost[a]))
     if keep:
-        tail_of[:] = -1
+        ends_of[:] = -1
         for a in range(m):
             s = slots[a]
-            tail_of[s] = tail[a]
-            head_of[s] = head[a]
+            ends_of[s] = (tail[a] << 31) | head[a]
             flow_of[s] = flow[a]
     return flow, total, bound < 2.0**62
 
@@ -306,7 +319,7 @@ def _augment(s, w, pred, tail, head, cap, x, e):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-untyped-def]
-          budget, abort, stats, big, max_big):
+          budget, abort, stats, big, max_big, ws):
     """Relaxation (dual ascent, after Bertsekas' RELAX), as Firmament runs it.
 
     Precondition: reduced-cost optimality (``make_optimal``); it holds throughout.
@@ -321,7 +334,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     until S cannot grow: keeping R costs a scan of every node's whole adjacency as
     it joins, and the aggregators (X, racks) have one arc per task. Instead, as
     Firmament's arc prioritisation does (§5.3.1), the tree grows depth first, each
-    node's arcs towards the sink side first (``build_csr`` lists forward half-arcs
+    node's arcs towards the sink side first (``_place`` lists forward half-arcs
     first), with a look-ahead for a deficit among a joining node's arcs when it has
     few; so a new task usually reaches a free slot in a few steps.
 
@@ -331,13 +344,16 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     in an augmentation or a rise) that cost at least ``big`` arc scans each, for cost
     scaling to carry on.
     """
-    mark = np.zeros(n, dtype=np.int64)
-    pred = np.full(n, -1, dtype=np.int64)
-    cur = np.empty(n, dtype=np.int64)
-    tree = np.empty(n, dtype=np.int64)
-    stack = np.empty(n, dtype=np.int64)
-    queue = np.empty(n, dtype=np.int64)
-    inq = np.zeros(n, dtype=np.bool_)
+    mark = ws[0:n]
+    pred = ws[n:2 * n]
+    cur = ws[2 * n:3 * n]
+    tree = ws[3 * n:4 * n]
+    stack = ws[4 * n:5 * n]
+    queue = ws[5 * n:6 * n]
+    inq = ws[6 * n:7 * n]
+    mark[:] = 0
+    pred[:] = -1
+    inq[:] = 0
     qh = 0
     qn = 0
     for v in range(n):
@@ -485,7 +501,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
 
 
 @njit(cache=True, nogil=True)
-def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit):  # type: ignore[no-untyped-def]
+def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit, ws):  # type: ignore[no-untyped-def]
     """Move deficits downstream, keeping reduced-cost optimality: Firmament's
     efficient task removal (§5.3.2), generalised.
 
@@ -496,9 +512,11 @@ def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit):  # type: ignor
     where new tasks' flow is wanted anyway), lowering v's price first if that arc is
     not balanced, and only as far as every residual arc into v allows (if an in-arc
     binds first, v keeps the lower price and its deficit). At most ``limit`` arcs are
-    looked at (networks with cycles could pass a deficit around)."""
-    queue = np.empty(n, dtype=np.int64)
-    inq = np.zeros(n, dtype=np.bool_)
+    looked at (networks with cycles could pass a deficit around). ``ws`` (2n) is
+    scratch."""
+    queue = ws[0:n]
+    inq = ws[n:2 * n]
+    inq[:] = 0
     qh = 0
     qn = 0
     for v in range(n):

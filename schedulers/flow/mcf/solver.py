@@ -12,8 +12,15 @@ only what the changes broke:
 * **relaxation** first restores reduced-cost optimality by saturating arcs of
   negative and emptying arcs of positive reduced cost (more imbalance), then routes
   the imbalances by dual ascent (``kernels.relax``);
-* **cost scaling** keeps the flow, takes ε as the largest reduced-cost violation
-  (not the largest cost), and refines down to ε = 1 (``kernels.cost_scaling``).
+* **cost scaling** starts from the same reduced-cost optimal flow, so ε = 1 (scaled)
+  from the start (``warm_phases``), and one refine with global price updates
+  (``kernels.global_update``: every excess gets an admissible path to a deficit at
+  once) routes the imbalances (``kernels.cost_scaling``).
+
+Both start from one fused set-up pass (``kernels.prepare``: warm flow, new nodes'
+prices, the repair, the forward star) and end with one (``kernels.finish``: flow,
+cost, the per-slot state), into arrays kept from solve to solve: at 1M arcs a warm
+round is mostly this fixed O(n + m) work.
 
 Stale state is never wrong, only slow: any flow and prices are a valid start for
 both algorithms. Prices of nodes with no reused arc (new tasks, reused indexes) are
@@ -25,10 +32,12 @@ How the two are combined (``algorithm``):
   first to finish sets a shared abort flag that the other checks every few thousand
   arcs. Firmament does this (§6.1).
 * ``"auto"`` (default): relaxation with a work budget of ``relax_budget`` times
-  (nodes + arcs) arc scans; past it, cost scaling carries on from relaxation's
-  state (it is consistent and reduced-cost optimal, so it is a warm start like any
-  other). This avoids relaxation's bad cases (contention: §4.3, Fig. 8-9) without
-  paying for a second thread every round.
+  (nodes + arcs) arc scans, and of ``big_trees`` trees that each cost over
+  ``big_tree`` times (nodes + arcs); past either, cost scaling carries on from
+  relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
+  start like any other). This avoids relaxation's bad cases (contention: §4.3,
+  Fig. 8-9: in a full cluster every new task's tree spans the network before each
+  small price rise) without paying for a second thread every round.
 * ``"relax"``, ``"cost-scaling"``: one algorithm only.
 
 The warm state is the winner's: relaxation's prices satisfy reduced-cost
@@ -95,6 +104,7 @@ class _Run:
     status: int = K.DONE
     moved: int = 0  # units make_optimal moved (relaxation's repair)
     optimal: bool = False  # x is reduced-cost optimal already (prepare made it so)
+    scratch: I64 | None = None  # relaxation's (7 n), reused between solves; None: new
     cpu: float = 0.0
     error: str = ""
 
@@ -104,13 +114,16 @@ class FirmamentSolver:
 
     ``algorithm``: "auto", "race", "relax" or "cost-scaling". ``warm``: keep the
     state between calls (False: every call is from scratch). ``relax_budget``: in
-    "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over.
-    ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost scaling starts
-    at the from-scratch first ε divided by alpha this many more times (or at the
-    flow's largest violation, if that is larger). ``global_update``: cost scaling
-    updates every price globally (``kernels.global_update``, about one pass over the
-    arcs) at the start of each refine and whenever its relabels have looked at this
-    many times (nodes + arcs) arcs since the last; 0: never.
+    "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over;
+    ``big_tree``, ``big_trees``: it also hands over after ``big_trees`` trees that
+    cost ``big_tree`` times (nodes + arcs) arc scans or more each (a full cluster).
+    ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost
+    scaling starts at the from-scratch first ε divided by alpha this many more times
+    (or at the flow's largest violation, if that is larger); the default, 20, means
+    ε = 1. ``global_update``: cost scaling updates every price globally
+    (``kernels.global_update``, about one pass over the arcs) at the start of each
+    refine and whenever its relabels have looked at this many times (nodes + arcs)
+    arcs since the last; 0: never.
     """
 
     name: ClassVar[str] = "firmament"
@@ -136,8 +149,7 @@ class FirmamentSolver:
 
     def reset(self) -> None:
         """Forget the previous round: the next solve is from scratch."""
-        self._tail_of: I64 = np.empty(0, dtype=np.int64)  # per slot; -1: no arc
-        self._head_of: I64 = np.empty(0, dtype=np.int64)
+        self._ends_of: I64 = np.empty(0, dtype=np.int64)  # per slot: tail << 31 | head
         self._flow_of: I64 = np.empty(0, dtype=np.int64)
         self._pi: I64 | None = None
         self._buf = _Buffers()
@@ -157,6 +169,8 @@ class FirmamentSolver:
         cost = np.ascontiguousarray(net.cost, dtype=np.int64)
         slots = np.ascontiguousarray(net.arcs, dtype=np.int64)
         m = len(tail)
+        if n >= 2**31:
+            raise SolveError(f"firmament: {n} nodes; node indexes must fit in 31 bits")
         warm = self.warm and self._pi is not None
         algorithm = self.algorithm
         # Relaxation first on this state: the start is made reduced-cost optimal in
@@ -169,11 +183,15 @@ class FirmamentSolver:
             old = min(n, len(self._pi))
             pi[:old] = self._pi[:old]
         b = self._buf
-        x, cap, e = b.i64("x", m), b.i64("cap", m), b.i64("e", n)
-        start, adj = b.i64("start", n + 1), b.i64("adj", 2 * m)
+        has_lower = bool(lower.any())
+        x, e = b.i64("x", m), b.i64("e", n)
+        cap = b.i64("cap", m) if has_lower else capacity
+        start = b.i64("start", n + 1)
+        # Half-arc numbers in 32 bits when they fit: half the forward star's memory.
+        adj = b.i32("adj", 2 * m) if 2 * m < 2**31 else b.i64("adj", 2 * m)
         bad, reused, imbalance, moved, cmax, smax = K.prepare(
             n, supply, tail, head, lower, capacity, cost, slots,
-            self._tail_of, self._head_of, self._flow_of, old, warm, optimal,
+            self._ends_of, self._flow_of, old, warm, optimal, has_lower,
             pi, x, cap, e, start, adj, b.bools("seen", n), b.i64("de", n),
             b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m))
         if bad >= 0:
@@ -191,11 +209,13 @@ class FirmamentSolver:
             self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64))
             winner = cs_run
         elif algorithm == "relax":
-            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved)
+            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
+                             scratch=b.i64("relax", 7 * n))
             self._relax(g, relax_run, _NO_BUDGET, np.zeros(1, np.int64))
             winner = relax_run
         elif algorithm == "auto":
-            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved)
+            relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
+                             scratch=b.i64("relax", 7 * n))
             budget = int(self.relax_budget * (n + m))
             self._relax(g, relax_run, budget, np.zeros(1, np.int64),
                         int(self.big_tree * (n + m)), self.big_trees)
@@ -216,8 +236,9 @@ class FirmamentSolver:
             raise SolveError(f"firmament: no solution (status {winner.status})")
         if self.warm:
             self._grow_slots(int(smax) + 1)
-        flow, total, exact = K.finish(winner.x, lower, cost, slots, tail, head,
-                                      self._tail_of, self._head_of, self._flow_of,
+        flow, total, exact = K.finish(winner.x, lower if has_lower else lower[:0], cost,
+                                      slots, tail, head,
+                                      self._ends_of, self._flow_of,
                                       self.warm)
         if not exact:
             total = sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(),
@@ -237,10 +258,12 @@ class FirmamentSolver:
         t0 = time.thread_time()
         if not run.optimal:
             run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
+        ws = np.empty(7 * g.n, dtype=np.int64) if run.scratch is None else run.scratch
         K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
-                4 * (g.n + len(g.tail)))
+                4 * (g.n + len(g.tail)), ws)
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
-                             run.x, run.e, run.pi, budget, abort, run.stats, big, max_big)
+                             run.x, run.e, run.pi, budget, abort, run.stats, big, max_big,
+                             ws)
         if run.status == K.INFEASIBLE:
             run.error = "relaxation: excess with no residual arc out of its tree"
         run.cpu += time.thread_time() - t0
@@ -316,10 +339,9 @@ class FirmamentSolver:
 
     def _grow_slots(self, size: int) -> None:
         """The per-slot arrays cover ``size`` slots (grown by a quarter beyond it)."""
-        if len(self._tail_of) < size:
+        if len(self._ends_of) < size:
             size += size // 4
-            self._tail_of = np.full(size, -1, dtype=np.int64)
-            self._head_of = np.full(size, -1, dtype=np.int64)
+            self._ends_of = np.full(size, -1, dtype=np.int64)
             self._flow_of = np.zeros(size, dtype=np.int64)
 
     @staticmethod
@@ -358,6 +380,9 @@ class _Buffers:
     def i64(self, name: str, size: int) -> I64:
         return cast(I64, self._get(name, size, np.int64))
 
+    def i32(self, name: str, size: int) -> npt.NDArray[np.int32]:
+        return cast(npt.NDArray[np.int32], self._get(name, size, np.int32))
+
     def bools(self, name: str, size: int) -> npt.NDArray[np.bool_]:
         return cast(npt.NDArray[np.bool_], self._get(name, size, np.bool_))
 
@@ -368,7 +393,7 @@ class _Graph:
 
     n: int
     start: I64
-    adj: I64
+    adj: npt.NDArray[np.int32] | I64
     tail: I64
     head: I64
     cap: I64
