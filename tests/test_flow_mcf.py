@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -264,3 +265,206 @@ def test_cold_when_warm_disabled_and_after_reset() -> None:
     w.reset()
     w.solve(net)
     assert w.last is not None and not w.last.warm
+
+
+# -- the kernels the warm solve is made of ----------------------------------------------
+
+
+def forward_star(n: int, tail: I64, head: I64) -> list[list[int]]:
+    """Each node's half-arcs as the kernels list them: out-arcs (2a) in arc order,
+    then in-arcs (2a + 1) in arc order."""
+    lists: list[list[int]] = [[] for _ in range(n)]
+    for a, t in enumerate(tail.tolist()):
+        lists[t].append(2 * a)
+    for a, h in enumerate(head.tolist()):
+        lists[h].append(2 * a + 1)
+    return lists
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), warm=st.booleans())
+def test_prepare_builds_the_start_the_solvers_expect(seed: int, nodes: int, warm: bool) -> None:
+    """The fused set-up: excesses match the flow, reused arcs keep their clipped old
+    flow, the forward star is the plain one, and the repaired start is reduced-cost
+    optimal under the prices it returns."""
+    from schedulers.flow.mcf import kernels as K
+
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes)
+    old = net.arrays()
+    net.change()
+    new = net.arrays()
+    n, m = new.nodes, len(new.tail)
+    size = int(max(old.arcs.max(), new.arcs.max())) + 1
+    ends = np.full(size, -1, dtype=np.int64)
+    flows = np.zeros(size, dtype=np.int64)
+    ends[old.arcs] = (old.tail << 31) | old.head
+    flows[old.arcs] = rng.integers(0, 9, len(old.arcs))
+    pi = rng.integers(-50, 50, n).astype(np.int64)
+    x, cap, e = (np.empty(k, dtype=np.int64) for k in (m, m, n))
+    start, adj = np.empty(n + 1, dtype=np.int64), np.empty(2 * m, dtype=np.int32)
+    de, fpos, bpos, best = (np.empty(n, dtype=np.int64) for _ in range(4))
+    bad, reused, _, _, cmax, smax = K.prepare(
+        n, new.supply, new.tail, new.head, new.lower, new.capacity, new.cost, new.arcs,
+        ends, flows, n, warm, True, True, pi, x, cap, e, start, adj,
+        np.empty(n, dtype=np.bool_), de, fpos, bpos, best, np.empty(m, dtype=np.int64))
+    assert bad == -1 and cmax == int(np.abs(new.cost).max()) and smax == int(new.arcs.max())
+    assert (cap == new.capacity - new.lower).all() and (x >= 0).all() and (x <= cap).all()
+    flow = x + new.lower
+    bal = new.supply[:n].copy()
+    np.subtract.at(bal, new.tail, flow)
+    np.add.at(bal, new.head, flow)
+    assert (bal == e).all()
+    rc = new.cost - pi[new.tail] + pi[new.head]
+    assert (x[rc < 0] == cap[rc < 0]).all() and (x[rc > 0] == 0).all()
+    same = ends[new.arcs] == (new.tail << 31) | new.head
+    assert reused == (int(same.sum()) if warm else 0)
+    keep = same & (rc == 0) if warm else np.zeros(m, dtype=bool)
+    clipped = np.clip(flows[new.arcs], new.lower, new.capacity) - new.lower
+    assert (x[keep] == clipped[keep]).all()
+    want = forward_star(n, new.tail, new.head)
+    assert [adj[start[v]:start[v + 1]].tolist() for v in range(n)] == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), eps=st.integers(1, 40))
+def test_global_update_keeps_eps_optimality_and_opens_a_path(seed: int, nodes: int,
+                                                             eps: int) -> None:
+    """After a global price update an ε-optimal pseudoflow stays ε-optimal and every
+    excess has a path of admissible half-arcs (reduced cost < 0) to a deficit."""
+    from schedulers.flow.mcf import kernels as K
+
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes).arrays()
+    n, m = net.nodes, len(net.tail)
+    tail, head, cost = net.tail, net.head, net.cost
+    cap = net.capacity - net.lower
+    p = rng.integers(-200, 200, n).astype(np.int64)
+    x = rng.integers(0, cap + 1).astype(np.int64)
+    e = net.supply[:n].copy()
+    np.subtract.at(e, tail, net.lower)
+    np.add.at(e, head, net.lower)
+    K.make_optimal(tail, head, cap, cost, x, e, p)  # 0-optimal, so ε-optimal
+    # e as the kernels keep it: the make_optimal moves plus the flow x itself.
+    e = net.supply[:n].copy()
+    np.subtract.at(e, tail, x + net.lower)
+    np.add.at(e, head, x + net.lower)
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    dist, heap, pos = (np.empty(n, dtype=np.int64) for _ in range(3))
+    ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e, p, 1, eps, 2**60,
+                          dist, heap, pos)
+    if ops < 0:  # an excess with no residual path to a deficit: OR-Tools agrees
+        with pytest.raises(SolveError):
+            OrToolsSolver().solve(net)
+        return
+    rc = cost - p[tail] + p[head]
+    assert (rc[x < cap] >= -eps).all() and (rc[x > 0] <= eps).all()
+    if not (e > 0).any():
+        return
+    # Admissible half-arcs, searched backwards from the deficits.
+    reach = e < 0
+    changed = True
+    while changed:
+        changed = False
+        for a in range(m):
+            t, h = int(tail[a]), int(head[a])
+            if x[a] < cap[a] and rc[a] < 0 and reach[h] and not reach[t]:
+                reach[t] = changed = True
+            if x[a] > 0 and rc[a] > 0 and reach[t] and not reach[h]:
+                reach[h] = changed = True
+    assert reach[e > 0].all()
+
+
+class FullCell:
+    """A small Quincy cell with more tasks than slots: each task may wait (its job's
+    unscheduled aggregator), go through X to any machine, or to a preferred one;
+    running tasks keep a continuation arc to their machine. Tasks end and arrive
+    round after round, slots and node indexes reused as FlowNetwork reuses them."""
+
+    def __init__(self, rng: np.random.Generator, machines: int, slots: int) -> None:
+        self.rng = rng
+        self.machines, self.slots = machines, slots
+        self.sink, self.x, self.u = 0, 1, 2  # one unscheduled aggregator
+        self.first = 3 + machines  # task nodes from here
+        self.tasks: dict[int, tuple[int, int, int]] = {}  # node: (wait, pref, machine)
+        self.free_nodes: list[int] = []
+        self.top = self.first
+
+    def arrive(self, count: int) -> None:
+        for _ in range(count):
+            v = self.free_nodes.pop() if self.free_nodes else self.top
+            self.top = max(self.top, v + 1)
+            pref = int(self.rng.integers(0, self.machines))
+            self.tasks[v] = (int(self.rng.integers(20, 60)), pref, -1)
+
+    def advance(self, flow: npt.NDArray[np.int64], net: Arrays) -> None:
+        """Placements become running tasks; a few end; waiting tasks wait longer."""
+        placed = {int(t): int(h) - 3 for t, h, f in zip(net.tail, net.head, flow, strict=True)
+                  if f and t >= self.first and 3 <= h < self.first}
+        via_x = [int(t) for t, h, f in zip(net.tail, net.head, flow, strict=True)
+                 if f and t >= self.first and h == self.x]
+        into = [int(t) - 3 for t, h, f in zip(net.tail, net.head, flow, strict=True)
+                for _ in range(int(f)) if t == self.x and 3 <= h < self.first]
+        placed.update(zip(via_x, into, strict=False))
+        for v, (wait, pref, _) in list(self.tasks.items()):
+            self.tasks[v] = (wait + 5, pref, placed.get(v, -1))
+        for v in list(self.tasks):
+            if self.rng.random() < 0.1:
+                del self.tasks[v]
+                self.free_nodes.append(v)
+
+    def arrays(self) -> Arrays:
+        n = self.top
+        supply = np.zeros(n, dtype=np.int64)
+        arcs: list[tuple[int, int, int, int]] = [(self.u, self.sink, len(self.tasks), 0)]
+        arcs.append((self.x, self.sink, 0, 0))  # capacity 0: left out below
+        for i in range(self.machines):
+            arcs.append((self.x, 3 + i, self.slots, 10))
+            arcs.append((3 + i, self.sink, self.slots, 0))
+        for v, (wait, pref, machine) in sorted(self.tasks.items()):
+            supply[v] = 1
+            arcs.append((v, self.u, 1, wait))
+            arcs.append((v, self.x, 1, 25))
+            arcs.append((v, 3 + pref, 1, 5))
+            if machine >= 0:
+                arcs.append((v, 3 + machine, 1, 0))
+        supply[self.sink] = -len(self.tasks)
+        rows = np.array([a for a in arcs if a[2] > 0], dtype=np.int64)
+        slots = np.arange(len(rows), dtype=np.int64)
+        return Arrays(n, supply, rows[:, 0].copy(), rows[:, 1].copy(),
+                      np.zeros(len(rows), dtype=np.int64), rows[:, 2].copy(),
+                      rows[:, 3].copy(), np.zeros(len(rows), dtype=np.int8), slots)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_full_cell_resolved_warm_matches_ortools_and_is_deterministic(seed: int) -> None:
+    """More tasks than slots (Fig. 8): new tasks must wait or push running ones out.
+    Every algorithm, warm round after round, matches OR-Tools; two "auto" solvers fed
+    the same rounds return the same flows by the same path."""
+    cell = FullCell(np.random.default_rng(seed), machines=12, slots=4)
+    cell.arrive(60)
+    solvers = {a: FirmamentSolver(a) for a in ALGORITHMS}
+    twin = FirmamentSolver("auto")
+    paths = []
+    for _ in range(6):
+        net = cell.arrays()
+        want = OrToolsSolver().solve(net)
+        out = {}
+        for a, s in solvers.items():
+            out[a] = got = s.solve(net)
+            check_flow(net, got)
+            assert got.cost == want.cost, (a, s.last)
+        again = twin.solve(net)
+        first, second = solvers["auto"].last, twin.last
+        assert first is not None and second is not None
+        assert np.array_equal(again.flow, out["auto"].flow)
+        assert attrs.evolve(first, seconds=0.0, relax_cpu=0.0, cost_scaling_cpu=0.0) == \
+            attrs.evolve(second, seconds=0.0, relax_cpu=0.0, cost_scaling_cpu=0.0)
+        paths.append(second.fallback)
+        cell.advance(want.flow, net)
+        cell.arrive(15)
+    assert all(s.last is not None and s.last.warm for s in solvers.values())
+    assert any(paths), "relaxation never handed over: the case is not exercised"
