@@ -353,9 +353,10 @@ def test_global_update_keeps_eps_optimality_and_opens_a_path(seed: int, nodes: i
     for v, lst in enumerate(forward_star(n, tail, head)):
         start[v + 1] = start[v] + len(lst)
         adj[start[v]:start[v + 1]] = lst
-    dist, heap, pos = (np.empty(n, dtype=np.int64) for _ in range(3))
+    dist, bnext, bprev = (np.empty(n, dtype=np.int64) for _ in range(3))
+    width = int(rng.integers(1, n + 2))  # Dijkstra's window of buckets
     ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e, p, 1, eps, 2**60,
-                          dist, heap, pos)
+                          dist, bnext, bprev, np.empty(width, dtype=np.int64))
     if ops < 0:  # an excess with no residual path to a deficit: OR-Tools agrees
         with pytest.raises(SolveError):
             OrToolsSolver().solve(net)

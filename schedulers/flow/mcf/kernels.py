@@ -40,7 +40,8 @@ ST_RISE = 2  # relaxation: price rises
 ST_PUSH = 3  # cost scaling: pushes
 ST_RELABEL = 4  # cost scaling: relabels
 ST_PHASES = 5  # cost scaling: refine phases
-NSTATS = 6
+ST_UPDATES = 6  # cost scaling: global price updates
+NSTATS = 7
 
 _CHECK = 4095  # look at the abort flag every 4,096 arcs
 _LOOK = 64  # relaxation looks ahead from joining nodes of at most this degree
@@ -583,81 +584,79 @@ def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit, ws):  # type: i
 
 
 @njit(cache=True, nogil=True)
-def _heap_up(heap, pos, key, i):  # type: ignore[no-untyped-def]
-    v = heap[i]
-    while i > 0:
-        j = (i - 1) >> 1
-        u = heap[j]
-        if key[u] <= key[v]:
-            break
-        heap[i] = u
-        pos[u] = i
-        i = j
-    heap[i] = v
-    pos[v] = i
-
-
-@njit(cache=True, nogil=True)
-def _heap_pop(heap, pos, key, size):  # type: ignore[no-untyped-def]
-    """Remove and return the node of least key; ``size`` is the heap's size before."""
-    top = heap[0]
-    pos[top] = -2
-    size -= 1
-    if size > 0:
-        v = heap[size]
-        i = 0
-        while True:
-            c = 2 * i + 1
-            if c >= size:
-                break
-            if c + 1 < size and key[heap[c + 1]] < key[heap[c]]:
-                c += 1
-            if key[heap[c]] >= key[v]:
-                break
-            heap[i] = heap[c]
-            pos[heap[c]] = i
-            i = c
-        heap[i] = v
-        pos[v] = i
-    return top
+def _bucket_in(v, b, bnext, bprev, bhead):  # type: ignore[no-untyped-def]
+    bnext[v] = bhead[b]
+    bprev[v] = -1
+    if bhead[b] >= 0:
+        bprev[bhead[b]] = v
+    bhead[b] = v
 
 
 @njit(cache=True, nogil=True)
 def global_update(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[no-untyped-def]
-                  scale, eps, bound, dist, heap, pos):
+                  scale, eps, bound, dist, bnext, bprev, bhead):
     """Goldberg's global price update for an ε-optimal pseudoflow (scaled prices
     ``p``): each node's distance to the nearest deficit, in units of ε, over
     residual half-arcs of length floor(rc / ε) + 1 (0 for admissible ones), by
-    Dijkstra backwards from every deficit; then p[v] += dist(v) ε. Distances stop
-    at D, the farthest excess node's: unsettled nodes count as D (capped distances
-    keep ε-optimality), so every excess node gets an admissible path to a deficit.
+    Dijkstra backwards from every deficit; then p[v] += dist(v) ε, so every excess
+    gets an admissible path to a deficit.
 
-    Returns the ops spent, or -1 if an excess node has no residual path to any
-    deficit (infeasible). Applies nothing (returns the ops) if a price would pass
-    ``bound``; ``dist``, ``heap``, ``pos`` (n) are scratch."""
-    size = 0
+    Dijkstra keeps one bucket per distance (Dial) in a window of ``len(bhead)``
+    distances, moved on past an empty window. It stops at the level D where the last
+    excess node is settled; the unsettled nodes count as D (their tentative
+    distances are at least D and no settled node's is more, so ε-optimality holds).
+    Returns the arcs looked at, or -1 if an excess node has no residual path to any
+    deficit (infeasible). Applies nothing (returns the arcs) if a price would pass
+    ``bound``. ``dist``, ``bnext``, ``bprev`` (n) and ``bhead`` are scratch."""
+    width = bhead.shape[0]
     left = 0  # excess nodes not yet settled
     for v in range(n):
-        pos[v] = -1
         dist[v] = INF
+        bprev[v] = -2  # -2: in no bucket, -3: settled, else in bucket dist[v] - base
         if e[v] > 0:
             left += 1
     if left == 0:
         return 0
+    for b in range(width):
+        bhead[b] = -1
     for v in range(n):
         if e[v] < 0:
             dist[v] = 0
-            heap[size] = v
-            pos[v] = size
-            size += 1
+            _bucket_in(v, 0, bnext, bprev, bhead)
     ops = 0
-    top = 0
-    while size > 0 and left > 0:
-        v = _heap_pop(heap, pos, dist, size)
-        size -= 1
-        top = dist[v]
+    base = np.int64(0)
+    level = 0  # bucket index: distance base + level
+    beyond = 0  # nodes waiting at a distance past the window
+    while left > 0:
+        while level < width and bhead[level] < 0:
+            level += 1
+        if level == width:  # move the window to the nearest waiting node
+            if beyond == 0:
+                return -1
+            base = INF
+            for v in range(n):
+                if bprev[v] == -2 and dist[v] < base:
+                    base = dist[v]
+            beyond = 0
+            for v in range(n):
+                if bprev[v] == -2 and dist[v] < INF:
+                    if dist[v] - base < width:
+                        _bucket_in(v, dist[v] - base, bnext, bprev, bhead)
+                    else:
+                        beyond += 1
+            ops += n
+            level = 0
+            continue
+        v = bhead[level]
+        bhead[level] = bnext[v]
+        if bnext[v] >= 0:
+            bprev[bnext[v]] = -1
+        bprev[v] = -3
         if e[v] > 0:
             left -= 1
+            if left == 0:
+                break
+        top = dist[v]
         ops += start[v + 1] - start[v]
         for k in range(start[v], start[v + 1]):
             h = adj[k]
@@ -673,23 +672,32 @@ def global_update(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore
                 if x[a] == cap[a]:
                     continue
                 rc = cost[a] * scale - p[u] + p[v]
-            if pos[u] == -2:
+            if bprev[u] == -3:
                 continue
             ln = rc // eps + 1
             if ln < 0:
                 ln = 0
             nd = top + ln
-            if nd < dist[u]:
-                dist[u] = nd
-                if pos[u] == -1:
-                    heap[size] = u
-                    pos[u] = size
-                    size += 1
-                _heap_up(heap, pos, dist, pos[u])
-    if left > 0:
-        return -1
+            if nd >= dist[u]:
+                continue
+            if bprev[u] >= -1:  # leave its bucket
+                if bprev[u] == -1:
+                    bhead[dist[u] - base] = bnext[u]
+                else:
+                    bnext[bprev[u]] = bnext[u]
+                if bnext[u] >= 0:
+                    bprev[bnext[u]] = bprev[u]
+            elif dist[u] < INF:
+                beyond -= 1
+            bprev[u] = -2
+            dist[u] = nd
+            if nd - base < width:
+                _bucket_in(u, nd - base, bnext, bprev, bhead)
+            else:
+                beyond += 1
+    top = base + level
     for v in range(n):
-        if pos[v] != -2:
+        if bprev[v] != -3:
             dist[v] = top
         if p[v] + dist[v] * eps > bound:
             return ops
@@ -728,8 +736,9 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
     inq = np.zeros(n, dtype=np.bool_)
     cur = np.empty(n, dtype=np.int64)
     dist = np.empty(n, dtype=np.int64)
-    heap = np.empty(n, dtype=np.int64)
-    hpos = np.empty(n, dtype=np.int64)
+    bnext = np.empty(n, dtype=np.int64)
+    bprev = np.empty(n, dtype=np.int64)
+    bhead = np.empty(n + 1, dtype=np.int64)
     cmax = 0
     for a in range(m):
         cmax = max(cmax, abs(cost[a]))
@@ -754,11 +763,12 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
         relabels = 0
         if update_every > 0:
             done = global_update(n, start, adj, tail, head, cap, cost, x, e, p, scale,
-                                 eps, bound, dist, heap, hpos)
+                                 eps, bound, dist, bnext, bprev, bhead)
             if done < 0:
                 stats[ST_OPS] = ops
                 return INFEASIBLE
             ops += done
+            stats[ST_UPDATES] += 1
         qh = 0
         qn = 0
         for v in range(n):
@@ -802,11 +812,12 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
                     if update_every > 0 and relabels >= update_every:
                         relabels = 0
                         done = global_update(n, start, adj, tail, head, cap, cost, x, e,
-                                             p, scale, eps, bound, dist, heap, hpos)
+                                             p, scale, eps, bound, dist, bnext, bprev, bhead)
                         if done < 0:
                             stats[ST_OPS] = ops
                             return INFEASIBLE
                         ops += done
+                        stats[ST_UPDATES] += 1
                         for u in range(n):  # admissible arcs may lie behind cur
                             cur[u] = start[u]
                     continue

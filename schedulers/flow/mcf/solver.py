@@ -90,6 +90,7 @@ class SolveStats:
     pushes: int
     relabels: int
     phases: int  # cost scaling's refine phases
+    global_updates: int  # cost scaling's global price updates
     ops: int  # arcs looked at, both algorithms
 
 
@@ -359,7 +360,8 @@ class FirmamentSolver:
             repaired=imbalance, reused_arcs=reused, fallback=fallback,
             augmentations=int(rs[K.ST_AUGMENT]), price_rises=int(rs[K.ST_RISE]),
             pushes=int(cs[K.ST_PUSH]), relabels=int(cs[K.ST_RELABEL]),
-            phases=int(cs[K.ST_PHASES]), ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]))
+            phases=int(cs[K.ST_PHASES]), global_updates=int(cs[K.ST_UPDATES]),
+            ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]))
 
 
 class _Buffers:
