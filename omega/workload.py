@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from cellstate.model import Constraints, Job, JobKind, MapReduceSpec, Resources
+from cellstate.model import Block, Constraints, Job, JobKind, MapReduceSpec, Resources
 
 
 @attrs.frozen
@@ -75,16 +75,23 @@ def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
 def _flow_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
               hosts: Sequence[str]) -> Job:
     data: tuple[tuple[str, float], ...] = ()
+    blocks: tuple[tuple[Block, ...], ...] = ()
+    tasks = rng.randint(1, 20)
     if hosts and rng.random() < 0.5:
         # A data set of a few blocks, each replicated on a few machines (GB there).
         where = rng.sample(list(hosts), min(len(hosts), rng.randint(1, 3)))
         data = tuple(sorted((m, float(rng.randint(1, 20))) for m in where))
+        if rng.random() < 0.5:
+            # Each task its own block, on one to three of the machines (Quincy gives
+            # such a task a node of its own, with its own preferences).
+            blocks = tuple((Block(1.0, tuple(rng.sample(where, rng.randint(1, len(where))))),)
+                           for _ in range(tasks))
     return Job(
         f"{opts.prefix}flow-{n:06}", rng.choice(["alice", "bob", "carol"]),
-        opts.flow_scheduler, rng.randint(1, 20),
+        opts.flow_scheduler, tasks,
         Resources.of(cpu=rng.choice([0.5, 1]), mem=rng.choice([1, 2])),
         kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(4, 20), 3),
-        submitted_at=now, input=data)
+        submitted_at=now, input=data, task_input=blocks)
 
 
 def _mapreduce_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions) -> Job:

@@ -69,6 +69,12 @@ def test_some_flow_jobs_read_input_stored_on_machines_of_the_cell() -> None:
         machines = [m for m, _ in j.input]
         assert machines == sorted(set(machines)) and set(machines) <= set(HOSTS)
         assert 1 <= len(machines) <= 3 and all(a > 0 for _, a in j.input)
+    # Some read blocks of their own, task by task, on the job's machines.
+    own = [j for j in with_data if j.task_input]
+    assert 0 < len(own) < len(with_data)
+    for j in own:
+        assert len(j.task_input) == j.task_count
+        assert all(set(b.on) <= {m for m, _ in j.input} for t in j.task_input for b in t)
 
 
 def test_no_hosts_no_input_and_no_flow_fraction_no_flow_jobs() -> None:
