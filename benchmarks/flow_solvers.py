@@ -27,14 +27,20 @@ Figures of the paper (seed 003): ``--sizes`` is Fig. 7 (time vs cluster size),
 ``--use`` Fig. 8 (utilisation), ``--bigjob-sizes`` Fig. 9, and cold vs warm Fig. 11.
 
     python benchmarks/flow_solvers.py [--sizes 1250,12500] [--use 0.5,0.9]
-        [--policies quincy,spread] [--bigjob-sizes 3000] [--rounds 5]
-        [--algorithms relax,cost-scaling,auto,race] [--no-cold-ours] [--seed 1]
+        [--policies quincy,spread] [--bigjob-sizes 3000] [--rounds 3]
+        [--algorithms auto,cost-scaling] [--no-cold-ours] [--seed 1]
+    python benchmarks/flow_solvers.py --inputs /work/solver-inputs/seq12500.pkl
+        [--inputs more.pkl] [--algorithms auto,cost-scaling] [--repeats 3]
+
+``--inputs``: rounds saved from the real flow scheduler (a pickled list of
+``Arrays``); per round OR-Tools from scratch and each algorithm warm, same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -288,6 +294,49 @@ def run_case(label: str, make: Callable[[], Cell], arrivals: Callable[[Cell], No
               f"ortools/warm {orm / max(c, 1e-9):6.1f}x  [{' '.join(info[a])}]")
 
 
+def run_inputs(path: str, algorithms: Sequence[str], repeats: int) -> None:
+    """Saved rounds (a pickled list of Arrays, consecutive rounds of one graph
+    manager): per round OR-Tools from scratch and each algorithm carried warm from the
+    first round, CPU ms as the median of ``repeats`` passes over the whole sequence."""
+    from schedulers.flow.mcf import FirmamentSolver
+
+    with open(path, "rb") as f:
+        nets = cast(list[Arrays], pickle.load(f))  # our own saved inputs: trusted
+    net = nets[0]
+    print(f"\n== {path}: {len(nets)} rounds, round 0: {net.nodes} nodes, "
+          f"{len(net.tail)} arcs, {int(net.supply[net.supply > 0].sum())} units")
+    cpu: dict[str, list[list[float]]] = {k: [[] for _ in nets]
+                                         for k in ("ortools", *algorithms)}
+    path_of: dict[str, list[str]] = {a: ["" for _ in nets] for a in algorithms}
+    for _ in range(repeats):
+        solvers = {a: FirmamentSolver(cast(Algorithm, a)) for a in algorithms}
+        for i, net in enumerate(nets):
+            ref, c, _ = timed(partial(OrToolsSolver().solve, net))
+            cpu["ortools"][i].append(c)
+            for a, s in solvers.items():
+                sol, c, _ = timed(partial(s.solve, net))
+                st = s.last
+                assert st is not None
+                cpu[a][i].append(c)
+                wrong = "" if sol.cost == ref.cost else f" WRONG {sol.cost} != {ref.cost}"
+                path_of[a][i] = f"{st.algorithm[0]}{'+' if st.fallback else ''}{wrong}"
+    print(f"  CPU ms per round, median of {repeats}; [r=relax c=cost scaling, "
+          "+ = auto fell back]; round 0 is cold")
+    print("  round " + "".join(f"{k:>22s}" for k in cpu))
+    for i in range(len(nets)):
+        cells = [f"{statistics.median(cpu['ortools'][i]) * 1000:22.1f}"]
+        cells += [f"{statistics.median(cpu[a][i]) * 1000:17.1f} [{path_of[a][i]:2s}]"
+                  for a in algorithms]
+        print(f"  {i:5d} " + "".join(cells))
+    if len(nets) > 1:
+        orm = statistics.median(statistics.median(c) for c in cpu["ortools"][1:])
+        for a in algorithms:
+            w = statistics.median(statistics.median(c) for c in cpu[a][1:])
+            print(f"  {a + ' warm rounds 1-' + str(len(nets) - 1) + ' (median)':34s} "
+                  f"{w * 1000:8.1f}   ortools {orm * 1000:.1f}, ortools/warm "
+                  f"{orm / max(w, 1e-9):6.1f}x")
+
+
 def churn_jobs(cell: Cell) -> None:
     cell.add_jobs(15, JOB)
 
@@ -302,15 +351,27 @@ def main() -> None:
     p.add_argument("--use", default="0.5,0.9", help="slot utilisations")
     p.add_argument("--policies", default="quincy,spread")
     p.add_argument("--bigjob-sizes", default="3000", help="'' for none")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--algorithms", default="relax,cost-scaling,auto,race")
+    p.add_argument("--rounds", type=int, default=3)
+    # relax and race warm take seconds per round on the 12,500-machine synthetic
+    # cells (quincy 50%: ~17 s): ask for them explicitly.
+    p.add_argument("--algorithms", default="auto,cost-scaling")
     p.add_argument("--no-cold-ours", action="store_true",
                    help="skip our from-scratch timings (except relax)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--inputs", action="append", default=[], metavar="FILE.pkl",
+                   help="saved rounds (a pickled list of Arrays) to run instead of the "
+                        "synthetic cells; repeatable")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="with --inputs: passes over each sequence (median reported)")
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     compile_first()
     algorithms = args.algorithms.split(",")
+    if args.inputs:
+        for path in args.inputs:
+            run_inputs(path, algorithms, args.repeats)
+        print(f"\nload average at end: {os.getloadavg()}")
+        return
     print("\ntimes in ms: CPU (process), wall; warm: [winner per round, r=relax "
           "c=cost scaling, + = auto fell back]")
     for machines in map(int, args.sizes.split(",")):
