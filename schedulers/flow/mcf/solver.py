@@ -32,7 +32,7 @@ How the two are combined (``algorithm``):
   first to finish sets a shared abort flag that the other checks every few thousand
   arcs. Firmament does this (§6.1).
 * ``"auto"`` (default): relaxation with a work budget of ``relax_budget`` times
-  (nodes + arcs) arc scans, and of ``big_trees`` trees that each cost over
+  (nodes + arcs) arc scans, and (warm) of ``big_trees`` trees that each cost over
   ``big_tree`` times (nodes + arcs); past either, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
   start like any other). This avoids relaxation's bad cases (contention: §4.3,
@@ -116,8 +116,9 @@ class FirmamentSolver:
     ``algorithm``: "auto", "race", "relax" or "cost-scaling". ``warm``: keep the
     state between calls (False: every call is from scratch). ``relax_budget``: in
     "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over;
-    ``big_tree``, ``big_trees``: it also hands over after ``big_trees`` trees that
-    cost ``big_tree`` times (nodes + arcs) arc scans or more each (a full cluster).
+    ``big_tree``, ``big_trees``: warm, it also hands over after ``big_trees`` trees
+    that cost ``big_tree`` times (nodes + arcs) arc scans or more each (a full
+    cluster).
     ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost
     scaling starts at the from-scratch first ε divided by alpha this many more times
     (or at the flow's largest violation, if that is larger); the default, 20, means
@@ -218,8 +219,11 @@ class FirmamentSolver:
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
                              scratch=b.i64("relax", 7 * n))
             budget = int(self.relax_budget * (n + m))
-            self._relax(g, relax_run, budget, np.zeros(1, np.int64),
-                        int(self.big_tree * (n + m)), self.big_trees)
+            # The big-tree rule is for warm rounds: from scratch, the first trees of
+            # a full cluster span it before prices settle, and relaxation is still
+            # the faster finish (Fig. 7).
+            big = int(self.big_tree * (n + m)) if warm else _NO_BUDGET
+            self._relax(g, relax_run, budget, np.zeros(1, np.int64), big, self.big_trees)
             winner = relax_run
             if relax_run.status == K.BUDGET:
                 fallback = True
