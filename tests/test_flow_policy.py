@@ -6,6 +6,7 @@ placements."""
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import attrs
@@ -438,3 +439,12 @@ def test_the_network_model_keeps_tasks_within_each_machines_bandwidth() -> None:
 def _net(amount: float) -> Any:
     from cellstate.model import Resources
     return Resources.of(net=amount)
+
+
+def test_the_ortools_solver_without_its_extra_is_refused_when_chosen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OR-Tools is an extra: choosing it where it is not installed fails at once,
+    saying how to install it, not at the first round."""
+    monkeypatch.setitem(sys.modules, "ortools.graph.python.min_cost_flow", None)
+    with pytest.raises(FlowOptionError, match=r"omega-cell\[ortools\]"):
+        FlowPolicy(solver="ortools")

@@ -453,8 +453,7 @@ class QuincyCostModel(_MovesTasks):
     def _job_data(self, job: Job, racks: Racks) -> _Data:
         """A task's share of its job's input: the whole input seen at the scale of one
         task."""
-        return _Data.of(((mid, a) for mid, a in job.input), racks,
-                        self.options["data_scale"] / max(job.task_count, 1))
+        return _Data.of(job.input, racks, self.options["data_scale"] / max(job.task_count, 1))
 
     def _task_data(self, job: Job, index: int, racks: Racks) -> _Data | None:
         if index >= len(job.task_input):
@@ -463,9 +462,14 @@ class QuincyCostModel(_MovesTasks):
         return _Data.of_blocks(blocks, racks, self.options["data_scale"])
 
     def _cost(self, data: _Data, on_machine: float, on_rack: float) -> int:
+        return self._price(data.scale, data.total, on_machine, on_rack)
+
+    def _price(self, scale: float, total: float, on_machine: float, on_rack: float) -> int:
+        """Quincy's transfer cost: what is read from elsewhere in the rack, and across
+        racks."""
         o = self.options
-        return round(data.scale * (o["rack_cost"] * (on_rack - on_machine)
-                                   + o["core_cost"] * (data.total - on_rack)))
+        return round(scale * (o["rack_cost"] * (on_rack - on_machine)
+                              + o["core_cost"] * (total - on_rack)))
 
     def _task_prices(self, data: _Data, racks: Racks) -> tuple[list[Preference], int]:
         """Preferences and the cluster arc of a task (or of a job's shared node), each
@@ -504,7 +508,7 @@ class QuincyCostModel(_MovesTasks):
 
     def to_cluster(self, job: Job) -> int:
         # Without the cell's racks: the worst case, every byte across the core (the
-        # graph manager prices the arc with preferences(), which sees them).
+        # graph manager prices the arc with cluster_cost(), which sees them).
         data = _Data.of(job.input, Racks(), self.options["data_scale"] / max(job.task_count, 1))
         return self._cost(data, 0.0, 0.0)
 
@@ -539,9 +543,7 @@ class QuincyCostModel(_MovesTasks):
                 in_rack += b.size
             elif rack is not None and any(racks.get(m) == rack for m in b.on):
                 in_rack += b.size
-        o = self.options
-        return round(o["data_scale"] * (o["rack_cost"] * (in_rack - here)
-                                        + o["core_cost"] * (total - in_rack)))
+        return self._price(self.options["data_scale"], total, here, in_rack)
 
     def run_discounts(self, ran: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
         return np.floor(self.options["run_discount"] * np.clip(ran, 0.0, MAX_WAIT)

@@ -94,14 +94,16 @@ def shape_of(job: Job) -> Shape:
     return Shape(job.task_resources, job.constraints.machine_selector)
 
 
+def _selects(shape: Shape, m: Machine) -> bool:
+    """The same test as cellstate.fit.selector, on the shape rather than a job."""
+    return not shape.selector or all(r.matches(m.label(r.key)) for r in shape.selector)
+
+
 def fit_count(avail: Resources, shape: Shape, m: Machine,
               dims: tuple[str, ...] | None = None) -> int:
     """How many tasks of ``shape`` fit in ``avail`` on ``m`` (0 where one does not),
     counting the dimensions ``dims`` only (None: all; ``CostModel.dimensions``)."""
-    if m.state is not MachineState.UP:
-        return 0
-    # The same test as cellstate.fit.selector, on the shape rather than a job.
-    if shape.selector and not all(r.matches(m.label(r.key)) for r in shape.selector):
+    if m.state is not MachineState.UP or not _selects(shape, m):
         return 0
     n = MAX_FIT
     for dim, amount in shape.resources.amounts:
@@ -674,8 +676,7 @@ class GraphManager:
                 arcs.append(Arc(src, ("M", mid), room, into + extra, 0,
                                 ArcKind.INTO_MACHINE))
         placed = self.net.set_arcs(("M", mid), arcs)
-        gate = tuple(m.state is MachineState.UP and all(
-            r.matches(m.label(r.key)) for r in s.selector) for s in order)
+        gate = tuple(m.state is MachineState.UP and _selects(s, m) for s in order)
         me.layout = Layout(order, gate, eligible, placed[::2] if extra is not None else placed,
                            placed[1::2] if extra is not None else None)
         me.share_of, me.share = avail, load.others
@@ -990,9 +991,7 @@ class GraphManager:
 
     @staticmethod
     def _could_fit(s: Shape, m: Machine) -> bool:
-        if s.selector and not all(r.matches(m.label(r.key)) for r in s.selector):
-            return False
-        return all(amount <= 0 or m.capacity.get(dim) + 1e-9 >= amount
+        return _selects(s, m) and all(amount <= 0 or m.capacity.get(dim) + 1e-9 >= amount
                    for dim, amount in s.resources.amounts)
 
     def _task_group_arcs(self, key: NodeKey, mid: str, gk: GroupKey, movable: int) -> None:

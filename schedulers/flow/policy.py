@@ -62,7 +62,7 @@ from schedulers.flow.costs import (
 )
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
-from schedulers.flow.solvers import Solver
+from schedulers.flow.solvers import SolveError, Solver
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
 
@@ -133,7 +133,10 @@ class FlowPolicy(Policy):
         if not isinstance(solver, str) or solver not in SOLVERS:
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
                                   f"{', '.join(sorted(SOLVERS))}, got {solver!r}")
-        self.solver: Solver = SOLVERS[str(solver)]()
+        try:
+            self.solver: Solver = SOLVERS[str(solver)]()
+        except SolveError as e:
+            raise FlowOptionError(f"flow scheduler: option solver: {e}") from None
         # A planner's passes are networks of their own: nothing to start from.
         self._pass_solver = cold(self.solver)
         self.interval = o.number("interval", 1.0, 0.0, 3600.0)

@@ -54,13 +54,17 @@ def _shifted(net: Arrays) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
 class OrToolsSolver:
     name: ClassVar[str] = "ortools"
 
-    def solve(self, net: Arrays) -> Solution:
+    def __init__(self) -> None:
+        # Said when the solver is chosen, not at its first round.
         try:
-            from ortools.graph.python import min_cost_flow
+            import ortools.graph.python.min_cost_flow  # noqa: F401
         except ImportError:
             raise SolveError("solver ortools: OR-Tools is not installed (it is an extra: "
                              "pip install 'omega-cell[ortools]'); the default solver, "
                              "firmament, needs nothing more") from None
+
+    def solve(self, net: Arrays) -> Solution:
+        from ortools.graph.python import min_cost_flow
 
         supply, cap, fixed = _shifted(net)
         mcf = min_cost_flow.SimpleMinCostFlow()
