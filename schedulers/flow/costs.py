@@ -473,38 +473,42 @@ class QuincyCostModel(_MovesTasks):
 
     def _task_prices(self, data: _Data, racks: Racks) -> tuple[list[Preference], int]:
         """Preferences and the cluster arc of a task (or of a job's shared node), each
-        rack's worst machine priced once (both need it)."""
+        rack's worst machine priced once (both need it). (``_price`` written out: this
+        runs for every task that arrives.)"""
         o = self.options
-        worst = {r: self._worst_in_rack(data, r, racks) for r in data.on_rack}
-        if len(data.on_rack) < len(racks.sizes) or not worst:
+        rack_cost, core_cost = o["rack_cost"], o["core_cost"]
+        scale, total = data.scale, data.total
+        on_machine, on_rack = data.on_machine, data.on_rack
+        worst: dict[str, int] = {}
+        for rack, here in on_rack.items():
+            holders = data.holders.get(rack, ())
+            across = core_cost * (total - here)
+            w = -MAX_COST_GUARD
+            for m in holders:
+                w = max(w, round(scale * (rack_cost * (here - on_machine[m]) + across)))
+            if len(holders) < racks.sizes.get(rack, 0):  # a machine holding none
+                w = max(w, round(scale * (rack_cost * (here - 0.0) + across)))
+            worst[rack] = w
+        if len(on_rack) < len(racks.sizes) or not worst:
             cluster = self._cost(data, 0.0, 0.0)
         else:
             cluster = max(worst.values())
         out: list[Preference] = []
-        total = data.total
         if total > 0:
             at_least = o["machine_threshold"] * total
             most = o["max_preferences"]
-            for mid, amount in sorted(data.on_machine.items(), key=lambda x: (-x[1], x[0])):
+            for mid, amount in sorted(on_machine.items(), key=_by_amount):
                 if amount < at_least or len(out) >= most:
                     break
-                out.append(Preference(mid, "", self._cost(data, amount,
-                                                          data.on_rack[racks[mid]])))
+                here = on_rack[racks[mid]]
+                out.append(Preference(mid, "", round(
+                    scale * (rack_cost * (here - amount) + core_cost * (total - here)))))
             at_least = o["rack_threshold"] * total
-            for rack, amount in sorted(data.on_rack.items(), key=lambda x: (-x[1], x[0])):
+            for rack, amount in sorted(on_rack.items(), key=_by_amount):
                 if amount < at_least:
                     break
                 out.append(Preference("", rack, worst[rack]))
         return out, cluster
-
-    def _worst_in_rack(self, data: _Data, rack: str, racks: Racks) -> int:
-        on_rack = data.on_rack.get(rack, 0.0)
-        holders = data.holders.get(rack, ())
-        worst = max((self._cost(data, data.on_machine[m], on_rack) for m in holders),
-                    default=-MAX_COST_GUARD)
-        if len(holders) < racks.sizes.get(rack, 0):
-            worst = max(worst, self._cost(data, 0.0, on_rack))  # a machine holding none
-        return worst
 
     def to_cluster(self, job: Job) -> int:
         # Without the cell's racks: the worst case, every byte across the core (the
@@ -571,6 +575,11 @@ class QuincyCostModel(_MovesTasks):
 
 #: Below any cost a model gives (network.MAX_COST is 2^40).
 MAX_COST_GUARD = 2**50
+
+
+def _by_amount(item: tuple[str, float]) -> tuple[float, str]:
+    """Most data first, then by name."""
+    return -item[1], item[0]
 
 
 @attrs.frozen

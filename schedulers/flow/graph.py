@@ -180,16 +180,32 @@ class MachineEntry:
     tier_key: object = None  # what the machine's sink arcs were made from
     tagged: bool = False  # some allocation has gang or eviction tags: no deltas
     eligible: dict[Shape, bool] = attrs.field(factory=dict)  # could it ever fit here
+    # Whether a shape could fit by capacity and selector, whatever the machine's state
+    # (GraphManager._could_fit): kept while the record keeps them (_same_record).
+    could: dict[Shape, bool] = attrs.field(factory=dict)
     layout: Layout | None = None  # of its arcs in
     share_of: Resources | None = None  # the ``avail`` that ``share`` was worked out for
     share: float = 0.0
     # ``avail`` in the dimensions the fit rule counts, and for which avail and list
     # of dimensions
     avail_row: tuple[Resources | None, list[str] | None, list[float]] = (None, None, [])
+    # The re-offered tasks counted by their resources, kept as they come and go: with a
+    # node per running task a machine has a dozen groups, and the extraction asks what
+    # holds a machine once per placement.
+    shape_counts: dict[Resources, int] = attrs.field(factory=dict)
+    version: int = 0  # changes whenever shape_counts do
+    # used() as last worked out, and for which capacity, avail and version
+    used_of: tuple[Resources | None, Resources | None, int, Resources | None] = (
+        None, None, -1, None)
 
     def add(self, gk: GroupKey, a: Allocation) -> bool:
         """Whether ``a``'s job had no re-offered task here before."""
-        self.groups.setdefault(gk, set()).add(a.task)
+        tids = self.groups.setdefault(gk, set())
+        if a.task not in tids:
+            tids.add(a.task)
+            r = gk.shape.resources
+            self.shape_counts[r] = self.shape_counts.get(r, 0) + 1
+            self.version += 1
         self.where[a.task] = gk
         if gk.own:
             n = self.jobs.get(a.job, 0)
@@ -202,7 +218,16 @@ class MachineEntry:
         now."""
         gk = self.where.pop(tid, None)
         if gk is not None:
-            self.groups[gk].discard(tid)
+            tids = self.groups[gk]
+            if tid in tids:
+                tids.discard(tid)
+                r = gk.shape.resources
+                self.version += 1
+                n = self.shape_counts[r] - 1
+                if n:
+                    self.shape_counts[r] = n
+                else:
+                    del self.shape_counts[r]
             if gk.own:
                 jid = tid.rpartition("/")[0]
                 n = self.jobs[jid] - 1
@@ -216,11 +241,7 @@ class MachineEntry:
     def _by_shape(self) -> dict[Resources, int]:
         """The re-offered tasks counted by their resources (a machine's tasks with
         nodes of their own are one group each, mostly of one shape)."""
-        out: dict[Resources, int] = {}
-        for gk, tids in self.groups.items():
-            r = gk.shape.resources
-            out[r] = out.get(r, 0) + len(tids)
-        return out
+        return self.shape_counts
 
     def free_amounts(self) -> dict[str, float]:
         """What no allocation holds: ``avail`` less the re-offered tasks."""
@@ -231,16 +252,22 @@ class MachineEntry:
         return amounts
 
     def reoffered(self) -> int:
-        return sum(map(len, self.groups.values()))
+        return sum(self.shape_counts.values())
 
     def used(self) -> Resources:
         """What the machine's allocations hold as this entry counts them: the tasks
         outside the network (capacity less ``avail``) and the re-offered ones."""
+        cap, avail, version, used = self.used_of
+        if cap is self.machine.capacity and avail is self.avail and version == self.version:
+            assert used is not None
+            return used
         amounts = dict((self.machine.capacity - self.avail).amounts)
         for r, n in self._by_shape().items():
             for dim, amount in r.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) + amount * n
-        return Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
+        used = Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
+        self.used_of = (self.machine.capacity, self.avail, self.version, used)
+        return used
 
 
 def _same_record(a: Machine, b: Machine) -> bool:
@@ -974,19 +1001,34 @@ class GraphManager:
         """A task node's direct arcs to the machines and racks it prefers: only to
         machines of the cell its shape could ever fit (capacity and selector, whatever
         their state: one that is down has no room, so no flow goes there)."""
-        out: list[Arc] = []
+        return [Arc(src, head, capacity, cost, 0, ArcKind.PREFERENCE)
+                for head, cost in self._preference_targets(e, tc, extra, skip)]
+
+    def _preference_targets(self, e: JobEntry, tc: TaskCosts, extra: int, skip: str = ""
+                            ) -> list[tuple[NodeKey, int]]:
+        """The heads and costs of :meth:`_task_preferences`."""
+        out: list[tuple[NodeKey, int]] = []
         assert self._snap is not None
         machines = self._snap.machines
+        entries = self.machines
+        shape = e.shape
         for p in tc.preferences:
             if p.machine:
-                m = machines.get(p.machine)
-                if m is None or p.machine == skip or not self._could_fit(e.shape, m):
+                if p.machine == skip:
                     continue
-                out.append(Arc(src, ("M", p.machine), capacity, p.cost + extra, 0,
-                               ArcKind.PREFERENCE))
+                me = entries.get(p.machine)
+                if me is not None and me.machine is machines.get(p.machine):
+                    ok = me.could.get(shape)
+                    if ok is None:
+                        ok = me.could[shape] = self._could_fit(shape, me.machine)
+                else:
+                    m = machines.get(p.machine)
+                    ok = m is not None and self._could_fit(shape, m)
+                if not ok:
+                    continue
+                out.append((("M", p.machine), p.cost + extra))
             elif p.rack in self._rack_set and self.model.uses_racks:
-                out.append(Arc(src, ("R", e.shape, p.rack), capacity, p.cost + extra, 0,
-                               ArcKind.PREFERENCE))
+                out.append((("R", shape, p.rack), p.cost + extra))
         return out
 
     @staticmethod
@@ -1083,20 +1125,33 @@ class GraphManager:
         for i in sorted(e.task_nodes - want):
             self.net.drop(("W", jid, i))
             self.net.set_supply(("W", jid, i), 0)
+        u: NodeKey = ("U", jid)
+        cluster: NodeKey = ("E", e.shape)
+        new: list[tuple[NodeKey, NodeKey, list[tuple[NodeKey, int, int, int]]]] = []
         for i in sorted(want):
             tc = e.costs[i]
             assert tc is not None
             w: NodeKey = ("W", jid, i)
-            if not reload and i in e.task_nodes:
-                # Position 0: the unscheduled arc, whose cost grows with the wait.
-                self.net.set_cost(w, 0, self.model.task_unscheduled(job, tc, waited))
+            unscheduled = self.model.task_unscheduled(job, tc, waited)
+            if i in e.task_nodes:
+                if reload:  # the same arcs keep their slots (and last round's flow)
+                    self.net.set_arcs(w, [
+                        Arc(w, u, 1, unscheduled, 0, ArcKind.UNSCHEDULED),
+                        Arc(w, cluster, 1, tc.cluster, 0, ArcKind.TO_CLUSTER),
+                        *self._task_preferences(e, w, tc, 1, 0)])
+                else:
+                    # Position 0: the unscheduled arc, whose cost grows with the wait.
+                    self.net.set_cost(w, 0, unscheduled)
                 continue
-            self.net.set_arcs(w, [
-                Arc(w, ("U", jid), 1, self.model.task_unscheduled(job, tc, waited), 0,
-                    ArcKind.UNSCHEDULED),
-                Arc(w, ("E", e.shape), 1, tc.cluster, 0, ArcKind.TO_CLUSTER),
-                *self._task_preferences(e, w, tc, 1, 0)])
+            # Arcs: unscheduled (position 0), the cluster aggregator, its preferences.
+            new.append((w, w, [
+                (u, 1, unscheduled, ArcKind.UNSCHEDULED),
+                (cluster, 1, tc.cluster, ArcKind.TO_CLUSTER),
+                *((head, 1, cost, ArcKind.PREFERENCE)
+                  for head, cost in self._preference_targets(e, tc, 0))]))
             self.net.set_supply(w, 1)
+        # One write into the network's arrays for all of them.
+        self.net.add_fans(new)
         e.task_nodes = want
 
     # -- what the extraction needs -----------------------------------------------------------

@@ -77,6 +77,9 @@ class FlowNetwork:
         self._kind = np.zeros(n, dtype=np.int8)
         self._live = np.zeros(n, dtype=bool)
         self._free_arcs: list[int] = list(range(n - 1, -1, -1))
+        self._top = 0  # one past the highest slot ever used (free slots go lowest first)
+        self._arcs = 0  # live arcs
+        self._slot_ids = np.zeros(0, dtype=np.int64)  # 0, 1, 2, ...: arrays(compact=False)
         self._owned: dict[Owner, list[int]] = {}
         # Per owner, the (tail, head, kind) of its arcs in order: what decides whether
         # new arcs can take the old ones' slots.
@@ -158,7 +161,7 @@ class FlowNetwork:
                     and -MAX_COST <= a.cost <= MAX_COST):
                 self._check(owner, a)
         structure = tuple([(a.tail, a.head, a.kind) for a in wanted])
-        if self._structure.get(owner) == structure:
+        if self._structure_of(owner) == structure:
             owned = self._owned[owner]
             lower, cap, cost = self._lower, self._cap, self._cost
             for s, a in zip(owned, wanted, strict=True):
@@ -171,6 +174,8 @@ class FlowNetwork:
         while len(free) < len(wanted):
             self._grow()
         slots = [free.pop() for _ in wanted]
+        self._top = max(self._top, max(slots) + 1)
+        self._arcs += len(slots)
         ref = self._ref
         tail, head, lower, cap, cost, kind, live = (
             self._tail, self._head, self._lower, self._cap, self._cost, self._kind, self._live)
@@ -185,6 +190,64 @@ class FlowNetwork:
         self._owned[owner] = slots
         self._structure[owner] = structure
         return slots
+
+    def add_fans(self, fans: Sequence[tuple[Owner, NodeKey,
+                                            Sequence[tuple[NodeKey, int, int, int]]]]
+                 ) -> None:
+        """:meth:`set_arcs` for many owners that have no arcs yet, each owning arcs
+        that all leave one node (``(owner, tail, [(head, capacity, cost, kind), ...])``,
+        lower bounds 0): a job's new task nodes, written into the arrays at once."""
+        heads: list[int] = []
+        caps: list[int] = []
+        costs: list[int] = []
+        kinds: list[int] = []
+        tails: list[int] = []
+        free, ref, refs = self._free_arcs, self._ref, self._node_refs
+        owned = self._owned
+        for owner, tail, arcs in fans:
+            if owner in owned:
+                raise NetworkError(f"{owner} has arcs already")
+            if not arcs:
+                continue
+            for head, cap, cost, kind in arcs:
+                if not (0 <= cap <= MAX_CAPACITY and -MAX_COST <= cost <= MAX_COST):
+                    self._check(owner, Arc(tail, head, cap, cost, 0, kind))
+            while len(free) < len(arcs):
+                self._grow()
+            slots = [free.pop() for _ in arcs]
+            t = ref(tail)
+            refs[t] += len(arcs) - 1
+            tails.extend([t] * len(arcs))
+            for head, cap, cost, kind in arcs:
+                heads.append(ref(head))
+                caps.append(cap)
+                costs.append(cost)
+                kinds.append(kind)
+            owned[owner] = slots
+            # Its structure is read back from the arrays if it is ever set again.
+        if not tails:
+            return
+        at = np.fromiter((s for owner, _, arcs in fans if arcs for s in owned[owner]),
+                         dtype=np.int64, count=len(tails))
+        self._top = max(self._top, int(at.max()) + 1)
+        self._arcs += len(at)
+        self._tail[at] = tails
+        self._head[at] = heads
+        self._lower[at] = 0
+        self._cap[at] = caps
+        self._cost[at] = costs
+        self._kind[at] = kinds
+        self._live[at] = True
+
+    def _structure_of(self, owner: Owner) -> tuple[tuple[NodeKey, NodeKey, int], ...] | None:
+        st = self._structure.get(owner)
+        if st is None:
+            slots = self._owned.get(owner)
+            if slots:
+                keys, tail, head, kind = self._node_keys, self._tail, self._head, self._kind
+                st = tuple([(keys[tail[s]], keys[head[s]], int(kind[s]))
+                            for s in slots])
+        return st
 
     def write(self, slots: npt.NDArray[np.int64], capacity: npt.NDArray[np.int64],
               cost: npt.NDArray[np.int64], lower: npt.NDArray[np.int64] | None = None
@@ -233,6 +296,9 @@ class FlowNetwork:
         self._structure.pop(owner, None)
         for s in self._owned.pop(owner, ()):
             self._live[s] = False
+            # A dead slot carries nothing (arrays(compact=False) hands it on).
+            self._cap[s] = self._lower[s] = 0
+            self._arcs -= 1
             self._unref(int(self._tail[s]))
             self._unref(int(self._head[s]))
             self._free_arcs.append(s)
@@ -273,19 +339,35 @@ class FlowNetwork:
 
     @property
     def arc_count(self) -> int:
-        return sum(len(v) for v in self._owned.values())
+        return self._arcs
 
     @property
     def node_count(self) -> int:
         return len(self._node_index)
 
-    def arrays(self) -> Arrays:
-        """The live arcs that can carry flow (an arc of capacity 0 cannot)."""
-        slots = np.flatnonzero(self._live & (self._cap > 0))
+    def arrays(self, compact: bool = True) -> Arrays:
+        """The live arcs that can carry flow (an arc of capacity 0 cannot). ``compact``
+        False: every slot up to the highest used, each at its own position, dead ones
+        and those of capacity 0 included (they carry nothing): no gathering pass over
+        the arcs, and a solver that keeps state per slot finds it at the same place
+        (``Solver.slot_arrays``)."""
         n = len(self._node_keys)
+        if not compact:
+            # Views, not copies (a copy of a million arcs costs more than the warm
+            # solve): valid until the network next changes.
+            top = self._top
+            return Arrays(n, self._supply[:n].copy(), self._tail[:top], self._head[:top],
+                          self._lower[:top], self._cap[:top], self._cost[:top],
+                          self._kind[:top], self._identity(top))
+        slots = np.flatnonzero(self._live & (self._cap > 0))
         return Arrays(n, self._supply[:n].copy(), self._tail[slots], self._head[slots],
                       self._lower[slots], self._cap[slots], self._cost[slots],
                       self._kind[slots], slots)
+
+    def _identity(self, top: int) -> npt.NDArray[np.int64]:
+        if len(self._slot_ids) < top:
+            self._slot_ids = np.arange(len(self._tail), dtype=np.int64)
+        return self._slot_ids[:top]
 
     def canonical(self) -> tuple[list[tuple[str, int]],
                                  list[tuple[str, str, int, int, int, int]]]:

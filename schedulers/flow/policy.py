@@ -224,7 +224,7 @@ class FlowPolicy(Policy):
         t0 = self.timer()
         full = graph.update(ctx.view.snap, ctx.changes, ctx.now).full
         t1 = self.timer()
-        net = graph.net.arrays()
+        net = graph.net.arrays(compact=not getattr(self.solver, "slot_arrays", False))
         solution = self.solver.solve(net)
         t2 = self.timer()
         stats = getattr(self.solver, "last", None)
@@ -236,7 +236,7 @@ class FlowPolicy(Policy):
             graph.block(jid, mid, ctx.now)
         t3 = self.timer()
         self._unsolved = False
-        self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, len(net.tail),
+        self._record(Round(ctx.now, t1 - t0, t2 - t1, t3 - t2, net.nodes, graph.net.arc_count,
                            ex.placed, ex.migrated, ex.preempted,
                            sum(ex.unscheduled.values()), ex.repaired, ex.stale, full,
                            ex.spilled, algorithm))

@@ -38,6 +38,8 @@ class Solution(NamedTuple):
 
 class Solver(Protocol):
     name: ClassVar[str]
+    #: Takes ``FlowNetwork.arrays(compact=False)``: slots in place, dead ones included.
+    slot_arrays: ClassVar[bool]
 
     def solve(self, net: Arrays) -> Solution: ...
 
@@ -53,6 +55,7 @@ def _shifted(net: Arrays) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
 
 class OrToolsSolver:
     name: ClassVar[str] = "ortools"
+    slot_arrays: ClassVar[bool] = False
 
     def __init__(self) -> None:
         # Said when the solver is chosen, not at its first round.
@@ -86,6 +89,7 @@ class NetworkxSolver:
     """Exact (network simplex over a multigraph) and slow: for tests."""
 
     name: ClassVar[str] = "networkx"
+    slot_arrays: ClassVar[bool] = False
 
     def solve(self, net: Arrays) -> Solution:
         import networkx as nx

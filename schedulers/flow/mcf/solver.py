@@ -129,6 +129,7 @@ class FirmamentSolver:
     """
 
     name: ClassVar[str] = "firmament"
+    slot_arrays: ClassVar[bool] = True
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
                  relax_budget: float = 30.0, alpha: int = 8,
