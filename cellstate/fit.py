@@ -271,17 +271,20 @@ def constraints(
     victims: Sequence[Allocation] = (),
     own_gang: str = "",
     founding: bool = False,
+    calm: bool = False,
 ) -> Misfit | None:
     """Selector, tasks per machine, anti-affinity both ways, affinity (in that order).
     ``own_gang`` is the gang being staged, whose evictions count as done; ``founding``:
-    the claim founds the job's affinity group (see :func:`self_affine`)."""
+    the claim founds the job's affinity group (see :func:`self_affine`); ``calm``: the
+    caller knows that no job in ``jobs`` has an anti-affinity rule (no neighbour can
+    keep this task off, so the machine's jobs need no look)."""
     c = job.constraints
     if c.machine_selector:
         miss = selector(job, m)
         if miss is not None:
             return miss
-    if not (c.max_per_machine or c.anti_affinity or c.affinity) and not (
-        keeps_others_off_machine(jobs, m)
+    if not (c.max_per_machine or c.anti_affinity or c.affinity) and (
+        calm or not keeps_others_off_machine(jobs, m)
     ):
         return None  # nothing on this machine cares (the common case: skip the scan)
     stay = staying(m, gangs, own_gang, victims)
@@ -303,17 +306,18 @@ def misfit(
     own_gang: str = "",
     founding: bool = False,
     used: Resources | None = None,
+    calm: bool = False,
 ) -> Misfit | None:
     """The first rule that keeps one more task of ``job`` off ``m`` once ``victims``
     leave, or None if it may go there. ``jobs`` are the cell's jobs (neighbours' rules
     and labels), ``gangs`` its gang records (which staged holds count); ``founding``:
     the claim founds the job's affinity group (see :func:`self_affine`). ``used``:
     what holds ``m`` (``machine_used``) where the caller keeps count of it already,
-    which spares summing a record's allocations."""
+    which spares summing a record's allocations; ``calm``: as :func:`constraints`."""
     if m.state is not _UP:
         return machine_up(m)
     return (
-        constraints(job, m, gangs, jobs, victims, own_gang, founding)
+        constraints(job, m, gangs, jobs, victims, own_gang, founding, calm)
         or resources(job.task_resources, m,
                      machine_used(m, gangs, own_gang) if used is None else used,
                      sum_resources(v.resources for v in victims) if victims else _NOTHING)

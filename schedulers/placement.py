@@ -26,14 +26,23 @@ from schedulers.api import CellView
 
 def why_not(view: CellView, job: Job, m: Machine,
             victims: Sequence[Allocation] = (), founding: bool = False,
-            used: Resources | None = None) -> Misfit | None:
+            used: Resources | None = None, calm: bool = False) -> Misfit | None:
     """The first fit rule that keeps one more task of ``job`` off ``m`` now, once
     ``victims`` (allocations on ``m``) leave; None if it may go there. ``founding``:
     the claim is the first of a plan claiming every task of an affinity group
     (:func:`founds_group`), which meets the group's affinity anywhere. ``used``: what
     holds ``m`` as the view shows it, where the policy keeps that count itself
-    (``fit.misfit``)."""
-    return fit.misfit(job, m, view.gangs, view.jobs, victims, founding=founding, used=used)
+    (``fit.misfit``). ``calm``: no job in the view has an anti-affinity rule
+    (:func:`calm`)."""
+    return fit.misfit(job, m, view.gangs, view.jobs, victims, founding=founding, used=used,
+                      calm=calm)
+
+
+def calm(view: CellView) -> bool:
+    """Whether no job in the view has an anti-affinity rule, so that no neighbour can
+    keep a task off a machine (a policy placing many tasks asks once, then passes it to
+    :func:`why_not`)."""
+    return not any(j.constraints.anti_affinity for j in view.jobs.values())
 
 
 def can_host(view: CellView, job: Job, m: Machine,

@@ -33,7 +33,7 @@ from cellstate.model import (
 from cellstate.validation import validate
 from schedulers.api import CellView, Context, Policy
 from schedulers.batch import BatchPolicy
-from schedulers.placement import can_host, why_not
+from schedulers.placement import calm, can_host, why_not
 from schedulers.runtime import RuntimeConfig
 from schedulers.service import ServicePolicy
 from schedulers.testing import Harness, job, machine
@@ -295,6 +295,8 @@ def test_validation_and_policies_agree(scene: Scene) -> None:
     d = validate(snap, Transaction("batch", (Claim("j", 7, "m1", evict=tuple(victims)),)))
     assert can_host(view, the_job, m, leaving) == (d.rejected == ())
     miss = why_not(view, the_job, m, leaving)
+    # A caller that asked once whether any job keeps others off gets the same answer.
+    assert why_not(view, the_job, m, leaving, calm=calm(view)) == miss
     if miss is not None:
         (r,) = d.rejected
         assert (r.reason, r.detail, r.dimension) == (miss.reason, miss.detail, miss.dimension)

@@ -282,6 +282,22 @@ def test_the_repair_step_keeps_a_jobs_tasks_per_machine_rule() -> None:
     assert "m0" in ex.why["spread"]
 
 
+def test_the_repair_step_keeps_a_neighbours_anti_affinity_rule() -> None:
+    """The extraction skips reading machines' jobs only when no job in the cell has an
+    anti-affinity rule (``placement.calm``): here one has, on the only machine."""
+    store = make_cell(MemoryKV(), [machine("m0", cpu=8)],
+                      [JobBuilder("quiet").tasks(1).scheduler(OTHER).away_from("app", "noisy")
+                       .build(),
+                       JobBuilder("noisy").tasks(1).scheduler(FLOW).label("app", "noisy")
+                       .build()])
+    seq = store.read_snapshot().machines["m0"].seq
+    assert store.commit(Transaction(OTHER, (Claim("quiet", 0, "m0", seq),))).ok
+    snap, gm, net, flow, ex = _solve(store, "trivial")
+    check_exact(snap, gm, net, flow, ex, None)
+    assert ex.claims == [] and ex.repaired == 1 and ex.unscheduled == {"noisy": 1}
+    assert "anti-affinity" in ex.why["noisy"]
+
+
 # -- stale drops -------------------------------------------------------------------------
 
 

@@ -45,7 +45,7 @@ from cellstate.model import (
 from schedulers.api import CellView
 from schedulers.flow.graph import ArcKind, GraphManager
 from schedulers.flow.network import Arrays, NodeKey
-from schedulers.placement import founds_group, why_not
+from schedulers.placement import calm, founds_group, why_not
 
 _LAYER = np.zeros(max(ArcKind) + 1, dtype=np.int8)
 _LAYER[ArcKind.TO_RACK] = 1
@@ -274,6 +274,9 @@ class _Used:
         self._view = view
         self._used: dict[str, Resources] = {}
         self._off: set[str] = set()  # machines counted the usual way (fit.misfit)
+        # No job with an anti-affinity rule: the fit rules need not read each
+        # machine's jobs (asked once for the whole extraction).
+        self.calm = calm(view)
 
     def of(self, m: Machine) -> Resources | None:
         mid = m.id
@@ -319,7 +322,7 @@ def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, in
     # The first claim of an affinity group the view has none of founds it (the store's
     # rule); without it the repair step would refuse what the store accepts.
     founding = founds_group(view, job)
-    miss = why_not(view, job, m, founding=founding, used=used.of(m))
+    miss = why_not(view, job, m, founding=founding, used=used.of(m), calm=used.calm)
     chosen: list[Allocation] = []
     if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0 and evict:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
@@ -327,7 +330,7 @@ def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, in
             if v.precedence >= job.precedence:
                 continue
             chosen.append(v)
-            miss = why_not(view, job, m, chosen, founding)
+            miss = why_not(view, job, m, chosen, founding, calm=used.calm)
             if miss is None:
                 break
     if miss is not None:

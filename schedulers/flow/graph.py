@@ -194,9 +194,10 @@ class MachineEntry:
     # holds a machine once per placement.
     shape_counts: dict[Resources, int] = attrs.field(factory=dict)
     version: int = 0  # changes whenever shape_counts do
-    # used() as last worked out, and for which capacity, avail and version
-    used_of: tuple[Resources | None, Resources | None, int, Resources | None] = (
-        None, None, -1, None)
+    # used() as last worked out, for which avail and version; capacity less avail, for
+    # which avail (the entry's record keeps its capacity: _same_record)
+    used_of: tuple[Resources | None, int, Resources | None] = (None, -1, None)
+    outside_of: tuple[Resources | None, Resources | None] = (None, None)
 
     def add(self, gk: GroupKey, a: Allocation) -> bool:
         """Whether ``a``'s job had no re-offered task here before."""
@@ -257,16 +258,20 @@ class MachineEntry:
     def used(self) -> Resources:
         """What the machine's allocations hold as this entry counts them: the tasks
         outside the network (capacity less ``avail``) and the re-offered ones."""
-        cap, avail, version, used = self.used_of
-        if cap is self.machine.capacity and avail is self.avail and version == self.version:
+        avail, version, used = self.used_of
+        if avail is self.avail and version == self.version:
             assert used is not None
             return used
-        amounts = dict((self.machine.capacity - self.avail).amounts)
+        avail, outside = self.outside_of
+        if avail is not self.avail or outside is None:
+            outside = self.machine.capacity - self.avail
+            self.outside_of = (self.avail, outside)
+        amounts = dict(outside.amounts)
         for r, n in self._by_shape().items():
             for dim, amount in r.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) + amount * n
         used = Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
-        self.used_of = (self.machine.capacity, self.avail, self.version, used)
+        self.used_of = (self.avail, self.version, used)
         return used
 
 

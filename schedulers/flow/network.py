@@ -197,7 +197,7 @@ class FlowNetwork:
         """:meth:`set_arcs` for many owners that have no arcs yet, each owning arcs
         that all leave one node (``(owner, tail, [(head, capacity, cost, kind), ...])``,
         lower bounds 0): a job's new task nodes, written into the arrays at once."""
-        heads: list[int] = []
+        heads: list[NodeKey] = []
         caps: list[int] = []
         costs: list[int] = []
         kinds: list[int] = []
@@ -219,7 +219,7 @@ class FlowNetwork:
             refs[t] += len(arcs) - 1
             tails.extend([t] * len(arcs))
             for head, cap, cost, kind in arcs:
-                heads.append(ref(head))
+                heads.append(head)
                 caps.append(cap)
                 costs.append(cost)
                 kinds.append(kind)
@@ -227,12 +227,20 @@ class FlowNetwork:
             # Its structure is read back from the arrays if it is ever set again.
         if not tails:
             return
+        # Each head once: a job's tasks share their aggregators.
+        index: dict[NodeKey, int] = {}
+        for head in heads:
+            index[head] = index.get(head, 0) + 1
+        for head, k in index.items():
+            i = ref(head)
+            refs[i] += k - 1
+            index[head] = i
         at = np.fromiter((s for owner, _, arcs in fans if arcs for s in owned[owner]),
                          dtype=np.int64, count=len(tails))
         self._top = max(self._top, int(at.max()) + 1)
         self._arcs += len(at)
         self._tail[at] = tails
-        self._head[at] = heads
+        self._head[at] = [index[h] for h in heads]
         self._lower[at] = 0
         self._cap[at] = caps
         self._cost[at] = costs
