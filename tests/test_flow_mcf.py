@@ -469,3 +469,25 @@ def test_full_cell_resolved_warm_matches_ortools_and_is_deterministic(seed: int)
         cell.arrive(15)
     assert all(s.last is not None and s.last.warm for s in solvers.values())
     assert any(paths), "relaxation never handed over: the case is not exercised"
+
+
+def test_auto_hands_a_warm_round_over_past_its_warm_budget() -> None:
+    """``warm_budget`` bounds relaxation on warm starts only: with none, every warm
+    round with work is finished by cost scaling (same optimum), while the cold round
+    keeps ``relax_budget``."""
+    cell = FullCell(np.random.default_rng(4), machines=12, slots=4)
+    cell.arrive(30)
+    stingy = FirmamentSolver("auto", warm_budget=0.0)
+    handed = []
+    for r in range(3):
+        net = cell.arrays()
+        want = OrToolsSolver().solve(net)
+        got = stingy.solve(net)
+        check_flow(net, got)
+        assert got.cost == want.cost
+        assert stingy.last is not None
+        assert stingy.last.fallback == (r > 0 and stingy.last.repaired > 0), stingy.last
+        handed.append(stingy.last.fallback)
+        cell.advance(want.flow, net)
+        cell.arrive(15)
+    assert handed == [False, True, True]

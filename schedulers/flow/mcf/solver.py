@@ -32,7 +32,9 @@ How the two are combined (``algorithm``):
   first to finish sets a shared abort flag that the other checks every few thousand
   arcs. Firmament does this (§6.1).
 * ``"auto"`` (default): relaxation with a work budget of ``relax_budget`` times
-  (nodes + arcs) arc scans, and (warm) of ``big_trees`` trees that each cost over
+  (nodes + arcs) arc scans (``warm_budget`` on a warm start: a usual warm round
+  needs under a fifth of one, and where it needs more a warm cost scaling finishes
+  in about one pass's time), and (warm) of ``big_trees`` trees that each cost over
   ``big_tree`` times (nodes + arcs); past either, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
   start like any other). This avoids relaxation's bad cases (contention: §4.3,
@@ -115,7 +117,8 @@ class FirmamentSolver:
 
     ``algorithm``: "auto", "race", "relax" or "cost-scaling". ``warm``: keep the
     state between calls (False: every call is from scratch). ``relax_budget``: in
-    "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over;
+    "auto", relaxation's arc scans per (nodes + arcs) before cost scaling takes over
+    (``warm_budget`` when warm-started);
     ``big_tree``, ``big_trees``: warm, it also hands over after ``big_trees`` trees
     that cost ``big_tree`` times (nodes + arcs) arc scans or more each (a full
     cluster).
@@ -132,7 +135,7 @@ class FirmamentSolver:
     slot_arrays: ClassVar[bool] = True
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
-                 relax_budget: float = 30.0, alpha: int = 8,
+                 relax_budget: float = 30.0, warm_budget: float = 4.0, alpha: int = 8,
                  warm_phases: int = 20, global_update: float = 0.3,
                  big_tree: float = 0.125, big_trees: int = 4) -> None:
         if algorithm not in ALGORITHMS:
@@ -142,6 +145,7 @@ class FirmamentSolver:
         self.algorithm: Algorithm = algorithm
         self.warm = warm
         self.relax_budget = relax_budget
+        self.warm_budget = warm_budget
         self.alpha = alpha
         self.warm_phases = warm_phases
         self.global_update = global_update
@@ -219,7 +223,7 @@ class FirmamentSolver:
         elif algorithm == "auto":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
                              scratch=b.i64("relax", 7 * n))
-            budget = int(self.relax_budget * (n + m))
+            budget = int((self.warm_budget if warm else self.relax_budget) * (n + m))
             # The big-tree rule is for warm rounds: from scratch, the first trees of
             # a full cluster span it before prices settle, and relaxation is still
             # the faster finish (Fig. 7).
