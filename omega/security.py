@@ -169,7 +169,7 @@ class CellCredentials:
     def limit(self, pools: Mapping[str, Mapping[str, float]]) -> None:
         """Give schedulers resource limits in the servers' configuration (servers
         started afterwards read it)."""
-        self.server_config.write_text(limits_toml(self.schedulers, pools))
+        self.server_config.write_text(limits_toml(self.schedulers, pools) + submitters_toml())
 
     @property
     def etcd_server(self) -> TlsFiles:
@@ -210,11 +210,13 @@ class CellCredentials:
         import tomllib
 
         text = config.read_text()
-        listed = tomllib.loads(text).get("limits", {})
+        doc = tomllib.loads(text)
+        listed = doc.get("limits", {})
         missing = [n for n in sorted(self.schedulers) if n not in listed]
         out = self.server_config.with_name(f"server-{config.stem}.toml")
         out.write_text(text + ("\n" if text and not text.endswith("\n") else "")
-                       + "".join(f"[limits.{n}]\n" for n in missing))
+                       + "".join(f"[limits.{n}]\n" for n in missing)
+                       + ("" if "submitters" in doc.get("auth", {}) else submitters_toml()))
         return out
 
 
@@ -235,6 +237,15 @@ def limits_toml(schedulers: Sequence[str], pools: Mapping[str, Mapping[str, floa
             amounts = ", ".join(f"{d} = {a:g}" for d, a in sorted(pool.items()))
             out.append(f"max_resources = {{ {amounts} }}\n")
     return "".join(out)
+
+
+def submitters_toml() -> str:
+    """The servers' ``[auth.submitters]`` table of a local cell: the workload generator
+    (``submitter:workload``) may name its jobs' owners (a submitter names only itself
+    unless listed)."""
+    from omega.workload import OWNERS
+
+    return "[auth.submitters]\nworkload = [" + ", ".join(f'"{o}"' for o in OWNERS) + "]\n"
 
 
 def insecure_argv(args: Sequence[str]) -> list[str]:

@@ -7,8 +7,9 @@ its CA signed, so a name cannot be claimed without the CA's key):
 * ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job,
   and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
-* ``submitter:NAME``: submits jobs for any owner, dated as it says (a workload generator
-  or a trace replay), at precedences a user may ask for; nothing else.
+* ``submitter:NAME``: submits jobs, dated as it says (a workload generator or a trace
+  replay), at precedences a user may ask for, for the owners the server's
+  ``[auth.submitters]`` table allows it (by default only itself); nothing else.
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
   registers its instances, commits claims for jobs that name it, reports why they
   wait, abandons and resizes them (killing is their owner's).
@@ -107,6 +108,14 @@ class AuthPolicy:
 
     enabled: bool = False
     user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
+    # submitter name -> the owners its jobs may name besides itself ("*": any). An
+    # agent runs a job's command for the owners it allows (--allow-command-from), so
+    # naming an owner is acting as that owner: by default a submitter names only itself.
+    submitter_owners: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def owners_of(self, submitter: str) -> tuple[str, ...]:
+        """The owners ``submitter``'s jobs may name: itself and those listed for it."""
+        return (submitter, *dict(self.submitter_owners).get(submitter, ()))
 
 
 def identify(context: grpc.ServicerContext, policy: AuthPolicy) -> Identity:
@@ -148,9 +157,11 @@ class Authorizer:
     # -- jobs ------------------------------------------------------------------------
 
     def with_owner(self, context: grpc.ServicerContext, doc: object) -> object:
-        """A job spec without an owner, submitted by a user, is the user's."""
+        """A job spec without an owner, submitted by a user or a submitter, is the
+        caller's."""
         who = self.caller(context)
-        if who.kind is Kind.USER and isinstance(doc, dict) and "owner" not in doc:
+        if (who.kind in (Kind.USER, Kind.SUBMITTER) and isinstance(doc, dict)
+                and "owner" not in doc):
             return {**doc, "owner": who.name}
         return doc
 
@@ -160,10 +171,8 @@ class Authorizer:
             return
         self._only(who, (Kind.USER, Kind.OPERATOR, Kind.SUBMITTER), f"submit job {job.id}")
         limits = self._known_scheduler(who, job.scheduler, f"submit job {job.id}")
-        if who.kind is Kind.SUBMITTER and job.precedence > self.policy.user_max_precedence:
-            raise PermissionDenied(
-                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
-                f"submitters' jobs go up to {self.policy.user_max_precedence}, as users' do")
+        if who.kind is Kind.SUBMITTER:
+            self._submitter_rules(who, job)
         if who.kind is Kind.USER:
             if job.owner != who.name:
                 raise PermissionDenied(
@@ -182,6 +191,18 @@ class Authorizer:
             raise PermissionDenied(
                 f"{who} may not submit job {job.id} at precedence {job.precedence}: "
                 f"scheduler {job.scheduler!r}'s jobs go up to {limits}")
+
+    def _submitter_rules(self, who: Identity, job: Job) -> None:
+        if job.precedence > self.policy.user_max_precedence:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
+                f"submitters' jobs go up to {self.policy.user_max_precedence}, as users' do")
+        owners = self.policy.owners_of(who.name)
+        if job.owner not in owners and "*" not in owners:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} for owner {job.owner!r}: it may name "
+                f"only {', '.join(repr(o) for o in owners)} ([auth.submitters] in the "
+                "server's config lists the owners a submitter may name)")
 
     def _known_scheduler(self, who: Identity, scheduler: str, what: str) -> int | None:
         """The scheduler's max_precedence (None: no cap); refused if the cell's config

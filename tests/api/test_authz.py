@@ -107,7 +107,9 @@ def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
     the identities allowed to."""
     ca = DevCA(tmp_path / "certs")
     tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
-    config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls)
+    # submitter:workload may submit for bob only (a submitter not listed: itself only).
+    config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls,
+                          submitter_owners=(("workload", ("bob",)),))
     server = CellStateServer(etcd_kv, config)
     server.start()
     c = Cell(server, etcd_kv, ca)
@@ -159,6 +161,7 @@ OPERATIONS: dict[str, Call] = {
     "list machines": lambda c, w: c.call(w, "ListMachines", pb.ListMachinesRequest()),
     "sync": lambda c, w: next(iter(c.call(w, "Sync", pb.SyncRequest(start_revision=0)))),
     "submit as alice": lambda c, w: c.call(w, "SubmitJob", _job("jn", "alice")),
+    "submit as bob": lambda c, w: c.call(w, "SubmitJob", _job("jn", "bob")),
     "submit, no owner": lambda c, w: c.call(w, "SubmitJob", pb.SubmitJobRequest(
         spec_json=orjson.dumps({"id": "jn", "scheduler": "batch", "task_count": 1,
                                 "task_resources": {"cpu": 1}}))),
@@ -240,7 +243,10 @@ ALLOWED: dict[str, set[str]] = {
     "get a job": set(IDENTITIES),
     "list machines": set(IDENTITIES),
     "sync": set(IDENTITIES),
-    "submit as alice": {"operator:root", "user:alice", "submitter:workload"},
+    # A submitter names only the owners the server's [auth.submitters] lists for it:
+    # agents run a job's command for its owner, so naming one is acting as it.
+    "submit as alice": {"operator:root", "user:alice"},
+    "submit as bob": {"operator:root", "user:bob", "submitter:workload"},
     "submit, no owner": {"operator:root", "user:alice", "user:bob", "submitter:workload"},
     "submit precedence 500 (service)": {"operator:root"},
     "submit precedence 60 (batch caps 50)": set(),
