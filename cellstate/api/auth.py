@@ -343,12 +343,15 @@ class Authorizer:
     # -- agents ----------------------------------------------------------------------
 
     def register_agent(self, context: grpc.ServicerContext, agent: str,
-                       machines: Sequence[Machine]) -> None:
+                       machines: Sequence[Machine]) -> bool:
         """Only ``agent:<agent>`` registers as ``agent``, and not with a machine another
-        agent registered (an operator moves machines between agents)."""
+        agent registered (an operator moves machines between agents). Returns whether
+        the caller is the agent itself, not an operator: the store then lets it
+        register only new machines and its own unchanged (machines an operator added,
+        capacities and topology are an operator's), on what etcd holds."""
         who = self.caller(context)
         if who is INSECURE or who.kind is Kind.OPERATOR:
-            return
+            return False
         if who != Identity(Kind.AGENT, agent):
             raise PermissionDenied(f"{who} may not register as agent {agent!r}: only "
                                    f"agent:{agent} may")
@@ -358,6 +361,7 @@ class Authorizer:
             if old is not None and old.agent and old.agent != agent:
                 raise PermissionDenied(f"{who} may not register machine {m.id}: it belongs "
                                        f"to agent {old.agent!r}")
+        return True
 
     def report_task(self, context: grpc.ServicerContext, agent: str, task: str,
                     machine: str) -> str:

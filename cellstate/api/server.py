@@ -42,7 +42,7 @@ from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.decisions import MACHINE_ACTIONS
-from cellstate.errors import ReplicaBehindError
+from cellstate.errors import NotPermittedError, ReplicaBehindError
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -124,7 +124,7 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
 # The store's and model's errors, most specific first, and the status each becomes.
 _STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    ((PermissionDenied, NotPermittedError), grpc.StatusCode.PERMISSION_DENIED),
     ((convert.WireError, ModelError, TransactionError), grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
@@ -678,10 +678,10 @@ class CellStateService(pb_grpc.CellStateServicer):
         ]
         if not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
-        self.auth.register_agent(context, request.agent, machines)
+        as_agent = self.auth.register_agent(context, request.agent, machines)
         with self.stores.get() as store:
             lease, revision = store.register_agent(request.agent, machines, request.ttl,
-                                                   self.clock())
+                                                   self.clock(), as_agent=as_agent)
         return pb.RegisterAgentResponse(lease=lease, revision=revision)
 
     @rpc

@@ -25,6 +25,7 @@ from cellstate.api.server import CellStateServer
 from cellstate.api.tls import TlsFiles, channel_credentials
 from cellstate.kv.etcd import EtcdKV
 from cellstate.model import CellConfig, Claim, SchedulerLimits, Transaction
+from cellstate.store import CellStore
 from omega.certs import DevCA
 from schedulers.testing import machine
 
@@ -87,9 +88,11 @@ def _job(id_: str, owner: str, scheduler: str = "batch", precedence: int = 1,
         "task_resources": {"cpu": 1, "mem": 1}, "precedence": precedence, "duration": 60}))
 
 
-def _register(agent: str, *machines: str) -> pb.RegisterAgentRequest:
+def _register(agent: str, *machines: str, cpu: float = 8, rack: str = "",
+              ) -> pb.RegisterAgentRequest:
     return pb.RegisterAgentRequest(agent=agent, ttl=3600, machines_json=[
-        orjson.dumps(codec.machine_to_doc(attrs.evolve(machine(m, cpu=8), agent=agent)))
+        orjson.dumps(codec.machine_to_doc(attrs.evolve(machine(m, cpu=cpu), agent=agent,
+                                                       rack=rack)))
         for m in machines])
 
 
@@ -100,7 +103,7 @@ def _commit(scheduler: str, job: str, index: int, mid: str) -> pb.CommitRequest:
 
 @pytest.fixture
 def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
-    """Machines m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
+    """Machines m0 (an operator's: no agent), m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
     on m1), jb (bob's), jdone (alice's, finished), jsvc (alice's, for the service
     scheduler), jk (alice's, killed), jab (alice's, abandoned by batch with a task
     running on m1); the instances batch/i0 and service/i0. All made through the API by
@@ -114,6 +117,9 @@ def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
     server.start()
     c = Cell(server, etcd_kv, ca)
     try:
+        # An operator with etcd access adds a machine no agent runs (the API has no call
+        # for it: it is not leased, so it never goes down).
+        CellStore(etcd_kv, config.cell).add_machine(machine("m0", cpu=8))
         c.call("agent:agent-0", "RegisterAgent", _register("agent-0", "m1"))
         c.call("agent:agent-1", "RegisterAgent", _register("agent-1", "m2"))
         for req, who in ((_job("ja", "alice"), "user:alice"), (_job("jb", "bob"), "user:bob"),
@@ -221,6 +227,16 @@ OPERATIONS: dict[str, Call] = {
                                                        _register("agent-0", "m1")),
     "register as agent-1 with m1": lambda c, w: c.call(w, "RegisterAgent",
                                                        _register("agent-1", "m1")),
+    "register as agent-0 with m1 at 1e6 cpus": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", cpu=1e6)),
+    "register as agent-0 with m1 in another rack": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", rack="r-evil")),
+    "register as agent-0 with m0 (an operator's)": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m0")),
+    "register as agent-0 with m1 and m0": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", "m0")),
+    "register as agent-0 with a new machine": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", "m9")),
     "report ja/0 (on m1) finished": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
         task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m1")),
     "report ja/0 (on m1) naming m2": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
@@ -278,6 +294,13 @@ ALLOWED: dict[str, set[str]] = {
                            "scheduler:evil", "agent:agent-0", "agent:agent-1"},
     "register as agent-0 with m1": {"operator:root", "agent:agent-0"},
     "register as agent-1 with m1": set(),
+    # A machine's capacity and topology, and machines an operator added, are an
+    # operator's: an agent registers new machines and its own as recorded.
+    "register as agent-0 with m1 at 1e6 cpus": {"operator:root"},
+    "register as agent-0 with m1 in another rack": {"operator:root"},
+    "register as agent-0 with m0 (an operator's)": {"operator:root"},
+    "register as agent-0 with m1 and m0": {"operator:root"},
+    "register as agent-0 with a new machine": {"operator:root", "agent:agent-0"},
     "report ja/0 (on m1) finished": {"operator:root", "agent:agent-0"},
     # agent-1's own machine named, but the task is on agent-0's: refused.
     "report ja/0 (on m1) naming m2": set(),
