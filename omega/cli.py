@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--keep", action="store_true",
                     help="issue only certificates that do not exist yet (a restart of "
                          "compose's certs service rotates nothing)")
+    cs.add_argument("--revoke", action="store_true",
+                    help="revoke the current certificates of the identities given instead "
+                         "of issuing (DIR/crl.pem; servers with [auth] crl refuse them)")
     cs.add_argument("--ca-key", metavar="FILE",
                     help="the CA's private key (default DIR/ca.key): elsewhere, DIR can be "
                          "given to every process without the key that signs for all")
@@ -823,6 +826,15 @@ def _certs(args: argparse.Namespace) -> int:
            cell_identities(sorted(Registry.from_entry_points().names()), args.agents))
     hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
     ca = DevCA(Path(args.dir), Path(args.ca_key) if args.ca_key else None)
+    if args.revoke:
+        if not args.identities:
+            raise ValueError("--revoke: name the identities (KIND:NAME) to revoke")
+        for identity in who:
+            print(f"{identity}: certificate {ca.revoke(identity):x} revoked "
+                  f"({ca.crl_path})")
+        return 0
+    if not ca.crl_path.exists():
+        ca.write_crl()  # an empty list, for servers to be pointed at from the start
     for identity in who:
         files = ca.files(identity)
         if not (args.keep and files.cert.exists() and files.key.exists()):

@@ -118,30 +118,45 @@ class AuthPolicy:
         return (submitter, *dict(self.submitter_owners).get(submitter, ()))
 
 
-def identify(context: grpc.ServicerContext, policy: AuthPolicy) -> Identity:
-    """The caller's identity, from the common name of its verified client certificate."""
+def identify(context: grpc.ServicerContext, policy: AuthPolicy,
+             revoked: Callable[[bytes], int | None] | None = None) -> Identity:
+    """The caller's identity, from the common name of its verified client certificate;
+    ``revoked`` tells a revoked certificate's serial (cellstate/api/revocation.py)."""
     if not policy.enabled:
         return INSECURE
-    names = context.auth_context().get("x509_common_name") or []
+    auth = context.auth_context()
+    names = auth.get("x509_common_name") or []
     if not names:
         raise Unauthenticated("no client certificate: this server takes calls over mutual "
                               "TLS only (`omega certs` makes certificates)")
     text = names[0].decode(errors="replace")
     try:
-        return parse_identity(text, "client certificate common name")
+        who = parse_identity(text, "client certificate common name")
     except ModelError as e:
         raise Unauthenticated(f"{e}; no omega identity, so no rights") from None
+    if revoked is not None:
+        pem = (auth.get("x509_pem_cert") or [b""])[0]
+        if not pem:
+            raise Unauthenticated(f"{who}: the server cannot read the client certificate "
+                                  "to check it against the revocation list")
+        serial = revoked(pem)
+        if serial is not None:
+            raise Unauthenticated(f"the certificate of {who} (serial {serial:x}) is revoked: "
+                                  "the cell's certificate revocation list names it")
+    return who
 
 
 class Authorizer:
     """The matrix, over the server's synced copy of the cell (``snapshot``)."""
 
-    def __init__(self, policy: AuthPolicy, snapshot: Callable[[], CellSnapshot]) -> None:
+    def __init__(self, policy: AuthPolicy, snapshot: Callable[[], CellSnapshot],
+                 revoked: Callable[[bytes], int | None] | None = None) -> None:
         self.policy = policy
         self._snapshot = snapshot
+        self._revoked = revoked
 
     def caller(self, context: grpc.ServicerContext) -> Identity:
-        return identify(context, self.policy)
+        return identify(context, self.policy, self._revoked)
 
     def _only(self, who: Identity, kinds: Sequence[Kind], what: str) -> None:
         if who.kind not in kinds:

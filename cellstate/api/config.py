@@ -110,6 +110,8 @@ class ServerConfig:
     etcd_access: EtcdAccess = attrs.field(factory=EtcdAccess)
     # [auth.submitters]: submitter -> the owners it may name (AuthPolicy).
     submitter_owners: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # [auth] crl: the cell's certificate revocation list (cellstate/api/revocation.py).
+    crl: Path | None = None
 
     @property
     def auth(self) -> AuthPolicy:
@@ -140,7 +142,7 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     tables as in the cell config (``max_precedence``, ``max_resources``; with TLS, the
     schedulers listed are the cell's only ones), a ``[tls]`` table (``ca``, ``cert``,
     ``key``) and an ``[auth]`` table (``user_max_precedence``, and ``[auth.submitters]``: the
-    owners each submitter may name)."""
+    owners each submitter may name; ``crl``, the cell's certificate revocation list)."""
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
@@ -184,12 +186,17 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
             raise ConfigError(f"auth.user_max_precedence: {user_max} is not between 0 and "
                               f"{codec.MAX_PRECEDENCE}")
         submitters = _submitters(auth.get("submitters", dict, {}))
+        crl_text = auth.get("crl", str, None)
+        crl = None
+        if crl_text:
+            crl = Path(crl_text)
+            crl = base / crl if base is not None and not crl.is_absolute() else crl
         auth.no_unknown()
         top.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
-                        float(grace), tls, user_max, etcd_access, submitters)
+                        float(grace), tls, user_max, etcd_access, submitters, crl)
 
 
 def _submitters(doc: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -38,11 +38,12 @@ from cellstate.api.auth import (
 from cellstate.api.config import ServerConfig
 from cellstate.api.metrics import ServerMetrics
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
+from cellstate.api.revocation import Revocations
 from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.decisions import MACHINE_ACTIONS
-from cellstate.errors import NotPermittedError, ReplicaBehindError
+from cellstate.errors import ConfigError, NotPermittedError, ReplicaBehindError
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -66,12 +67,14 @@ from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
     MAX_DETAIL,
     RELEASE_OUTCOMES,
+    CellConfig,
     InstanceRecord,
     Job,
     JobState,
     JobStatus,
     MachineState,
     ModelError,
+    SchedulerLimits,
     TaskResult,
     TaskState,
     check_name,
@@ -189,7 +192,11 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
-        self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
+        # Revoked certificates are refused on every call (cellstate/api/revocation.py).
+        self.revocations = (Revocations(config.crl, config.tls.ca)
+                            if config.crl is not None and config.tls is not None else None)
+        self.auth = Authorizer(config.auth, replica.snapshot,  # cellstate/api/auth.py
+                               self.revocations.revoked if self.revocations else None)
         self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
         # The newest revision a user's write through this service made (jobs, machine
         # states): status reads show it. Schedulers' commits and agents' reports, many a
@@ -704,6 +711,29 @@ class CellStateService(pb_grpc.CellStateServicer):
         return pb.ReportTaskResponse(revision=revision)
 
 
+def limits_difference(cell: Mapping[str, SchedulerLimits],
+                      mine: Mapping[str, SchedulerLimits]) -> str:
+    """How a configuration's limits (``mine``) differ from the cell's, in words
+    ("" if they do not)."""
+    out = []
+    for name in sorted(set(cell) | set(mine)):
+        have, want = cell.get(name), mine.get(name)
+        if have == want:
+            continue
+        if have is None:
+            out.append(f"{name}: not one of the cell's schedulers, listed here")
+        elif want is None:
+            out.append(f"{name}: one of the cell's schedulers, not listed here")
+        else:
+            out.append(f"{name}: the cell's {_limits_text(have)}, here {_limits_text(want)}")
+    return "; ".join(out)
+
+
+def _limits_text(lim: SchedulerLimits) -> str:
+    doc = {k: v for k, v in codec.limits_to_doc(lim).items() if v is not None}
+    return orjson.dumps(doc).decode() if doc else "no limits"
+
+
 def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
     for name in ("started_at", "ended_at"):
         value = getattr(request, name)
@@ -828,7 +858,7 @@ class CellStateServer:
         port it listens on."""
         with self.service.stores.get() as store:
             if self.config.limits is not None:
-                store.set_config(self.config.limits)
+                self._check_limits(store.seed_config(self.config.limits))
             settled = store.recover()
             if settled:
                 log.info("settled %d gang(s) left by crashed committers", len(settled))
@@ -852,6 +882,26 @@ class CellStateServer:
         log.info("cellstate %s serving cell %s at revision %d", self.config.name,
                  self.config.cell, self.replica.revision)
         return self.port
+
+    def _check_limits(self, cell: CellConfig | None) -> None:
+        """The cell's limits live in etcd, changed by operators (``omega limits``); a
+        server's start-up file only seeds a cell that has none. A file that says
+        otherwise than the cell is refused rather than written: the last server to
+        start would otherwise decide every scheduler's limits (one without the table
+        would lift them all)."""
+        assert self.config.limits is not None
+        if cell is None:
+            log.info("cell %s: its limits are this server's configuration's (a new cell)",
+                     self.config.cell)
+            return
+        diff = limits_difference(cell.limits, self.config.limits.limits)
+        if diff:
+            raise ConfigError(
+                f"cell {self.config.cell}: the server's configuration disagrees with the "
+                f"cell's limits in etcd ({diff}); not started, and the cell's limits are "
+                "unchanged. The cell's limits are changed with `omega limits` (an "
+                "operator); remove the [limits] tables from this server's configuration "
+                "to serve what the cell says, or make them the same")
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful: report NOT_SERVING, end every sync stream (clients resume on

@@ -103,11 +103,11 @@ def _commit(scheduler: str, job: str, index: int, mid: str) -> pb.CommitRequest:
 
 @pytest.fixture
 def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
-    """Machines m0 (an operator's: no agent), m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
-    on m1), jb (bob's), jdone (alice's, finished), jsvc (alice's, for the service
-    scheduler), jk (alice's, killed), jab (alice's, abandoned by batch with a task
-    running on m1); the instances batch/i0 and service/i0. All made through the API by
-    the identities allowed to."""
+    """Machines m0 (an operator's: no agent), m1 (agent-0's) and m2 (agent-1's); jobs
+    ja (alice's, one task running on m1), jb (bob's), jdone (alice's, finished), jsvc
+    (alice's, for the service scheduler), jk (alice's, killed), jab (alice's, abandoned
+    by batch with a task running on m1); the instances batch/i0 and service/i0. All
+    made through the API by the identities allowed to (m0 by an operator in etcd)."""
     ca = DevCA(tmp_path / "certs")
     tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
     # submitter:workload may submit for bob only (a submitter not listed: itself only).
