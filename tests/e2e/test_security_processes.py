@@ -94,9 +94,9 @@ def test_an_agent_cannot_take_over_or_inflate_a_machine(fresh_etcd: LocalEtcd,
             with _client(c, "operator:admin") as client:
                 # An operator changes a machine (its capacity, its agent).
                 RemoteAgentBackend(client).register_agent("evil", [_machine("evil-1", 16)], 30)
-                machines = {m["id"]: m for m in client.list_machines()}
-        assert machines["ops-1"]["capacity"]["cpu"] == 8 and not machines["ops-1"].get("agent")
-        assert machines["evil-1"]["capacity"]["cpu"] == 16
+                recorded = {m["id"]: m for m in client.list_machines()}
+        assert recorded["ops-1"]["capacity"]["cpu"] == 8 and not recorded["ops-1"].get("agent")
+        assert recorded["evil-1"]["capacity"]["cpu"] == 16
     finally:
         kv.close()
 
