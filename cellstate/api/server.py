@@ -106,6 +106,12 @@ MAX_JOB_SPEC_BYTES = 1024 * 1024
 MAX_METRICS_BYTES = 16 * 1024
 
 
+# Machines one RegisterAgent call carries at most: a larger agent registers in pieces
+# under the lease of its first (RegisterAgentRequest.lease), renewing it in between, so
+# no single call on a busy host outlasts the lease it just made (issue 36: an agent of
+# 6,882 machines in one call lost its lease before the call returned).
+MAX_REGISTER_MACHINES = 1000
+
 # Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
 MAX_PENDING_BYTES = 8 * 1024
 MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
@@ -679,16 +685,28 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def RegisterAgent(self, request: pb.RegisterAgentRequest, context: grpc.ServicerContext,
                       ) -> pb.RegisterAgentResponse:
+        if len(request.machines_json) > MAX_REGISTER_MACHINES:
+            raise convert.WireError(
+                f"machines_json: {len(request.machines_json)} machines, above the limit of "
+                f"{MAX_REGISTER_MACHINES} a call; register the rest in further calls "
+                "under the first one's lease (RegisterAgentRequest.lease)")
         machines = [
             codec.parse_machine(convert.json_doc(m, f"machines_json[{i}]"), f"machines_json[{i}]")
             for i, m in enumerate(request.machines_json)
         ]
-        if not 1 <= request.ttl <= 3600:
+        if not request.lease and not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
+        if request.lease < 0:
+            raise convert.WireError(f"lease: {request.lease} is not a lease (0 for a new one)")
         as_agent = self.auth.register_agent(context, request.agent, machines)
         with self.stores.get() as store:
-            lease, revision = store.register_agent(request.agent, machines, request.ttl,
-                                                   self.clock(), as_agent=as_agent)
+            if request.lease:
+                lease = request.lease
+                revision = store.extend_agent(request.agent, machines, lease,
+                                              as_agent=as_agent)
+            else:
+                lease, revision = store.register_agent(request.agent, machines, request.ttl,
+                                                       self.clock(), as_agent=as_agent)
         return pb.RegisterAgentResponse(lease=lease, revision=revision)
 
     @rpc

@@ -143,6 +143,43 @@ class Registration(AdminWrites):
             raise
         return lease, revision
 
+    def extend_agent(self, agent: str, machines: Sequence[Machine], lease: int,
+                     *, as_agent: bool = False) -> int:
+        """Add ``machines`` to ``agent``'s live registration under ``lease`` (a piece
+        of a registration too large for one call), as :meth:`register_agent` adds or
+        adopts them. Refused (NotFoundError) unless the agent's key is on that lease:
+        the pieces of a lapsed registration must not land without their agent.
+        Returns the revision."""
+        mine = self._agent_machines(agent, machines, 1)
+        akey = self.keys.agent(agent)
+        with self._lock:
+            self._fetch(self.keys.machine(m.id) for m in mine)
+            known = [(self.view.machines[m.id], m) for m in mine if m.id in self.view.machines]
+            if as_agent:
+                _refuse_agent_changes(agent, known)
+            new = [m for m in mine if m.id not in self.view.machines]
+        self._refuse_takeover(agent, [old for old, _ in known])
+        found = self.kv.range(akey).kvs
+        if not found or found[0].lease != lease:
+            raise NotFoundError(f"agent {agent} is not registered under lease {lease:x} (it "
+                                "lapsed, or was never this agent's): register again")
+        # The record lists every machine of the registration, this piece's too: guarded
+        # on the lease, so a piece never revives a lapsed registration's record.
+        old = codec.decode_agent(agent, found[0].value, 0)
+        ids = tuple(dict.fromkeys([*old.machines, *(m.id for m in mine)]))
+        record = AgentRecord(agent, ids, old.started_at)
+        held = Compare(akey, CompareTarget.LEASE, CompareResult.EQUAL, lease)
+        res = self.kv.txn([held], [Put(akey, codec.encode_agent(record), lease)])
+        if not res.succeeded:
+            raise NotFoundError(f"agent {agent}'s lease {lease:x} lapsed while registering "
+                                "its machines: register again")
+        revision = res.revision
+        if new:
+            revision = self.add_machines(new)
+        for _, m in known:
+            revision = max(revision, self._adopt_machine(m, as_agent))
+        return revision
+
     def _agent_machines(self, agent: str, machines: Sequence[Machine], ttl: int) -> list[Machine]:
         """The machines of a registration as the agent will own them; raises on any
         malformed one."""

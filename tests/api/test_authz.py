@@ -23,6 +23,7 @@ from cellstate.api.config import ServerConfig
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer
 from cellstate.api.tls import TlsFiles, channel_credentials
+from cellstate.keys import Keyspace
 from cellstate.kv.etcd import EtcdKV
 from cellstate.model import CellConfig, Claim, SchedulerLimits, Transaction
 from cellstate.store import CellStore
@@ -237,6 +238,10 @@ OPERATIONS: dict[str, Call] = {
         w, "RegisterAgent", _register("agent-0", "m1", "m0")),
     "register as agent-0 with a new machine": lambda c, w: c.call(
         w, "RegisterAgent", _register("agent-0", "m1", "m9")),
+    "register a piece as agent-0 under another lease": lambda c, w: c.call(
+        w, "RegisterAgent", pb.RegisterAgentRequest(
+            agent="agent-0", lease=c.leases["batch"],
+            machines_json=_register("agent-0", "m9").machines_json)),
     "report ja/0 (on m1) finished": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
         task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m1")),
     "report ja/0 (on m1) naming m2": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
@@ -301,6 +306,7 @@ ALLOWED: dict[str, set[str]] = {
     "register as agent-0 with m0 (an operator's)": {"operator:root"},
     "register as agent-0 with m1 and m0": {"operator:root"},
     "register as agent-0 with a new machine": {"operator:root", "agent:agent-0"},
+    "register a piece as agent-0 under another lease": set(),
     "report ja/0 (on m1) finished": {"operator:root", "agent:agent-0"},
     # agent-1's own machine named, but the task is on agent-0's: refused.
     "report ja/0 (on m1) naming m2": set(),
@@ -324,7 +330,11 @@ OTHER_REFUSAL = {("kill finished job", "operator:root"): (FINAL, "final state"),
                  # The store: the task is not on the machine the report names.
                  ("report ja/0 (on m1) naming m2", "operator:root"): (FINAL, "not m2"),
                  # An operator may move machines, but not from a live agent (the store).
-                 ("register as agent-1 with m1", "operator:root"): (FINAL, "live agent")}
+                 ("register as agent-1 with m1", "operator:root"): (FINAL, "live agent"),
+                 # A piece joins only a live registration of the same agent's lease.
+                 **{("register a piece as agent-0 under another lease", who): (
+                     grpc.StatusCode.NOT_FOUND, "not registered under lease")
+                    for who in ("operator:root", "agent:agent-0")}}
 
 
 def _expected(op: str, who: str) -> tuple[object, str]:
@@ -545,3 +555,25 @@ def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:
             assert info.value.code() == DENIED
             assert f"{who} may not renew lease {lease:x}" in str(info.value.details())
         assert cell.revision() == before
+
+
+def test_a_registration_too_large_for_one_call_is_refused(cell: Cell) -> None:
+    """An agent registers many machines in pieces of at most 1,000 a call."""
+    before = cell.revision()
+    request = _register("agent-0", *(f"n{i}" for i in range(1001)))
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("agent:agent-0", "RegisterAgent", request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "above the limit of 1000 a call" in str(info.value.details())
+    assert cell.revision() == before
+
+
+def test_pieces_join_the_registration_of_their_lease(cell: Cell) -> None:
+    first = cell.call("agent:agent-0", "RegisterAgent", _register("agent-0", "m1"))
+    cell.call("agent:agent-0", "RegisterAgent", pb.RegisterAgentRequest(
+        agent="agent-0", lease=first.lease, machines_json=_register("agent-0", "p1").machines_json))
+    cell.settle()
+    snap = cell.server.replica.snapshot()
+    assert snap.machines["p1"].agent == "agent-0"
+    assert snap.agents["agent-0"].machines == ("m1", "p1")
+    assert cell.kv.range(Keyspace("default").agent("agent-0")).kvs[0].lease == first.lease
