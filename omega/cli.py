@@ -697,8 +697,10 @@ def _server(args: argparse.Namespace) -> int:
     from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
     from cellstate.gc_tuning import tune_for_large_heap
+    from omega.proc import seconds_since_exec
     from omega.signals import stop_event_on_signals
 
+    imported = seconds_since_exec()  # the interpreter and the imports so far
     doc = read_toml(args.config) if args.config else {}
     config = server_config(doc, args.config or "")
     if args.listen:
@@ -739,14 +741,26 @@ def _server(args: argparse.Namespace) -> int:
         exporter.enter_context(contextlib.closing(_Stopper(server)))
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
-        announce("cellstate %s serving cell %s on port %d (etcd %s, %s; %s)", config.name,
-                 config.cell, port, ",".join(config.etcd), config.etcd_access.describe(),
-                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure")
+        since = seconds_since_exec()
+        announce("cellstate %s serving cell %s on port %d (etcd %s, %s; %s); %s",
+                 config.name, config.cell, port, ",".join(config.etcd),
+                 config.etcd_access.describe(),
+                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure",
+                 _startup_text(since, imported, server.startup))
         with exporter:
             stop.wait()
     finally:
         kv.close()
     return 0
+
+
+def _startup_text(since: float | None, imported: float | None,
+                  phases: dict[str, float]) -> str:
+    """Where a server's start went: from exec to serving, and its phases."""
+    parts = [f"imports {imported:.2f} s"] if imported is not None else []
+    parts += [f"{k.removesuffix('_s')} {v:.2f} s" for k, v in phases.items()]
+    total = f"serving {since:.2f} s after exec" if since is not None else "serving"
+    return f"{total} ({', '.join(parts)})"
 
 
 class _Stopper:

@@ -113,6 +113,11 @@ PER_ITEM_TIMEOUT = 0.002
 # Machines per RegisterAgent call (the server takes up to 1,000): a piece is written in
 # well under a second on a quiet host, a few on a loaded one, far within a lease.
 REGISTER_PIECE = 500
+# Reconnect quickly: a restarted server (or the next replica) should be found within a
+# second, not after gRPC's default backoff (1 s, growing 1.6-fold to two minutes).
+FAST_RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100),
+                  ("grpc.min_reconnect_backoff_ms", 100),
+                  ("grpc.max_reconnect_backoff_ms", 1000))
 MIN_ATTEMPT = 0.1  # no attempt gets a shorter deadline, however little budget is left
 
 
@@ -152,13 +157,8 @@ class CellClient:
         self.retry_for = retry_for
         self.stream_idle_timeout = stream_idle_timeout
         self._sleep = sleep
-        # Reconnect quickly: a restarted server (or the next replica) should be found
-        # within a second, not after gRPC's default backoff of up to two minutes.
         opts = [("grpc.max_receive_message_length", MAX_MESSAGE),
-                ("grpc.max_send_message_length", MAX_MESSAGE),
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000)]
+                ("grpc.max_send_message_length", MAX_MESSAGE), *FAST_RECONNECT]
         self.tls = tls
         self._channels = [_channel(e, tls, opts) for e in self.endpoints]
         self._stubs = [pb_grpc.CellStateStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
@@ -739,7 +739,9 @@ def wait_until_serving(address: str, timeout: float = 30.0,
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with _channel(address, tls) as channel:
+    # Without fast reconnects a start of 10 s was seen up to 4.6 s late: the channel's
+    # attempts at 1, 2.6, 5.2, 9.4, 16 s after the first refusal (issue 36).
+    with _channel(address, tls, FAST_RECONNECT) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
