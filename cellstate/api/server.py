@@ -664,8 +664,10 @@ class CellStateService(pb_grpc.CellStateServicer):
             if len(r.report_json) > MAX_PENDING_BYTES:
                 raise convert.WireError(f"reports[{i}]: {len(r.report_json)} bytes, above "
                                         f"the limit of {MAX_PENDING_BYTES} bytes")
-            if not isinstance(convert.json_doc(r.report_json, f"reports[{i}]"), dict):
+            doc = convert.json_doc(r.report_json, f"reports[{i}]")
+            if not isinstance(doc, dict):
                 raise convert.WireError(f"reports[{i}]: expected a JSON object")
+            _check_printable(doc, f"reports[{i}]")
             ops.append(Put(key, r.report_json, request.lease))
         if not ops:
             return pb.ReportPendingResponse()
@@ -750,6 +752,23 @@ def limits_difference(cell: Mapping[str, SchedulerLimits],
 def _limits_text(lim: SchedulerLimits) -> str:
     doc = {k: v for k, v in codec.limits_to_doc(lim).items() if v is not None}
     return orjson.dumps(doc).decode() if doc else "no limits"
+
+
+def _check_printable(doc: object, where: str) -> None:
+    """No control character in any string of a JSON document (keys too): `omega why`
+    and `omega job` print pending reports in terminals, where an escape sequence
+    could rewrite what an operator sees."""
+    if isinstance(doc, str):
+        at = control_at(doc)
+        if at >= 0:
+            raise convert.WireError(f"{where}: control character {doc[at]!r} at position {at}")
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            _check_printable(k, f"{where} (a key)")
+            _check_printable(v, f"{where}.{k}")
+    elif isinstance(doc, list):
+        for n, v in enumerate(doc):
+            _check_printable(v, f"{where}[{n}]")
 
 
 def _task_result(request: pb.ReportTaskRequest) -> TaskResult:

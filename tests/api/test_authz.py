@@ -531,6 +531,60 @@ def test_a_kill_reason_with_an_escape_sequence_is_refused(cell: Cell) -> None:
     assert cell.revision() == before
 
 
+@pytest.mark.parametrize("report", [
+    {"reason": "no fit\x1b]0;pwned\x07"},
+    {"fits": [{"machine": "m1", "why": "\x9b2J"}]},
+    {"\x1b[31mkey": 1},
+])
+def test_a_pending_report_with_a_control_character_is_refused(cell: Cell,
+                                                              report: dict[str, Any]) -> None:
+    """`omega why` prints schedulers' reports in terminals: no escape sequences."""
+    before = cell.revision()
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("scheduler:service", "ReportPending", pb.ReportPendingRequest(
+            scheduler="service", instance="i0", lease=cell.leases["service"],
+            reports=[pb.PendingReport(job="jsvc", report_json=orjson.dumps(report))]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "control character" in str(info.value.details())
+    assert cell.revision() == before
+
+
+@pytest.mark.parametrize(("who", "spec"), [
+    # A job's text fields are names: no control characters, no path separators.
+    ("user:alice", {"id": "j\x1b[2J", "owner": "alice"}),
+    ("user:alice", {"id": "jx", "owner": "alice", "labels": {"k": "v\x1b"}}),
+    ("submitter:workload", {"id": "jx", "owner": "../bob"}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_count": 10**9}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_resources": {"cpu": -1}}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_resources": {"cpu": float("nan")}}),
+])
+def test_hostile_job_specs_are_refused_and_change_nothing(cell: Cell, who: str,
+                                                          spec: dict[str, Any]) -> None:
+    before = cell.revision()
+    doc = {"scheduler": "batch", "task_count": 1, "task_resources": {"cpu": 1}, **spec}
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call(who, "SubmitJob", pb.SubmitJobRequest(spec_json=_json(doc)))
+    assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, DENIED), info.value
+    assert cell.revision() == before
+
+
+def test_a_machine_label_with_an_escape_sequence_is_refused(cell: Cell) -> None:
+    before = cell.revision()
+    doc = {**codec.machine_to_doc(machine("m7", cpu=8)), "labels": {"zone": "a\x1b[2J"}}
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("agent:agent-0", "RegisterAgent", pb.RegisterAgentRequest(
+            agent="agent-0", ttl=60, machines_json=[orjson.dumps(doc)]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "control character" in str(info.value.details())
+    assert cell.revision() == before
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(doc).encode()  # allows NaN, as a hostile client would send it
+
+
 def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:
     """A scheduler's instance lease (with its metrics and pending reports on it) and an
     agent's lease: renewed by their holder and operators, refused to everyone else."""
