@@ -58,6 +58,11 @@ class NotFoundError(StoreError):
     pass
 
 
+class NotPermittedError(StoreError):
+    """The store's own check of a caller's rights, made on what it reads from etcd in
+    the guarded write (the server's copy may lag): PERMISSION_DENIED."""
+
+
 class AlreadyExistsError(StoreError):
     pass
 

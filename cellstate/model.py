@@ -285,6 +285,11 @@ def labels_from(mapping: Mapping[str, str] | None, where: str = "labels") -> Lab
         check_name(key, f"{where} key")
         if not isinstance(value, str) or len(value) > 256:
             raise ModelError(f"{where}[{key!r}] must be a string of at most 256 characters")
+        at = control_at(value)
+        if at >= 0:
+            # Shown by `omega job` and `omega machines` in terminals: no escape sequences.
+            raise ModelError(f"{where}[{key!r}] holds control character {value[at]!r} at "
+                             f"position {at}")
     return tuple(sorted(mapping.items()))
 
 

@@ -31,6 +31,8 @@ from cellstate.api.tls import TlsFiles
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
+CRL = "crl.pem"  # the certificates this CA revoked (cellstate/api/revocation.py)
+CRL_DAYS = 3650  # servers read the list as it is; its "next update" is not checked
 CA_DAYS = 3650
 DEFAULT_DAYS = 365
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -92,6 +94,45 @@ class DevCA:
             .sign(self._key, hashes.SHA256()))
         _write_key(key_path, self._key)
         _write_cert(self.ca_path, self._cert)
+
+    @property
+    def crl_path(self) -> Path:
+        return self.folder / CRL
+
+    def revoked(self) -> list[x509.RevokedCertificate]:
+        if not self.crl_path.exists():
+            return []
+        return list(x509.load_pem_x509_crl(self.crl_path.read_bytes()))
+
+    def write_crl(self, serials: Sequence[int] = ()) -> Path:
+        """(Re)write ``crl.pem``: what it revoked already and ``serials``, signed by the
+        CA. Servers given it (``[auth] crl``) refuse those certificates on every call."""
+        now = _now()
+        builder = (x509.CertificateRevocationListBuilder().issuer_name(self._cert.subject)
+                   .last_update(now).next_update(now + datetime.timedelta(days=CRL_DAYS)))
+        known = self.revoked()
+        for r in known:
+            builder = builder.add_revoked_certificate(r)
+        for serial in sorted(set(serials) - {r.serial_number for r in known}):
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder().serial_number(serial)
+                .revocation_date(now).build())
+        crl = builder.sign(self._key, hashes.SHA256())
+        tmp = self.crl_path.with_suffix(".tmp")
+        tmp.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+        tmp.replace(self.crl_path)  # servers re-read it: never half a file
+        return self.crl_path
+
+    def revoke(self, identity: Identity) -> int:
+        """Revoke ``identity``'s current certificate (a stolen key, a retired process);
+        returns its serial. Issue it a new one afterwards to give it rights again."""
+        cert = self.files(identity).cert
+        try:
+            serial = x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+        except FileNotFoundError:
+            raise ValueError(f"{identity}: no certificate at {cert} to revoke") from None
+        self.write_crl([serial])
+        return serial
 
     def files(self, identity: Identity) -> TlsFiles:
         """Where ``identity``'s certificate is (or would be) kept."""

@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--keep", action="store_true",
                     help="issue only certificates that do not exist yet (a restart of "
                          "compose's certs service rotates nothing)")
+    cs.add_argument("--revoke", action="store_true",
+                    help="revoke the current certificates of the identities given instead "
+                         "of issuing (DIR/crl.pem; servers with [auth] crl refuse them)")
     cs.add_argument("--ca-key", metavar="FILE",
                     help="the CA's private key (default DIR/ca.key): elsewhere, DIR can be "
                          "given to every process without the key that signs for all")
@@ -694,8 +697,10 @@ def _server(args: argparse.Namespace) -> int:
     from cellstate.api.config import address, addresses, read_toml, server_config
     from cellstate.api.server import CellStateServer
     from cellstate.gc_tuning import tune_for_large_heap
+    from omega.proc import seconds_since_exec
     from omega.signals import stop_event_on_signals
 
+    imported = seconds_since_exec()  # the interpreter and the imports so far
     doc = read_toml(args.config) if args.config else {}
     config = server_config(doc, args.config or "")
     if args.listen:
@@ -736,14 +741,26 @@ def _server(args: argparse.Namespace) -> int:
         exporter.enter_context(contextlib.closing(_Stopper(server)))
         port = start_server(server, config.listen)
         tune_for_large_heap()  # the cell is loaded: keep the collector off it
-        announce("cellstate %s serving cell %s on port %d (etcd %s, %s; %s)", config.name,
-                 config.cell, port, ",".join(config.etcd), config.etcd_access.describe(),
-                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure")
+        since = seconds_since_exec()
+        announce("cellstate %s serving cell %s on port %d (etcd %s, %s; %s); %s",
+                 config.name, config.cell, port, ",".join(config.etcd),
+                 config.etcd_access.describe(),
+                 "mutual TLS" if config.tls else "PLAINTEXT, --insecure",
+                 _startup_text(since, imported, server.startup))
         with exporter:
             stop.wait()
     finally:
         kv.close()
     return 0
+
+
+def _startup_text(since: float | None, imported: float | None,
+                  phases: dict[str, float]) -> str:
+    """Where a server's start went: from exec to serving, and its phases."""
+    parts = [f"imports {imported:.2f} s"] if imported is not None else []
+    parts += [f"{k.removesuffix('_s')} {v:.2f} s" for k, v in phases.items()]
+    total = f"serving {since:.2f} s after exec" if since is not None else "serving"
+    return f"{total} ({', '.join(parts)})"
 
 
 class _Stopper:
@@ -823,6 +840,15 @@ def _certs(args: argparse.Namespace) -> int:
            cell_identities(sorted(Registry.from_entry_points().names()), args.agents))
     hosts = args.host or [*DEFAULT_HOSTS, "cellstate-0", "cellstate-1", "cellstate-2"]
     ca = DevCA(Path(args.dir), Path(args.ca_key) if args.ca_key else None)
+    if args.revoke:
+        if not args.identities:
+            raise ValueError("--revoke: name the identities (KIND:NAME) to revoke")
+        for identity in who:
+            print(f"{identity}: certificate {ca.revoke(identity):x} revoked "
+                  f"({ca.crl_path})")
+        return 0
+    if not ca.crl_path.exists():
+        ca.write_crl()  # an empty list, for servers to be pointed at from the start
     for identity in who:
         files = ca.files(identity)
         if not (args.keep and files.cert.exists() and files.key.exists()):

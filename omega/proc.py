@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -101,6 +102,19 @@ class Child:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def seconds_since_exec() -> float | None:
+    """How long ago this process started (Linux: its start time in /proc, in clock
+    ticks since boot, against CLOCK_BOOTTIME); None where that cannot be read. A
+    server announces it with its start-up phases, so a slow restart says where it went
+    (docs/reliability.md)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def omega(*args: str) -> list[str]:

@@ -161,6 +161,8 @@ class CellCredentials:
         from omega.certs import DevCA
 
         self.ca = DevCA(folder)
+        # Revoked certificates (`omega certs DIR --revoke`), refused by every server.
+        self.crl = self.ca.crl_path if self.ca.crl_path.exists() else self.ca.write_crl()
         self.lock_etcd = lock_etcd
         self.schedulers = list(schedulers)
         self.server_config = folder / "server.toml"
@@ -169,7 +171,8 @@ class CellCredentials:
     def limit(self, pools: Mapping[str, Mapping[str, float]]) -> None:
         """Give schedulers resource limits in the servers' configuration (servers
         started afterwards read it)."""
-        self.server_config.write_text(limits_toml(self.schedulers, pools))
+        self.server_config.write_text(limits_toml(self.schedulers, pools)
+                                      + auth_toml(self.crl))
 
     @property
     def etcd_server(self) -> TlsFiles:
@@ -210,11 +213,13 @@ class CellCredentials:
         import tomllib
 
         text = config.read_text()
-        listed = tomllib.loads(text).get("limits", {})
+        doc = tomllib.loads(text)
+        listed = doc.get("limits", {})
         missing = [n for n in sorted(self.schedulers) if n not in listed]
         out = self.server_config.with_name(f"server-{config.stem}.toml")
         out.write_text(text + ("\n" if text and not text.endswith("\n") else "")
-                       + "".join(f"[limits.{n}]\n" for n in missing))
+                       + "".join(f"[limits.{n}]\n" for n in missing)
+                       + ("" if "auth" in doc else auth_toml(self.crl)))
         return out
 
 
@@ -235,6 +240,16 @@ def limits_toml(schedulers: Sequence[str], pools: Mapping[str, Mapping[str, floa
             amounts = ", ".join(f"{d} = {a:g}" for d, a in sorted(pool.items()))
             out.append(f"max_resources = {{ {amounts} }}\n")
     return "".join(out)
+
+
+def auth_toml(crl: Path) -> str:
+    """The servers' ``[auth]`` table of a local cell: its revocation list, and the
+    owners the workload generator (``submitter:workload``) may name (a submitter names
+    only itself unless listed)."""
+    from omega.workload import OWNERS
+
+    return (f"[auth]\ncrl = {str(crl)!r}\n[auth.submitters]\nworkload = ["
+            + ", ".join(f'"{o}"' for o in OWNERS) + "]\n")
 
 
 def insecure_argv(args: Sequence[str]) -> list[str]:

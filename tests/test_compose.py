@@ -408,3 +408,13 @@ def test_dockerignore_keeps_keys_and_history_out_of_the_build() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^USER omega$", dockerfile, re.MULTILINE)
     assert "chown omega:omega /certs" in dockerfile  # the certs service writes there
+
+
+def test_the_workload_generator_may_name_its_owners_and_no_more() -> None:
+    """It submits as submitter:workload, which names only itself unless the servers'
+    [auth.submitters] lists owners for it: every owner it generates, nothing else."""
+    from omega.workload import OWNERS
+
+    config = server_config(tomllib.loads((ROOT / "compose/server.toml").read_text()))
+    assert config.auth.owners_of("workload") == ("workload", *OWNERS)
+    assert SERVICES["workload"]["environment"]["OMEGA_CERT"] == "/certs/submitter-workload.pem"

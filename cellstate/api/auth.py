@@ -7,8 +7,9 @@ its CA signed, so a name cannot be claimed without the CA's key):
 * ``operator:NAME``: a person who runs the cell; may do anything a user may, to any job,
   and cordon, uncordon and drain machines.
 * ``user:NAME``: submits, kills and resizes jobs it owns (``owner`` = NAME).
-* ``submitter:NAME``: submits jobs for any owner, dated as it says (a workload generator
-  or a trace replay), at precedences a user may ask for; nothing else.
+* ``submitter:NAME``: submits jobs, dated as it says (a workload generator or a trace
+  replay), at precedences a user may ask for, for the owners the server's
+  ``[auth.submitters]`` table allows it (by default only itself); nothing else.
 * ``scheduler:NAME``: the scheduler NAME (all its instances share the identity);
   registers its instances, commits claims for jobs that name it, reports why they
   wait, abandons and resizes them (killing is their owner's).
@@ -107,32 +108,55 @@ class AuthPolicy:
 
     enabled: bool = False
     user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
+    # submitter name -> the owners its jobs may name besides itself ("*": any). An
+    # agent runs a job's command for the owners it allows (--allow-command-from), so
+    # naming an owner is acting as that owner: by default a submitter names only itself.
+    submitter_owners: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def owners_of(self, submitter: str) -> tuple[str, ...]:
+        """The owners ``submitter``'s jobs may name: itself and those listed for it."""
+        return (submitter, *dict(self.submitter_owners).get(submitter, ()))
 
 
-def identify(context: grpc.ServicerContext, policy: AuthPolicy) -> Identity:
-    """The caller's identity, from the common name of its verified client certificate."""
+def identify(context: grpc.ServicerContext, policy: AuthPolicy,
+             revoked: Callable[[bytes], int | None] | None = None) -> Identity:
+    """The caller's identity, from the common name of its verified client certificate;
+    ``revoked`` tells a revoked certificate's serial (cellstate/api/revocation.py)."""
     if not policy.enabled:
         return INSECURE
-    names = context.auth_context().get("x509_common_name") or []
+    auth = context.auth_context()
+    names = auth.get("x509_common_name") or []
     if not names:
         raise Unauthenticated("no client certificate: this server takes calls over mutual "
                               "TLS only (`omega certs` makes certificates)")
     text = names[0].decode(errors="replace")
     try:
-        return parse_identity(text, "client certificate common name")
+        who = parse_identity(text, "client certificate common name")
     except ModelError as e:
         raise Unauthenticated(f"{e}; no omega identity, so no rights") from None
+    if revoked is not None:
+        pem = (auth.get("x509_pem_cert") or [b""])[0]
+        if not pem:
+            raise Unauthenticated(f"{who}: the server cannot read the client certificate "
+                                  "to check it against the revocation list")
+        serial = revoked(pem)
+        if serial is not None:
+            raise Unauthenticated(f"the certificate of {who} (serial {serial:x}) is revoked: "
+                                  "the cell's certificate revocation list names it")
+    return who
 
 
 class Authorizer:
     """The matrix, over the server's synced copy of the cell (``snapshot``)."""
 
-    def __init__(self, policy: AuthPolicy, snapshot: Callable[[], CellSnapshot]) -> None:
+    def __init__(self, policy: AuthPolicy, snapshot: Callable[[], CellSnapshot],
+                 revoked: Callable[[bytes], int | None] | None = None) -> None:
         self.policy = policy
         self._snapshot = snapshot
+        self._revoked = revoked
 
     def caller(self, context: grpc.ServicerContext) -> Identity:
-        return identify(context, self.policy)
+        return identify(context, self.policy, self._revoked)
 
     def _only(self, who: Identity, kinds: Sequence[Kind], what: str) -> None:
         if who.kind not in kinds:
@@ -148,9 +172,11 @@ class Authorizer:
     # -- jobs ------------------------------------------------------------------------
 
     def with_owner(self, context: grpc.ServicerContext, doc: object) -> object:
-        """A job spec without an owner, submitted by a user, is the user's."""
+        """A job spec without an owner, submitted by a user or a submitter, is the
+        caller's."""
         who = self.caller(context)
-        if who.kind is Kind.USER and isinstance(doc, dict) and "owner" not in doc:
+        if (who.kind in (Kind.USER, Kind.SUBMITTER) and isinstance(doc, dict)
+                and "owner" not in doc):
             return {**doc, "owner": who.name}
         return doc
 
@@ -160,10 +186,8 @@ class Authorizer:
             return
         self._only(who, (Kind.USER, Kind.OPERATOR, Kind.SUBMITTER), f"submit job {job.id}")
         limits = self._known_scheduler(who, job.scheduler, f"submit job {job.id}")
-        if who.kind is Kind.SUBMITTER and job.precedence > self.policy.user_max_precedence:
-            raise PermissionDenied(
-                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
-                f"submitters' jobs go up to {self.policy.user_max_precedence}, as users' do")
+        if who.kind is Kind.SUBMITTER:
+            self._submitter_rules(who, job)
         if who.kind is Kind.USER:
             if job.owner != who.name:
                 raise PermissionDenied(
@@ -182,6 +206,18 @@ class Authorizer:
             raise PermissionDenied(
                 f"{who} may not submit job {job.id} at precedence {job.precedence}: "
                 f"scheduler {job.scheduler!r}'s jobs go up to {limits}")
+
+    def _submitter_rules(self, who: Identity, job: Job) -> None:
+        if job.precedence > self.policy.user_max_precedence:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} at precedence {job.precedence}: "
+                f"submitters' jobs go up to {self.policy.user_max_precedence}, as users' do")
+        owners = self.policy.owners_of(who.name)
+        if job.owner not in owners and "*" not in owners:
+            raise PermissionDenied(
+                f"{who} may not submit job {job.id} for owner {job.owner!r}: it may name "
+                f"only {', '.join(repr(o) for o in owners)} ([auth.submitters] in the "
+                "server's config lists the owners a submitter may name)")
 
     def _known_scheduler(self, who: Identity, scheduler: str, what: str) -> int | None:
         """The scheduler's max_precedence (None: no cap); refused if the cell's config
@@ -322,12 +358,15 @@ class Authorizer:
     # -- agents ----------------------------------------------------------------------
 
     def register_agent(self, context: grpc.ServicerContext, agent: str,
-                       machines: Sequence[Machine]) -> None:
+                       machines: Sequence[Machine]) -> bool:
         """Only ``agent:<agent>`` registers as ``agent``, and not with a machine another
-        agent registered (an operator moves machines between agents)."""
+        agent registered (an operator moves machines between agents). Returns whether
+        the caller is the agent itself, not an operator: the store then lets it
+        register only new machines and its own unchanged (machines an operator added,
+        capacities and topology are an operator's), on what etcd holds."""
         who = self.caller(context)
         if who is INSECURE or who.kind is Kind.OPERATOR:
-            return
+            return False
         if who != Identity(Kind.AGENT, agent):
             raise PermissionDenied(f"{who} may not register as agent {agent!r}: only "
                                    f"agent:{agent} may")
@@ -337,6 +376,7 @@ class Authorizer:
             if old is not None and old.agent and old.agent != agent:
                 raise PermissionDenied(f"{who} may not register machine {m.id}: it belongs "
                                        f"to agent {old.agent!r}")
+        return True
 
     def report_task(self, context: grpc.ServicerContext, agent: str, task: str,
                     machine: str) -> str:

@@ -108,10 +108,15 @@ class ServerConfig:
     user_max_precedence: int = DEFAULT_USER_MAX_PRECEDENCE
     # How this server reaches etcd (TLS, its etcd user): cellstate/etcd_auth.py.
     etcd_access: EtcdAccess = attrs.field(factory=EtcdAccess)
+    # [auth.submitters]: submitter -> the owners it may name (AuthPolicy).
+    submitter_owners: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # [auth] crl: the cell's certificate revocation list (cellstate/api/revocation.py).
+    crl: Path | None = None
 
     @property
     def auth(self) -> AuthPolicy:
-        return AuthPolicy(self.tls is not None, self.user_max_precedence)
+        return AuthPolicy(self.tls is not None, self.user_max_precedence,
+                          self.submitter_owners)
 
 
 def tls_files(doc: object, where: str, base: Path | None = None) -> TlsFiles:
@@ -136,7 +141,8 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     ``password_file``: :class:`~cellstate.etcd_auth.EtcdAccess`), ``[limits.<scheduler>]``
     tables as in the cell config (``max_precedence``, ``max_resources``; with TLS, the
     schedulers listed are the cell's only ones), a ``[tls]`` table (``ca``, ``cert``,
-    ``key``) and an ``[auth]`` table (``user_max_precedence``)."""
+    ``key``) and an ``[auth]`` table (``user_max_precedence``, and ``[auth.submitters]``: the
+    owners each submitter may name; ``crl``, the cell's certificate revocation list)."""
     prefix = f"{source}: " if source else ""
     try:
         top = _Section(doc, "")
@@ -179,9 +185,33 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
         if not 0 <= user_max <= codec.MAX_PRECEDENCE:
             raise ConfigError(f"auth.user_max_precedence: {user_max} is not between 0 and "
                               f"{codec.MAX_PRECEDENCE}")
+        submitters = _submitters(auth.get("submitters", dict, {}))
+        crl_text = auth.get("crl", str, None)
+        crl = None
+        if crl_text:
+            crl = Path(crl_text)
+            crl = base / crl if base is not None and not crl.is_absolute() else crl
         auth.no_unknown()
         top.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
-                        float(grace), tls, user_max, etcd_access)
+                        float(grace), tls, user_max, etcd_access, submitters, crl)
+
+
+def _submitters(doc: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``[auth.submitters]``: ``NAME = ["alice", "bob"]`` (or ``["*"]``, any owner)."""
+    out = []
+    for name, owners in sorted(doc.items()):
+        where = f"auth.submitters.{name}"
+        try:
+            check_name(name, where)
+            if (not isinstance(owners, list) or not owners
+                    or not all(isinstance(o, str) for o in owners)):
+                raise ConfigError(f"{where}: expected a non-empty list of owner names "
+                                  '(or ["*"] for any owner)')
+            out.append((name, tuple(o if o == "*" else check_name(o, f"{where}[{i}]")
+                                    for i, o in enumerate(owners))))
+        except ModelError as e:
+            raise ConfigError(str(e)) from None
+    return tuple(out)

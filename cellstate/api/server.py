@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -38,11 +38,12 @@ from cellstate.api.auth import (
 from cellstate.api.config import ServerConfig
 from cellstate.api.metrics import ServerMetrics
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
+from cellstate.api.revocation import Revocations
 from cellstate.api.tls import server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.decisions import MACHINE_ACTIONS
-from cellstate.errors import ReplicaBehindError
+from cellstate.errors import ConfigError, NotPermittedError, ReplicaBehindError
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -66,12 +67,14 @@ from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
     MAX_DETAIL,
     RELEASE_OUTCOMES,
+    CellConfig,
     InstanceRecord,
     Job,
     JobState,
     JobStatus,
     MachineState,
     ModelError,
+    SchedulerLimits,
     TaskResult,
     TaskState,
     check_name,
@@ -103,6 +106,12 @@ MAX_JOB_SPEC_BYTES = 1024 * 1024
 MAX_METRICS_BYTES = 16 * 1024
 
 
+# Machines one RegisterAgent call carries at most: a larger agent registers in pieces
+# under the lease of its first (RegisterAgentRequest.lease), renewing it in between, so
+# no single call on a busy host outlasts the lease it just made (issue 36: an agent of
+# 6,882 machines in one call lost its lease before the call returned).
+MAX_REGISTER_MACHINES = 1000
+
 # Pending reports (schedulers/why.py): one per job and instance, small (a few reasons).
 MAX_PENDING_BYTES = 8 * 1024
 MAX_PENDING_REPORTS = 100  # per call: puts and deletes in one etcd transaction
@@ -124,7 +133,7 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
 # The store's and model's errors, most specific first, and the status each becomes.
 _STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    ((PermissionDenied, NotPermittedError), grpc.StatusCode.PERMISSION_DENIED),
     ((convert.WireError, ModelError, TransactionError), grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
@@ -189,7 +198,11 @@ class CellStateService(pb_grpc.CellStateServicer):
         self.clock = clock
         self.stores = StorePool(kv, config.cell, replica, config.committers)
         self.maintainer: Maintainer | None = None  # set by CellStateServer (etcd only)
-        self.auth = Authorizer(config.auth, replica.snapshot)  # cellstate/api/auth.py
+        # Revoked certificates are refused on every call (cellstate/api/revocation.py).
+        self.revocations = (Revocations(config.crl, config.tls.ca)
+                            if config.crl is not None and config.tls is not None else None)
+        self.auth = Authorizer(config.auth, replica.snapshot,  # cellstate/api/auth.py
+                               self.revocations.revoked if self.revocations else None)
         self.metrics: ServerMetrics | None = None  # set by whoever serves Prometheus
         # The newest revision a user's write through this service made (jobs, machine
         # states): status reads show it. Schedulers' commits and agents' reports, many a
@@ -651,8 +664,10 @@ class CellStateService(pb_grpc.CellStateServicer):
             if len(r.report_json) > MAX_PENDING_BYTES:
                 raise convert.WireError(f"reports[{i}]: {len(r.report_json)} bytes, above "
                                         f"the limit of {MAX_PENDING_BYTES} bytes")
-            if not isinstance(convert.json_doc(r.report_json, f"reports[{i}]"), dict):
+            doc = convert.json_doc(r.report_json, f"reports[{i}]")
+            if not isinstance(doc, dict):
                 raise convert.WireError(f"reports[{i}]: expected a JSON object")
+            _check_printable(doc, f"reports[{i}]")
             ops.append(Put(key, r.report_json, request.lease))
         if not ops:
             return pb.ReportPendingResponse()
@@ -672,16 +687,28 @@ class CellStateService(pb_grpc.CellStateServicer):
     @rpc
     def RegisterAgent(self, request: pb.RegisterAgentRequest, context: grpc.ServicerContext,
                       ) -> pb.RegisterAgentResponse:
+        if len(request.machines_json) > MAX_REGISTER_MACHINES:
+            raise convert.WireError(
+                f"machines_json: {len(request.machines_json)} machines, above the limit of "
+                f"{MAX_REGISTER_MACHINES} a call; register the rest in further calls "
+                "under the first one's lease (RegisterAgentRequest.lease)")
         machines = [
             codec.parse_machine(convert.json_doc(m, f"machines_json[{i}]"), f"machines_json[{i}]")
             for i, m in enumerate(request.machines_json)
         ]
-        if not 1 <= request.ttl <= 3600:
+        if not request.lease and not 1 <= request.ttl <= 3600:
             raise convert.WireError(f"ttl: {request.ttl} is not between 1 and 3600 seconds")
-        self.auth.register_agent(context, request.agent, machines)
+        if request.lease < 0:
+            raise convert.WireError(f"lease: {request.lease} is not a lease (0 for a new one)")
+        as_agent = self.auth.register_agent(context, request.agent, machines)
         with self.stores.get() as store:
-            lease, revision = store.register_agent(request.agent, machines, request.ttl,
-                                                   self.clock())
+            if request.lease:
+                lease = request.lease
+                revision = store.extend_agent(request.agent, machines, lease,
+                                              as_agent=as_agent)
+            else:
+                lease, revision = store.register_agent(request.agent, machines, request.ttl,
+                                                       self.clock(), as_agent=as_agent)
         return pb.RegisterAgentResponse(lease=lease, revision=revision)
 
     @rpc
@@ -702,6 +729,46 @@ class CellStateService(pb_grpc.CellStateServicer):
         with self.stores.get() as store:
             revision = store.release_task(request.task, outcome, machine or None, result)
         return pb.ReportTaskResponse(revision=revision)
+
+
+def limits_difference(cell: Mapping[str, SchedulerLimits],
+                      mine: Mapping[str, SchedulerLimits]) -> str:
+    """How a configuration's limits (``mine``) differ from the cell's, in words
+    ("" if they do not)."""
+    out = []
+    for name in sorted(set(cell) | set(mine)):
+        have, want = cell.get(name), mine.get(name)
+        if have == want:
+            continue
+        if have is None:
+            out.append(f"{name}: not one of the cell's schedulers, listed here")
+        elif want is None:
+            out.append(f"{name}: one of the cell's schedulers, not listed here")
+        else:
+            out.append(f"{name}: the cell's {_limits_text(have)}, here {_limits_text(want)}")
+    return "; ".join(out)
+
+
+def _limits_text(lim: SchedulerLimits) -> str:
+    doc = {k: v for k, v in codec.limits_to_doc(lim).items() if v is not None}
+    return orjson.dumps(doc).decode() if doc else "no limits"
+
+
+def _check_printable(doc: object, where: str) -> None:
+    """No control character in any string of a JSON document (keys too): `omega why`
+    and `omega job` print pending reports in terminals, where an escape sequence
+    could rewrite what an operator sees."""
+    if isinstance(doc, str):
+        at = control_at(doc)
+        if at >= 0:
+            raise convert.WireError(f"{where}: control character {doc[at]!r} at position {at}")
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            _check_printable(k, f"{where} (a key)")
+            _check_printable(v, f"{where}.{k}")
+    elif isinstance(doc, list):
+        for n, v in enumerate(doc):
+            _check_printable(v, f"{where}[{n}]")
 
 
 def _task_result(request: pb.ReportTaskRequest) -> TaskResult:
@@ -821,18 +888,26 @@ class CellStateServer:
         pb_grpc.add_CellStateServicer_to_server(self.service, self.grpc)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         self.port = 0
+        self.startup: dict[str, float] = {}
         self._stopped = threading.Event()
 
     def start(self) -> int:
         """Load the cell, settle what crashed committers left, then serve. Returns the
         port it listens on."""
+        t0 = time.perf_counter()
         with self.service.stores.get() as store:
             if self.config.limits is not None:
-                store.set_config(self.config.limits)
-            settled = store.recover()
-            if settled:
-                log.info("settled %d gang(s) left by crashed committers", len(settled))
+                self._check_limits(store.seed_config(self.config.limits))
+        t1 = time.perf_counter()
         self.replica.start()
+        t2 = time.perf_counter()
+        # Recovery reads the whole cell again: only when the replica's copy shows
+        # something to settle (a start under load spent a tenth of its time on it).
+        if CellStore.needs_recovery(self.replica.snapshot()):
+            with self.service.stores.get() as store:
+                settled = store.recover()
+            log.info("settled %d gang(s) left by crashed committers", len(settled))
+        t3 = time.perf_counter()
         self.reaper.start()
         if self.maintainer is not None:
             self.maintainer.start()
@@ -849,9 +924,34 @@ class CellStateServer:
         self.grpc.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("cellstate %s serving cell %s at revision %d", self.config.name,
-                 self.config.cell, self.replica.revision)
+        # Where a slow start goes (docs/reliability.md, "Restart time").
+        self.startup = {"config_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
+                        "recover_s": round(t3 - t2, 3),
+                        "listen_s": round(time.perf_counter() - t3, 3)}
+        log.info("cellstate %s serving cell %s at revision %d (start-up: %s)",
+                 self.config.name, self.config.cell, self.replica.revision,
+                 ", ".join(f"{k} {v:g}" for k, v in self.startup.items()))
         return self.port
+
+    def _check_limits(self, cell: CellConfig | None) -> None:
+        """The cell's limits live in etcd, changed by operators (``omega limits``); a
+        server's start-up file only seeds a cell that has none. A file that says
+        otherwise than the cell is refused rather than written: the last server to
+        start would otherwise decide every scheduler's limits (one without the table
+        would lift them all)."""
+        assert self.config.limits is not None
+        if cell is None:
+            log.info("cell %s: its limits are this server's configuration's (a new cell)",
+                     self.config.cell)
+            return
+        diff = limits_difference(cell.limits, self.config.limits.limits)
+        if diff:
+            raise ConfigError(
+                f"cell {self.config.cell}: the server's configuration disagrees with the "
+                f"cell's limits in etcd ({diff}); not started, and the cell's limits are "
+                "unchanged. The cell's limits are changed with `omega limits` (an "
+                "operator); remove the [limits] tables from this server's configuration "
+                "to serve what the cell says, or make them the same")
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful: report NOT_SERVING, end every sync stream (clients resume on

@@ -298,6 +298,24 @@ class AdminWrites(LargeGangs):
             assert written is not None
             return res.revision, written
 
+    def seed_config(self, config: CellConfig) -> CellConfig | None:
+        """Write ``config`` as the cell's first configuration if it has none yet;
+        returns None if written, else the cell's configuration, untouched (a server's
+        start-up file seeds a new cell and never overwrites one: operators change it
+        with ``omega limits``)."""
+        codec.parse_config(codec.config_to_doc(config))
+        key = self.keys.config
+        with self._lock:
+            self._fetch([key])
+            if self.view.guard_revision(key):
+                return self.view.config
+            res = self._try_write(_Write({key: 0}, {key: config}))
+            if not res.succeeded:  # another server seeded it first
+                self._fetch([key])
+                return self.view.config
+            self._ensure_usage(config.limits)
+            return None
+
     def set_config(self, config: CellConfig) -> int:
         """Replace the cell's configuration (per-scheduler limits)."""
         codec.parse_config(codec.config_to_doc(config))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from cellstate import decisions, fit
+from cellstate.cell import CellSnapshot
 from cellstate.errors import (
     AlreadyExistsError as AlreadyExistsError,
     ContentionError as ContentionError,
@@ -328,6 +329,18 @@ class LargeGangs(ClaimCommits):
 
     def _settle_tasks(self, gid: str, tids: Sequence[str], committed: bool) -> _Write:
         return self._write_for(decisions.settle_gang_tasks(self.view, gid, tids, committed))
+
+    @staticmethod
+    def needs_recovery(snap: CellSnapshot) -> bool:
+        """Whether :meth:`recover` has anything to do in ``snap`` (a replica's copy): a
+        committed gang, or a gang mark whose gang record is gone. A server starting on
+        a cell without (the usual case) skips recover's full read of the cell."""
+        if any(g.state is GangState.COMMITTED for g in snap.gangs.values()):
+            return True
+        return any(tag and tag not in snap.gangs
+                   for m in snap.machines.values() for a in m.allocations.values()
+                   for tag in (a.gang, a.evicted_by)) or any(
+            t.gang and t.gang not in snap.gangs for t in snap.tasks.values())
 
     def recover(self) -> list[str]:
         """Finish what crashed committers left: settle committed gangs, clear the holds

@@ -15,6 +15,7 @@ from cellstate.errors import (
     AlreadyExistsError as AlreadyExistsError,
     ContentionError as ContentionError,
     NotFoundError as NotFoundError,
+    NotPermittedError,
     StoreError as StoreError,
 )
 from cellstate.kv.base import (
@@ -95,7 +96,8 @@ class Registration(AdminWrites):
                              "only its holder can deregister it")
 
     def register_agent(
-        self, agent: str, machines: Sequence[Machine], ttl: int, now: float = 0.0
+        self, agent: str, machines: Sequence[Machine], ttl: int, now: float = 0.0,
+        *, as_agent: bool = False,
     ) -> tuple[int, int]:
         """Announce a live node agent under a new lease of ``ttl`` seconds (the caller
         keeps it alive) and register its machines: new ones are added, known ones are
@@ -107,12 +109,19 @@ class Registration(AdminWrites):
         (taking it over would take it down, tasks and all, when this registration
         lapses while the owner is alive) or whose capacity would fall below what its
         tasks hold. A registration refused midway (a race with another agent) revokes
-        its lease, so it leaves no agent key behind."""
+        its lease, so it leaves no agent key behind.
+
+        ``as_agent``: the caller is the agent itself (not an operator), which may
+        register new machines and its own as they are, and nothing else
+        (:meth:`_refuse_agent_changes`), checked on what etcd holds in the same guarded
+        writes."""
         mine = self._agent_machines(agent, machines, ttl)
         ids = [m.id for m in mine]
         with self._lock:
             self._fetch(self.keys.machine(i) for i in ids)
             known = [(self.view.machines[m.id], m) for m in mine if m.id in self.view.machines]
+            if as_agent:
+                _refuse_agent_changes(agent, known)
             for old, m in known:
                 self._replace_machine(old, self._adopted(old, m))  # raises if it cannot fit
             new = [m for m in mine if m.id not in self.view.machines]
@@ -127,12 +136,49 @@ class Registration(AdminWrites):
             if new:
                 revision = self.add_machines(new)
             for _, m in known:
-                revision = max(revision, self._adopt_machine(m))
+                revision = max(revision, self._adopt_machine(m, as_agent))
         except BaseException:
             with contextlib.suppress(KVError):
                 self.kv.lease_revoke(lease)
             raise
         return lease, revision
+
+    def extend_agent(self, agent: str, machines: Sequence[Machine], lease: int,
+                     *, as_agent: bool = False) -> int:
+        """Add ``machines`` to ``agent``'s live registration under ``lease`` (a piece
+        of a registration too large for one call), as :meth:`register_agent` adds or
+        adopts them. Refused (NotFoundError) unless the agent's key is on that lease:
+        the pieces of a lapsed registration must not land without their agent.
+        Returns the revision."""
+        mine = self._agent_machines(agent, machines, 1)
+        akey = self.keys.agent(agent)
+        with self._lock:
+            self._fetch(self.keys.machine(m.id) for m in mine)
+            known = [(self.view.machines[m.id], m) for m in mine if m.id in self.view.machines]
+            if as_agent:
+                _refuse_agent_changes(agent, known)
+            new = [m for m in mine if m.id not in self.view.machines]
+        self._refuse_takeover(agent, [old for old, _ in known])
+        found = self.kv.range(akey).kvs
+        if not found or found[0].lease != lease:
+            raise NotFoundError(f"agent {agent} is not registered under lease {lease:x} (it "
+                                "lapsed, or was never this agent's): register again")
+        # The record lists every machine of the registration, this piece's too: guarded
+        # on the lease, so a piece never revives a lapsed registration's record.
+        old = codec.decode_agent(agent, found[0].value, 0)
+        ids = tuple(dict.fromkeys([*old.machines, *(m.id for m in mine)]))
+        record = AgentRecord(agent, ids, old.started_at)
+        held = Compare(akey, CompareTarget.LEASE, CompareResult.EQUAL, lease)
+        res = self.kv.txn([held], [Put(akey, codec.encode_agent(record), lease)])
+        if not res.succeeded:
+            raise NotFoundError(f"agent {agent}'s lease {lease:x} lapsed while registering "
+                                "its machines: register again")
+        revision = res.revision
+        if new:
+            revision = self.add_machines(new)
+        for _, m in known:
+            revision = max(revision, self._adopt_machine(m, as_agent))
+        return revision
 
     def _agent_machines(self, agent: str, machines: Sequence[Machine], ttl: int) -> list[Machine]:
         """The machines of a registration as the agent will own them; raises on any
@@ -189,7 +235,7 @@ class Registration(AdminWrites):
             failure_domain=m.failure_domain, labels=m.labels, agent=m.agent, state=state,
         )
 
-    def _adopt_machine(self, m: Machine) -> int:
+    def _adopt_machine(self, m: Machine, as_agent: bool = False) -> int:
         key = self.keys.machine(m.id)
         with self._lock:
 
@@ -198,6 +244,8 @@ class Registration(AdminWrites):
                 old = self.view.machines.get(m.id)
                 if old is None:
                     return _Write({key: 0}, {key: m})
+                if as_agent:  # again: the machine may have changed since the first read
+                    _refuse_agent_changes(m.agent, [(old, m)])
                 w = self._replace_machine(old, self._adopted(old, m))
                 if not old.agent or old.agent == m.agent:
                     return w
@@ -234,3 +282,32 @@ class Registration(AdminWrites):
                 res = self._try_write(_Write({**w.guards, akey: 0}, w.records))
                 wrote = wrote or res.succeeded
         raise ContentionError(f"taking machine {machine_id} down: its records keep changing")
+
+
+def _topology(m: Machine) -> dict[str, object]:
+    """What only an operator changes about a known machine: what the schedulers count
+    on (capacity) and spread over (rack, failure domain, labels)."""
+    return {"capacity": m.capacity.as_dict(), "rack": m.rack,
+            "failure domain": m.failure_domain, "labels": dict(m.labels)}
+
+
+def _refuse_agent_changes(agent: str, known: Sequence[tuple[Machine, Machine]]) -> None:
+    """An agent registers new machines and its own as they are recorded. A machine
+    with no agent was added by an operator (it is nobody's to take), one of another
+    agent is moved by an operator, and a capacity or topology change is an operator's
+    (an agent key could otherwise grow an 8-cpu machine to a million cpus)."""
+    for old, m in known:
+        who = f"agent:{agent} may not register machine {m.id}"
+        if old.agent != agent:
+            whose = (f"it belongs to agent {old.agent!r}" if old.agent
+                     else "an operator added it (it has no agent)")
+            raise NotPermittedError(f"{who}: {whose}; only an operator moves a machine to "
+                                    "another agent")
+        was, now = _topology(old), _topology(m)
+        changed = [k for k in was if was[k] != now[k]]
+        if changed:
+            what = changed[0]
+            raise NotPermittedError(
+                f"{who} with another {', '.join(changed)}: {what} {was[what]!r} as recorded, "
+                f"{now[what]!r} asked; only an operator changes a machine's capacity and "
+                "topology (register it with an operator's certificate)")

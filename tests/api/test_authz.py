@@ -23,8 +23,10 @@ from cellstate.api.config import ServerConfig
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer
 from cellstate.api.tls import TlsFiles, channel_credentials
+from cellstate.keys import Keyspace
 from cellstate.kv.etcd import EtcdKV
 from cellstate.model import CellConfig, Claim, SchedulerLimits, Transaction
+from cellstate.store import CellStore
 from omega.certs import DevCA
 from schedulers.testing import machine
 
@@ -87,9 +89,11 @@ def _job(id_: str, owner: str, scheduler: str = "batch", precedence: int = 1,
         "task_resources": {"cpu": 1, "mem": 1}, "precedence": precedence, "duration": 60}))
 
 
-def _register(agent: str, *machines: str) -> pb.RegisterAgentRequest:
+def _register(agent: str, *machines: str, cpu: float = 8, rack: str = "",
+              ) -> pb.RegisterAgentRequest:
     return pb.RegisterAgentRequest(agent=agent, ttl=3600, machines_json=[
-        orjson.dumps(codec.machine_to_doc(attrs.evolve(machine(m, cpu=8), agent=agent)))
+        orjson.dumps(codec.machine_to_doc(attrs.evolve(machine(m, cpu=cpu), agent=agent,
+                                                       rack=rack)))
         for m in machines])
 
 
@@ -100,18 +104,23 @@ def _commit(scheduler: str, job: str, index: int, mid: str) -> pb.CommitRequest:
 
 @pytest.fixture
 def cell(etcd_kv: EtcdKV, tmp_path: Path) -> Iterator[Cell]:
-    """Machines m1 (agent-0's) and m2 (agent-1's); jobs ja (alice's, one task running
-    on m1), jb (bob's), jdone (alice's, finished), jsvc (alice's, for the service
-    scheduler), jk (alice's, killed), jab (alice's, abandoned by batch with a task
-    running on m1); the instances batch/i0 and service/i0. All made through the API by
-    the identities allowed to."""
+    """Machines m0 (an operator's: no agent), m1 (agent-0's) and m2 (agent-1's); jobs
+    ja (alice's, one task running on m1), jb (bob's), jdone (alice's, finished), jsvc
+    (alice's, for the service scheduler), jk (alice's, killed), jab (alice's, abandoned
+    by batch with a task running on m1); the instances batch/i0 and service/i0. All
+    made through the API by the identities allowed to (m0 by an operator in etcd)."""
     ca = DevCA(tmp_path / "certs")
     tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
-    config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls)
+    # submitter:workload may submit for bob only (a submitter not listed: itself only).
+    config = ServerConfig(listen="127.0.0.1:0", limits=LIMITS, tls=tls,
+                          submitter_owners=(("workload", ("bob",)),))
     server = CellStateServer(etcd_kv, config)
     server.start()
     c = Cell(server, etcd_kv, ca)
     try:
+        # An operator with etcd access adds a machine no agent runs (the API has no call
+        # for it: it is not leased, so it never goes down).
+        CellStore(etcd_kv, config.cell).add_machine(machine("m0", cpu=8))
         c.call("agent:agent-0", "RegisterAgent", _register("agent-0", "m1"))
         c.call("agent:agent-1", "RegisterAgent", _register("agent-1", "m2"))
         for req, who in ((_job("ja", "alice"), "user:alice"), (_job("jb", "bob"), "user:bob"),
@@ -159,6 +168,7 @@ OPERATIONS: dict[str, Call] = {
     "list machines": lambda c, w: c.call(w, "ListMachines", pb.ListMachinesRequest()),
     "sync": lambda c, w: next(iter(c.call(w, "Sync", pb.SyncRequest(start_revision=0)))),
     "submit as alice": lambda c, w: c.call(w, "SubmitJob", _job("jn", "alice")),
+    "submit as bob": lambda c, w: c.call(w, "SubmitJob", _job("jn", "bob")),
     "submit, no owner": lambda c, w: c.call(w, "SubmitJob", pb.SubmitJobRequest(
         spec_json=orjson.dumps({"id": "jn", "scheduler": "batch", "task_count": 1,
                                 "task_resources": {"cpu": 1}}))),
@@ -218,6 +228,20 @@ OPERATIONS: dict[str, Call] = {
                                                        _register("agent-0", "m1")),
     "register as agent-1 with m1": lambda c, w: c.call(w, "RegisterAgent",
                                                        _register("agent-1", "m1")),
+    "register as agent-0 with m1 at 1e6 cpus": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", cpu=1e6)),
+    "register as agent-0 with m1 in another rack": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", rack="r-evil")),
+    "register as agent-0 with m0 (an operator's)": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m0")),
+    "register as agent-0 with m1 and m0": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", "m0")),
+    "register as agent-0 with a new machine": lambda c, w: c.call(
+        w, "RegisterAgent", _register("agent-0", "m1", "m9")),
+    "register a piece as agent-0 under another lease": lambda c, w: c.call(
+        w, "RegisterAgent", pb.RegisterAgentRequest(
+            agent="agent-0", lease=c.leases["batch"],
+            machines_json=_register("agent-0", "m9").machines_json)),
     "report ja/0 (on m1) finished": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
         task="ja/0", outcome="finished", agent=w.partition(":")[2], machine="m1")),
     "report ja/0 (on m1) naming m2": lambda c, w: c.call(w, "ReportTask", pb.ReportTaskRequest(
@@ -240,7 +264,10 @@ ALLOWED: dict[str, set[str]] = {
     "get a job": set(IDENTITIES),
     "list machines": set(IDENTITIES),
     "sync": set(IDENTITIES),
-    "submit as alice": {"operator:root", "user:alice", "submitter:workload"},
+    # A submitter names only the owners the server's [auth.submitters] lists for it:
+    # agents run a job's command for its owner, so naming one is acting as it.
+    "submit as alice": {"operator:root", "user:alice"},
+    "submit as bob": {"operator:root", "user:bob", "submitter:workload"},
     "submit, no owner": {"operator:root", "user:alice", "user:bob", "submitter:workload"},
     "submit precedence 500 (service)": {"operator:root"},
     "submit precedence 60 (batch caps 50)": set(),
@@ -272,6 +299,14 @@ ALLOWED: dict[str, set[str]] = {
                            "scheduler:evil", "agent:agent-0", "agent:agent-1"},
     "register as agent-0 with m1": {"operator:root", "agent:agent-0"},
     "register as agent-1 with m1": set(),
+    # A machine's capacity and topology, and machines an operator added, are an
+    # operator's: an agent registers new machines and its own as recorded.
+    "register as agent-0 with m1 at 1e6 cpus": {"operator:root"},
+    "register as agent-0 with m1 in another rack": {"operator:root"},
+    "register as agent-0 with m0 (an operator's)": {"operator:root"},
+    "register as agent-0 with m1 and m0": {"operator:root"},
+    "register as agent-0 with a new machine": {"operator:root", "agent:agent-0"},
+    "register a piece as agent-0 under another lease": set(),
     "report ja/0 (on m1) finished": {"operator:root", "agent:agent-0"},
     # agent-1's own machine named, but the task is on agent-0's: refused.
     "report ja/0 (on m1) naming m2": set(),
@@ -295,7 +330,11 @@ OTHER_REFUSAL = {("kill finished job", "operator:root"): (FINAL, "final state"),
                  # The store: the task is not on the machine the report names.
                  ("report ja/0 (on m1) naming m2", "operator:root"): (FINAL, "not m2"),
                  # An operator may move machines, but not from a live agent (the store).
-                 ("register as agent-1 with m1", "operator:root"): (FINAL, "live agent")}
+                 ("register as agent-1 with m1", "operator:root"): (FINAL, "live agent"),
+                 # A piece joins only a live registration of the same agent's lease.
+                 **{("register a piece as agent-0 under another lease", who): (
+                     grpc.StatusCode.NOT_FOUND, "not registered under lease")
+                    for who in ("operator:root", "agent:agent-0")}}
 
 
 def _expected(op: str, who: str) -> tuple[object, str]:
@@ -492,6 +531,60 @@ def test_a_kill_reason_with_an_escape_sequence_is_refused(cell: Cell) -> None:
     assert cell.revision() == before
 
 
+@pytest.mark.parametrize("report", [
+    {"reason": "no fit\x1b]0;pwned\x07"},
+    {"fits": [{"machine": "m1", "why": "\x9b2J"}]},
+    {"\x1b[31mkey": 1},
+])
+def test_a_pending_report_with_a_control_character_is_refused(cell: Cell,
+                                                              report: dict[str, Any]) -> None:
+    """`omega why` prints schedulers' reports in terminals: no escape sequences."""
+    before = cell.revision()
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("scheduler:service", "ReportPending", pb.ReportPendingRequest(
+            scheduler="service", instance="i0", lease=cell.leases["service"],
+            reports=[pb.PendingReport(job="jsvc", report_json=orjson.dumps(report))]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "control character" in str(info.value.details())
+    assert cell.revision() == before
+
+
+@pytest.mark.parametrize(("who", "spec"), [
+    # A job's text fields are names: no control characters, no path separators.
+    ("user:alice", {"id": "j\x1b[2J", "owner": "alice"}),
+    ("user:alice", {"id": "jx", "owner": "alice", "labels": {"k": "v\x1b"}}),
+    ("submitter:workload", {"id": "jx", "owner": "../bob"}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_count": 10**9}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_resources": {"cpu": -1}}),
+    ("user:alice", {"id": "jx", "owner": "alice", "task_resources": {"cpu": float("nan")}}),
+])
+def test_hostile_job_specs_are_refused_and_change_nothing(cell: Cell, who: str,
+                                                          spec: dict[str, Any]) -> None:
+    before = cell.revision()
+    doc = {"scheduler": "batch", "task_count": 1, "task_resources": {"cpu": 1}, **spec}
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call(who, "SubmitJob", pb.SubmitJobRequest(spec_json=_json(doc)))
+    assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, DENIED), info.value
+    assert cell.revision() == before
+
+
+def test_a_machine_label_with_an_escape_sequence_is_refused(cell: Cell) -> None:
+    before = cell.revision()
+    doc = {**codec.machine_to_doc(machine("m7", cpu=8)), "labels": {"zone": "a\x1b[2J"}}
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("agent:agent-0", "RegisterAgent", pb.RegisterAgentRequest(
+            agent="agent-0", ttl=60, machines_json=[orjson.dumps(doc)]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "control character" in str(info.value.details())
+    assert cell.revision() == before
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(doc).encode()  # allows NaN, as a hostile client would send it
+
+
 def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:
     """A scheduler's instance lease (with its metrics and pending reports on it) and an
     agent's lease: renewed by their holder and operators, refused to everyone else."""
@@ -516,3 +609,25 @@ def test_a_lease_is_renewed_only_by_the_identity_holding_it(cell: Cell) -> None:
             assert info.value.code() == DENIED
             assert f"{who} may not renew lease {lease:x}" in str(info.value.details())
         assert cell.revision() == before
+
+
+def test_a_registration_too_large_for_one_call_is_refused(cell: Cell) -> None:
+    """An agent registers many machines in pieces of at most 1,000 a call."""
+    before = cell.revision()
+    request = _register("agent-0", *(f"n{i}" for i in range(1001)))
+    with pytest.raises(grpc.RpcError) as info:
+        cell.call("agent:agent-0", "RegisterAgent", request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "above the limit of 1000 a call" in str(info.value.details())
+    assert cell.revision() == before
+
+
+def test_pieces_join_the_registration_of_their_lease(cell: Cell) -> None:
+    first = cell.call("agent:agent-0", "RegisterAgent", _register("agent-0", "m1"))
+    cell.call("agent:agent-0", "RegisterAgent", pb.RegisterAgentRequest(
+        agent="agent-0", lease=first.lease, machines_json=_register("agent-0", "p1").machines_json))
+    cell.settle()
+    snap = cell.server.replica.snapshot()
+    assert snap.machines["p1"].agent == "agent-0"
+    assert snap.agents["agent-0"].machines == ("m1", "p1")
+    assert cell.kv.range(Keyspace("default").agent("agent-0")).kvs[0].lease == first.lease

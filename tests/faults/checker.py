@@ -133,6 +133,11 @@ class History:
     # before its commit point (its committer died, say): nothing of it ever ran
     aborted_gangs: dict[str, tuple[int, int]] = attrs.field(factory=dict)
     acks_checked: int = 0
+    # (revision, task, why) for every running task recorded lost: its job was killed,
+    # its machine went down or was drained (its agent's lease lapsed, an operator)
+    losses: list[tuple[int, str, str]] = attrs.field(factory=list)
+    # running tasks lost with none of those reasons: their agent and machine healthy
+    healthy_losses: list[str] = attrs.field(factory=list)
 
     def problems(self) -> list[str]:
         out: list[str] = []
@@ -140,7 +145,9 @@ class History:
                              ("acknowledged but not in etcd", self.ack_problems),
                              ("stale end of a task", self.stale_ends),
                              ("placed after its job was killed", self.placed_after_kill),
-                             ("gang partly placed", self.partial_gangs)):
+                             ("gang partly placed", self.partial_gangs),
+                             ("lost while its job, agent and machine were healthy",
+                              self.healthy_losses)):
             out.extend(f"{title}: {item}" for item in items[:_MAX_REPORTED])
             if len(items) > _MAX_REPORTED:
                 out.append(f"{title}: ... {len(items) - _MAX_REPORTED} more")
@@ -215,6 +222,30 @@ class _Walk:
                 self.h.stale_ends.append(
                     f"task {tid} running on {old[1]} recorded {v.state.value} on "
                     f"{v.machine} at revision {rev}")
+            elif old[0] is TaskState.RUNNING and v.state is TaskState.LOST:
+                self._lost(snap, tid, v.job, old[1])
+
+    def _lost(self, snap: CellSnapshot, tid: str, job: str, machine: str) -> None:
+        """Why a running task was lost at this revision: a task is lost only when its
+        job is killed or its machine goes down or is drained."""
+        rev = snap.revision
+        status = snap.statuses.get(job)
+        m = snap.machines.get(machine)
+        if status is not None and status.state is JobState.KILLED:
+            why = "killed"
+        elif m is None or m.state is MachineState.DOWN:
+            why = "machine down"
+        elif m.state is MachineState.DRAINING:
+            why = "drained"
+        elif m.agent and m.agent not in snap.agents:
+            why = f"agent {m.agent} gone"
+        else:
+            why = ""
+            self.h.healthy_losses.append(
+                f"task {tid} running on {machine} recorded lost at revision {rev}, its job "
+                f"not killed, the machine {m.state.value} and its agent {m.agent or '-'} "
+                "registered")
+        self.h.losses.append((rev, tid, why or "healthy"))
 
     def _machines(self, snap: CellSnapshot,
                   changed: list[tuple[KeyKind, str]] | None) -> None:

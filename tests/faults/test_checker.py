@@ -198,6 +198,33 @@ def test_machines_going_down_and_registrations_going_away_are_recorded(
     assert h.problems() == []
 
 
+def test_a_task_lost_on_a_healthy_machine_is_reported(kv: MemoryKV,
+                                                      store: CellStore) -> None:
+    """A running task is lost only with a reason: its job killed, its machine down or
+    drained, its agent gone. One recorded lost otherwise is a broken promise."""
+    store.commit(Transaction("batch", (Claim("j", 0, "m1"), Claim("j", 1, "m2"))))
+    store.set_machine_state("m2", "drain")
+    m1 = store.read_snapshot().machines["m1"]
+    rev = _put(kv, _machine_as(m1, {}), (K.task_key("j/0"), codec.encode_task(
+        TaskRecord("j", 0, TaskState.LOST, "m1", "batch"))))
+    h = _walk(kv)
+    assert h.healthy_losses == [
+        f"task j/0 running on m1 recorded lost at revision {rev}, its job not killed, the "
+        "machine up and its agent - registered"]
+    assert [(t, why) for _, t, why in h.losses] == [("j/1", "drained"), ("j/0", "healthy")]
+    assert any("lost while its job, agent and machine were healthy" in p
+               for p in h.problems())
+
+
+def test_the_tasks_of_a_killed_job_are_lost_for_a_reason(kv: MemoryKV,
+                                                        store: CellStore) -> None:
+    store.commit(Transaction("batch", (Claim("j", 0, "m1"),)))
+    store.kill_job(JobStatus("j", JobState.KILLED, "by a test"))
+    h = _walk(kv)
+    assert [(t, why) for _, t, why in h.losses] == [("j/0", "killed")]
+    assert h.problems() == []
+
+
 class _Responses:
     """A watcher that hands out given responses (etcd packs revisions like this)."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -290,7 +291,8 @@ def _exactly_once(cell: FaultCell) -> list[str]:
     return out
 
 
-STOP_FOR = max(AGENT_TTL, SCHEDULER_TTL) + 4.0  # past every lease
+STOP_FOR = float(os.environ.get("OMEGA_FAULTS_STOP_FOR", 0)) or (
+    max(AGENT_TTL, SCHEDULER_TTL) + 4.0)  # past every lease
 
 
 def test_sigstop_of_a_server_past_the_leases(cell: FaultCell) -> None:
@@ -328,8 +330,10 @@ def test_sigstop_of_a_server_past_the_leases(cell: FaultCell) -> None:
     down = [f"{m} at revision {rev}" for rev, m in h.machines_down
             if stop_rev <= rev < cell.settle_revision]
     extra.extend(f"machine went down: {d}" for d in down)
+    lost = collections.Counter(why for rev, _, why in h.losses
+                               if stop_rev <= rev < cell.settle_revision)
     cell.measure(service_placements_while_stopped=service, registrations_lost=len(gone),
-                 machines_down=len(down))
+                 machines_down=len(down), tasks_lost=dict(lost))
     _finish(cell, "SIGSTOP of a server past the leases, then SIGCONT", extra)
 
 

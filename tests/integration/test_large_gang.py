@@ -119,7 +119,10 @@ def test_committer_killed_before_the_commit_point_leaves_nothing(
     assert violations(mid) == []  # staged holds count, so nothing is over-committed
     time.sleep(TTL + 2.5)  # the dead committer's lease lapses, taking its gang record
     assert len(store.read_snapshot().gangs) == 0
+    # A starting server recovers only when its replica's copy shows something to settle.
+    assert CellStore.needs_recovery(store.read_snapshot())
     assert store.recover(), "recovery found the orphaned holds"
+    assert not CellStore.needs_recovery(store.read_snapshot())
     final = observer.settle(store)
     assert set(observer.counts) == {0}
     _assert_clean(final, 0)
@@ -142,7 +145,9 @@ def test_committer_killed_after_the_commit_point_leaves_everything(
     assert violations(mid) == []
     time.sleep(TTL + 1)  # a committed gang's record has no lease: it must survive
     assert len(store.read_snapshot().gangs) == 1
+    assert CellStore.needs_recovery(store.read_snapshot())
     assert store.recover()
+    assert not CellStore.needs_recovery(store.read_snapshot())
     final = observer.settle(store)
     assert set(observer.counts) == {0, TASKS}
     _assert_clean(final, TASKS)

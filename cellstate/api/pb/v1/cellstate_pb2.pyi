@@ -519,14 +519,16 @@ class ReportPendingResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("agent", "machines_json", "ttl")
+    __slots__ = ("agent", "machines_json", "ttl", "lease")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     MACHINES_JSON_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     agent: str
     machines_json: _containers.RepeatedScalarFieldContainer[bytes]
     ttl: int
-    def __init__(self, agent: _Optional[str] = ..., machines_json: _Optional[_Iterable[bytes]] = ..., ttl: _Optional[int] = ...) -> None: ...
+    lease: int
+    def __init__(self, agent: _Optional[str] = ..., machines_json: _Optional[_Iterable[bytes]] = ..., ttl: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
     __slots__ = ("lease", "revision")
