@@ -582,11 +582,12 @@ def _by_amount(item: tuple[str, float]) -> tuple[float, str]:
     return -item[1], item[0]
 
 
-@attrs.frozen
-class _Data:
+class _Data(NamedTuple):
     """Where a task's input lies: its total, the data on each machine and rack that
     holds some (a block counted once per machine and once per rack, whatever its
-    copies there), the machines of each rack that hold some, and the cost scale."""
+    copies there), the machines of each rack that hold some, and the cost scale. (A
+    tuple: one is made for every task that arrives, and a frozen attrs class costs a
+    call per field.)"""
 
     total: float
     on_machine: dict[str, float]
