@@ -602,7 +602,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             keep_going=args.keep_going, metrics=not args.no_metrics,
             dashboard=not args.no_dashboard,
             log_format=logfmt.log_format(args.log_format)), sys.stdout)
-        return 0 if stats.ok else 1
+        return stats.exit_code
     if cmd == "etcd":
         from omega.etcd_launcher import main as etcd_main
 

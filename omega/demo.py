@@ -31,6 +31,7 @@ plaintext instead.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import socket
 import tempfile
@@ -135,11 +136,38 @@ class DemoStats:
     file_tasks: int = 0  # tasks of the job file's jobs
     file_placed: int = 0  # of which running at the end
     broken_rules: list[str] = attrs.field(factory=list)  # placement rules they break
+    interrupted: bool = False  # Ctrl-C or SIGTERM ended it before --duration
+    failed_start: str = ""  # why the demo could not start every process
+    kept: str = ""  # the data folder, kept because something failed ("" : removed/given)
+
+    @property
+    def failures(self) -> list[str]:
+        """What makes the demo fail (exit 1), each in a few words; empty when it did
+        not. The closing line names them, so that it and the exit code agree."""
+        out = []
+        if self.failed_start:
+            out.append(f"did not start: {self.failed_start}")
+        if self.crashed:
+            out.append(f"{', '.join(self.crashed)} ended badly")
+        if self.violations:
+            out.append(f"{len(self.violations)} broken invariant(s)")
+        if self.broken_rules:
+            out.append(f"{len(self.broken_rules)} broken placement rule(s)")
+        if self.placed == 0 and not out and not self.interrupted:
+            out.append("no task was placed")
+        return out
 
     @property
     def ok(self) -> bool:
-        return (self.placed > 0 and not self.crashed and not self.violations
-                and not self.broken_rules)
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """1 when something failed, else 130 when interrupted, else 0 (as every
+        command's exit codes, docs/operations.md)."""
+        if self.failures:
+            return 1
+        return 130 if self.interrupted else 0
 
 
 @attrs.frozen
@@ -206,6 +234,7 @@ class Demo:
         self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
         self.dashboard_url = ""
         self.spare_ports: list[int] = []  # free ports drawn together, for what serves
+        self.done = "done: nothing ran"  # the closing summary, once the final check ran
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -254,10 +283,15 @@ class Demo:
                     self._lock_etcd(etcd.endpoint, spec_path)
                     self._run(etcd.endpoint, spec_path, spec.machine_count, logs, data)
                 except KeyboardInterrupt:
+                    self.stats.interrupted = True
                     self.say("interrupted: stopping every process")
+                except RuntimeError as e:  # a process did not start, or died starting
+                    self.stats.failed_start = str(e).splitlines()[0]
+                    self.say(f"the demo cannot go on: {e}")
                 finally:
                     self._stop_all()
                 self._final_check(etcd.endpoint)
+            self._closing_line(data)
         return self.stats
 
     def _credentials(self, data: Path, spec_path: Path) -> CellCredentials:
@@ -291,13 +325,33 @@ class Demo:
 
     @contextlib.contextmanager
     def _data_dir(self) -> Iterator[Path]:
+        """``--data-dir``, or a temporary folder that is removed at the end only when
+        the demo succeeded: after a failure its logs, certificates and etcd data are
+        what there is to look into (the closing line says where)."""
         if self.opts.data_dir:
             path = Path(self.opts.data_dir)
             path.mkdir(parents=True, exist_ok=True)
             yield path
-        else:
-            with tempfile.TemporaryDirectory(prefix="omega-demo-") as tmp:
-                yield Path(tmp)
+            return
+        path = Path(tempfile.mkdtemp(prefix="omega-demo-"))
+        try:
+            yield path
+        finally:
+            if self.stats.ok:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _closing_line(self, data: Path) -> None:
+        """The last line: the totals, the invariants, and a verdict that agrees with the
+        exit code (:attr:`DemoStats.exit_code`)."""
+        s = self.stats
+        line = self.done + "; every process stopped"
+        if s.interrupted:
+            line += "; interrupted before --duration was up (exit 130)"
+        if s.failures:
+            s.kept = str(data)
+            line += (f"; FAILED (exit 1): {'; '.join(s.failures)}; its data is kept in {data} "
+                     f"(logs: {data / 'logs'})")
+        self.say(line)
 
     def _start(self, name: str, args: list[str], logs: Path) -> Child:
         if self.certs is not None:
@@ -548,7 +602,7 @@ class Demo:
                   "preempted for fair shares")
         if s.exited:
             extras += f"; ended during the run: {', '.join(s.exited)}"
-        self.say(done_line(self.totals, extras, verdict) + "; every process stopped")
+        self.done = done_line(self.totals, extras, verdict)
 
 
 def _check_flow_policy(name: str) -> None:

@@ -108,8 +108,80 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
             proc.wait()
     assert "interrupted: stopping every process" in out, out
     assert "every process stopped" in out and "ended with" not in out, out
+    # Interrupted is exit 130 (as for every command), and the last line says so.
+    assert out.splitlines()[-1].startswith("done:"), out
+    assert "interrupted before --duration was up (exit 130)" in out.splitlines()[-1], out
+    assert proc.returncode == 130, out
     pids = {**names, "etcd": etcd.group(1)}
     assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
+
+
+@pytest.mark.etcd
+def test_a_dead_process_fails_the_demo_its_last_line_says_so_and_keeps_its_data(
+        tmp_path: Path) -> None:
+    """Issue 34: a demo whose process died ended with exit 1 under a last line saying
+    all was well, and removed the folder that held the logs to look into."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
+         "--no-dashboard", "--no-metrics"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)},
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):
+                break
+        started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
+        names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
+        os.kill(int(names["batch-1"]), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines) + out
+    last = out.splitlines()[-1]
+    assert proc.returncode == 1, out
+    assert last.startswith("done:") and "FAILED (exit 1): batch-1 ended badly" in last, out
+    kept = re.search(r"its data is kept in (\S+) ", last)
+    assert kept, last
+    data = Path(kept.group(1))
+    assert data.parent == tmp and (data / "certs" / "ca.pem").exists()
+    assert (data / "logs" / "batch-1.log").exists()
+
+
+def test_the_closing_line_agrees_with_the_exit_code(tmp_path: Path) -> None:
+    """Every ending: normal, interrupted, a process that died, final checks failing."""
+    import io
+
+    from omega.demo import Demo, DemoOptions
+
+    def ending(**stats: object) -> tuple[int, str]:
+        out = io.StringIO()
+        demo = Demo(DemoOptions(), out)
+        demo.stats.placed = 5
+        for k, v in stats.items():
+            setattr(demo.stats, k, v)
+        demo.done = "done: 5 tasks placed; invariants hold"
+        demo._closing_line(tmp_path)
+        return demo.stats.exit_code, out.getvalue().splitlines()[-1]
+
+    code, line = ending()
+    assert code == 0 and line.endswith("every process stopped")
+    code, line = ending(interrupted=True)
+    assert code == 130 and "interrupted" in line and "FAILED" not in line
+    code, line = ending(crashed=["agent-0"])
+    assert code == 1
+    assert f"FAILED (exit 1): agent-0 ended badly; its data is kept in {tmp_path}" in line
+    code, line = ending(violations=["m1 over-committed"], interrupted=True)
+    assert code == 1 and "1 broken invariant(s)" in line
+    code, line = ending(placed=0)
+    assert code == 1 and "no task was placed" in line
 
 
 @pytest.mark.parametrize(
