@@ -128,7 +128,8 @@ def release_task(
     there (a late report from an agent must not end the task's next run elsewhere).
     The caller must have read the task, its machine and the gangs staged on it."""
     if outcome not in RELEASE_OUTCOMES:
-        raise StoreError(f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}")
+        raise StoreError(f"task {tid}: outcome must be finished, failed, lost or killed, "
+                         f"not {outcome!r}")
     split_task_id(tid)
     rec = cell.tasks.get(tid)
     view = task_view(cell, tid)
@@ -319,10 +320,11 @@ def machine_action(cell: CellReader, machine_id: str, action: str,
     if action == "uncordon":
         up = attrs.evolve(m, state=MachineState.UP)
         return nothing if m.state is MachineState.UP else replace_machine(cell, m, up)
-    draining = attrs.evolve(m, state=MachineState.DRAINING)
     if action == "cordon":
-        return nothing if m.state is MachineState.DRAINING else replace_machine(cell, m,
-                                                                                draining)
+        cordoned = attrs.evolve(m, state=MachineState.CORDONED)
+        return nothing if m.state is not MachineState.UP else replace_machine(cell, m,
+                                                                              cordoned)
+    draining = attrs.evolve(m, state=MachineState.DRAINING)
     if m.state is MachineState.DRAINING and not m.allocations:
         return nothing
     return take_down(cell, m, draining, budget)

@@ -293,7 +293,10 @@ def labels_from(mapping: Mapping[str, str] | None, where: str = "labels") -> Lab
 
 class MachineState(enum.Enum):
     UP = "up"
-    DRAINING = "draining"  # runs what it has, takes nothing new
+    # Both run what they have and take nothing new: a cordoned machine was only
+    # cordoned, a draining one also had its tasks taken off (omega drain).
+    CORDONED = "cordoned"
+    DRAINING = "draining"
     DOWN = "down"
 
 
@@ -682,8 +685,9 @@ class TaskState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-    LOST = "lost"
+    LOST = "lost"  # its machine failed, or was drained: placed again
     PREEMPTED = "preempted"
+    KILLED = "killed"  # stopped because its job was killed or shrunk: never placed again
 
     # Members are singletons, so the identity hash (in C) agrees with their equality;
     # Enum's own hashes the name in Python, on every ``state in PLACEABLE``.
@@ -692,8 +696,10 @@ class TaskState(enum.Enum):
 
 # A task in one of these states may be (re)claimed.
 PLACEABLE = frozenset({TaskState.PENDING, TaskState.LOST, TaskState.PREEMPTED})
-# Outcomes an agent or operator may report for a running task.
-RELEASE_OUTCOMES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.LOST})
+# Outcomes an agent may report for a running task.
+AGENT_OUTCOMES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.LOST})
+# ... and those the store itself records (a kill or a shrink stops tasks as killed).
+RELEASE_OUTCOMES = AGENT_OUTCOMES | {TaskState.KILLED}
 
 
 def task_id(job: str, index: int) -> str:

@@ -225,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-dashboard", action="store_true",
                    help="do not start the web dashboard (default: `omega dashboard` on a "
                         "free port; the demo prints its address)")
+    d.add_argument("--allow-commands", action="store_true",
+                   help="agents run the commands of the demo's users and of your shell's "
+                        "omega submit (sleep, echo, sh, cat, date, true, false, python3), "
+                        "logging their output for omega logs")
     d.add_argument("--no-metrics", action="store_true",
                    help="do not serve Prometheus metrics (default: every server, scheduler "
                         "and agent serves them; the demo prints where)")
@@ -439,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     _cellstate_flag(m)
     _json_flag(m)
     m.add_argument("--status", "--state", dest="state", default="",
-                   choices=["", "up", "down", "draining"], help="only machines in this state")
+                   choices=["", "up", "cordoned", "draining", "down"],
+                   help="only machines in this state")
     m.add_argument("--limit", type=_non_negative_int, default=0,
                    help="at most this many machines (default 0: all)")
 
@@ -487,14 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands that talk to no cellstate server (etcd, files, the simulator), or take
 # their own TLS choice (the demo makes its certificates).
 NO_TLS_COMMANDS = frozenset({"demo", "etcd", "certs", "check", "recover", "simulate",
-                             "completion", "etcd-auth"})
+                             "completion", "etcd-auth", "env"})
 
 
 def _add_own_modules(sub: Any) -> None:
     """Commands that live in modules of their own (each has ``register(sub)``)."""
-    from omega import completion, dashboard, limitscmd, logscmd, machinecmds, plan
+    from omega import completion, dashboard, envcmd, limitscmd, logscmd, machinecmds, plan
 
     completion.register(sub, build_parser)
+    envcmd.register(sub)
     dashboard.register(sub, _cellstate_flag)
     logscmd.register(sub, _cellstate_flag, _non_negative_int)
     plan.register(sub, _cellstate_flag, _option, options_from_flags)
@@ -600,7 +606,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             flow_policy=args.flow_policy, mapreduce_policy=args.mapreduce_policy,
             jobs=args.jobs, settle=args.settle, insecure=args.insecure, contention=args.contention,
             keep_going=args.keep_going, metrics=not args.no_metrics,
-            dashboard=not args.no_dashboard,
+            dashboard=not args.no_dashboard, allow_commands=args.allow_commands,
             log_format=logfmt.log_format(args.log_format)), sys.stdout)
         return stats.exit_code
     if cmd == "etcd":
@@ -857,10 +863,14 @@ def _scheduler(args: argparse.Namespace) -> int:
     import attrs
 
     from omega.signals import stop_event_on_signals
-    from schedulers.process import run_scheduler
+    from schedulers.process import make_policy, run_scheduler
+    from schedulers.registry import Registry
 
-    config = attrs.evolve(_scheduler_tls(args, scheduler_process_config(args)),
-                          metrics=args.metrics)
+    config = scheduler_process_config(args)
+    # The policy before the certificate: `omega scheduler nosuch` with a certificate
+    # of another scheduler is a policy that does not exist, and says so.
+    make_policy(Registry.from_entry_points(), config)
+    config = attrs.evolve(_scheduler_tls(args, config), metrics=args.metrics)
     run_scheduler(config, stop_event_on_signals())  # bad options stop it before it connects
     return 0
 

@@ -39,6 +39,8 @@ class WorkloadOptions:
     fair_scheduler: str = "fair"
 
 
+# The other schedulers' jobs' owners.
+USERS = ("alice", "bob", "carol")
 # The fair scheduler's users: two run long batch jobs that fill its pool, three short
 # interactive ones that take their share back by preemption (Cook's mix).
 FAIR_BATCH_USERS = ("dana", "erin")
@@ -52,7 +54,7 @@ def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
     draw = rng.random()
     if draw < opts.service_fraction:
         return Job(
-            f"{opts.prefix}svc-{n:06}", rng.choice(["alice", "bob", "carol"]),
+            f"{opts.prefix}svc-{n:06}", rng.choice(USERS),
             opts.service_scheduler, rng.randint(2, 6),
             Resources.of(cpu=rng.choice([0.5, 1, 2]), mem=rng.choice([1, 2, 4])),
             kind=JobKind.SERVICE, precedence=5, constraints=Constraints(max_per_machine=1),
@@ -65,7 +67,7 @@ def random_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
                + opts.fair_fraction):
         return _fair_job(rng, n, now, opts)
     return Job(
-        f"{opts.prefix}batch-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        f"{opts.prefix}batch-{n:06}", rng.choice(USERS),
         opts.batch_scheduler, rng.randint(1, 30),
         Resources.of(cpu=rng.choice([0.5, 1, 2]), mem=rng.choice([1, 2, 4])),
         kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(2, 12), 3),
@@ -87,7 +89,7 @@ def _flow_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions,
             blocks = tuple((Block(1.0, tuple(rng.sample(where, rng.randint(1, len(where))))),)
                            for _ in range(tasks))
     return Job(
-        f"{opts.prefix}flow-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        f"{opts.prefix}flow-{n:06}", rng.choice(USERS),
         opts.flow_scheduler, tasks,
         Resources.of(cpu=rng.choice([0.5, 1]), mem=rng.choice([1, 2])),
         kind=JobKind.BATCH, precedence=1, duration=round(rng.uniform(4, 20), 3),
@@ -104,7 +106,7 @@ def _mapreduce_job(rng: random.Random, n: int, now: float, opts: WorkloadOptions
                          reduce_seconds=round(rng.uniform(1, 3), 3), workers=workers,
                          max_workers=workers * 10)
     return Job(
-        f"{opts.prefix}mr-{n:06}", rng.choice(["alice", "bob", "carol"]),
+        f"{opts.prefix}mr-{n:06}", rng.choice(USERS),
         opts.mapreduce_scheduler, workers, Resources.of(cpu=1, mem=rng.choice([1, 2])),
         kind=JobKind.MAPREDUCE, precedence=1, submitted_at=now, mapreduce=spec)
 

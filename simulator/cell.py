@@ -158,13 +158,13 @@ class SimCell:
         return self._apply(change) if change.writes else change.done_at
 
     def kill_job(self, status: JobStatus) -> int:
-        """As ``CellStore.kill_job``: the status, then every running task lost."""
+        """As ``CellStore.kill_job``: the status, then every running task killed."""
         revision = self.set_job_status(status)
         running = [t for i in range(self._job(status.job).task_count)
                    if (t := task_id(status.job, i)) in self._snap.tasks
                    and self._snap.tasks[t].state is TaskState.RUNNING]
         for tid in running:
-            revision = self.release_task(tid, TaskState.LOST)
+            revision = self.release_task(tid, TaskState.KILLED)
         return revision
 
     # -- what agents and users do ----------------------------------------------------------

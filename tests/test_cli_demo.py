@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +51,7 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     placed = re.search(r"; (\d+) tasks placed \(running (\d+), finished (\d+), failed (\d+), "
-                       r"lost (\d+), preempted (\d+)\)", last)
+                       r"lost (\d+), preempted (\d+), killed (\d+)\)", last)
     assert placed, last
     total, *parts = map(int, placed.groups())
     assert total > 0 and total == sum(parts)  # the totals agree with themselves
@@ -81,31 +84,72 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert (tmp_path / "certs" / "ca.pem").exists() and "PLAINTEXT" not in proc.stdout
 
 
+def _shell_env(data: Path) -> dict[str, str]:
+    """A shell's environment after `eval "$(omega env DATA)"`."""
+    printed = subprocess.run([sys.executable, "-m", "omega.cli", "env", str(data)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMEGA_")}
+    for line in printed.splitlines():
+        export, assignment = shlex.split(line)
+        assert export == "export"
+        name, _, value = assignment.partition("=")
+        env[name] = value
+    return env
+
+
+def _omega(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "omega.cli", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
 @pytest.mark.etcd
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    """Also: `omega env` sets a shell up for the demo's cell, and with --allow-commands
+    a command task submitted from that shell runs and `omega logs` shows its output
+    (issue 34 items 3 and 8)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
-         "--data-dir", str(tmp_path)],
+         "--data-dir", str(tmp_path), "--allow-commands", "--no-dashboard"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines: list[str] = []
-    try:
+    status_seen = threading.Event()
+
+    def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
             if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
-                break
+                status_seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert status_seen.wait(150), "".join(lines)
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
         etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 11, "".join(lines)
+        assert etcd and len(names) == 10, "".join(lines)
+        assert f'eval "$(omega env {tmp_path})"' in "".join(lines)
+        env = _shell_env(tmp_path)
+        assert _omega(env, "status").returncode == 0  # no flags: the environment's
+        submitted = _omega(env, "submit", "--id", "hello", "--command",
+                           "echo hello from omega")
+        assert submitted.stdout.strip() == "submitted hello", submitted.stderr
+        deadline = time.monotonic() + 60
+        while "hello from omega" not in (shown := _omega(env, "logs", "hello")).stdout:
+            assert time.monotonic() < deadline, shown.stdout + shown.stderr
+            time.sleep(1)
+        assert "==> hello/0 (finished on " in shown.stdout, shown.stdout
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out = "".join(lines)
     assert "interrupted: stopping every process" in out, out
     assert "every process stopped" in out and "ended with" not in out, out
     # Interrupted is exit 130 (as for every command), and the last line says so.
@@ -145,6 +189,8 @@ def test_a_dead_process_fails_the_demo_its_last_line_says_so_and_keeps_its_data(
             proc.kill()
             proc.wait()
     out = "".join(lines) + out
+    # The first line is the demo's etcd, not a warning about its version (issue 34).
+    assert lines[0].startswith("etcd 3.") and "WARNING" not in lines[0], out
     last = out.splitlines()[-1]
     assert proc.returncode == 1, out
     assert last.startswith("done:") and "FAILED (exit 1): batch-1 ended badly" in last, out

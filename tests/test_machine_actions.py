@@ -25,6 +25,7 @@ from schedulers.testing import job, machine, txn
 from tests.api.service_fixture import run_omega, running_server
 
 UP, DRAINING, DOWN = MachineState.UP, MachineState.DRAINING, MachineState.DOWN
+CORDONED = MachineState.CORDONED
 
 
 def _cell(state: MachineState) -> CellSnapshot:
@@ -33,7 +34,9 @@ def _cell(state: MachineState) -> CellSnapshot:
 
 
 @pytest.mark.parametrize(("state", "action", "after"), [
-    (UP, "cordon", DRAINING), (UP, "uncordon", None), (UP, "drain", DRAINING),
+    # Issue 34: a cordoned machine is cordoned, not draining like a drained one.
+    (UP, "cordon", CORDONED), (UP, "uncordon", None), (UP, "drain", DRAINING),
+    (CORDONED, "cordon", None), (CORDONED, "uncordon", UP), (CORDONED, "drain", DRAINING),
     (DRAINING, "cordon", None), (DRAINING, "uncordon", UP), (DRAINING, "drain", None),
 ])
 def test_the_judge(state: MachineState, action: str, after: MachineState | None) -> None:
@@ -80,7 +83,7 @@ def test_drain_takes_every_task_off_and_keeps_the_machine_draining(store: CellSt
 
 def test_a_cordoned_machine_takes_nothing_new_and_keeps_its_tasks(store: CellStore) -> None:
     _, state, lost = store.set_machine_state("m1", "cordon")
-    assert (state, lost) == (DRAINING, 0)
+    assert (state, lost) == (CORDONED, 0)
     snap = store.read_snapshot()
     assert len(snap.machines["m1"].allocations) == 3
     store.submit_job(job("k", tasks=1, cpu=1))
@@ -118,15 +121,17 @@ def test_the_commands(live: tuple[CellStateServer, CellStore],
                       capsys: pytest.CaptureFixture[str]) -> None:
     server, admin = live
     code, out, _ = run_omega(server, capsys, "cordon", "m2")
-    assert code == 0 and out.startswith("machine m2: draining (revision "), out
+    assert code == 0 and out.startswith("machine m2: cordoned (revision "), out
     code, out, _ = run_omega(server, capsys, "cordon", "m2")
-    assert code == 0 and "machine m2: draining already, nothing to cordon" in out
+    assert code == 0 and "machine m2: cordoned already, nothing to cordon" in out
     code, out, _ = run_omega(server, capsys, "drain", "m1", "--json")
     assert code == 0
     (doc,) = json.loads(out)
     assert doc["machine"] == "m1" and doc["state"] == "draining" and doc["tasks_lost"] == 2
     code, out, _ = run_omega(server, capsys, "machines", "--status", "draining", "--json")
-    assert sorted(m["id"] for m in json.loads(out)) == ["m1", "m2"]
+    assert sorted(m["id"] for m in json.loads(out)) == ["m1"]
+    code, out, _ = run_omega(server, capsys, "machines", "--status", "cordoned", "--json")
+    assert sorted(m["id"] for m in json.loads(out)) == ["m2"]
     code, out, _ = run_omega(server, capsys, "uncordon", "m1", "m2")
     assert code == 0 and out.count(": up (revision") == 2
     assert {m.state for m in admin.read_snapshot().machines.values()} == {UP}
@@ -153,16 +158,16 @@ def test_refusals_say_why(live: tuple[CellStateServer, CellStore],
 
 def test_the_machines_gauge_tells_cordoned_machines_apart(
         live: tuple[CellStateServer, CellStore], capsys: pytest.CaptureFixture[str]) -> None:
-    """omega_machines counts up, draining and down machines apart (each once)."""
+    """omega_machines counts up, cordoned, draining and down machines apart."""
     server, _ = live
     registry = CollectorRegistry()
     registry.register(CellCollector(server.service))
 
     def machines() -> dict[str, float | None]:
         return {s: registry.get_sample_value("omega_machines", {"state": s})
-                for s in ("up", "draining", "down")}
+                for s in ("up", "cordoned", "draining", "down")}
 
-    assert machines() == {"up": 2, "draining": 0, "down": 0}
+    assert machines() == {"up": 2, "cordoned": 0, "draining": 0, "down": 0}
     code, out, _ = run_omega(server, capsys, "cordon", "m2")
     assert code == 0, out
     revision = int(out.rsplit("revision ", 1)[1].rstrip(")\n"))
@@ -170,4 +175,4 @@ def test_the_machines_gauge_tells_cordoned_machines_apart(
     while server.service.status.view().snap.revision < revision:
         assert time.monotonic() < deadline, "the server's copy never showed the cordon"
         time.sleep(0.05)
-    assert machines() == {"up": 1, "draining": 1, "down": 0}
+    assert machines() == {"up": 1, "cordoned": 1, "draining": 0, "down": 0}

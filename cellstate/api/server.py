@@ -64,8 +64,8 @@ from cellstate.kv.base import (
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
+    AGENT_OUTCOMES,
     MAX_DETAIL,
-    RELEASE_OUTCOMES,
     InstanceRecord,
     Job,
     JobState,
@@ -484,7 +484,8 @@ class CellStateService(pb_grpc.CellStateServicer):
                 wanted = MachineState(request.state)
             except ValueError:
                 raise convert.WireError(
-                    f"state: {request.state!r} is not one of up, down, draining") from None
+                    f"state: {request.state!r} is not one of up, cordoned, draining, down"
+                ) from None
         snap = self._view(request.min_revision).snap
         out = pb.ListMachinesResponse(revision=snap.revision)
         for mid in sorted(snap.machines):
@@ -691,7 +692,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             outcome = TaskState(request.outcome)
         except ValueError:
             outcome = None
-        if outcome not in RELEASE_OUTCOMES:
+        if outcome not in AGENT_OUTCOMES:
             raise convert.WireError(
                 f"outcome: {request.outcome!r} is not one of finished, failed, lost")
         assert outcome is not None

@@ -232,7 +232,9 @@ class AdminWrites(LargeGangs):
                        and t.state is TaskState.RUNNING]
         for tid in running:
             try:
-                revision = max(revision, self.release_task(tid, TaskState.LOST))
+                # Killed, not lost: lost is a machine's failure, and a lost task is
+                # placed again.
+                revision = max(revision, self.release_task(tid, TaskState.KILLED))
             except StoreError as e:  # it ended meanwhile (finished, lost): nothing to do
                 log.debug("kill %s: %s", status.job, e)
         return revision

@@ -157,7 +157,7 @@ def test_a_person_sees_the_cell_live(browser: Any, demo: tuple[str, list[str], A
     # Live: cordon a machine from the command line; the page shows it, no reload.
     subprocess.run([sys.executable, "-m", "omega.cli", "cordon", "m00007", *operator],
                    check=True, timeout=60)
-    _until(browser, "m00007 cordoned", lambda p: ["m00007", "draining"] in p["machines"])
+    _until(browser, "m00007 cordoned", lambda p: ["m00007", "cordoned"] in p["machines"])
     before = page["summary"]
     _until(browser, "the revision move on",
            lambda p: p["summary"] != before and "revision" in p["summary"])
