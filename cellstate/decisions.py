@@ -44,6 +44,7 @@ from cellstate.model import (
     check_status_text,
     split_task_id,
     sum_resources,
+    task_id,
 )
 from cellstate.validation import Decision
 
@@ -364,11 +365,14 @@ def set_job_status(cell: CellReader, status: JobStatus) -> Change:
     return Change(frozenset({(KeyKind.JOB, status.job)}), {(KeyKind.STATUS, status.job): status})
 
 
-def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[int]) -> Change:
+def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[int],
+               drop_ended: bool = False) -> Change:
     """Grow a job, or shrink it to no fewer tasks than any that was ever placed
-    (``placed``: the indices of the job's task records). The caller must also make
-    sure no task of the job was placed since it read ``placed`` (the store guards the
-    job's whole task range)."""
+    (``placed``: the indices of the job's task records). With ``drop_ended`` (a user's
+    scale-down, after the tasks beyond the new count were stopped) a job that is not a
+    gang may shrink below tasks that have run, as long as none of them runs now: their
+    records go with the count. The caller must also make sure no task of the job was
+    placed since it read ``placed`` (the store guards the job's whole task range)."""
     if isinstance(task_count, bool) or not isinstance(task_count, int) or not (
         1 <= task_count <= MAX_TASKS_PER_JOB
     ):
@@ -382,14 +386,22 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
         raise StoreError(f"job {job_id}: a MapReduce job runs from the {mr.workers} workers it "
                          f"asked for to its elastic upper bound of {mr.max_workers}, not "
                          f"{task_count}")
+    writes: dict[Ref, object] = {}
     if task_count < job.task_count:
-        used = max(placed, default=-1)
-        if used >= task_count:
-            raise StoreError(f"job {job_id}: task {used} has run; cannot shrink to "
+        beyond = sorted(i for i in placed if i >= task_count)
+        if beyond and (not drop_ended or job.gang):
+            raise StoreError(f"job {job_id}: task {beyond[-1]} has run; cannot shrink to "
                              f"{task_count} tasks")
+        for i in beyond:
+            tid = task_id(job_id, i)
+            if task_view(cell, tid).state is TaskState.RUNNING:
+                raise StoreError(f"job {job_id}: task {tid} runs; stop it before shrinking "
+                                 f"to {task_count} tasks")
+            writes[(KeyKind.TASK, tid)] = None
     # Input of tasks a shrink removes goes with them (a record names no task it lacks).
-    return Change(frozenset(), {(KeyKind.JOB, job_id): attrs.evolve(
-        job, task_count=task_count, task_input=job.task_input[:task_count])})
+    writes[(KeyKind.JOB, job_id)] = attrs.evolve(
+        job, task_count=task_count, task_input=job.task_input[:task_count])
+    return Change(frozenset(), writes)
 
 
 # -- large gangs ---------------------------------------------------------------------

@@ -28,8 +28,8 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
         cellstate_flag(p)
         p.add_argument("machines", nargs="+", metavar="MACHINE", help="machine id(s)")
         p.set_defaults(func=lambda args, a=action: machines(args, a))
-    r = sub.add_parser("resize", help="change a job's task count (grow it, or shrink it to "
-                                      "no fewer tasks than have run)")
+    r = sub.add_parser("resize", help="change a job's task count (grow it, or shrink it: "
+                                      "its highest tasks stop first)")
     cellstate_flag(r)
     r.add_argument("job_id", metavar="JOB", help="the job's id")
     r.add_argument("--tasks", type=positive_int, required=True,

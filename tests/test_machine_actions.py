@@ -17,9 +17,10 @@ from cellstate.api.metrics import CellCollector
 from cellstate.api.server import CellStateServer
 from cellstate.cell import CellSnapshot
 from cellstate.errors import NotFoundError, StoreError
+from cellstate.invariants import violations
 from cellstate.keys import KeyKind
 from cellstate.kv.base import KV
-from cellstate.model import Claim, InstanceRecord, MachineState, Reason, TaskState
+from cellstate.model import Claim, InstanceRecord, JobKind, MachineState, Reason, TaskState
 from cellstate.store import CellStore
 from schedulers.testing import job, machine, txn
 from tests.api.service_fixture import run_omega, running_server
@@ -140,10 +141,35 @@ def test_the_commands(live: tuple[CellStateServer, CellStore],
     assert admin.read_snapshot().jobs["j"].task_count == 5
 
 
+def test_resize_down_stops_the_highest_tasks_first(
+        live: tuple[CellStateServer, CellStore], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 34: `omega resize nc-aa --tasks 10` said "task 299 has run; cannot shrink".
+    Now the running tasks beyond the new count stop (killed), the highest index first,
+    and their records go with the count, in a cell whose invariants hold."""
+    server, admin = live
+    admin.submit_job(job("svc", tasks=4, cpu=0.5, kind=JobKind.SERVICE))
+    admin.commit(txn([Claim("svc", i, "m2") for i in range(3)]))  # svc/3 waits
+    code, out, err = run_omega(server, capsys, "resize", "svc", "--tasks", "1")
+    assert code == 0 and out.startswith("job svc: 1 tasks"), err
+    snap = admin.read_snapshot()
+    assert snap.jobs["svc"].task_count == 1
+    assert sorted(t for t in snap.tasks if t.startswith("svc/")) == ["svc/0"]
+    assert set(snap.machines["m2"].allocations) == {"svc/0"}
+    assert violations(snap) == []
+    code, out, _ = run_omega(server, capsys, "resize", "svc", "--tasks", "3")  # and up again
+    assert code == 0 and admin.read_snapshot().jobs["svc"].task_count == 3
+
+
+def test_a_gang_is_not_shrunk_below_what_has_run(store: CellStore) -> None:
+    store.submit_job(job("g", tasks=2, cpu=1, gang=True))
+    assert store.commit(txn([Claim("g", 0, "m2"), Claim("g", 1, "m2")], gang=True)).ok
+    with pytest.raises(StoreError, match="task 1 has run; cannot shrink to 1 tasks"):
+        store.resize_job("g", 1, stop=True)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["cordon", "m9"], "unknown machine 'm9'"),
     (["drain", "m1", "m9"], "unknown machine 'm9'"),
-    (["resize", "j", "--tasks", "1"], "task 1 has run; cannot shrink to 1 tasks"),
     (["resize", "nope", "--tasks", "3"], "unknown job 'nope'"),
 ])
 def test_refusals_say_why(live: tuple[CellStateServer, CellStore],

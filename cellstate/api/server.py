@@ -470,7 +470,10 @@ class CellStateService(pb_grpc.CellStateServicer):
                   ) -> pb.ResizeJobResponse:
         self._may_change(context, request.job, "resize", scheduler_may=True)
         with self.stores.get() as store:
-            revision = self._wrote(store.resize_job(request.job, request.task_count))
+            # A scale-down through the service stops what runs beyond the new count
+            # (highest index first) rather than refusing it (issue 34).
+            revision = self._wrote(store.resize_job(request.job, request.task_count,
+                                                    stop=True))
         return pb.ResizeJobResponse(revision=revision)
 
     # -- machines and status ---------------------------------------------------------
