@@ -669,8 +669,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             info = client.get_job(args.job_id)
             if cmd == "why":
+                from omega.jobview import waiting
+
                 _emit(args, {"job": args.job_id, "state": info["state"],
-                             "pending": info["task_states"].get("pending", 0),
+                             "pending": waiting(info),
                              "reason": info.get("reason", ""), **info.get("why", {})},
                       why_text(info))
             else:

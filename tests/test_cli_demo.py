@@ -59,7 +59,8 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert "flow/f0:" in proc.stdout
     # The flow scheduler's rounds, as the demo shows them while it runs.
     rounds = re.findall(r"^    flow/f0 rounds (\d+): last solved \d+ nodes, \d+ arcs in [\d.]+ "
-                        r"ms .*\), (\d+) placed, (\d+) moved, (\d+) preempted; median solve",
+                        r"ms .*\), (\d+) placements proposed, (\d+) moved, (\d+) preempted; "
+                        r"median solve",
                         proc.stdout, re.MULTILINE)
     assert rounds and int(rounds[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) flow rounds", last).group(1)) > 0  # type: ignore[union-attr]
@@ -70,7 +71,8 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert grown and int(grown[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) MapReduce workers added", last).group(1)) > 0  # type: ignore[union-attr]
     # The fair scheduler's line: what it placed, its preemptions and its users' shares.
-    fair = re.findall(r"^    fair/fa0 fair: (\d+) placed, \d+ preemptions .*; shares: (.*)$",
+    fair = re.findall(r"^    fair/fa0 fair: (\d+) placements proposed, \d+ preemptions .*; "
+                      r"shares: (.*)$",
                       proc.stdout, re.MULTILINE)
     assert fair and int(fair[-1][0]) > 0 and fair[-1][1] != "none running", proc.stdout
     assert re.search(r"\d+ tasks preempted for fair shares", last), last
