@@ -54,8 +54,8 @@ from cellstate.invariants import constraint_violations, placed_tasks_of, violati
 from cellstate.model import ModelError
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
+from omega.commands.env import CLIENT_FILE, client_toml
 from omega.demoview import Totals, cell_line, done_line, instance_key, instance_rows, totals
-from omega.envcmd import CLIENT_FILE, client_toml
 from omega.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd, free_ports
 from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 CLIENT_FILE = "client.toml"
+ORDER = 19
+TLS = False  # reads a file, talks to no server
 
 
 def register(sub: Any) -> None:

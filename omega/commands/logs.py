@@ -10,14 +10,15 @@ it (the agent's own host, or a shared mount).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+ORDER = 24
 
-def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
-             non_negative_int: Callable[[str], Any]) -> None:
+
+def register(sub: Any) -> None:
     from omega.clientconfig import default
+    from omega.commands.common import cellstate_flag, non_negative_int
 
     p = sub.add_parser("logs", help="print the output of a job's command tasks",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
