@@ -49,6 +49,7 @@ from cellstate.model import (
     SchedulerRecord,
     Selector,
     SelectorOp,
+    TaskEvent,
     TaskRecord,
     TaskState,
     UsageRecord,
@@ -621,6 +622,11 @@ def encode_task(t: TaskRecord) -> bytes:
         doc["ended_at"] = t.ended_at
     if t.detail:
         doc["detail"] = t.detail
+    if t.placed_at:
+        doc["placed_at"] = t.placed_at
+    if t.history:
+        # Compact: [at, state, machine, by, why] per event (a placement writes it).
+        doc["history"] = [[e.at, e.state._value_, e.machine, e.by, e.why] for e in t.history]
     return orjson.dumps(doc)
 
 
@@ -640,6 +646,10 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
             float(doc.get("started_at", 0.0)),
             float(doc.get("ended_at", 0.0)),
             str(doc.get("detail", "")),
+            float(doc.get("placed_at", 0.0)),
+            tuple(TaskEvent(float(at), _member(_TASK_STATES, TaskState, state), str(machine),
+                            str(by), str(why))
+                  for at, state, machine, by, why in doc.get("history", ())),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"task {tid!r}: stored record is corrupt ({e})") from e

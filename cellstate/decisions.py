@@ -38,6 +38,7 @@ from cellstate.model import (
     Machine,
     MachineState,
     Resources,
+    TaskEvent,
     TaskRecord,
     TaskResult,
     TaskState,
@@ -45,6 +46,7 @@ from cellstate.model import (
     split_task_id,
     sum_resources,
     task_id,
+    with_event,
 )
 from cellstate.validation import Decision
 
@@ -122,10 +124,11 @@ def claims_change(decision: Decision) -> Change:
 
 def release_task(
     cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None,
-    result: TaskResult | None = None,
+    result: TaskResult | None = None, *, at: float = 0.0, by: str = "", why: str = "",
 ) -> Change:
-    """A running task ended (finished, failed, lost): record it (with ``result``, how
-    its run ended) and free its hold. With ``machine``, refused unless the task runs
+    """A running task ended (finished, failed, lost, killed): record it (with
+    ``result``, how its run ended, and an event of ``at``, ``by`` and ``why`` in its
+    history) and free its hold. With ``machine``, refused unless the task runs
     there (a late report from an agent must not end the task's next run elsewhere).
     The caller must have read the task, its machine and the gangs staged on it."""
     if outcome not in RELEASE_OUTCOMES:
@@ -155,7 +158,9 @@ def release_task(
         frozenset(reads),
         {(KeyKind.TASK, tid): TaskRecord(
             rec.job, rec.index, outcome, m.id, a.scheduler,
-            **(attrs.asdict(result) if result is not None else {})),
+            **(attrs.asdict(result) if result is not None else {}),
+            placed_at=rec.placed_at,
+            history=with_event(rec, TaskEvent(at, outcome, m.id, by or m.agent, why))),
          (KeyKind.MACHINE, m.id): _without(m, [tid])},
         removed={a.scheduler: a.resources},
     )
@@ -163,7 +168,7 @@ def release_task(
 
 def end_tasks(
     cell: CellReader, tids: Iterable[str], outcome: TaskState, placed_at: int | None = None,
-    reads: bool = True,
+    reads: bool = True, at: float = 0.0,
 ) -> tuple[Change, list[str]]:
     """Many tasks ended at once (the simulator's task ends of one instant): those still
     running are released in one change, the rest skipped (preempted or lost meanwhile;
@@ -190,8 +195,9 @@ def end_tasks(
             by_machine[mid] = [tid]
         else:
             gone.append(tid)
-        records[(_TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, mid,
-                                                  rec.scheduler)
+        records[(_TASK, tid)] = TaskRecord(
+            rec.job, rec.index, outcome, mid, rec.scheduler, placed_at=rec.placed_at,
+            history=with_event(rec, TaskEvent(at, outcome, mid)))
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
     refs: set[Ref] = set()
     for mid, gone in by_machine.items():
@@ -250,8 +256,8 @@ def replace_machine(cell: CellReader, old: Machine, changed: Machine) -> Change:
     return Change(frozenset(_machine_reads(old)), {(KeyKind.MACHINE, old.id): changed})
 
 
-def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None = None
-              ) -> Change:
+def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None = None,
+              at: float = 0.0, why: str = "") -> Change:
     """Machine ``old`` goes down as ``down`` (its state changed): every task holding it
     is lost, and gangs still preparing holds on it are aborted (they could not run
     here). ``budget`` caps the allocations dropped in one change; a machine holding
@@ -270,7 +276,12 @@ def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None 
         if not alloc_placed(a, cell.gangs):
             continue
         job, index = split_task_id(tid)
-        writes[(KeyKind.TASK, tid)] = TaskRecord(job, index, TaskState.LOST, old.id, a.scheduler)
+        rec = cell.tasks.get(tid)
+        writes[(KeyKind.TASK, tid)] = TaskRecord(
+            job, index, TaskState.LOST, old.id, a.scheduler,
+            placed_at=rec.placed_at if rec is not None else 0.0,
+            history=with_event(rec, TaskEvent(at, TaskState.LOST, old.id, "",
+                                              why or f"machine {old.id} {down.state.value}")))
         removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
     writes[(KeyKind.MACHINE, old.id)] = down.with_allocations(allocs)
     return Change(frozenset(_machine_reads(old) | {(KeyKind.CONFIG, "")}), writes,
@@ -280,7 +291,7 @@ def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None 
 def update_machine(
     cell: CellReader, machine_id: str, *, capacity: Resources | None = None,
     state: MachineState | None = None, labels: tuple[tuple[str, str], ...] | None = None,
-    budget: int | None = None,
+    budget: int | None = None, at: float = 0.0,
 ) -> Change:
     """Change a machine's capacity, state or labels; taking it down loses its tasks."""
     m = cell.machines.get(machine_id)
@@ -293,7 +304,7 @@ def update_machine(
         labels=labels if labels is not None else m.labels,
     )
     if state is MachineState.DOWN:
-        return take_down(cell, m, changed, budget)
+        return take_down(cell, m, changed, budget, at)
     return replace_machine(cell, m, changed)
 
 
@@ -301,7 +312,7 @@ MACHINE_ACTIONS = ("cordon", "uncordon", "drain")
 
 
 def machine_action(cell: CellReader, machine_id: str, action: str,
-                   budget: int | None = None) -> Change:
+                   budget: int | None = None, at: float = 0.0, by: str = "") -> Change:
     """An operator's change to a machine that is up or draining: ``cordon`` (draining:
     it runs what it has and takes nothing new), ``uncordon`` (up again) or ``drain``
     (draining, and every task on it lost, so that its scheduler places it elsewhere;
@@ -328,7 +339,8 @@ def machine_action(cell: CellReader, machine_id: str, action: str,
     draining = attrs.evolve(m, state=MachineState.DRAINING)
     if m.state is MachineState.DRAINING and not m.allocations:
         return nothing
-    return take_down(cell, m, draining, budget)
+    return take_down(cell, m, draining, budget, at, f"machine {m.id} drained"
+                     + (f" by {by}" if by else ""))
 
 
 def remove_machine(cell: CellReader, machine_id: str) -> Change:
@@ -408,7 +420,8 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
 
 
 def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
-                         committed: bool, limit: int | None = None) -> Change:
+                         committed: bool, limit: int | None = None, at: float = 0.0
+                         ) -> Change:
     """Rewrite the machines where gang ``gid`` staged records: its holds become plain
     allocations and its marked victims are preempted if it committed; both are dropped
     if it aborted. ``limit``: settle at most this many of each machine's records (a
@@ -438,8 +451,12 @@ def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
             elif a.evicted_by == gid:
                 if committed:
                     del allocs[tid]
+                    rec = cell.tasks.get(tid)
                     writes[(KeyKind.TASK, tid)] = TaskRecord(
-                        *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler)
+                        *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler,
+                        placed_at=rec.placed_at if rec is not None else 0.0,
+                        history=with_event(rec, TaskEvent(
+                            at, TaskState.PREEMPTED, mid, "", f"preempted for gang {gid}")))
                 else:
                     allocs[tid] = attrs.evolve(a, evicted_by="")
         reads.add((KeyKind.MACHINE, mid))

@@ -111,7 +111,7 @@ class AdminWrites(LargeGangs):
                     self._fetch_gangs(m)
                 return decisions.update_machine(
                     self.view, machine_id, capacity=capacity, state=state, labels=new_labels,
-                    budget=self._lose_budget())
+                    budget=self._lose_budget(), at=self.clock())
 
             return self._decide_and_write(f"updating machine {machine_id}", decide)
 
@@ -132,7 +132,7 @@ class AdminWrites(LargeGangs):
                     if m is not None:
                         self._fetch_gangs(m)
                     written[:] = [decisions.machine_action(self.view, machine_id, action,
-                                                           self._lose_budget())]
+                                                           self._lose_budget(), self.clock())]
                     return written[0]
 
                 wrote = self._decide_and_write(f"{action} machine {machine_id}", decide)
@@ -159,7 +159,8 @@ class AdminWrites(LargeGangs):
         """The write that takes the view's machine down as ``down`` (decisions.take_down)."""
         old = self.view.machines[down.id]
         self._fetch_gangs(old)
-        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget()))
+        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget(),
+                                                   self.clock()))
 
     def remove_machine(self, machine_id: str) -> int:
         """Take the machine down (losing its tasks) and delete it."""
@@ -178,9 +179,10 @@ class AdminWrites(LargeGangs):
                     return res.revision
 
     def release_task(self, tid: str, outcome: TaskState, machine: str | None = None,
-                     result: TaskResult | None = None) -> int:
-        """Record that a running task ended (finished, failed, lost; ``result``: its exit
-        code and times) and free its hold (decisions.release_task says when it is
+                     result: TaskResult | None = None, *, by: str = "", why: str = "") -> int:
+        """Record that a running task ended (finished, failed, lost, killed; ``result``:
+        its exit code and times; ``by`` and ``why`` for its history, by default its
+        machine's agent) and free its hold (decisions.release_task says when it is
         refused)."""
         try:
             split_task_id(tid)
@@ -202,7 +204,8 @@ class AdminWrites(LargeGangs):
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
-                return decisions.release_task(self.view, tid, outcome, machine, result)
+                return decisions.release_task(self.view, tid, outcome, machine, result,
+                                              at=self.clock(), by=by, why=why)
 
             return self._decide_and_write(f"releasing task {tid}", decide)
 
@@ -240,7 +243,9 @@ class AdminWrites(LargeGangs):
             try:
                 # Killed, not lost: lost is a machine's failure, and a lost task is
                 # placed again.
-                revision = max(revision, self.release_task(tid, TaskState.KILLED))
+                revision = max(revision, self.release_task(
+                    tid, TaskState.KILLED, by=status.by,
+                    why=f"job killed: {status.reason}"[:200]))
             except StoreError as e:  # it ended meanwhile (finished, lost): nothing to do
                 log.debug("kill %s: %s", status.job, e)
         return revision
@@ -289,7 +294,8 @@ class AdminWrites(LargeGangs):
                        if task_view(self.view, task_id(job_id, i)).state is TaskState.RUNNING]
         for tid in running:
             try:
-                self.release_task(tid, TaskState.KILLED)
+                self.release_task(tid, TaskState.KILLED,
+                                  why=f"job shrunk to {task_count} tasks")
             except StoreError as e:  # it ended meanwhile: nothing to stop
                 log.debug("shrink %s: %s", job_id, e)
         if len(beyond) > _SHRINK_STEP:
