@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 DEFAULT_CELLSTATE = "127.0.0.1:7070"
@@ -150,3 +150,32 @@ def emit(args: argparse.Namespace, doc: object, text: str | Callable[[bool], str
     from omega.cliglobal import emit as cliglobal_emit
 
     cliglobal_emit(args, doc, text)
+
+
+def cell_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cell", default="default", help="cell name (default 'default')")
+
+
+def watch_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("-w", "--watch", action="store_true",
+                   help=f"keep watching: {what} (Ctrl-C stops)")
+
+
+def snapshots(args: argparse.Namespace) -> Iterator[Any]:
+    """The cell as a server's sync stream shows it: its snapshot at one revision, then
+    (for ``--watch``) a newer one each time the cell changed, at most once a second.
+    Ctrl-C ends a watch (exit 130, as every command)."""
+    from cellstate.api.client import remote_replica
+    from omega.cliglobal import cell_client
+
+    with cell_client(args) as client:
+        replica = remote_replica(client, getattr(args, "cell", "default"))
+        replica.load()
+        snap = replica.snapshot()
+        yield snap
+        while getattr(args, "watch", False):
+            replica.pump(timeout=1.0)
+            newer = replica.snapshot()
+            if newer.revision != snap.revision:
+                snap = newer
+                yield snap
