@@ -67,7 +67,7 @@ def test_events_tell_what_happened_to_each_task_with_who_and_why(
         ("web/0", "placed", "m1", "batch", "placed"),
         ("batch/0", "lost", "m2", "", "machine m2 down"),
     ]
-    code, out, _ = run_omega(server, capsys, "events", "--job", "web")
+    _, out, _ = run_omega(server, capsys, "events", "--job", "web")
     lines = out.splitlines()
     assert lines[0].split() == ["TIME", "TASK", "EVENT", "MACHINE", "BY", "WHY"]
     assert [x.split()[3] for x in lines[1:]] == ["placed", "preempted", "placed"]
@@ -81,7 +81,7 @@ def test_machine_describes_its_tasks_and_events(
     assert out.startswith("machine m1: up (agent -")
     assert "capacity: cpu 4/4 (100%), mem 1/16 (6%)" in out
     assert "web/0" in out and "preempted for svc/0" in out
-    code, out, _ = run_omega(server, capsys, "machine", "m1", "--json")
+    _, out, _ = run_omega(server, capsys, "machine", "m1", "--json")
     doc = json.loads(out)
     assert [t["task"] for t in doc["tasks"]] == ["web/0"] and doc["tasks"][0]["placed_at"] > 0
     code, _, err = run_omega(server, capsys, "machine", "m9")
@@ -92,8 +92,10 @@ def test_top_ranks_machines_jobs_and_schedulers(
         live: tuple[CellStateServer, CellStore], capsys: pytest.CaptureFixture[str]) -> None:
     server, _ = live
     code, out, _ = run_omega(server, capsys, "top", "--json")
+    assert code == 0
     assert [(r["machine"], r["fullest"]) for r in json.loads(out)] == [("m1", 1.0), ("m2", 0.0)]
     code, out, _ = run_omega(server, capsys, "top", "--by", "job")
+    assert code == 0
     assert out.splitlines()[1:] == ["JOB  TASKS  CPU  MEM", "web      1    4    1"]
 
 
