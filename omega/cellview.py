@@ -43,6 +43,11 @@ def _event(task: str, e: TaskEvent) -> Event:
     return Event(e.at, task, verb, e.machine, e.by, e.why)
 
 
+def task_events(tid: str, history: Iterable[TaskEvent]) -> list[Event]:
+    """A task's events as :func:`events` lists them."""
+    return [_event(tid, e) for e in history]
+
+
 def events(snap: CellSnapshot, job: str = "", machine: str = "",
            since: float = 0.0) -> list[Event]:
     """Every event the cell's task records keep, oldest first (``job``, ``machine``:

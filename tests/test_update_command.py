@@ -15,7 +15,8 @@ from cellstate.invariants import constraint_violations, violations
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim, Constraints, JobKind, TaskState
 from cellstate.store import CellStore
-from omega.cli import build_parser, scheduler_process_config
+from omega.cli import build_parser
+from omega.commands.scheduler import scheduler_process_config
 from omega.commands.update import next_version
 from schedulers.process import run_scheduler
 from schedulers.testing import job, machine, txn
