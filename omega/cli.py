@@ -39,12 +39,12 @@ from typing import Any
 from cellstate.model import ModelError
 
 # Kept here for callers of the command line's pieces (tests, docs).
-from omega.commands.common import (  # noqa: F401
-    DEFAULT_CELLSTATE,
-    option_value,
-    options_from_flags,
+from omega.commands.common import (
+    DEFAULT_CELLSTATE as DEFAULT_CELLSTATE,
+    option_value as option_value,
+    options_from_flags as options_from_flags,
 )
-from omega.commands.scheduler import scheduler_process_config  # noqa: F401
+from omega.commands.scheduler import scheduler_process_config as scheduler_process_config
 
 
 def build_parser() -> argparse.ArgumentParser:
