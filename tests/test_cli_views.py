@@ -4,6 +4,7 @@ owner and label and watching (-w), and `omega logs -f`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -34,7 +35,10 @@ from tests.api.service_fixture import run_omega, running_server
 def live(kv: KV) -> Iterator[tuple[CellStateServer, CellStore]]:
     """m1 runs web/0 (alice's, label app=web), which was preempted once by svc/0
     (bob's); m2 ran batch/0 until m2 went down."""
-    admin = CellStore(kv)
+    # A clock a second apart per reading: the events' order is the order of the writes
+    # (store times are kept to the millisecond; a fast machine writes several in one).
+    ticks = itertools.count(1_700_000_000)
+    admin = CellStore(kv, clock=lambda: float(next(ticks)))
     admin.add_machines([machine("m1", cpu=4), machine("m2", cpu=4)])
     admin.register_instance(InstanceRecord("batch", "0"), 60)
     admin.submit_job(attrs.evolve(job("web", cpu=4), owner="alice",
