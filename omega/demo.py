@@ -322,8 +322,10 @@ class Demo:
                 except KeyboardInterrupt:
                     self.stats.interrupted = True
                     self.say("interrupted: stopping every process")
-                except RuntimeError as e:  # a process did not start, or died starting
-                    self.stats.failed_start = str(e).splitlines()[0]
+                except (RuntimeError, ServiceUnavailable, OSError) as e:
+                    # A process did not start or died starting, or no server answered:
+                    # the closing line says so and the data folder is kept.
+                    self.stats.failed_start = str(e).splitlines()[0] if str(e) else repr(e)
                     self.say(f"the demo cannot go on: {e}")
                 finally:
                     self._stop_all()
@@ -374,7 +376,9 @@ class Demo:
         try:
             yield path
         finally:
-            if self.stats.ok:
+            # Kept exactly when the closing line said so (a failure); an interrupted
+            # start-up, which never got to it, leaves nothing behind.
+            if not self.stats.kept:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _closing_line(self, data: Path) -> None:
