@@ -70,3 +70,15 @@ def test_the_history_keeps_the_latest_events_only(kv: KV) -> None:
     history = store.read_snapshot().tasks["low/0"].history
     assert len(history) == HISTORY
     assert [e.state for e in history[-2:]] == [TaskState.RUNNING, TaskState.LOST]
+
+
+def test_a_machine_lost_by_another_store_keeps_its_tasks_histories(kv: KV) -> None:
+    """The store that takes a machine down (a server reaping a lapsed agent, an
+    operator's drain) may never have read the records of the tasks it loses: it reads
+    them first, so their histories go on."""
+    store = _store(kv)
+    assert store.commit(txn([Claim("low", 0, "m1")])).ok
+    other = CellStore(kv, clock=lambda: 2000.0)  # knows nothing of low/0 yet
+    other.set_machine_state("m1", "drain")
+    assert _events(store, "low/0") == [("running", "m1", "batch", "placed"),
+                                       ("lost", "m1", "", "machine m1 drained")]
