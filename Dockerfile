@@ -15,9 +15,11 @@ COPY omega ./omega
 # with `omega certs`) do too: Docker copies a new volume's owner from the image.
 # The flow scheduler's solver kernels are compiled here, once, into numba's cache (its
 # processes load them instead of compiling at their first round).
-RUN pip install . && useradd --create-home omega && mkdir /certs /ca "$NUMBA_CACHE_DIR" \
+RUN pip install . && useradd --create-home omega \
+    && mkdir -p /certs /ca "$NUMBA_CACHE_DIR" /var/log/omega/tasks \
     && python -m schedulers.flow.mcf.compile \
-    && chown omega:omega /certs /ca && chown -R omega:omega "$NUMBA_CACHE_DIR" \
+    && chown omega:omega /certs /ca /var/log/omega/tasks \
+    && chown -R omega:omega "$NUMBA_CACHE_DIR" \
     && chmod 0700 /ca
 USER omega
 # A service's command names the process, e.g. ["omega", "server", ...].

@@ -4,7 +4,8 @@ Pure functions of a snapshot and a job, used twice:
 
 * :func:`refusal` at submission: what can never run is refused at once, instead of
   waiting pending until its scheduler gives up (a precedence above the scheduler's
-  limit, a gang larger than the whole cell or than the scheduler's resource limit, a
+  limit, a task larger than every machine, a gang larger than the whole cell or than
+  the scheduler's resource limit, a
   scheduler no cell member has heard of while others have run here);
 * :func:`blockers` for ``omega why``: the same reasons and those that may pass
   (the scheduler's resource limit nearly used up, no live instance of the
@@ -36,8 +37,8 @@ class Blocker:
     """One reason the cell gives for a job not running.
 
     ``code``: ``no_scheduler``, ``no_instance``, ``precedence_limit``, ``quota``,
-    ``gang_too_large``, ``no_machines``; ``permanent``: no change of the cell's load
-    would let it run (submission refuses such a job)."""
+    ``task_too_large``, ``gang_too_large``, ``no_machines``; ``permanent``: no
+    change of the cell's load would let it run (submission refuses such a job)."""
 
     code: str
     text: str
@@ -72,7 +73,7 @@ def blockers(snap: CellSnapshot, job: Job) -> list[Blocker]:
     limit = limit_blocker(snap, job)
     if limit is not None:
         out.append(limit)
-    size = _gang_blocker(snap, job)
+    size = _task_blocker(snap, job) or _gang_blocker(snap, job)
     if size is not None:
         out.append(size)
     return out
@@ -172,6 +173,28 @@ def _gang_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:
                    f"the gang needs {wanted} tasks at once; the whole cell "
                    f"({len(snap.machines)} machines, empty) holds at most {slots} of them",
                    True)
+
+
+def _task_blocker(snap: CellSnapshot, job: Job) -> Blocker | None:
+    """A task larger than every machine of the cell (down ones too: they may come
+    back) can never be placed, however idle the cell."""
+    if not snap.machines:
+        return None
+    need = job.task_resources
+    if any(_slots(m.capacity, need) > 0 for m in snap.machines.values()):
+        return None
+    # Name the dimension that shuts out the most machines, with the largest amount of it.
+    short: dict[str, int] = {}
+    for m in snap.machines.values():
+        for dim, amount in need.amounts:
+            if amount > m.capacity.get(dim) + 1e-9:
+                short[dim] = short.get(dim, 0) + 1
+    dim = max(sorted(short), key=lambda d: short[d])
+    largest = max(m.capacity.get(dim) for m in snap.machines.values())
+    return Blocker("task_too_large",
+                   f"one task needs {need.get(dim):g} {dim}; the largest machine of the cell "
+                   f"has {largest:g} ({len(snap.machines)} machines), so no machine can "
+                   "ever hold it", True)
 
 
 def _slots(capacity: Resources, need: Resources) -> int:

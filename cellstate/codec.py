@@ -49,6 +49,7 @@ from cellstate.model import (
     SchedulerRecord,
     Selector,
     SelectorOp,
+    TaskEvent,
     TaskRecord,
     TaskState,
     UsageRecord,
@@ -621,6 +622,13 @@ def encode_task(t: TaskRecord) -> bytes:
         doc["ended_at"] = t.ended_at
     if t.detail:
         doc["detail"] = t.detail
+    # Times to the millisecond, and each event as [at, state, machine, by, why]: every
+    # placement writes the record, so its bytes count (docs/performance.md).
+    if t.placed_at:
+        doc["placed_at"] = round(t.placed_at, 3)
+    if t.history:
+        doc["history"] = [[round(e.at, 3), e.state._value_, e.machine, e.by, e.why]
+                          for e in t.history]
     return orjson.dumps(doc)
 
 
@@ -640,6 +648,10 @@ def decode_task(tid: str, value: bytes, revision: int) -> TaskRecord:
             float(doc.get("started_at", 0.0)),
             float(doc.get("ended_at", 0.0)),
             str(doc.get("detail", "")),
+            float(doc.get("placed_at", 0.0)),
+            tuple(TaskEvent(float(at), _member(_TASK_STATES, TaskState, state), str(machine),
+                            str(by), str(why))
+                  for at, state, machine, by, why in doc.get("history", ())),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"task {tid!r}: stored record is corrupt ({e})") from e

@@ -38,12 +38,15 @@ from cellstate.model import (
     Machine,
     MachineState,
     Resources,
+    TaskEvent,
     TaskRecord,
     TaskResult,
     TaskState,
     check_status_text,
     split_task_id,
     sum_resources,
+    task_id,
+    with_event,
 )
 from cellstate.validation import Decision
 
@@ -121,14 +124,16 @@ def claims_change(decision: Decision) -> Change:
 
 def release_task(
     cell: CellReader, tid: str, outcome: TaskState, machine: str | None = None,
-    result: TaskResult | None = None,
+    result: TaskResult | None = None, *, at: float = 0.0, by: str = "", why: str = "",
 ) -> Change:
-    """A running task ended (finished, failed, lost): record it (with ``result``, how
-    its run ended) and free its hold. With ``machine``, refused unless the task runs
+    """A running task ended (finished, failed, lost, killed): record it (with
+    ``result``, how its run ended, and an event of ``at``, ``by`` and ``why`` in its
+    history) and free its hold. With ``machine``, refused unless the task runs
     there (a late report from an agent must not end the task's next run elsewhere).
     The caller must have read the task, its machine and the gangs staged on it."""
     if outcome not in RELEASE_OUTCOMES:
-        raise StoreError(f"task {tid}: outcome must be finished, failed or lost, not {outcome!r}")
+        raise StoreError(f"task {tid}: outcome must be finished, failed, lost or killed, "
+                         f"not {outcome!r}")
     split_task_id(tid)
     rec = cell.tasks.get(tid)
     view = task_view(cell, tid)
@@ -153,7 +158,9 @@ def release_task(
         frozenset(reads),
         {(KeyKind.TASK, tid): TaskRecord(
             rec.job, rec.index, outcome, m.id, a.scheduler,
-            **(attrs.asdict(result) if result is not None else {})),
+            **(attrs.asdict(result) if result is not None else {}),
+            placed_at=rec.placed_at,
+            history=with_event(rec, TaskEvent(at, outcome, m.id, by or m.agent, why))),
          (KeyKind.MACHINE, m.id): _without(m, [tid])},
         removed={a.scheduler: a.resources},
     )
@@ -161,7 +168,7 @@ def release_task(
 
 def end_tasks(
     cell: CellReader, tids: Iterable[str], outcome: TaskState, placed_at: int | None = None,
-    reads: bool = True,
+    reads: bool = True, at: float = 0.0,
 ) -> tuple[Change, list[str]]:
     """Many tasks ended at once (the simulator's task ends of one instant): those still
     running are released in one change, the rest skipped (preempted or lost meanwhile;
@@ -188,8 +195,9 @@ def end_tasks(
             by_machine[mid] = [tid]
         else:
             gone.append(tid)
-        records[(_TASK, tid)] = TaskRecord(rec.job, rec.index, outcome, mid,
-                                                  rec.scheduler)
+        records[(_TASK, tid)] = TaskRecord(
+            rec.job, rec.index, outcome, mid, rec.scheduler, placed_at=rec.placed_at,
+            history=with_event(rec, TaskEvent(at, outcome, mid)))
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
     refs: set[Ref] = set()
     for mid, gone in by_machine.items():
@@ -248,8 +256,8 @@ def replace_machine(cell: CellReader, old: Machine, changed: Machine) -> Change:
     return Change(frozenset(_machine_reads(old)), {(KeyKind.MACHINE, old.id): changed})
 
 
-def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None = None
-              ) -> Change:
+def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None = None,
+              at: float = 0.0, why: str = "") -> Change:
     """Machine ``old`` goes down as ``down`` (its state changed): every task holding it
     is lost, and gangs still preparing holds on it are aborted (they could not run
     here). ``budget`` caps the allocations dropped in one change; a machine holding
@@ -268,7 +276,12 @@ def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None 
         if not alloc_placed(a, cell.gangs):
             continue
         job, index = split_task_id(tid)
-        writes[(KeyKind.TASK, tid)] = TaskRecord(job, index, TaskState.LOST, old.id, a.scheduler)
+        rec = cell.tasks.get(tid)
+        writes[(KeyKind.TASK, tid)] = TaskRecord(
+            job, index, TaskState.LOST, old.id, a.scheduler,
+            placed_at=rec.placed_at if rec is not None else 0.0,
+            history=with_event(rec, TaskEvent(at, TaskState.LOST, old.id, "",
+                                              why or f"machine {old.id} {down.state.value}")))
         removed[a.scheduler] = removed.get(a.scheduler, Resources()) + a.resources
     writes[(KeyKind.MACHINE, old.id)] = down.with_allocations(allocs)
     return Change(frozenset(_machine_reads(old) | {(KeyKind.CONFIG, "")}), writes,
@@ -278,7 +291,7 @@ def take_down(cell: CellReader, old: Machine, down: Machine, budget: int | None 
 def update_machine(
     cell: CellReader, machine_id: str, *, capacity: Resources | None = None,
     state: MachineState | None = None, labels: tuple[tuple[str, str], ...] | None = None,
-    budget: int | None = None,
+    budget: int | None = None, at: float = 0.0,
 ) -> Change:
     """Change a machine's capacity, state or labels; taking it down loses its tasks."""
     m = cell.machines.get(machine_id)
@@ -291,7 +304,7 @@ def update_machine(
         labels=labels if labels is not None else m.labels,
     )
     if state is MachineState.DOWN:
-        return take_down(cell, m, changed, budget)
+        return take_down(cell, m, changed, budget, at)
     return replace_machine(cell, m, changed)
 
 
@@ -299,7 +312,7 @@ MACHINE_ACTIONS = ("cordon", "uncordon", "drain")
 
 
 def machine_action(cell: CellReader, machine_id: str, action: str,
-                   budget: int | None = None) -> Change:
+                   budget: int | None = None, at: float = 0.0, by: str = "") -> Change:
     """An operator's change to a machine that is up or draining: ``cordon`` (draining:
     it runs what it has and takes nothing new), ``uncordon`` (up again) or ``drain``
     (draining, and every task on it lost, so that its scheduler places it elsewhere;
@@ -319,13 +332,15 @@ def machine_action(cell: CellReader, machine_id: str, action: str,
     if action == "uncordon":
         up = attrs.evolve(m, state=MachineState.UP)
         return nothing if m.state is MachineState.UP else replace_machine(cell, m, up)
-    draining = attrs.evolve(m, state=MachineState.DRAINING)
     if action == "cordon":
-        return nothing if m.state is MachineState.DRAINING else replace_machine(cell, m,
-                                                                                draining)
+        cordoned = attrs.evolve(m, state=MachineState.CORDONED)
+        return nothing if m.state is not MachineState.UP else replace_machine(cell, m,
+                                                                              cordoned)
+    draining = attrs.evolve(m, state=MachineState.DRAINING)
     if m.state is MachineState.DRAINING and not m.allocations:
         return nothing
-    return take_down(cell, m, draining, budget)
+    return take_down(cell, m, draining, budget, at, f"machine {m.id} drained"
+                     + (f" by {by}" if by else ""))
 
 
 def remove_machine(cell: CellReader, machine_id: str) -> Change:
@@ -362,11 +377,14 @@ def set_job_status(cell: CellReader, status: JobStatus) -> Change:
     return Change(frozenset({(KeyKind.JOB, status.job)}), {(KeyKind.STATUS, status.job): status})
 
 
-def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[int]) -> Change:
+def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[int],
+               drop_ended: bool = False) -> Change:
     """Grow a job, or shrink it to no fewer tasks than any that was ever placed
-    (``placed``: the indices of the job's task records). The caller must also make
-    sure no task of the job was placed since it read ``placed`` (the store guards the
-    job's whole task range)."""
+    (``placed``: the indices of the job's task records). With ``drop_ended`` (a user's
+    scale-down, after the tasks beyond the new count were stopped) a job that is not a
+    gang may shrink below tasks that have run, as long as none of them runs now: their
+    records go with the count. The caller must also make sure no task of the job was
+    placed since it read ``placed`` (the store guards the job's whole task range)."""
     if isinstance(task_count, bool) or not isinstance(task_count, int) or not (
         1 <= task_count <= MAX_TASKS_PER_JOB
     ):
@@ -380,21 +398,30 @@ def resize_job(cell: CellReader, job_id: str, task_count: int, placed: Iterable[
         raise StoreError(f"job {job_id}: a MapReduce job runs from the {mr.workers} workers it "
                          f"asked for to its elastic upper bound of {mr.max_workers}, not "
                          f"{task_count}")
+    writes: dict[Ref, object] = {}
     if task_count < job.task_count:
-        used = max(placed, default=-1)
-        if used >= task_count:
-            raise StoreError(f"job {job_id}: task {used} has run; cannot shrink to "
+        beyond = sorted(i for i in placed if i >= task_count)
+        if beyond and (not drop_ended or job.gang):
+            raise StoreError(f"job {job_id}: task {beyond[-1]} has run; cannot shrink to "
                              f"{task_count} tasks")
+        for i in beyond:
+            tid = task_id(job_id, i)
+            if task_view(cell, tid).state is TaskState.RUNNING:
+                raise StoreError(f"job {job_id}: task {tid} runs; stop it before shrinking "
+                                 f"to {task_count} tasks")
+            writes[(KeyKind.TASK, tid)] = None
     # Input of tasks a shrink removes goes with them (a record names no task it lacks).
-    return Change(frozenset(), {(KeyKind.JOB, job_id): attrs.evolve(
-        job, task_count=task_count, task_input=job.task_input[:task_count])})
+    writes[(KeyKind.JOB, job_id)] = attrs.evolve(
+        job, task_count=task_count, task_input=job.task_input[:task_count])
+    return Change(frozenset(), writes)
 
 
 # -- large gangs ---------------------------------------------------------------------
 
 
 def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
-                         committed: bool, limit: int | None = None) -> Change:
+                         committed: bool, limit: int | None = None, at: float = 0.0
+                         ) -> Change:
     """Rewrite the machines where gang ``gid`` staged records: its holds become plain
     allocations and its marked victims are preempted if it committed; both are dropped
     if it aborted. ``limit``: settle at most this many of each machine's records (a
@@ -424,8 +451,12 @@ def settle_gang_machines(cell: CellReader, gid: str, machine_ids: Iterable[str],
             elif a.evicted_by == gid:
                 if committed:
                     del allocs[tid]
+                    rec = cell.tasks.get(tid)
                     writes[(KeyKind.TASK, tid)] = TaskRecord(
-                        *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler)
+                        *split_task_id(tid), TaskState.PREEMPTED, mid, a.scheduler,
+                        placed_at=rec.placed_at if rec is not None else 0.0,
+                        history=with_event(rec, TaskEvent(
+                            at, TaskState.PREEMPTED, mid, "", f"preempted for gang {gid}")))
                 else:
                     allocs[tid] = attrs.evolve(a, evicted_by="")
         reads.add((KeyKind.MACHINE, mid))

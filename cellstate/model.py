@@ -298,7 +298,10 @@ def labels_from(mapping: Mapping[str, str] | None, where: str = "labels") -> Lab
 
 class MachineState(enum.Enum):
     UP = "up"
-    DRAINING = "draining"  # runs what it has, takes nothing new
+    # Both run what they have and take nothing new: a cordoned machine was only
+    # cordoned, a draining one also had its tasks taken off (omega drain).
+    CORDONED = "cordoned"
+    DRAINING = "draining"
     DOWN = "down"
 
 
@@ -687,8 +690,9 @@ class TaskState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-    LOST = "lost"
+    LOST = "lost"  # its machine failed, or was drained: placed again
     PREEMPTED = "preempted"
+    KILLED = "killed"  # stopped because its job was killed or shrunk: never placed again
 
     # Members are singletons, so the identity hash (in C) agrees with their equality;
     # Enum's own hashes the name in Python, on every ``state in PLACEABLE``.
@@ -697,8 +701,10 @@ class TaskState(enum.Enum):
 
 # A task in one of these states may be (re)claimed.
 PLACEABLE = frozenset({TaskState.PENDING, TaskState.LOST, TaskState.PREEMPTED})
-# Outcomes an agent or operator may report for a running task.
-RELEASE_OUTCOMES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.LOST})
+# Outcomes an agent may report for a running task.
+AGENT_OUTCOMES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.LOST})
+# ... and those the store itself records (a kill or a shrink stops tasks as killed).
+RELEASE_OUTCOMES = AGENT_OUTCOMES | {TaskState.KILLED}
 
 
 def task_id(job: str, index: int) -> str:
@@ -714,6 +720,35 @@ def split_task_id(tid: str) -> tuple[str, int]:
     ):
         raise ModelError(f"{tid!r} is not a task id (expected JOB/INDEX)")
     return job, int(index)
+
+
+@attrs.frozen(slots=True)
+class TaskEvent:
+    """One step of a task's life, kept in its record (:attr:`TaskRecord.history`):
+    when (``at``, seconds since the epoch as the committing store's clock read it; 0:
+    not known), the state it entered (``running`` for a placement or a move), on which
+    machine, who did it (``by``: the scheduler that placed or preempted it, the agent
+    or operator that ended it) and why in a few words (``why``: "placed", "moved from
+    m1", "preempted for j/3", "machine m1 down", "killed: ..."). The fair scheduler's
+    history of placements and preemptions, `omega events` and the dashboard read it."""
+
+    at: float
+    state: TaskState
+    machine: str = ""
+    by: str = ""
+    why: str = ""
+
+
+# A task record keeps this many of its latest events (a record is rewritten whole at
+# every step, so the history costs bytes on every write: about 60 per event).
+HISTORY = 8
+
+
+def with_event(old: TaskRecord | None, event: TaskEvent) -> tuple[TaskEvent, ...]:
+    """``old``'s history with ``event`` after it, the oldest dropped past HISTORY."""
+    if old is None or not old.history:
+        return (event,)
+    return (*old.history[-(HISTORY - 1):], event)
 
 
 @attrs.frozen(slots=True)
@@ -734,6 +769,15 @@ class TaskRecord:
     started_at: float = 0.0
     ended_at: float = 0.0
     detail: str = ""  # why a run failed without an exit code (its command could not start)
+    # When its current (or last) run was placed, as the committing store's clock read
+    # it: the start time of a running task, for a scheduler (Cook orders a user's tasks
+    # by it) and `omega job`. 0: not known (written before it was kept).
+    # Both are dated by the clock of whichever store wrote them, so they take no part
+    # in equality: two stores that decide the same writes (the etcd store and the
+    # simulator's cell, tests/simulator/test_cell_equivalence.py) agree on the rest.
+    placed_at: float = attrs.field(default=0.0, eq=False)
+    # Its latest events, oldest first (at most HISTORY).
+    history: tuple[TaskEvent, ...] = attrs.field(default=(), eq=False)
 
     @property
     def id(self) -> str:

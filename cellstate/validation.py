@@ -86,6 +86,7 @@ from cellstate.model import (
     Reason,
     Rejection,
     Resources,
+    TaskEvent,
     TaskRecord,
     TaskState,
     Transaction,
@@ -99,6 +100,7 @@ from cellstate.model import (
     sum_resources,
     task_id,
     task_precedence,
+    with_event,
 )
 
 # Enum members the hot paths compare with, as module globals: in Python 3.11 reading
@@ -403,6 +405,7 @@ class _Work:
         self.limits = cell.config.limits_for(txn.scheduler)
         # The job and machine of the claim that just passed its checks, for _apply.
         self.taking: tuple[Job, Machine] | None = None
+        self.at = 0.0  # the commit's time, for the records' placed_at and history
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -429,8 +432,12 @@ def validate(
     shape_checked: bool = False,
     gang_coverage: bool = True,
     founders: frozenset[str] | None = None,
+    at: float = 0.0,
 ) -> Decision:
     """Decide ``txn`` against ``cell``. Raises TransactionError for a malformed one.
+
+    ``at`` is the commit's time (the committing store's clock; 0: not known): a placed
+    task's ``placed_at`` and the events written into its and its victims' histories.
 
     ``staging_gang`` is set by the store when it stages a gang too large for one etcd
     transaction: accepted placements are then written as holds tagged with the gang,
@@ -447,6 +454,7 @@ def validate(
     if not shape_checked:
         check_shape(txn)
     w = _Work(cell, txn, staging_gang, seq_rewrites or {})
+    w.at = at
     w.founders = founding_claims(cell, txn) if founders is None else founders
     accepted: list[Claim] = []
     rejected: list[Rejection] = []
@@ -506,6 +514,7 @@ def validate_many(
     *,
     seq_rewrites: Sequence[Mapping[str, tuple[int, int]]] | None = None,
     shape_checked: bool = False,
+    at: float = 0.0,
 ) -> list[Decision]:
     """Decide ``txns`` in order, each against ``cell`` plus the decisions before it,
     with the same outcome as committing each on its own before deciding the next (so a
@@ -516,7 +525,7 @@ def validate_many(
     overlay: _Overlay | None = None
     for i, t in enumerate(txns):
         d = validate(reader, t, seq_rewrites=seq_rewrites[i] if seq_rewrites else None,
-                     shape_checked=shape_checked)
+                     shape_checked=shape_checked, at=at)
         out.append(d)
         if i + 1 < len(txns) and (d.machines or d.tasks):
             if overlay is None:
@@ -880,9 +889,15 @@ def _apply(w: _Work, claim: Claim) -> None:
             allocs[victim] = attrs.evolve(a, evicted_by=w.gang)
         else:
             del allocs[victim]
+            # Its record as this cell knows it (a store's view may not hold it: the
+            # history then starts here).
+            old = w.cell.tasks.get(victim)
             w.tasks[victim] = TaskRecord(
-                *split_task_id(victim), TaskState.PREEMPTED, m.id, a.scheduler
-            )
+                *split_task_id(victim), TaskState.PREEMPTED, m.id, a.scheduler,
+                placed_at=old.placed_at if old is not None else 0.0,
+                history=with_event(old, TaskEvent(w.at, TaskState.PREEMPTED, m.id,
+                                                  w.txn.scheduler,
+                                                  f"preempted for {claim.task}")))
         w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources
         w.evicted.append(victim)
     allocs[claim.task] = Allocation(
@@ -905,8 +920,13 @@ def _apply(w: _Work, claim: Claim) -> None:
     new = w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs, calm)
     if not m.has_tags:  # else void holds may have gone too: no list of what changed
         set_diff(new, m, (claim.task, *claim.evict))
+    # A move starts the task again on its new machine (its agent there starts it), so
+    # its run starts now too.
+    old = w.cell.tasks.get(claim.task)
+    why = f"moved from {claim.moves_from}" if claim.moves_from else "placed"
     w.tasks[claim.task] = TaskRecord(
-        job.id, claim.index, _RUNNING, m.id, w.txn.scheduler, w.gang
+        job.id, claim.index, _RUNNING, m.id, w.txn.scheduler, w.gang, placed_at=w.at,
+        history=with_event(old, TaskEvent(w.at, _RUNNING, m.id, w.txn.scheduler, why)),
     )
     w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, _NOTHING) + job.task_resources
 

@@ -464,6 +464,7 @@ class Agent:
         state: AgentState | None = None,
         commands: CommandPolicy | None = None,
         wall_clock: Callable[[], float] = time.time,
+        flush_budget: float = 3.0,
     ) -> None:
         check_name(agent_id, "agent id")
         if ttl < 1:
@@ -483,6 +484,10 @@ class Agent:
         self._state = state
         self._leftovers_killed = state is None
         self._grace = grace
+        # How long (real time) stop() goes on sending unsent outcomes: whoever stops the
+        # agent (the demo, systemd) kills it after a grace of its own, and a report
+        # left unsent costs little (the lease lapses; the task is lost and placed again).
+        self._flush_budget = flush_budget
         self._poll = poll_interval
         self.stats = AgentStats()
         self._lock = threading.RLock()  # step() and stop() from different threads
@@ -1024,11 +1029,20 @@ class Agent:
         self._dying = []
 
     def _flush_reports(self) -> None:
+        """Send each unsent outcome once, within the flush budget; the rest are left
+        to the lease's lapse (their tasks become lost and are placed again)."""
         now = self._clock()
-        for run in list(self._unreported.values()):
+        deadline = time.monotonic() + self._flush_budget
+        left = list(self._unreported.values())
+        while left and time.monotonic() < deadline:
+            run = left.pop(0)
             if not self._send(run, now):
                 log.error("agent %s: outcome of %s (%s) not reported before stopping",
                           self.agent_id, run.task, run.outcome.value if run.outcome else "?")
+        if left:
+            log.warning("agent %s: stopping after %.0f s of reports; %d outcome(s) not "
+                        "reported (their tasks are lost when the lease lapses)",
+                        self.agent_id, self._flush_budget, len(left))
 
 
 def _backoff(failures: int) -> float:

@@ -213,10 +213,11 @@ def _san(host: str) -> x509.GeneralName:
 def cell_identities(schedulers: Sequence[str], agents: int) -> list[Identity]:
     """Every identity a cell like the demo's needs: its server, each scheduler, each
     agent (``agent-0``...), the workload generator (a submitter: it submits for many
-    owners and may do nothing else), an operator, and ``operator:check`` (etcd's
-    reader role: ``omega check``)."""
+    owners and may do nothing else), the dashboard (a user: it only reads), an
+    operator, and ``operator:check`` (etcd's reader role: ``omega check``)."""
     return [Identity(Kind.SERVER, "cellstate"),
             *(Identity(Kind.SCHEDULER, s) for s in schedulers),
             *(Identity(Kind.AGENT, f"agent-{i}") for i in range(agents)),
-            Identity(Kind.SUBMITTER, "workload"), Identity(Kind.OPERATOR, "admin"),
+            Identity(Kind.SUBMITTER, "workload"), Identity(Kind.USER, "dashboard"),
+            Identity(Kind.OPERATOR, "admin"),
             Identity(Kind.OPERATOR, "check")]

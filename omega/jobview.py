@@ -22,9 +22,22 @@ def job_text(info: dict[str, Any], now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+# The states of a task that waits to be placed: never placed, or placed and taken off
+# (its machine failed or was drained, or it was preempted). A scheduler's "fit
+# nowhere" counts all of them, so `omega why` does too (issue 34).
+WAITING = ("pending", "lost", "preempted")
+
+
+def waiting(info: dict[str, Any]) -> int:
+    """How many of the job's tasks wait to be placed (:data:`WAITING`)."""
+    states = info.get("task_states", {})
+    return sum(int(states.get(s, 0)) for s in WAITING)
+
+
 def why_text(info: dict[str, Any], now: float | None = None) -> str:
     """The job's state and why its waiting tasks wait (``omega why``)."""
-    pending = info.get("task_states", {}).get("pending", 0)
+    states = info.get("task_states", {})
+    pending = waiting(info)
     head = _head(info)
     if info.get("reason"):
         return head
@@ -34,7 +47,10 @@ def why_text(info: dict[str, Any], now: float | None = None) -> str:
     if not lines:
         lines = ["  no scheduler has reported an attempt yet (reports arrive within a "
                  "second of one)"]
-    return "\n".join([f"{head}: {pending} task(s) pending", *lines])
+    parts = [f"{states[s]} {'never placed' if s == 'pending' else s}" for s in WAITING
+             if states.get(s)]
+    split = f" ({', '.join(parts)})" if len(parts) > 1 else ""
+    return "\n".join([f"{head}: {pending} task(s) pending{split}", *lines])
 
 
 def why_lines(info: dict[str, Any], now: float | None = None) -> list[str]:

@@ -64,11 +64,12 @@ def policy_text(r: dict[str, Any]) -> str:
         return (f"rounds {r['rounds']}: last solved {r.get('last_nodes', 0)} nodes, "
                 f"{r.get('last_arcs', 0)} arcs in {r['last_solve_ms']:.1f} ms (update "
                 f"{r.get('last_update_ms', 0):.1f}, extract {r.get('last_extract_ms', 0):.1f}), "
-                f"{r.get('last_placed', 0)} placed, {r.get('last_moved', 0)} moved, "
+                f"{r.get('last_placed', 0)} placements proposed, {r.get('last_moved', 0)} moved, "
                 f"{r.get('last_preempted', 0)} preempted; median solve "
                 f"{r['median_solve_ms']:.1f} ms (update {r.get('median_update_ms', 0):.1f}, "
                 f"extract {r.get('median_extract_ms', 0):.1f}); in all {r.get('placed', 0)} "
-                f"placed, {r.get('moved', 0)} moved, {r.get('preempted', 0)} preempted")
+                f"placements proposed, {r.get('moved', 0)} moved, {r.get('preempted', 0)} "
+                "preempted")
     if "preemptions" in r and "delta" in r:
         return fair_text(r)
     if "workers_added" in r and "extra_workers" in r:
@@ -88,7 +89,8 @@ def fair_text(r: dict[str, Any]) -> str:
     shares = sorted(((k.removeprefix("share."), v) for k, v in r.items()
                      if k.startswith("share.")), key=lambda kv: -kv[1])
     users = ", ".join(f"{u} {v:.2f}" for u, v in shares) or "none running"
-    return (f"fair: {r.get('placed', 0)} placed, {r.get('preemptions', 0)} preemptions "
+    return (f"fair: {r.get('placed', 0)} placements proposed, {r.get('preemptions', 0)} "
+            "preemptions "
             f"({r.get('preempted', 0)} tasks' work lost; {r.get('last_preempted', 0)} in the "
             f"last round), delta {r.get('delta', 0):g}; shares: {users}")
 

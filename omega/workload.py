@@ -39,6 +39,8 @@ class WorkloadOptions:
     fair_scheduler: str = "fair"
 
 
+# The other schedulers' jobs' owners.
+USERS = ("alice", "bob", "carol")
 # The fair scheduler's users: two run long batch jobs that fill its pool, three short
 # interactive ones that take their share back by preemption (Cook's mix).
 FAIR_BATCH_USERS = ("dana", "erin")

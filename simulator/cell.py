@@ -65,7 +65,10 @@ class SimCellError(ValueError):
 
 
 class SimCell:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = lambda: 0.0) -> None:
+        # Virtual time, dating task records (placed_at, history) as a store's wall
+        # clock does; the simulator gives its loop's.
+        self.clock = clock
         self._snap = CellSnapshot.empty()
         self._listeners: list[Listener] = []
         self._leases = 0
@@ -114,7 +117,7 @@ class SimCell:
 
     def _commit(self, txns: list[Transaction]) -> list[CommitResult]:
         self.commits += 1
-        ds = validate_many(self._snap, txns, shape_checked=True)
+        ds = validate_many(self._snap, txns, shape_checked=True, at=self.clock())
         if not any(d.accepted for d in ds):
             return [CommitResult((), d.rejected, self._snap.revision) for d in ds]
         accepted = [d for d in ds if d.accepted]
@@ -158,13 +161,13 @@ class SimCell:
         return self._apply(change) if change.writes else change.done_at
 
     def kill_job(self, status: JobStatus) -> int:
-        """As ``CellStore.kill_job``: the status, then every running task lost."""
+        """As ``CellStore.kill_job``: the status, then every running task killed."""
         revision = self.set_job_status(status)
         running = [t for i in range(self._job(status.job).task_count)
                    if (t := task_id(status.job, i)) in self._snap.tasks
                    and self._snap.tasks[t].state is TaskState.RUNNING]
         for tid in running:
-            revision = self.release_task(tid, TaskState.LOST)
+            revision = self.release_task(tid, TaskState.KILLED)
         return revision
 
     # -- what agents and users do ----------------------------------------------------------
@@ -210,7 +213,7 @@ class SimCell:
 
     def release_task(self, tid: str, outcome: TaskState, machine: str | None = None) -> int:
         """One task ended (as ``CellStore.release_task``: refused unless it runs)."""
-        change = decisions.release_task(self._snap, tid, outcome, machine)
+        change = decisions.release_task(self._snap, tid, outcome, machine, at=self.clock())
         return self._apply(change) if change.writes else change.done_at
 
     def release_tasks(self, tids: Sequence[str], outcome: TaskState = TaskState.FINISHED,
@@ -219,7 +222,7 @@ class SimCell:
         that no longer run (preempted meanwhile) are skipped, and with ``placed_at``
         also tasks placed again since that revision; returns those released."""
         change, released = decisions.end_tasks(self._snap, tids, outcome, placed_at,
-                                               reads=False)
+                                               reads=False, at=self.clock())
         if released:
             self._apply(change, fresh=True)
         return released

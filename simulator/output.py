@@ -306,13 +306,33 @@ def _effective(exp: Experiment, spec: PlotSpec, results: Sequence[RunResult],
     return path
 
 
+def time_unit(seconds: float) -> tuple[float, str]:
+    """The unit a time axis spanning ``seconds`` reads best in: (seconds per unit, its
+    name). A 240 s run in hours reads 0.00-0.07 (issue 34)."""
+    if seconds <= 2 * 60:
+        return 1.0, "seconds"
+    if seconds <= 2 * 3600:
+        return 60.0, "minutes"
+    if seconds <= 3 * 86400:
+        return 3600.0, "hours"
+    return 86400.0, "days"
+
+
+# Runs often follow each other closely: each gets its own dash pattern, so that lines
+# drawn over each other stay told apart.
+_DASHES = ("-", "--", "-.", ":")
+
+
 def _utilization(exp: Experiment, results: Sequence[RunResult], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for r in results:
+    span = max((u[0] for r in results for u in r.utilization), default=0.0)
+    scale, unit = time_unit(span)
+    for i, r in enumerate(results):
         if r.utilization:
-            ax.plot([u[0] / 3600 for u in r.utilization], [u[1] for u in r.utilization],
-                    linewidth=0.8, label=", ".join(f"{k}={v}" for k, v in r.point.items()))
-    ax.set_xlabel("simulated hours")
+            ax.plot([u[0] / scale for u in r.utilization], [u[1] for u in r.utilization],
+                    _DASHES[i % len(_DASHES)], linewidth=1.0, alpha=0.85,
+                    label=", ".join(f"{k}={v}" for k, v in r.point.items()))
+    ax.set_xlabel(f"simulated {unit}")
     ax.set_ylabel("CPU utilization")
     ax.set_ylim(0, 1)
     ax.set_title(f"{exp.name}: utilization over time")

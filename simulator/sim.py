@@ -137,7 +137,7 @@ class Simulation:
                  base_dir: Path | None = None) -> None:
         self.config = config
         self.loop = EventLoop()
-        self.cell = SimCell()
+        self.cell = SimCell(lambda: self.loop.now)
         self.recorder = Recorder(config.horizon, config.day, config.warmup)
         self.registry = registry or Registry.from_entry_points()
         self.base_dir = base_dir or Path.cwd()

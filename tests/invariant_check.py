@@ -66,8 +66,8 @@ class Touched:
             store_init(store, kv, cell, *args, **kwargs)
             self.stores.setdefault((id(kv), cell), (kv, cell))
 
-        def noting_sim(sim: SimCell) -> None:
-            sim_init(sim)
+        def noting_sim(sim: SimCell, *args: Any, **kwargs: Any) -> None:
+            sim_init(sim, *args, **kwargs)
             self.sims.append(sim)
 
         StoreBase.__init__ = noting_store  # type: ignore[method-assign,assignment]

@@ -200,12 +200,12 @@ class MModel:
                     self.state[t] = "lost"
 
     def kill(self, job: str) -> None:
-        """The job takes no more placements; what runs of it is lost."""
+        """The job takes no more placements; what runs of it is killed."""
         self.killed.add(job)
         for t, m in sorted(self.on.items()):
             if t.startswith(f"{job}/"):
                 del self.on[t]
-                self.state[t] = "lost"
+                self.state[t] = "killed"
                 self.version[m] += 1
 
     def resize(self, job: str, count: int) -> bool:

@@ -239,6 +239,40 @@ def test_report_is_retried_while_the_cell_state_is_unavailable(make_rig: RigFact
     assert rig.agent.stats.reports == 1
 
 
+class SlowBackend(FlakyBackend):
+    """Once ``delay`` is set, each report takes that long in real time (a server
+    swamped while a demo stops)."""
+
+    delay = 0.0
+
+    def report_task(self, task: str, outcome: TaskState, agent: str, machine: str,
+                    result: TaskResult | None = None) -> None:
+        time.sleep(self.delay)
+        super().report_task(task, outcome, agent, machine, result)
+
+
+def test_stop_sends_unsent_outcomes_only_within_its_budget(make_rig: RigFactory) -> None:
+    """Issue 34: an agent stopping with many outcomes to send went on for longer than
+    the demo's 15 s grace and was killed. Now stop() gives up after its budget; what is
+    left is lost when the lease lapses, as for an agent that dies."""
+    clock = Clock(T0)
+    rig = make_rig(MemoryKV(clock=clock), clock, backend=SlowBackend, flush_budget=1.5)
+    rig.step()
+    for i in range(10):
+        rig.place(timed(f"j{i}", 30, cpu=0.1, mem=0.1), M1)
+    rig.step()
+    assert isinstance(rig.backend, SlowBackend)
+    rig.backend.failures = 10
+    clock.now = T0 + 30
+    rig.step()  # every report fails; every outcome waits for the next try
+    assert rig.agent.stats.reports == 0
+    rig.backend.delay = 1.0
+    started = time.monotonic()
+    rig.agent.stop()
+    assert time.monotonic() - started < 4.0
+    assert 0 < rig.agent.stats.reports < 10
+
+
 def test_service_task_runs_until_its_job_is_killed(kv: KV, make_rig: RigFactory) -> None:
     rig = make_rig(kv)
     rig.step()

@@ -23,7 +23,7 @@ from cellstate.store import CellStore
 from omega.cli import build_parser, main
 from omega.cliglobal import CANNOT_LISTEN, PIPE_CLOSED, UNREACHABLE
 from omega.proc import omega
-from schedulers.testing import machine
+from schedulers.testing import MachineBuilder, machine
 from tests.api.service_fixture import running_server
 
 
@@ -37,7 +37,9 @@ def plaintext(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def live(kv: KV) -> Iterator[CellStateServer]:
     admin = CellStore(kv)
-    admin.add_machines([machine("m1", cpu=4), machine("a-machine-with-a-long-name", cpu=4)])
+    # m-gpu: a job asking for GPUs must fit some machine, or submission refuses it.
+    admin.add_machines([machine("m1", cpu=4), machine("a-machine-with-a-long-name", cpu=4),
+                        MachineBuilder("m-gpu").resource("gpu", 2).build()])
     admin.register_instance(InstanceRecord("batch", "0"), 30)
     with running_server(kv) as server:
         yield server
@@ -65,7 +67,7 @@ def test_json_and_verbose_go_before_or_after_the_command(
         ["machines", "--cellstate", where, "-v", "-o", "json"],
     )]
     assert all(o == outs[0] for o in outs)
-    assert {m["id"] for m in json.loads(outs[0])} == {"m1", "a-machine-with-a-long-name"}
+    assert {m["id"] for m in json.loads(outs[0])} == {"m1", "a-machine-with-a-long-name", "m-gpu"}
 
 
 def test_tables_fit_long_names_and_wide_adds_columns(

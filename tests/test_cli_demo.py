@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +51,7 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     last = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     assert "invariants hold" in last, proc.stdout
     placed = re.search(r"; (\d+) tasks placed \(running (\d+), finished (\d+), failed (\d+), "
-                       r"lost (\d+), preempted (\d+)\)", last)
+                       r"lost (\d+), preempted (\d+), killed (\d+)\)", last)
     assert placed, last
     total, *parts = map(int, placed.groups())
     assert total > 0 and total == sum(parts)  # the totals agree with themselves
@@ -56,7 +59,8 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert "flow/f0:" in proc.stdout
     # The flow scheduler's rounds, as the demo shows them while it runs.
     rounds = re.findall(r"^    flow/f0 rounds (\d+): last solved \d+ nodes, \d+ arcs in [\d.]+ "
-                        r"ms .*\), (\d+) placed, (\d+) moved, (\d+) preempted; median solve",
+                        r"ms .*\), (\d+) placements proposed, (\d+) moved, (\d+) preempted; "
+                        r"median solve",
                         proc.stdout, re.MULTILINE)
     assert rounds and int(rounds[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) flow rounds", last).group(1)) > 0  # type: ignore[union-attr]
@@ -67,7 +71,8 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert grown and int(grown[-1][0]) > 0, proc.stdout
     assert int(re.search(r"(\d+) MapReduce workers added", last).group(1)) > 0  # type: ignore[union-attr]
     # The fair scheduler's line: what it placed, its preemptions and its users' shares.
-    fair = re.findall(r"^    fair/fa0 fair: (\d+) placed, \d+ preemptions .*; shares: (.*)$",
+    fair = re.findall(r"^    fair/fa0 fair: (\d+) placements proposed, \d+ preemptions .*; "
+                      r"shares: (.*)$",
                       proc.stdout, re.MULTILINE)
     assert fair and int(fair[-1][0]) > 0 and fair[-1][1] != "none running", proc.stdout
     assert re.search(r"\d+ tasks preempted for fair shares", last), last
@@ -81,35 +86,150 @@ def test_demo_runs_every_part_as_a_process_and_stops_them_all(tmp_path: Path) ->
     assert (tmp_path / "certs" / "ca.pem").exists() and "PLAINTEXT" not in proc.stdout
 
 
+def _shell_env(data: Path) -> dict[str, str]:
+    """A shell's environment after `eval "$(omega env DATA)"`."""
+    printed = subprocess.run([sys.executable, "-m", "omega.cli", "env", str(data)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMEGA_")}
+    for line in printed.splitlines():
+        export, assignment = shlex.split(line)
+        assert export == "export"
+        name, _, value = assignment.partition("=")
+        env[name] = value
+    return env
+
+
+def _omega(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "omega.cli", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
 @pytest.mark.etcd
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    """Also: `omega env` sets a shell up for the demo's cell, and with --allow-commands
+    a command task submitted from that shell runs and `omega logs` shows its output
+    (issue 34 items 3 and 8)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
-         "--data-dir", str(tmp_path)],
+         "--data-dir", str(tmp_path), "--allow-commands", "--no-dashboard"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    status_seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
+                status_seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert status_seen.wait(150), "".join(lines)
+        started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
+        names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
+        etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
+        assert etcd and len(names) == 10, "".join(lines)
+        assert f'eval "$(omega env {tmp_path})"' in "".join(lines)
+        env = _shell_env(tmp_path)
+        assert _omega(env, "status").returncode == 0  # no flags: the environment's
+        submitted = _omega(env, "submit", "--id", "hello", "--command",
+                           "echo hello from omega")
+        assert submitted.stdout.strip() == "submitted hello", submitted.stderr
+        deadline = time.monotonic() + 60
+        while "hello from omega" not in (shown := _omega(env, "logs", "hello")).stdout:
+            assert time.monotonic() < deadline, shown.stdout + shown.stderr
+            time.sleep(1)
+        assert "==> hello/0 (finished on " in shown.stdout, shown.stdout
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines)
+    assert "interrupted: stopping every process" in out, out
+    assert "every process stopped" in out and "ended with" not in out, out
+    # Interrupted is exit 130 (as for every command), and the last line says so.
+    assert out.splitlines()[-1].startswith("done:"), out
+    assert "interrupted before --duration was up (exit 130)" in out.splitlines()[-1], out
+    assert proc.returncode == 130, out
+    pids = {**names, "etcd": etcd.group(1)}
+    assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
+
+
+@pytest.mark.etcd
+def test_a_dead_process_fails_the_demo_its_last_line_says_so_and_keeps_its_data(
+        tmp_path: Path) -> None:
+    """Issue 34: a demo whose process died ended with exit 1 under a last line saying
+    all was well, and removed the folder that held the logs to look into."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
+         "--no-dashboard", "--no-metrics"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)},
     )
     lines: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):  # a status line came in
+            if re.match(r"\[\d\d:\d\d:\d\d rev \d+\] jobs", line):
                 break
         started = next(x for x in lines if re.match(r"^\d+ processes: ", x))
         names = dict(re.findall(r"(\S+) \(pid (\d+)\)", started))
-        etcd = re.search(r"^etcd .* \(pid (\d+)\)", "".join(lines), re.MULTILINE)
-        assert etcd and len(names) == 11, "".join(lines)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=90)
+        os.kill(int(names["batch-1"]), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "interrupted: stopping every process" in out, out
-    assert "every process stopped" in out and "ended with" not in out, out
-    pids = {**names, "etcd": etcd.group(1)}
-    assert not [n for n, pid in pids.items() if _alive(int(pid))], "a process outlived the demo"
+    out = "".join(lines) + out
+    # The first line is the demo's etcd, not a warning about its version (issue 34).
+    assert lines[0].startswith("etcd 3.") and "WARNING" not in lines[0], out
+    last = out.splitlines()[-1]
+    assert proc.returncode == 1, out
+    assert last.startswith("done:") and "FAILED (exit 1): batch-1 ended badly" in last, out
+    kept = re.search(r"its data is kept in (\S+) ", last)
+    assert kept, last
+    data = Path(kept.group(1))
+    assert data.parent == tmp and (data / "certs" / "ca.pem").exists()
+    assert (data / "logs" / "batch-1.log").exists()
+
+
+def test_the_closing_line_agrees_with_the_exit_code(tmp_path: Path) -> None:
+    """Every ending: normal, interrupted, a process that died, final checks failing."""
+    import io
+
+    from omega.demo import Demo, DemoOptions
+
+    def ending(**stats: object) -> tuple[int, str]:
+        out = io.StringIO()
+        demo = Demo(DemoOptions(), out)
+        demo.stats.placed = 5
+        for k, v in stats.items():
+            setattr(demo.stats, k, v)
+        demo.done = "done: 5 tasks placed; invariants hold"
+        demo._closing_line(tmp_path)
+        return demo.stats.exit_code, out.getvalue().splitlines()[-1]
+
+    code, line = ending()
+    assert code == 0 and line.endswith("every process stopped")
+    code, line = ending(interrupted=True)
+    assert code == 130 and "interrupted" in line and "FAILED" not in line
+    code, line = ending(crashed=["agent-0"])
+    assert code == 1
+    assert f"FAILED (exit 1): agent-0 ended badly; its data is kept in {tmp_path}" in line
+    code, line = ending(violations=["m1 over-committed"], interrupted=True)
+    assert code == 1 and "1 broken invariant(s)" in line
+    code, line = ending(placed=0)
+    assert code == 1 and "no task was placed" in line
 
 
 @pytest.mark.parametrize(

@@ -140,6 +140,20 @@ def test_bad_options_stop_it_before_it_connects(argv: list[str], message: str,
     assert err.startswith("omega scheduler: ") and message in err, err
 
 
+def test_an_unknown_policy_is_named_before_the_certificate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 34: with a certificate of another scheduler, `omega scheduler nosuch`
+    complained about the certificate, not the policy that does not exist."""
+    from cellstate.api.auth import Identity, Kind
+    from omega.certs import DevCA
+
+    files = DevCA(tmp_path / "certs").issue(Identity(Kind.SCHEDULER, "batch"))
+    assert main(["scheduler", "nosuchpolicy", "--cellstate", "127.0.0.1:1", "--ca",
+                 str(files.ca), "--cert", str(files.cert), "--key", str(files.key)]) == 2
+    err = capsys.readouterr().err
+    assert "no scheduler policy named 'nosuchpolicy' (known: batch, " in err, err
+
+
 def test_bad_options_in_the_file_are_named_too(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "flow.toml"

@@ -80,10 +80,10 @@ def test_the_event_stream_follows_the_cell(dash: tuple[str, CellStore]) -> None:
                 continue
             doc = json.loads(line[len("data: "):])
             states = {m["id"]: m["state"] for m in doc["machines"]}
-            if states["m2"] == "draining":
+            if states["m2"] == "cordoned":
                 break  # the cordon reached the page's stream
         else:
-            pytest.fail("the stream ended before showing m2 draining")
+            pytest.fail("the stream ended before showing m2 cordoned")
 
 
 def test_an_unknown_path_is_404(dash: tuple[str, CellStore]) -> None:

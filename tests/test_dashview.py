@@ -81,3 +81,29 @@ def test_a_pending_job_says_why_in_words() -> None:
                     "batch/b0: 0/3 machines fit: 3 insufficient cpu"]}
     assert pending_row({"spec": {"id": "k", "scheduler": "batch"}})["reasons"] == [
         "waiting for its scheduler's next attempt"]
+
+
+def test_the_event_log_takes_each_change_sets_new_events_only() -> None:
+    """The dashboard's events panel: a reload lists what the records keep; later change
+    sets add only events newer than the last seen of each task, newest first."""
+    import itertools
+
+    from omega.dashview import EventLog
+
+    ticks = itertools.count(100)
+    s = CellStore(MemoryKV(), clock=lambda: float(next(ticks)))
+    s.add_machines([machine("m1", cpu=4)])
+    s.submit_job(job("low", tasks=1, cpu=4))
+    s.submit_job(job("high", tasks=1, cpu=4, precedence=9))
+    assert s.commit(txn([Claim("low", 0, "m1")])).ok
+    log = EventLog(keep=10)
+    log.changed(s.read_snapshot(), None)  # a (re)load
+    assert [(e["task"], e["event"]) for e in log.recent()] == [("low/0", "placed")]
+    assert s.commit(txn([Claim("high", 0, "m1", evict=("low/0",))])).ok
+    log.changed(s.read_snapshot(), [(KeyKind.TASK, "low/0"), (KeyKind.TASK, "high/0"),
+                                    (KeyKind.MACHINE, "m1")])
+    log.changed(s.read_snapshot(), [(KeyKind.TASK, "low/0")])  # told twice: kept once
+    assert [(e["task"], e["event"], e["by"], e["why"]) for e in log.recent()] == [
+        ("low/0", "preempted", "batch", "preempted for high/0"),
+        ("high/0", "placed", "batch", "placed"),
+        ("low/0", "placed", "batch", "placed")]

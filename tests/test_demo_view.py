@@ -59,7 +59,8 @@ def test_the_done_line_sums_hold_and_count_conflicts_of_every_instance() -> None
     line = done_line(t, "0 flow rounds", "hold")
     assert line.startswith("done: 7 jobs (finished 2, running 3, pending 1, abandoned 1); "
                            "20 tasks placed (running 10, finished 7, failed 0, lost 2, "
-                           "preempted 1), 5 pending; 10 transactions, 2 conflicted (20.0%), "
+                           "preempted 1, killed 0), 5 pending; 10 transactions, 2 conflicted "
+                           "(20.0%), "
                            "1 refused (limits)")
     assert line.endswith("; 0 flow rounds; invariants hold")
 

@@ -134,8 +134,8 @@ def test_status_text_shows_the_flow_rounds() -> None:
     text = status_text(status)
     line = next(x for x in text.splitlines() if "rounds" in x)
     assert line.startswith("    rounds 1: ")
-    assert "5 placed, 0 moved, 0 preempted" in line and "median solve" in line
-    assert "in all 5 placed" in line
+    assert "5 placements proposed, 0 moved, 0 preempted" in line and "median solve" in line
+    assert "in all 5 placements proposed" in line
 
 
 def test_status_text_shows_another_policys_report_as_pairs() -> None:

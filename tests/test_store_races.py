@@ -131,6 +131,8 @@ def test_kill_ends_tasks_placed_after_its_caller_last_looked(kv: KV, cell: str) 
     admin.kill_job(JobStatus("j", JobState.KILLED, "user said so"))
     assert running(admin, "j") == []
     snap = admin.read_snapshot()
+    # Issue 34: killed, not lost (the word for a machine's failure).
+    assert {snap.tasks[f"j/{i}"].state for i in range(3)} == {TaskState.KILLED}
     assert all(not m.allocations for m in snap.machines.values())
     assert violations(snap) == []
 

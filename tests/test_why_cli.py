@@ -77,3 +77,25 @@ def test_why_shows_an_instances_report_beside_the_cell(
     (sched,) = doc["schedulers"]
     assert (sched["scheduler"], sched["instance"], sched["attempts"]) == ("batch", "b0", 1)
     assert sched["reasons"][0]["machines"] == ["m1"]
+
+
+def test_why_counts_lost_and_preempted_tasks_as_waiting(
+        kv: KV, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 34: `omega why` said "100 task(s) pending" where the scheduler's line said
+    "250 task(s) fit nowhere": 150 lost tasks wait to be placed too."""
+    from cellstate.model import Claim, MachineState
+    from schedulers.testing import txn
+
+    store = CellStore(kv)
+    store.add_machines([machine("m0", cpu=4), machine("m1", cpu=4)])
+    store.register_instance(InstanceRecord("batch", "b0"), 60)
+    store.submit_job(job("j", tasks=5, cpu=1))
+    assert store.commit(txn([Claim("j", i, "m0") for i in range(3)])).ok
+    store.update_machine("m0", state=MachineState.DOWN)  # its 3 tasks are lost
+    with running_server(kv) as server:
+        code, text, _ = run_omega(server, capsys, "why", "j")
+        assert code == 0
+        assert text.splitlines()[0] == ("job j (batch, batch): pending: 5 task(s) pending "
+                                        "(2 never placed, 3 lost)"), text
+        code, out, _ = run_omega(server, capsys, "why", "j", "--json")
+        assert json.loads(out)["pending"] == 5

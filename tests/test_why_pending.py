@@ -33,6 +33,9 @@ def _codes(h: Harness, spec: object) -> list[str]:
     (job("p", precedence=5), "precedence_limit", "precedence 5 is above"),
     (job("g", tasks=17, scheduler="service", gang=True), "gang_too_large", "at most 16"),
     (job("q", tasks=7, gang=True), "quota", "need 7 cpu, above scheduler 'batch''s limit"),
+    # Issue 34: a task larger than every machine was accepted and abandoned later.
+    (job("huge", cpu=64, scheduler="service"), "task_too_large",
+     "one task needs 64 cpu; the largest machine of the cell has 4 (4 machines)"),
 ])
 def test_what_can_never_run_is_refused_with_its_reason(spec, code, says) -> None:  # type: ignore[no-untyped-def]
     h = _cell()

@@ -75,9 +75,12 @@ class CellCollector(Collector):
         # tasks); operators who cordon want them apart. O(machines) per scrape.
         draining = sum(1 for m in view.snap.machines.values()
                        if m.state is MachineState.DRAINING)
-        machines = GaugeMetricFamily("omega_machines", "Machines by state: up, draining "
-                                     "(cordoned or drained), down", labels=["state"])
-        machines.add_metric(["up"], totals["machines_up"] - draining)
+        cordoned = sum(1 for m in view.snap.machines.values()
+                       if m.state is MachineState.CORDONED)
+        machines = GaugeMetricFamily("omega_machines", "Machines by state: up, cordoned, "
+                                     "draining (drained), down", labels=["state"])
+        machines.add_metric(["up"], totals["machines_up"] - draining - cordoned)
+        machines.add_metric(["cordoned"], cordoned)
         machines.add_metric(["draining"], draining)
         machines.add_metric(["down"], totals["machines_down"])
         yield machines

@@ -65,8 +65,8 @@ from cellstate.kv.base import (
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import Maintainer, MaintenancePolicy
 from cellstate.model import (
+    AGENT_OUTCOMES,
     MAX_DETAIL,
-    RELEASE_OUTCOMES,
     CellConfig,
     InstanceRecord,
     Job,
@@ -483,7 +483,10 @@ class CellStateService(pb_grpc.CellStateServicer):
                   ) -> pb.ResizeJobResponse:
         self._may_change(context, request.job, "resize", scheduler_may=True)
         with self.stores.get() as store:
-            revision = self._wrote(store.resize_job(request.job, request.task_count))
+            # A scale-down through the service stops what runs beyond the new count
+            # (highest index first) rather than refusing it (issue 34).
+            revision = self._wrote(store.resize_job(request.job, request.task_count,
+                                                    stop=True))
         return pb.ResizeJobResponse(revision=revision)
 
     # -- machines and status ---------------------------------------------------------
@@ -497,7 +500,8 @@ class CellStateService(pb_grpc.CellStateServicer):
                 wanted = MachineState(request.state)
             except ValueError:
                 raise convert.WireError(
-                    f"state: {request.state!r} is not one of up, down, draining") from None
+                    f"state: {request.state!r} is not one of up, cordoned, draining, down"
+                ) from None
         snap = self._view(request.min_revision).snap
         out = pb.ListMachinesResponse(revision=snap.revision)
         for mid in sorted(snap.machines):
@@ -718,7 +722,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             outcome = TaskState(request.outcome)
         except ValueError:
             outcome = None
-        if outcome not in RELEASE_OUTCOMES:
+        if outcome not in AGENT_OUTCOMES:
             raise convert.WireError(
                 f"outcome: {request.outcome!r} is not one of finished, failed, lost")
         assert outcome is not None

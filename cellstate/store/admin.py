@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from cellstate import codec, decisions
 from cellstate.cell import (
     CellSnapshot,
+    task_view,
 )
 from cellstate.decisions import Change
 from cellstate.errors import (
@@ -40,6 +41,7 @@ from cellstate.model import (
     check_name,
     labels_from as model_labels,
     split_task_id,
+    task_id,
 )
 from cellstate.store.base import (
     _RESERVED_OPS,
@@ -48,6 +50,10 @@ from cellstate.store.base import (
 from cellstate.store.gangs import LargeGangs
 
 log = logging.getLogger(__name__)
+
+# Task records a scale-down deletes in one guarded write (with the job's key), well
+# inside etcd's --max-txn-ops of 256 (docs/operations.md).
+_SHRINK_STEP = 200
 
 
 class AdminWrites(LargeGangs):
@@ -105,7 +111,7 @@ class AdminWrites(LargeGangs):
                     self._fetch_gangs(m)
                 return decisions.update_machine(
                     self.view, machine_id, capacity=capacity, state=state, labels=new_labels,
-                    budget=self._lose_budget())
+                    budget=self._lose_budget(), at=self.clock())
 
             return self._decide_and_write(f"updating machine {machine_id}", decide)
 
@@ -126,7 +132,7 @@ class AdminWrites(LargeGangs):
                     if m is not None:
                         self._fetch_gangs(m)
                     written[:] = [decisions.machine_action(self.view, machine_id, action,
-                                                           self._lose_budget())]
+                                                           self._lose_budget(), self.clock())]
                     return written[0]
 
                 wrote = self._decide_and_write(f"{action} machine {machine_id}", decide)
@@ -153,7 +159,8 @@ class AdminWrites(LargeGangs):
         """The write that takes the view's machine down as ``down`` (decisions.take_down)."""
         old = self.view.machines[down.id]
         self._fetch_gangs(old)
-        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget()))
+        return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget(),
+                                                   self.clock()))
 
     def remove_machine(self, machine_id: str) -> int:
         """Take the machine down (losing its tasks) and delete it."""
@@ -172,9 +179,10 @@ class AdminWrites(LargeGangs):
                     return res.revision
 
     def release_task(self, tid: str, outcome: TaskState, machine: str | None = None,
-                     result: TaskResult | None = None) -> int:
-        """Record that a running task ended (finished, failed, lost; ``result``: its exit
-        code and times) and free its hold (decisions.release_task says when it is
+                     result: TaskResult | None = None, *, by: str = "", why: str = "") -> int:
+        """Record that a running task ended (finished, failed, lost, killed; ``result``:
+        its exit code and times; ``by`` and ``why`` for its history, by default its
+        machine's agent) and free its hold (decisions.release_task says when it is
         refused)."""
         try:
             split_task_id(tid)
@@ -196,7 +204,8 @@ class AdminWrites(LargeGangs):
                         self._fetch_gangs(m)
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
-                return decisions.release_task(self.view, tid, outcome, machine, result)
+                return decisions.release_task(self.view, tid, outcome, machine, result,
+                                              at=self.clock(), by=by, why=why)
 
             return self._decide_and_write(f"releasing task {tid}", decide)
 
@@ -232,14 +241,68 @@ class AdminWrites(LargeGangs):
                        and t.state is TaskState.RUNNING]
         for tid in running:
             try:
-                revision = max(revision, self.release_task(tid, TaskState.LOST))
+                # Killed, not lost: lost is a machine's failure, and a lost task is
+                # placed again.
+                revision = max(revision, self.release_task(
+                    tid, TaskState.KILLED, by=status.by,
+                    why=f"job killed: {status.reason}"[:200]))
             except StoreError as e:  # it ended meanwhile (finished, lost): nothing to do
                 log.debug("kill %s: %s", status.job, e)
         return revision
 
-    def resize_job(self, job_id: str, task_count: int) -> int:
+    def resize_job(self, job_id: str, task_count: int, *, stop: bool = False) -> int:
         """Grow (or shrink to no fewer than its placed-or-ended tasks) a job's task count,
-        as an elastic scheduler does to grow a running job into idle resources."""
+        as an elastic scheduler does to grow a running job into idle resources.
+
+        ``stop`` (a user's scale-down): a job that is not a gang shrinks below tasks
+        that have run. Its running tasks beyond the new count are stopped first, the
+        highest index first, recorded as killed (their agents stop them), then the
+        count and the records beyond it are written in one guarded write; a task placed
+        meanwhile beyond the count makes it start over. At most ``_SHRINK_STEP``
+        records go per write, so a large shrink is a few steps from the top down."""
+        if not stop:
+            return self._resize(job_id, task_count, False)
+        revision = 0
+        for _ in range(self.options.max_attempts):
+            target = self._stop_beyond(job_id, task_count)
+            try:
+                revision = self._resize(job_id, target, True)
+            except StoreError as e:
+                if "runs; stop it before shrinking" not in str(e):
+                    raise
+                continue  # placed between the stop and the write: again
+            if target == task_count:
+                return revision
+        raise ContentionError(f"resizing job {job_id}: its tasks kept being placed")
+
+    def _stop_beyond(self, job_id: str, task_count: int) -> int:
+        """Stop (as killed) the running tasks of ``job_id`` at ``task_count`` and above,
+        highest index first; returns the count the next write may shrink to (at most
+        ``_SHRINK_STEP`` records above it)."""
+        prefix = self.keys.task_key(job_id + "/")
+        with self._lock:
+            self._fetch([self.keys.job(job_id)])
+            res = self.kv.range(prefix, prefix_end(prefix))
+            self.view.observe_range(res.kvs, res.revision)
+            job = self.view.jobs.get(job_id)
+            # A gang runs whole or not at all: it is refused below, nothing stopped.
+            if job is None or task_count >= job.task_count or job.gang:
+                return task_count
+            beyond = sorted((int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs), reverse=True)
+            beyond = [i for i in beyond if i >= task_count]
+            running = [task_id(job_id, i) for i in beyond
+                       if task_view(self.view, task_id(job_id, i)).state is TaskState.RUNNING]
+        for tid in running:
+            try:
+                self.release_task(tid, TaskState.KILLED,
+                                  why=f"job shrunk to {task_count} tasks")
+            except StoreError as e:  # it ended meanwhile: nothing to stop
+                log.debug("shrink %s: %s", job_id, e)
+        if len(beyond) > _SHRINK_STEP:
+            return beyond[_SHRINK_STEP - 1]
+        return task_count
+
+    def _resize(self, job_id: str, task_count: int, drop_ended: bool) -> int:
         prefix = self.keys.task_key(job_id + "/")
         read_at = 0
 
@@ -250,10 +313,12 @@ class AdminWrites(LargeGangs):
             job = self.view.jobs.get(job_id)
             placed: list[int] = []
             if job is not None and task_count < job.task_count:
-                res = self.kv.range(prefix, prefix_end(prefix), keys_only=True)
+                res = self.kv.range(prefix, prefix_end(prefix), keys_only=not drop_ended)
+                if drop_ended:  # the decision reads their states
+                    self.view.observe_range(res.kvs, res.revision)
                 placed = [int(kv.key.rsplit(b"/", 1)[1]) for kv in res.kvs]
                 read_at = res.revision
-            return decisions.resize_job(self.view, job_id, task_count, placed)
+            return decisions.resize_job(self.view, job_id, task_count, placed, drop_ended)
 
         def unchanged() -> tuple[Compare, ...]:
             # Claims do not rewrite the job's key, so its revision alone would not see a

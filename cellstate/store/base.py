@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -138,11 +139,15 @@ class StoreBase:
         *,
         options: StoreOptions | None = None,
         snapshots: Callable[[], CellSnapshot] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         """``snapshots``, if given (a replica's ``snapshot``), is where the working view
         learns records it has not seen before it asks etcd: a scheduler process has them
-        in its replica already, and the guards catch any that are stale."""
+        in its replica already, and the guards catch any that are stale. ``clock``
+        (wall time) dates what it writes into task records: a placement's
+        ``placed_at`` and each event of a task's history."""
         self.kv = kv
+        self.clock = clock
         self.keys = Keyspace(cell)
         self.options = options or StoreOptions()
         self.view = WorkingView(self.keys)
@@ -315,10 +320,13 @@ class StoreBase:
         self._adopt_from_snapshot(machines, jids)
         before = {mid: m.seq for mid in machines if (m := view.machines.get(mid)) is not None
                   } if refresh else {}
+        # Victims' task records too: a preemption rewrites them, carrying their
+        # history (placements, earlier preemptions) forward.
+        victims = [keys.task_key(v) for c in claims for v in c.evict]
         self._fetch(
             k
             for k in (*map(keys.machine, machines), *map(keys.job, jids),
-                      *map(keys.status, jids))
+                      *map(keys.status, jids), *victims)
             if not view.knows(k) or (refresh and self._machine_of(k) is not None)
         )
         stale = any(view.machine_rev(mid) != seq for mid, seq in before.items())

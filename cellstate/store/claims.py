@@ -214,7 +214,8 @@ class ClaimCommits(StoreBase):
                 # A guard the read kept from failing: others still write these machines.
                 self._note_conflict(True)
             decisions = validate_many(self.view, subs, shape_checked=True,
-                                      seq_rewrites=[outs[i].rewrites for i, _ in parts])
+                                      seq_rewrites=[outs[i].rewrites for i, _ in parts],
+                                      at=self.clock())
             if all(t.mode is TxnMode.INCREMENTAL for t in subs) and self._contended():
                 split = self._components(parts, decisions)
                 if split is not None:

@@ -229,7 +229,8 @@ class Registration(AdminWrites):
     @staticmethod
     def _adopted(old: Machine, m: Machine) -> Machine:
         """Machine ``old`` as registration ``m`` describes it, keeping its tasks."""
-        state = old.state if old.state is MachineState.DRAINING else MachineState.UP
+        state = old.state if old.state in (MachineState.DRAINING,
+                                           MachineState.CORDONED) else MachineState.UP
         return attrs.evolve(
             old.with_allocations(old.allocations), capacity=m.capacity, rack=m.rack,
             failure_domain=m.failure_domain, labels=m.labels, agent=m.agent, state=state,

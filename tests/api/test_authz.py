@@ -482,7 +482,7 @@ def test_an_abandoned_job_is_killed_only_while_something_runs(cell: Cell) -> Non
     cell.call("user:alice", "KillJob", pb.KillJobRequest(job="jab", reason="stop it"))
     cell.settle()
     info = cell.call("user:alice", "GetJob", pb.GetJobRequest(job="jab"))
-    assert info.state == "killed" and info.tasks[0].state == "lost"
+    assert info.state == "killed" and info.tasks[0].state == "killed"
     cell.call("user:bob", "SubmitJob", _job("idle", "bob"))
     cell.settle()
     cell.call("scheduler:batch", "SetJobStatus", pb.SetJobStatusRequest(

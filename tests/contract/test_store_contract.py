@@ -632,7 +632,7 @@ def test_an_operator_write_on_a_machine_that_lost_an_allocation_meanwhile(kv: KV
     admin.release_task("a/0", TaskState.FINISHED)
     assert admin.commit(txn([Claim("b", 0, "m1")], scheduler="svc")).ok
     _, state, _ = store.set_machine_state("m1", "cordon")
-    assert state is MachineState.DRAINING
+    assert state is MachineState.CORDONED
     assert set(store.view.machines["m1"].allocations) == {"a/1", "b/0"}
     _, _, lost = store.set_machine_state("m1", "drain")
     assert lost == 2

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,8 +83,10 @@ def demo(tmp_path: Path) -> Iterator[tuple[str, list[str], subprocess.Popen[str]
         url, operator = "", []
         for line in proc.stdout:
             lines.append(line)
-            if m := re.search(r"\(try: omega status (.*)\)$", line):
-                operator = shlex.split(m.group(1))
+            if "omega env" in line:  # the client file is written: the operator's flags
+                settings = tomllib.loads((tmp_path / "client.toml").read_text())
+                operator = [x for k in ("cellstate", "ca", "cert", "key")
+                            for x in (f"--{k}", settings[k])]
             if m := re.match(r"dashboard: (http://\S+) ", line):
                 url = m.group(1)
                 break
@@ -115,6 +117,7 @@ return {
   pending: rows("pending"),
   preemptions: rows("preemptions"),
   preempt_total: document.getElementById("preempt-total").innerText,
+  events: rows("events"),
 };
 """
 
@@ -154,10 +157,18 @@ def test_a_person_sees_the_cell_live(browser: Any, demo: tuple[str, list[str], A
         r"[1-9]\d* since", p["preempt_total"]) and len(p["preemptions"][0]) == 4)
     _, task, machine, _ = page["preemptions"][0]
     assert re.fullmatch(r"\S+/\d+", task) and re.fullmatch(r"m\d{5}", machine)
+    # The events panel (issue 34): the cell's task histories, newest first, with who and
+    # why; a preemption shows there with the task it made room for.
+    page = _until(browser, "a preemption among the events", lambda p: any(
+        len(row) == 6 and row[2] == "preempted" and row[5].startswith("preempted for ")
+        for row in p["events"]))
+    events = page["events"]
+    assert {row[2] for row in events} >= {"placed", "preempted"}
+    assert all(re.fullmatch(r"\S+/\d+", row[1]) for row in events)
     # Live: cordon a machine from the command line; the page shows it, no reload.
     subprocess.run([sys.executable, "-m", "omega.cli", "cordon", "m00007", *operator],
                    check=True, timeout=60)
-    _until(browser, "m00007 cordoned", lambda p: ["m00007", "draining"] in p["machines"])
+    _until(browser, "m00007 cordoned", lambda p: ["m00007", "cordoned"] in p["machines"])
     before = page["summary"]
     _until(browser, "the revision move on",
            lambda p: p["summary"] != before and "revision" in p["summary"])

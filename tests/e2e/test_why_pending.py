@@ -151,7 +151,7 @@ def test_quota_shows_at_once(cell: tuple[Cluster, str]) -> None:
         cell_says = client.get_job("quota")["why"]["cell"]
     assert [b["code"] for b in cell_says] == ["quota"]
     assert "holds 6 of its limit of 6 cpu" in cell_says[0]["text"]
-    # What README.md and docs/operations.md show for this job, line by line.
+    # What docs/operations.md shows for this job, line by line.
     text = subprocess.run(c.argv("why", "quota", "--cellstate", c.cellstate),
                           capture_output=True, text=True, timeout=60, check=True).stdout
     head, cell_line, instance, held_line = text.splitlines()

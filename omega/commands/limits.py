@@ -16,13 +16,17 @@ tables writes them at its start-up, over what was set here (docs/operations.md).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 _NONE = "none"
 
 
-def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]) -> None:
+ORDER = 37
+
+
+def register(sub: Any) -> None:
+    from omega.commands.common import cellstate_flag
+
     p = sub.add_parser(
         "limits", help="show schedulers' limits and what they hold; set one's (operators)",
         description="Show each scheduler's limits and what it holds of them, or, with "

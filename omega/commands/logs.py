@@ -10,14 +10,15 @@ it (the agent's own host, or a shared mount).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+ORDER = 24
 
-def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
-             non_negative_int: Callable[[str], Any]) -> None:
+
+def register(sub: Any) -> None:
     from omega.clientconfig import default
+    from omega.commands.common import cellstate_flag, non_negative_int
 
     p = sub.add_parser("logs", help="print the output of a job's command tasks",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
@@ -30,6 +31,9 @@ def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None]
                         "file's log_dir)")
     p.add_argument("--tail", type=non_negative_int, default=0,
                    help="only the last N lines of each log (default 0: all)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="with TASK: print what the task writes as it writes it, until it "
+                        "ends (Ctrl-C stops)")
     p.set_defaults(func=run)
 
 
@@ -49,11 +53,59 @@ def run(args: argparse.Namespace) -> int:
     ran = {t["index"]: t for t in info.get("tasks", []) if t["state"] != "pending"}
     indices = [args.task] if args.task is not None else sorted(ran)
     logs = [_log(root, args.job_id, i, ran.get(i), args.tail) for i in indices]
+    if args.follow:
+        if args.task is None:
+            raise ValueError("--follow follows one task: give its index (omega logs JOB "
+                             "TASK -f)")
+        return _follow(args, root)
     if args.task is not None and logs[0]["text"] is None:
         raise ValueError(f"no log of task {args.job_id}/{args.task} under {root} "
                          f"({logs[0]['why']})")
     emit(args, logs, lambda wide: _text(logs, single=args.task is not None))
     return 0
+
+
+# A followed task is done once it is in one of these states (and its log is read out).
+_ENDED = frozenset({"finished", "failed", "killed", "lost", "preempted"})
+
+
+def _follow(args: argparse.Namespace, root: Path) -> int:
+    """Print the task's log as it grows (from --tail N lines before the end), until the
+    cell says the task ended and nothing more was written."""
+    import sys
+    import time
+
+    from omega.cliglobal import cell_client
+
+    path = root / args.job_id / f"{args.task}.log"
+    offset = 0
+    if args.tail and path.exists():
+        lines = path.read_bytes().splitlines(keepends=True)
+        offset = path.stat().st_size - sum(len(x) for x in lines[-args.tail:])
+    with cell_client(args) as client:
+        while True:
+            state = _state(client.get_job(args.job_id), args.task)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                offset += len(chunk)
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            elif state in _ENDED:
+                return 0
+            else:
+                time.sleep(0.5)
+
+
+def _state(info: dict[str, Any], index: int) -> str:
+    for t in info.get("tasks", []):
+        if t["index"] == index:
+            return str(t["state"])
+    return "pending"
 
 
 def _log(root: Path, job: str, index: int, task: dict[str, Any] | None, tail: int,

@@ -1,40 +1,35 @@
-"""Operators' commands on machines and jobs: ``omega cordon|uncordon|drain MACHINE...``
-and ``omega resize JOB --tasks N``.
+"""Operators' commands on machines: ``omega cordon|uncordon|drain MACHINE...``.
 
-Each is one call to a cellstate server, which authorizes it (machines: operators only;
-a resize: the job's owner, an operator or its scheduler) and has the store's judge
-(``cellstate.decisions``) decide it, so a refused change leaves the cell as it was.
+Each is one call to a cellstate server, which authorizes it (operators only) and has
+the store's judge (``cellstate.decisions``) decide it, so a refused change leaves the
+cell as it was.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 MACHINE_HELP = {
     "cordon": "stop placing tasks on machines, which keep what they run",
     "uncordon": "let schedulers place tasks on cordoned or drained machines again",
     "drain": "cordon machines and take their tasks off (lost: their schedulers place "
-             "them elsewhere)",
+             "them elsewhere); the machines show as draining",
 }
 
 
-def register(sub: Any, cellstate_flag: Callable[[argparse.ArgumentParser], None],
-             positive_int: Callable[[str], Any]) -> None:
+ORDER = 31
+
+
+def register(sub: Any) -> None:
+    from omega.commands.common import cellstate_flag
+
     for action, text in MACHINE_HELP.items():
         p = sub.add_parser(action, help=text + "; operators only",
                            description=f"{text[0].upper()}{text[1:]}. Operators only.")
         cellstate_flag(p)
         p.add_argument("machines", nargs="+", metavar="MACHINE", help="machine id(s)")
         p.set_defaults(func=lambda args, a=action: machines(args, a))
-    r = sub.add_parser("resize", help="change a job's task count (grow it, or shrink it to "
-                                      "no fewer tasks than have run)")
-    cellstate_flag(r)
-    r.add_argument("job_id", metavar="JOB", help="the job's id")
-    r.add_argument("--tasks", type=positive_int, required=True,
-                   help="the job's new number of tasks")
-    r.set_defaults(func=resize)
 
 
 def machines(args: argparse.Namespace, action: str) -> int:
@@ -60,13 +55,3 @@ def _text(action: str, d: dict[str, Any]) -> str:
         return f"machine {d['machine']}: {d['state']} already, nothing to {action}"
     lost = f", {d['tasks_lost']} task(s) taken off" if action == "drain" else ""
     return f"machine {d['machine']}: {d['state']}{lost} (revision {d['revision']})"
-
-
-def resize(args: argparse.Namespace) -> int:
-    from omega.cliglobal import cell_client, emit
-
-    with cell_client(args) as client:
-        revision = client.resize(args.job_id, args.tasks)
-    emit(args, {"job": args.job_id, "task_count": args.tasks, "revision": revision},
-         f"job {args.job_id}: {args.tasks} tasks (revision {revision})")
-    return 0
