@@ -40,6 +40,14 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: one per CPU)")
 
 
+def cluster_argument_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the two flags together, if anything."""
+    if args.scheduler is not None and args.jobs is not None:
+        return ("argument --jobs: sizes the embedded local cluster; with --scheduler the "
+                "cluster's own workers run the points (start more `dask worker`s instead)")
+    return None
+
+
 def scheduler_address(raw: str) -> str:
     """An argparse type: a Dask scheduler's address, ``[tcp://]HOST:PORT``."""
     address = raw if "://" in raw else f"tcp://{raw}"
@@ -71,6 +79,9 @@ def run_command(args: argparse.Namespace) -> int:
     from simulator.workload import InputError
 
     prog = getattr(args, "prog", "omega simulate")
+    if (wrong := cluster_argument_error(args)) is not None:
+        print(f"{prog}: error: {wrong}", file=sys.stderr)
+        return 2
     try:
         exps = [with_seed(load(path), args.seed) for path in args.experiments]
     except InputError as e:

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.cli import add_cluster_arguments  # noqa: E402
+from simulator.cli import add_cluster_arguments, cluster_argument_error  # noqa: E402
 from simulator.experiment import Experiment, load  # noqa: E402
 from simulator.output import write_data  # noqa: E402
 from simulator.point import TimedResult  # noqa: E402
@@ -126,6 +126,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*",
                    help="with --short: these seeds instead of the profile's")
     args = p.parse_args()
+    if (wrong := cluster_argument_error(args)) is not None:
+        p.error(wrong)
     if not args.no_run:
         exps = []
         for name in args.only:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from simulator.cli import add_cluster_arguments
+from simulator.cli import add_cluster_arguments, cluster_argument_error
 from simulator.experiment import Experiment, Run, load
 from simulator.runner import finish
 from simulator.sweep import SweepError, cluster, run_sweep
@@ -70,6 +70,8 @@ def main(argv: list[str]) -> int:
                    help="seeds 1..N per run (default: the files')")
     p.add_argument("--out", type=Path, default=Path("docs/results/omega-high-fidelity"))
     args = p.parse_args(argv)
+    if (wrong := cluster_argument_error(args)) is not None:
+        p.error(wrong)
     names = [n for n in ORDER if args.seeds is None or n != EXTRA_SEEDS]
     exps = [scaled(load(HERE / f"{name}.toml"), args.hours, args.seeds) for name in names]
     try:

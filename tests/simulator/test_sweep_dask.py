@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from simulator import sweep
+from simulator.cli import main
 from simulator.experiment import load
 from simulator.runner import run_experiment
 
@@ -248,3 +249,19 @@ def test_a_failing_point_is_tried_twice_then_reported(
     assert said.count("failed twice: RuntimeError: planted") == 1
     assert sum(r is not None for r in outcome.results) == 3
     assert len(list((tmp_path / "tiny" / sweep.POINTS).glob("*.json"))) == 3
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--scheduler", "tcp://127.0.0.1"],
+     "argument --scheduler: must be a Dask scheduler address such as tcp://10.0.0.5:8786, "
+     "got 'tcp://127.0.0.1'"),
+    (["--scheduler", "127.0.0.1:8786", "--jobs", "2"],
+     "argument --jobs: sizes the embedded local cluster; with --scheduler"),
+])
+def test_bad_cluster_flags_are_refused(flags: list[str], error: str, tiny: Path,
+                                       capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    with contextlib.suppress(SystemExit):
+        assert main([str(tiny), "--out", str(tmp_path / "out"), *flags]) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
