@@ -101,7 +101,7 @@ def cluster(scheduler: str | None, jobs: int | None) -> Iterator[Client]:
 
     with contextlib.ExitStack() as stack:
         if scheduler is None:
-            n = jobs or len(os.sched_getaffinity(0))
+            n = jobs or _cpus()
             # One thread per worker process: a run is pure Python and holds the GIL.
             # On 127.0.0.1 only; port 0: any free port, the dashboard's included.
             local = stack.enter_context(LocalCluster(  # type: ignore[no-untyped-call]
@@ -116,6 +116,13 @@ def cluster(scheduler: str | None, jobs: int | None) -> Iterator[Client]:
                 raise SweepError(f"cannot reach the Dask scheduler at {scheduler!r}: {e}") from e
         _say(f"dask: scheduler {client.scheduler.address}, dashboard {_dashboard(client)}")
         yield client
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (the container's or taskset's share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # macOS has no affinity call
 
 
 def _dashboard(client: Client) -> str:
