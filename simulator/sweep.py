@@ -103,10 +103,12 @@ def cluster(scheduler: str | None, jobs: int | None) -> Iterator[Client]:
         if scheduler is None:
             n = jobs or _cpus()
             # One thread per worker process: a run is pure Python and holds the GIL.
-            # On 127.0.0.1 only; port 0: any free port, the dashboard's included.
+            # On 127.0.0.1 only; port 0: any free port, the dashboard's included. No
+            # memory limit: a saturated week-long point can grow past a worker's share
+            # of the machine, and a nanny restarting it there would only lose its work.
             local = stack.enter_context(LocalCluster(  # type: ignore[no-untyped-call]
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                scheduler_port=0, dashboard_address="127.0.0.1:0"))
+                scheduler_port=0, dashboard_address="127.0.0.1:0", memory_limit=0))
             client = stack.enter_context(Client(local))  # type: ignore[no-untyped-call]
         else:
             try:
