@@ -20,8 +20,11 @@ name). Its loop, one :meth:`~SchedulerInstance.step` at a time:
   first) or ``back`` (behind every job that arrived before its retry is due, as
   Omega's released simulator re-enqueues it).
 * **Give up** after ``max_attempts`` attempts or ``max_fruitless_attempts`` attempts
-  in a row that placed nothing (Omega's simulator: 1,000 and 100), or at once when
-  the policy says no state of the cell would let the job fit. The reason is stored on
+  in a row that placed nothing (Omega's released simulator: 1,000 and 100), or at once
+  when the policy says no state of the cell would let the job fit. ``fruitless_rule``
+  says which fruitless attempts count: ``in-a-row`` (the default), ``from-start`` (only
+  while none of the job's attempts has placed a task: the released simulator's) or
+  ``off`` (none: the paper states only the 1,000 attempts). The reason is stored on
   the job (``JobStatus``).
 * **Lease.** The instance's registration lives under a lease of ``lease_ttl``
   seconds. :meth:`~SchedulerInstance.run` renews it from a thread of its own, every
@@ -117,6 +120,7 @@ class Committer(Protocol):
 
 
 RETRY_ORDERS = ("submission", "back")
+FRUITLESS_RULES = ("in-a-row", "from-start", "off")
 
 
 @attrs.frozen
@@ -125,6 +129,10 @@ class RuntimeConfig:
     detection: Detection = Detection.FINE  # a job's own setting wins
     max_attempts: int = 1000
     max_fruitless_attempts: int = 100
+    # Which attempts that placed nothing count toward max_fruitless_attempts (the
+    # module's docstring).
+    fruitless_rule: str = attrs.field(default="in-a-row",
+                                      validator=attrs.validators.in_(FRUITLESS_RULES))
     retry_delay: float = 1.0
     max_retry_delay: float = 30.0
     # "submission" or "back" (see the module's docstring).
@@ -158,6 +166,7 @@ class _JobState:
     first_attempt_at: float | None = None
     attempts: int = 0
     fruitless: int = 0
+    placed_any: bool = False  # some attempt committed a task of the job
     next_try_at: float = 0.0
     requeued_at: float | None = None  # when a retry put it at the back of the queue
     # Held back by the scheduler's limits since its last attempt (reported once: a
@@ -772,12 +781,19 @@ class SchedulerInstance:
                      len(res.rejected) + len(res.committed),
                      ", ".join(f"{n} {why}" for why, n in reasons.most_common()))
 
+    def _fruitless_exhausted(self, st: _JobState) -> bool:
+        rule = self.config.fruitless_rule
+        if rule == "off" or (rule == "from-start" and st.placed_any):
+            return False
+        return st.fruitless >= self.config.max_fruitless_attempts
+
     def _after_attempt(self, job: Job, plan: Plan, res: CommitResult | None, now: float) -> None:
         st = self._state(job.id)
         st.attempts += 1
         st.held = False
         placed = len(res.committed) if res is not None else 0
         st.fruitless = 0 if placed else st.fruitless + 1
+        st.placed_any = st.placed_any or placed > 0
         permanent = [u for u in plan.unplaced if u.job == job.id and u.permanent]
         if permanent:
             self._abandon(job, permanent[0].reason, now)
@@ -787,7 +803,7 @@ class SchedulerInstance:
             self._abandon(job, f"gave up after {st.attempts} attempts"
                           + _why(plan.unplaced, job, res), now)
             return
-        if patient is None and st.fruitless >= self.config.max_fruitless_attempts:
+        if patient is None and self._fruitless_exhausted(st):
             self._abandon(job, f"gave up after {st.fruitless} attempts in a row placed nothing"
                           + _why(plan.unplaced, job, res), now)
             return

@@ -115,16 +115,19 @@ class TwoLevelSpec:
 
 @attrs.frozen
 class RetrySpec:
-    """Omega's simulator: retry after 1 s; give up after 1,000 attempts or 100 in a
-    row that placed nothing. ``order``: where a job waits for its retry, ``back`` of
-    the queue (the released simulator re-enqueues it when the retry is due) or at its
-    place by ``submission`` (oldest first; before the option, the only behaviour)."""
+    """Omega's released simulator: retry after 1 s; give up after 1,000 attempts or
+    100 in a row that placed nothing (``fruitless``: which attempts that placed nothing
+    count, ``in-a-row``, ``from-start`` or ``off``; schedulers.runtime). ``order``:
+    where a job waits for its retry, ``back`` of the queue (the released simulator
+    re-enqueues it when the retry is due) or at its place by ``submission`` (oldest
+    first; before the option, the only behaviour)."""
 
     delay: float = 1.0
     max_delay: float = 1.0
     max_attempts: int = 1000
     max_fruitless: int = 100
     order: str = "back"
+    fruitless: str = "in-a-row"
 
 
 BATCH = JobClass("batch", JobKind.BATCH, Distribution.exponential(10.0),

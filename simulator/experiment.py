@@ -25,7 +25,7 @@ from cellstate.model import (
     TxnMode,
     check_name,
 )
-from schedulers.runtime import RETRY_ORDERS
+from schedulers.runtime import FRUITLESS_RULES, RETRY_ORDERS
 from simulator.config import (
     FAILURE_SCOPES,
     Architecture,
@@ -685,18 +685,23 @@ def _decision(where: _Where, at: Path_, raw: object) -> DecisionTime:
 def _retry(where: _Where, raw: object) -> RetrySpec:
     t = _table(where, ("retry",), raw)
     _only(where, ("retry",), t, {"delay", "max_delay", "max_attempts", "max_fruitless",
-                                 "order"})
+                                 "order", "fruitless"})
     d = RetrySpec()
     order = t.get("order", d.order)
     if order not in RETRY_ORDERS:
         raise where.error(("retry", "order"), f"{_show(order)} is not one of "
                           f"{', '.join(RETRY_ORDERS)}")
+    fruitless = t.get("fruitless", d.fruitless)
+    if fruitless not in FRUITLESS_RULES:
+        raise where.error(("retry", "fruitless"), f"{_show(fruitless)} is not one of "
+                          f"{', '.join(FRUITLESS_RULES)}")
     return RetrySpec(_num(where, ("retry", "delay"), t.get("delay", d.delay), True),
                      _num(where, ("retry", "max_delay"), t.get("max_delay", d.max_delay), True),
                      int(_num(where, ("retry", "max_attempts"),
                               t.get("max_attempts", d.max_attempts), True)),
                      int(_num(where, ("retry", "max_fruitless"),
-                              t.get("max_fruitless", d.max_fruitless), True)), str(order))
+                              t.get("max_fruitless", d.max_fruitless), True)), str(order),
+                     str(fruitless))
 
 
 def _limits(where: _Where, raw: object, schedulers: set[str]) -> CellConfig:

@@ -20,20 +20,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from simulator.experiment import Experiment, PlotSpec
+from simulator.point import RunResult
 from simulator.recorder import JobOutcome, quantiles
 from simulator.speedup import Speedup, pair_jobs, pairs, summarize
-
-
-@attrs.frozen
-class RunResult:
-    point: dict[str, Any]
-    metrics: dict[str, Any]
-    utilization: tuple[tuple[float, float, float], ...]
-    # CDFs: 101 quantiles (0, 1%, ..., 100%) of each distribution the run measured
-    distributions: dict[str, list[float]] = attrs.field(factory=dict)
-    # Effective and raw CPU utilization per time bucket ("t": the buckets' starts).
-    series: dict[str, list[float]] = attrs.field(factory=dict)
-    jobs: tuple[JobOutcome, ...] = ()  # every measured job's completion
 
 
 @attrs.frozen

@@ -1,81 +1,59 @@
-"""Running an experiment: every point of its sweep, sequentially or in worker
-processes, with a progress bar; then its data files and plots."""
+"""Running an experiment in this process, every point of its sweep in turn with a
+progress bar in simulated seconds; and the data files and plots made from the results
+(whether they were made here or by a sweep on Dask, ``simulator.sweep``)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 from tqdm import tqdm
 
-from cellstate.gc_tuning import tune_for_large_heap
 from simulator.experiment import Experiment
-from simulator.output import RunResult, read_jobs, with_speedups, write_data, write_plots
-from simulator.sim import Simulation
+from simulator.output import read_jobs, with_speedups, write_data, write_plots
+from simulator.point import RunResult, run_one
+
+__all__ = ["RunResult", "finish", "replot", "run_experiment", "run_one", "with_seed"]
 
 
-def run_one(point: dict[str, object], config_index: int, exp: Experiment,
-            progress: Callable[[float], None] | None = None,
-            after_prefill: Callable[[], None] | None = None) -> RunResult:
-    """One run; ``after_prefill`` is called once the cell is filled (e.g. to time it)."""
-    run = exp.runs[config_index]
-    sim = Simulation(run.config, base_dir=exp.path.parent)
-
-    def prefilled() -> None:
-        if after_prefill is not None:
-            after_prefill()
-        # A simulated cell is a few hundred thousand long-lived objects; the collector
-        # scanning them again and again cost about a quarter of the run time.
-        tune_for_large_heap()
-
-    metrics = sim.run(progress, after_prefill=prefilled)
-    return RunResult(point, metrics, tuple(sim.recorder.utilization),
-                     sim.recorder.distributions(), sim.recorder.series(),
-                     tuple(sim.recorder.outcomes.values()))
+def with_seed(exp: Experiment, seed: int | None) -> Experiment:
+    """The experiment with every run's seed set to ``seed`` (None: as the file says)."""
+    if seed is None:
+        return exp
+    runs = tuple(attrs.evolve(r, config=attrs.evolve(r.config, seed=seed)) for r in exp.runs)
+    return attrs.evolve(exp, runs=runs)
 
 
-def _worker(exp: Experiment, index: int) -> tuple[int, RunResult, float]:
-    started = time.perf_counter()
-    result = run_one(exp.runs[index].point, index, exp)
-    return index, result, time.perf_counter() - started
-
-
-def run_experiment(exp: Experiment, out: Path, jobs: int = 1, show: bool = True,
+def run_experiment(exp: Experiment, out: Path, show: bool = True,
                    seed: int | None = None) -> list[RunResult]:
-    if seed is not None:
-        runs = tuple(attrs.evolve(r, config=attrs.evolve(r.config, seed=seed)) for r in exp.runs)
-        exp = attrs.evolve(exp, runs=runs)
+    exp = with_seed(exp, seed)
     total = sum(r.config.horizon + r.config.drain for r in exp.runs)
     bar = tqdm(total=round(total), unit="sim-s", desc=exp.name, disable=not show,
                file=sys.stderr, unit_scale=True, dynamic_ncols=True)
-    results: list[RunResult | None] = [None] * len(exp.runs)
+    results: list[RunResult] = []
     try:
-        if jobs <= 1:
-            for i, run in enumerate(exp.runs):
-                base = int(bar.n)
+        for i, run in enumerate(exp.runs):
+            base = int(bar.n)
 
-                def tick(now: float, base: int = base) -> None:
-                    bar.update(max(0, round(now) + base - int(bar.n)))
+            def tick(now: float, base: int = base) -> None:
+                bar.update(max(0, round(now) + base - int(bar.n)))
 
-                bar.set_postfix_str(_label(run.point))
-                results[i] = run_one(run.point, i, exp, tick)
-                bar.update(max(0, base + round(run.config.horizon + run.config.drain)
-                               - int(bar.n)))
-        else:
-            with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(_worker, exp, i) for i in range(len(exp.runs))]
-                for f in concurrent.futures.as_completed(futures):
-                    i, res, _wall = f.result()
-                    results[i] = res
-                    bar.update(round(exp.runs[i].config.horizon + exp.runs[i].config.drain))
+            bar.set_postfix_str(_label(run.point))
+            results.append(run_one(run.point, i, exp, tick))
+            bar.update(max(0, base + round(run.config.horizon + run.config.drain)
+                           - int(bar.n)))
     finally:
         bar.close()
-    finished = with_speedups(exp, [r for r in results if r is not None])
+    return finish(exp, results, out)
+
+
+def finish(exp: Experiment, results: Sequence[RunResult], out: Path) -> list[RunResult]:
+    """The experiment's data files and plots in ``out``, from every run's result (in
+    the experiment's run order)."""
+    finished = with_speedups(exp, results)
     write_data(exp, finished, out)
     write_plots(exp, finished, out)
     return finished

@@ -187,6 +187,7 @@ class Simulation:
         r = self.config.retry
         return RuntimeConfig(mode=spec.mode, detection=spec.detection,
                              max_attempts=r.max_attempts, max_fruitless_attempts=r.max_fruitless,
+                             fruitless_rule=r.fruitless,
                              retry_delay=r.delay, max_retry_delay=r.max_delay,
                              retry_order=r.order, lease_ttl=_NEVER, idle_wait=math.inf,
                              options=dict(spec.options))

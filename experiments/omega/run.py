@@ -1,12 +1,17 @@
 """Regenerate the lightweight Omega figures (docs/results/omega.md) in one command.
 
-    python experiments/omega/run.py --jobs 2            # paper length: every point,
+    python experiments/omega/run.py                     # paper length: every point,
                                                         # 3 seeds, 7 days (Mesos: 1)
     python experiments/omega/run.py --short --jobs 2    # what this session ran
+    python experiments/omega/run.py --scheduler tcp://HOST:8786   # on a Dask cluster
 
-Each experiment file's data goes to OUT/<name>/ (results.json, results.csv, and
-timing.csv: the CPU seconds each run took, for estimating the full length), then
-figures.py draws the paper's figures, three clusters to a plot, from all of them.
+The points run on Dask (simulator/sweep.py): an embedded local cluster of --jobs
+worker processes (default one per CPU), or the cluster whose scheduler --scheduler
+names. Each finished point is kept in OUT/<name>/points/, so running the same command
+again after it was stopped runs only what is missing. Each experiment file's data
+goes to OUT/<name>/ (results.json, results.csv, and timing.csv: the CPU seconds each
+run took, for estimating the full length), then figures.py draws the paper's figures,
+three clusters to a plot, from all of them.
 ``--short`` keeps the points, seeds and length listed in SHORT below; ``--only NAME``
 runs the named files only (the figures are drawn from whatever data OUT holds).
 """
@@ -14,11 +19,9 @@ runs the named files only (the figures are drawn from whatever data OUT holds).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import csv
 import io
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +31,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.cli import worker_count  # noqa: E402
+from simulator.cli import add_cluster_arguments, cluster_argument_error  # noqa: E402
 from simulator.experiment import Experiment, load  # noqa: E402
-from simulator.output import RunResult, write_data  # noqa: E402
-from simulator.runner import run_one  # noqa: E402
+from simulator.output import write_data  # noqa: E402
+from simulator.point import TimedResult  # noqa: E402
+from simulator.sweep import SweepError, cluster, run_sweep  # noqa: E402
 
 # In the order they run (the most telling first, for runs cut short).
 FILES = ("fig8_batch_rate", "fig7_two_level", "semantics", "fig5_6_single_path",
@@ -87,45 +91,34 @@ def shorten(exp: Experiment, horizon: float, keep: Keep | list[Keep]) -> Experim
     return attrs.evolve(exp, runs=tuple(runs))
 
 
-def _timed(exp: Experiment, index: int) -> tuple[int, RunResult, float, float]:
-    """The run's result, its CPU seconds, and the CPU seconds of its prefill (a fixed
-    cost per run: it does not grow with the simulated time)."""
-    started = time.process_time()
-    prefilled: list[float] = []
-    res = run_one(exp.runs[index].point, index, exp,
-                  after_prefill=lambda: prefilled.append(time.process_time()))
-    end = time.process_time()
-    return index, res, end - started, (prefilled or [end])[0] - started
+def run(exp: Experiment, out: Path, client: Any) -> bool:
+    """The experiment's points on the client's cluster, then its data files; False if
+    a point failed (the others are kept in OUT/<name>/points for the next run)."""
+    outcome = run_sweep(exp, out / exp.name, client)
+    for f in outcome.failed:
+        print(f"{exp.name}: point {f.point} failed: {f.error}", file=sys.stderr)
+    if not outcome.complete:
+        return False
+    write_timed(exp, [r for r in outcome.results if r is not None], out / exp.name)
+    return True
 
 
-def run(exp: Experiment, out: Path, jobs: int) -> None:
-    results: list[RunResult | None] = [None] * len(exp.runs)
-    cpu = [0.0] * len(exp.runs)
-    prefill = [0.0] * len(exp.runs)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_timed, exp, i) for i in range(len(exp.runs))]
-        for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
-            i, res, seconds, prefill[i] = f.result()
-            results[i], cpu[i] = res, seconds
-            print(f"{exp.name}: {n}/{len(exp.runs)} {res.point} {seconds:.0f} s CPU",
-                  flush=True)
-    dest = out / exp.name
-    write_data(exp, [r for r in results if r is not None], dest)
+def write_timed(exp: Experiment, results: list[TimedResult], dest: Path) -> None:
+    write_data(exp, [r.result for r in results], dest)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     axes = [a.name for a in exp.axes]
     w.writerow([*axes, "horizon_s", "cpu_s", "prefill_cpu_s"])
-    for r, c, pre, spec in zip(results, cpu, prefill, exp.runs, strict=True):
-        assert r is not None
-        w.writerow([*(r.point.get(a) for a in axes), spec.config.horizon, f"{c:.1f}",
-                    f"{pre:.1f}"])
+    for r, spec in zip(results, exp.runs, strict=True):
+        w.writerow([*(r.result.point.get(a) for a in axes), spec.config.horizon,
+                    f"{r.cpu_s:.1f}", f"{r.prefill_cpu_s:.1f}"])
     (dest / "timing.csv").write_text(buf.getvalue(), encoding="utf-8")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--short", action="store_true", help="the short profile (SHORT)")
-    p.add_argument("--jobs", type=worker_count, default=1, help="worker processes (at least 1)")
+    add_cluster_arguments(p)
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
     p.add_argument("--only", nargs="*", default=FILES, choices=FILES, metavar="NAME",
                    help="experiment names to run: " + ", ".join(FILES))
@@ -133,7 +126,10 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*",
                    help="with --short: these seeds instead of the profile's")
     args = p.parse_args()
+    if (wrong := cluster_argument_error(args)) is not None:
+        p.error(wrong)
     if not args.no_run:
+        exps = []
         for name in args.only:
             exp = load(HERE / f"{name}.toml")
             if args.short:
@@ -142,7 +138,15 @@ def main() -> None:
                     tables = keep if isinstance(keep, list) else [keep]
                     keep = [{**t, "seed": list(args.seeds)} for t in tables]
                 exp = shorten(exp, horizon, keep)
-            run(exp, args.out, args.jobs)
+            exps.append(exp)
+        try:
+            with cluster(args.scheduler, args.jobs) as client:
+                failed = [e.name for e in exps if not run(e, args.out, client)]
+        except SweepError as e:
+            p.error(str(e))
+        if failed:
+            sys.exit(f"points failed in {', '.join(failed)}; run the same command again "
+                     "to retry them")
     from figures import make_all  # experiments/omega/figures.py
 
     for path in make_all(args.out):

@@ -1,13 +1,16 @@
 """Run every high-fidelity experiment and summarize them: one command.
 
     PYTHONPATH=. nice -n 10 python experiments/omega_hifi/regenerate.py [--jobs 2]
-        [--hours H] [--seeds N] [--out DIR]
+        [--scheduler tcp://HOST:8786] [--hours H] [--seeds N] [--out DIR]
 
 As committed (no options) this makes docs/results/omega-high-fidelity. ``--hours``
 sets every run's horizon (busyness periods stay a sixth of it; 168 is the paper's
 7 days), ``--seeds N`` runs seeds 1..N wherever an experiment sweeps seeds: the
 same experiments at a larger scale (fig14_fine_more_seeds, seeds 5-10 of Fig. 14's
 fine-detection points, is then left out). The cell and workload stay as in the files.
+The points run on Dask as `omega simulate` runs a sweep (docs/simulator.md): kept in
+OUT/<name>/points/ as they finish, so the same command run again runs only what is
+missing.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from pathlib import Path
 
 import attrs
 
-from simulator.cli import worker_count
+from simulator.cli import add_cluster_arguments, cluster_argument_error
 from simulator.experiment import Experiment, Run, load
-from simulator.runner import run_experiment
+from simulator.runner import finish
+from simulator.sweep import SweepError, cluster, run_sweep
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("fig14_conflict_modes", "fig14_fine_more_seeds", "fig12_scaling",
@@ -59,21 +63,32 @@ def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=worker_count, default=2, help="worker processes (default 2)")
+    add_cluster_arguments(p)
     p.add_argument("--hours", type=_positive(float), default=None,
                    help="simulated hours per run (default: the files')")
     p.add_argument("--seeds", type=_positive(int), default=None,
                    help="seeds 1..N per run (default: the files')")
     p.add_argument("--out", type=Path, default=Path("docs/results/omega-high-fidelity"))
     args = p.parse_args(argv)
-    for name in ORDER:
-        if args.seeds is not None and name == EXTRA_SEEDS:
-            continue
-        exp = scaled(load(HERE / f"{name}.toml"), args.hours, args.seeds)
-        started = time.perf_counter()
-        run_experiment(exp, args.out / exp.name, jobs=args.jobs, show=False)
-        print(f"{name}: {len(exp.runs)} runs, {time.perf_counter() - started:.0f} s wall",
-              flush=True)
+    if (wrong := cluster_argument_error(args)) is not None:
+        p.error(wrong)
+    names = [n for n in ORDER if args.seeds is None or n != EXTRA_SEEDS]
+    exps = [scaled(load(HERE / f"{name}.toml"), args.hours, args.seeds) for name in names]
+    try:
+        with cluster(args.scheduler, args.jobs) as client:
+            for exp in exps:
+                started = time.perf_counter()
+                outcome = run_sweep(exp, args.out / exp.name, client, show=False)
+                if not outcome.complete:
+                    print(f"{exp.name}: {len(outcome.failed)} point(s) failed (above); "
+                          "run the same command again to retry them", file=sys.stderr)
+                    return 1
+                finish(exp, [r.result for r in outcome.results if r is not None],
+                       args.out / exp.name)
+                print(f"{exp.name}: {len(exp.runs)} runs, "
+                      f"{time.perf_counter() - started:.0f} s wall", flush=True)
+    except SweepError as e:
+        p.error(str(e))
     # This script's folder is on the path when it runs as a script.
     from summarize import main as summarize
 

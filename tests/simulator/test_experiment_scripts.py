@@ -18,6 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
     ("experiments/omega/run.py", ["--only", "fig99"], "argument --only: invalid choice: 'fig99'"),
     ("experiments/omega_hifi/regenerate.py", ["--jobs", "-1"],
      "argument --jobs: must be a whole number of at least 1, got '-1'"),
+    ("experiments/omega/run.py", ["--scheduler", "my-laptop"],
+     "argument --scheduler: must be a Dask scheduler address such as tcp://10.0.0.5:8786, "
+     "got 'my-laptop'"),
+    ("experiments/omega_hifi/regenerate.py", ["--scheduler", "127.0.0.1:8786", "--jobs", "2"],
+     "argument --jobs: sizes the embedded local cluster; with --scheduler"),
     ("experiments/omega_hifi/regenerate.py", ["--hours", "0"],
      "argument --hours: must be a positive number, got '0'"),
     ("experiments/omega_hifi/regenerate.py", ["--seeds", "two"],
