@@ -31,6 +31,7 @@ from cellstate.model import (
 from schedulers.api import CellView, Context
 from schedulers.fair import FairPolicy
 from schedulers.fair.policy import FairOptionError
+from schedulers.fair.report import share_table
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 from schedulers.testing import Harness, JobBuilder, claims, machine, txn
 
@@ -404,6 +405,27 @@ def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
     assert says in u.reason, u.reason
     # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
     assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason
+
+
+def test_a_reason_names_the_precedence_that_kept_every_victim_out() -> None:
+    """alice's 8 tasks (precedence 1) are all above bob's threshold, but fair
+    preemption never takes a task of higher precedence: the reason says so, with the
+    count, rather than "no running task's CRS is above that" (issue 30); so does the
+    share view (omega shares)."""
+    h, _ = cell()
+    h.submit([fair_job("a", "alice", 8, precedence=1)])
+    h.run(lambda s: len(running(s, "a")) == 8)
+    h.submit([fair_job("b", "bob", 1)])
+    snap = h.snapshot()
+    ctx = Context(CellView(snap, "fair"), h.clock.now, random.Random(0), "fair", "t")
+    plan = FairPolicy(min_runtime=0.0, delta=0.05).schedule_jobs(ctx, [snap.jobs["b"]])
+    (u,) = plan.unplaced
+    assert plan.claims == ()
+    assert ("no running task above it may go: 7 task(s) above it have a higher precedence "
+            "than this task's (0), which fair preemption never takes") in u.reason, u.reason
+    rows = {r.user: r for r in share_table(snap, "fair", {}, 0.05)}
+    assert rows["bob"].verdict == "waits"
+    assert "7 task(s) above it have a higher precedence than its (0)" in rows["bob"].detail
 
 
 def test_a_job_no_machine_could_ever_hold_is_refused_for_good() -> None:

@@ -50,9 +50,6 @@ class PreemptionGuard:
         """When this instance first saw ``task`` running (``default`` if not yet)."""
         return self._seen.get(task, default)
 
-    def ran_for(self, task: str) -> float:
-        return self._now - self._seen.get(task, self._now)
-
     def left(self) -> int:
         """How many more tasks may be preempted now."""
         in_minute = self.per_minute - sum(n for _, n in self._spent)

@@ -47,7 +47,7 @@ from cellstate.model import (
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.fair.guard import PreemptionGuard
 from schedulers.fair.shares import CellShares, OrderKey, ShareBook, read_shares, task_order
-from schedulers.fair.victims import RoundMemo, Victim, choose, eligible
+from schedulers.fair.victims import RoundMemo, Victim, choose, eligible, threshold_of
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible, why_not
 
@@ -141,7 +141,8 @@ class FairPolicy(Policy):
         queues, waiting = _queues(view, jobs)
         r = _Round()
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
-        no_victims: set[str] = set()  # users whose CRS is already too high to preempt
+        # users whose CRS is already too high to preempt -> why (what kept victims out)
+        no_victims: dict[str, str] = {}
         unplaced: Counter[str] = Counter()
         placed: set[str] = set()  # jobs this round placed tasks of
         free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
@@ -195,7 +196,7 @@ class FairPolicy(Policy):
         return None if best is None else best[1]
 
     def _place(self, ctx: Context, shares: CellShares, unit: _Unit, r: _Round,
-               free: dict[str, list[str]], tally: FitTally, no_victims: set[str],
+               free: dict[str, list[str]], tally: FitTally, no_victims: dict[str, str],
                memo: RoundMemo) -> str | None:
         """Claim every task of the unit (or none); None if it was placed, else why not."""
         view, job, book = ctx.view, unit.job, shares.book
@@ -286,28 +287,31 @@ class FairPolicy(Policy):
         return None
 
     def _preemption(self, ctx: Context, shares: CellShares, job: Job, index: int,
-                    no_victims: set[str], memo: RoundMemo) -> tuple[Any, str]:
+                    no_victims: dict[str, str], memo: RoundMemo) -> tuple[Any, str]:
         c, book = self.config, shares.book
         if not c.preempt:
             return None, "no machine has room now (this fair scheduler does not preempt)"
         user = job.owner
         crs = book.crs_waiting(user, task_order(job, index), job.task_resources)
-        threshold = crs + c.delta
+        threshold = threshold_of(crs, c.delta)
         if user in no_victims:
-            return None, _waiting(crs, c.delta, "no running task's CRS is above that")
+            return None, _waiting(crs, c.delta, no_victims[user])
         budget = self.guard.left()
         if budget <= 0:
             return None, _waiting(crs, c.delta, f"the preemption cap is reached "
                                   f"({c.max_preemptions_per_round} per round, "
                                   f"{c.max_preemptions_per_minute} per minute)")
-        by_machine, young = eligible(ctx.view, shares, task_precedence(job, index), threshold,
-                                     self.guard.old_enough, memo)
+        precedence = task_precedence(job, index)
+        by_machine, young, higher = eligible(ctx.view, shares, precedence, threshold,
+                                             self.guard.old_enough, memo)
         if not by_machine:
             if not young:
-                no_victims.add(user)  # the user's later tasks have a CRS no lower
-                return None, _waiting(crs, c.delta, "no running task's CRS is above that")
+                # The user's later tasks have a CRS no lower and a precedence no higher.
+                no_victims[user] = why = none_above(higher, precedence)
+                return None, _waiting(crs, c.delta, why)
             return None, _waiting(crs, c.delta, f"the {young} task(s) above it have run less "
-                                  f"than the minimum run time ({c.min_runtime:g} s)")
+                                  f"than the minimum run time ({c.min_runtime:g} s)"
+                                  + (f"; {_higher(higher, precedence)}" if higher else ""))
         found = choose(ctx.view, job, by_machine, budget)
         if found is None:
             return None, _waiting(crs, c.delta, "no machine frees enough room by preempting "
@@ -336,6 +340,18 @@ class FairPolicy(Policy):
         round's, the configured ``delta``, ``min_runtime`` and ``weight.USER``, and
         each user's weighted dominant share (``share.USER``)."""
         return self._report
+
+
+def none_above(higher: int, precedence: int) -> str:
+    """Why no running task can be preempted, naming the precedence filter."""
+    if not higher:
+        return "no running task's CRS is above that"
+    return f"no running task above it may go: {_higher(higher, precedence)}"
+
+
+def _higher(higher: int, precedence: int) -> str:
+    return (f"{higher} task(s) above it have a higher precedence than this task's "
+            f"({precedence}), which fair preemption never takes")
 
 
 def _waiting(crs: float, delta: float, rest: str) -> str:

@@ -17,7 +17,7 @@ from cellstate.cell import CellSnapshot
 from cellstate.model import Job, task_id, task_precedence
 from schedulers.api import CellView
 from schedulers.fair.shares import CellShares, OrderKey, read_shares, task_order
-from schedulers.fair.victims import choose, eligible
+from schedulers.fair.victims import choose, eligible, threshold_of
 from schedulers.placement import can_host
 
 
@@ -70,11 +70,14 @@ def _verdict(view: CellView, shares: CellShares, job: Job, index: int, crs: floa
     if not shares.over_quota(job.task_resources) and any(can_host(view, job, m)
                                                          for m in view.machines()):
         return "fits", "a machine has room for it now"
-    threshold = crs + delta
-    by_machine, _ = eligible(view, shares, task_precedence(job, index), threshold, lambda _t: True)
+    threshold = threshold_of(crs, delta)
+    precedence = task_precedence(job, index)
+    by_machine, _, higher = eligible(view, shares, precedence, threshold, lambda _t: True)
     found = choose(view, job, by_machine, budget=10**9) if by_machine else None
     if found is None:
+        kept = (f"; {higher} task(s) above it have a higher precedence than its "
+                f"({precedence}), which fair preemption never takes" if higher else "")
         return "waits", (f"no machine frees room by preempting only tasks with CRS above "
-                         f"{threshold:.3f} (CRS + delta {delta:g})")
+                         f"{threshold:.3f} (CRS + delta {delta:g}){kept}")
     victims = ", ".join(f"{v.task} (CRS {v.crs:.3f})" for v in found.victims)
     return "preempts", f"on {found.machine}: {victims}"

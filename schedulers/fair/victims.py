@@ -121,12 +121,20 @@ class RoundMemo:
             self._facts.pop(t, None)
 
 
+def threshold_of(crs: float, delta: float) -> float:
+    """The CRS a victim must exceed for a task whose CRS would be ``crs``: Cook's
+    hysteresis (see ``guard``), one rule for the policy and the share view."""
+    return crs + delta
+
+
 def eligible(view: CellView, shares: CellShares, precedence: int, threshold: float,
              old_enough: Callable[[str], bool], memo: RoundMemo | None = None,
-             ) -> tuple[dict[str, list[Victim]], int]:
+             ) -> tuple[dict[str, list[Victim]], int, int]:
     """Victims per machine (highest CRS first): running tasks of the scheduler's users
     with a CRS above ``threshold`` and a precedence no higher than ``precedence``, that
-    ``old_enough`` lets go; and how many more it protects. A gang job is taken whole
+    ``old_enough`` lets go; how many more it protects; and how many above the
+    threshold have a higher precedence (which fair preemption never takes: said
+    when nothing can be preempted, so a reason names every filter). A gang job is taken whole
     or not at all: every running task of it must qualify, and each stands for the gang
     at its most important task's CRS (the gang's work ends whichever of its tasks
     goes). ``memo``: the round's memo, if this is one of several searches in a round
@@ -134,15 +142,16 @@ def eligible(view: CellView, shares: CellShares, precedence: int, threshold: flo
     memo = memo or RoundMemo(view, shares, old_enough)
     book = shares.book
     out: dict[str, list[Victim]] = defaultdict(list)
-    young = 0
+    young = higher = 0
     for user in book.users():
         f = _found(memo, book, shares.gang_sizes, user, precedence, threshold)
         young += len(f.young) - bisect.bisect_right(f.young, threshold)
+        higher += len(f.higher) - bisect.bisect_right(f.higher, threshold)
         for v in f.victims[bisect.bisect_right(f.keys, threshold):]:
             out[v.machine].append(v)
     for victims in out.values():
         victims.sort(key=lambda v: (-v.crs, v.task))
-    return dict(out), young
+    return dict(out), young, higher
 
 
 @attrs.define
@@ -166,6 +175,9 @@ class _Found:
     young: list[float]
     young_at: list[int]
     gangs: bool  # a gang's task lies above the threshold
+    # the CRS and positions of tasks above the threshold of a higher precedence
+    higher: list[float] = attrs.field(factory=list)
+    higher_at: list[int] = attrs.field(factory=list)
 
 
 def _found(memo: RoundMemo, book: ShareBook, gang_sizes: Mapping[str, int], user: str,
@@ -179,11 +191,13 @@ def _found(memo: RoundMemo, book: ShareBook, gang_sizes: Mapping[str, int], user
           and threshold >= f.threshold):
         q = book.changed_since(user, f.version)
         k, ky = bisect.bisect_left(f.at, q), bisect.bisect_left(f.young_at, q)
+        kh = bisect.bisect_left(f.higher_at, q)
         rest = _user_victims(book, gang_sizes, user, precedence, f.threshold, memo, q)
         f = memo.found[user] = _Found(
             version, precedence, f.threshold, f.victims[:k] + rest.victims,
             f.keys[:k] + rest.keys, f.at[:k] + rest.at, f.young[:ky] + rest.young,
-            f.young_at[:ky] + rest.young_at, rest.gangs)
+            f.young_at[:ky] + rest.young_at, rest.gangs, f.higher[:kh] + rest.higher,
+            f.higher_at[:kh] + rest.higher_at)
         return f
     f = memo.found[user] = _user_victims(book, gang_sizes, user, precedence, threshold,
                                          memo)
@@ -203,9 +217,14 @@ def _user_victims(book: ShareBook, gang_sizes: Mapping[str, int], user: str,
     found: list[tuple[str, float, str, str, int]] = []  # (task, crs, machine, job, at)
     young: list[float] = []
     young_at: list[int] = []
+    higher: list[float] = []
+    higher_at: list[int] = []
     for i, (task, crs) in enumerate(tail[skip:], first + skip):
         jid, mid, prec, old = memo.facts(task)
         ok = prec is not None and prec <= precedence
+        if prec is not None and prec > precedence:
+            higher.append(crs)
+            higher_at.append(i)
         if ok and not old:
             young.append(crs)
             young_at.append(i)
@@ -229,4 +248,4 @@ def _user_victims(book: ShareBook, gang_sizes: Mapping[str, int], user: str,
         victims.sort(key=lambda x: x[0])  # a gang's tasks stand at its lowest CRS
     return _Found(book.version(user), precedence, threshold, [v for _, _, v in victims],
                   [c for c, _, _ in victims], [i for _, i, _ in victims], young, young_at,
-                  bool(gang_seen))
+                  bool(gang_seen), higher, higher_at)
