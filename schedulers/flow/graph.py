@@ -193,10 +193,8 @@ class MachineEntry:
     # node per running task a machine has a dozen groups, and the extraction asks what
     # holds a machine once per placement.
     shape_counts: dict[Resources, int] = attrs.field(factory=dict)
-    version: int = 0  # changes whenever shape_counts do
-    # used() as last worked out, for which avail and version; capacity less avail, for
-    # which avail (the entry's record keeps its capacity: _same_record)
-    used_of: tuple[Resources | None, int, Resources | None] = (None, -1, None)
+    # capacity less avail, and for which avail (the entry's record keeps its capacity:
+    # _same_record); the extraction remembers used() itself for the round
     outside_of: tuple[Resources | None, Resources | None] = (None, None)
 
     def add(self, gk: GroupKey, a: Allocation) -> bool:
@@ -206,7 +204,6 @@ class MachineEntry:
             tids.add(a.task)
             r = gk.shape.resources
             self.shape_counts[r] = self.shape_counts.get(r, 0) + 1
-            self.version += 1
         self.where[a.task] = gk
         if gk.own:
             n = self.jobs.get(a.job, 0)
@@ -223,7 +220,6 @@ class MachineEntry:
             if tid in tids:
                 tids.discard(tid)
                 r = gk.shape.resources
-                self.version += 1
                 n = self.shape_counts[r] - 1
                 if n:
                     self.shape_counts[r] = n
@@ -258,10 +254,6 @@ class MachineEntry:
     def used(self) -> Resources:
         """What the machine's allocations hold as this entry counts them: the tasks
         outside the network (capacity less ``avail``) and the re-offered ones."""
-        avail, version, used = self.used_of
-        if avail is self.avail and version == self.version:
-            assert used is not None
-            return used
         avail, outside = self.outside_of
         if avail is not self.avail or outside is None:
             outside = self.machine.capacity - self.avail
@@ -270,9 +262,7 @@ class MachineEntry:
         for r, n in self._by_shape().items():
             for dim, amount in r.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) + amount * n
-        used = Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
-        self.used_of = (self.avail, self.version, used)
-        return used
+        return Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
 
 
 def _same_record(a: Machine, b: Machine) -> bool:

@@ -257,19 +257,7 @@ def make_optimal(tail, head, cap, cost, x, e, pi):  # type: ignore[no-untyped-de
     returns the units of flow moved (the imbalance made)."""
     moved = 0
     for a in range(tail.shape[0]):
-        t = tail[a]
-        h = head[a]
-        r = cost[a] - pi[t] + pi[h]
-        d = 0
-        if r < 0:
-            d = cap[a] - x[a]
-        elif r > 0:
-            d = -x[a]
-        if d != 0:
-            x[a] += d
-            e[t] -= d
-            e[h] += d
-            moved += abs(d)
+        moved += _optimal_arc(a, tail[a], head[a], cap, cost, x, pi, e)
     return moved
 
 
