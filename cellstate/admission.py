@@ -22,7 +22,7 @@ import math
 
 import attrs
 
-from cellstate import fit
+from cellstate import codec, fit
 from cellstate.cell import CellSnapshot, scheduler_usage
 from cellstate.errors import StoreError
 from cellstate.model import Job, Resources, UsageRecord, required_tasks
@@ -148,14 +148,14 @@ def held_by(snap: CellSnapshot, scheduler: str) -> Resources:
 
 def limits_report(snap: CellSnapshot) -> dict[str, dict[str, object]]:
     """Each scheduler with limits (the cell's config): ``max_precedence`` and
-    ``max_resources`` (None: no such limit) and, under a resource limit, ``used``: what
+    ``max_resources`` (None: no such limit), a fair scheduler's users' ``shares`` and
+    ``quotas``, and, under a resource limit, ``used``: what
     it holds now (the store's counter, O(1)), so that an operator sees a quota filling
     up before a job waits on it (``omega status``)."""
     out: dict[str, dict[str, object]] = {}
     for name, limits in sorted(snap.config.limits.items()):
         cap = limits.max_resources
-        out[name] = {"max_precedence": limits.max_precedence,
-                     "max_resources": cap.as_dict() if cap is not None else None,
+        out[name] = {**codec.limits_to_doc(limits),
                      "used": held_by(snap, name).as_dict() if cap is not None else None}
     return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -53,6 +53,7 @@ from cellstate.model import (
     TaskRecord,
     TaskState,
     UsageRecord,
+    UserQuota,
     check_amount,
     check_name,
     labels_from,
@@ -761,41 +762,99 @@ def decode_usage(scheduler: str, value: bytes, revision: int) -> UsageRecord:
 def config_to_doc(c: CellConfig) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     for name, lim in sorted(c.limits.items()):
-        entry: dict[str, Any] = {}
-        if lim.max_precedence is not None:
-            entry["max_precedence"] = lim.max_precedence
-        if lim.max_resources is not None:
-            entry["max_resources"] = _res(lim.max_resources)
-        limits[name] = entry
+        limits[name] = {k: v for k, v in limits_to_doc(lim).items()
+                        if v is not None and v != {}}
     return {"limits": limits}
 
 
+def _quota_doc(q: UserQuota) -> dict[str, Any]:
+    return {**({"count": q.count} if q.count is not None else {}), **_res(q.resources)}
+
+
 def limits_to_doc(lim: SchedulerLimits | None) -> dict[str, Any]:
-    """One scheduler's limits as its table in the config: every field, None where it
-    has no such limit."""
-    cap = lim.max_resources if lim is not None else None
-    return {"max_precedence": lim.max_precedence if lim is not None else None,
-            "max_resources": _res(cap) if cap is not None else None}
+    """One scheduler's limits as its table in the config: every field, None (or an
+    empty table) where it has no such limit."""
+    lim = lim or SchedulerLimits()
+    cap = lim.max_resources
+    return {"max_precedence": lim.max_precedence,
+            "max_resources": _res(cap) if cap is not None else None,
+            "shares": {u: _res(r) for u, r in sorted(lim.shares.items())},
+            "quotas": {u: _quota_doc(q) for u, q in sorted(lim.quotas.items())}}
+
+
+_LIMIT_FIELDS = ("max_precedence", "max_resources", "shares", "quotas")
 
 
 def changed_limits(scheduler: str, current: SchedulerLimits | None,
                    changes: object) -> SchedulerLimits:
     """``current`` with ``changes`` applied: an object whose ``max_precedence`` and
     ``max_resources`` (each optional) replace the current ones, None removing that
-    limit. Judged as a server's ``[limits.NAME]`` table is (errors name the field)."""
+    limit, and whose ``shares`` and ``quotas`` (user -> entry) change those users'
+    entries only, None removing a user's entry (``shares: null``: every user's).
+    Judged as a server's ``[limits.NAME]`` table is (errors name the field)."""
     where = f"limits.{scheduler}"
     if not isinstance(changes, Mapping):
-        raise ModelError(f"{where} must be an object with max_precedence and/or "
-                         f"max_resources, got {changes!r}")
-    unknown = sorted(set(changes) - {"max_precedence", "max_resources"})
+        raise ModelError(f"{where} must be an object with some of {', '.join(_LIMIT_FIELDS)}, "
+                         f"got {changes!r}")
+    unknown = sorted(set(changes) - set(_LIMIT_FIELDS))
     if unknown:
-        raise ModelError(f"{where}: unknown field {unknown[0]!r} (known: max_precedence, "
-                         "max_resources)")
+        raise ModelError(f"{where}: unknown field {unknown[0]!r} (known: "
+                         f"{', '.join(_LIMIT_FIELDS)})")
     if not changes:
-        raise ModelError(f"{where}: nothing to change (give max_precedence and/or "
-                         "max_resources)")
-    merged = {k: v for k, v in {**limits_to_doc(current), **changes}.items() if v is not None}
+        raise ModelError(f"{where}: nothing to change (give some of "
+                         f"{', '.join(_LIMIT_FIELDS)})")
+    merged: dict[str, Any] = limits_to_doc(current)
+    for field, value in changes.items():
+        if field in ("shares", "quotas") and value is not None:
+            if not isinstance(value, Mapping):
+                raise ModelError(f"{where}.{field} must be an object of user to entry "
+                                 f"(null removes a user's), got {value!r}")
+            table = dict(merged[field])
+            for user, entry in value.items():
+                if entry is None:
+                    table.pop(user, None)
+                else:
+                    table[user] = entry
+            merged[field] = table
+        else:
+            merged[field] = value
+    merged = {k: v for k, v in merged.items() if v is not None}
     return parse_config({"limits": {scheduler: merged}}, "").limits[scheduler]
+
+
+def _user_table(f: _Fields, name: str, parse: Callable[[object, str], Any]) -> dict[str, Any]:
+    raw = f.get(name, {})
+    if not isinstance(raw, Mapping):
+        raise ModelError(f"{f.path(name)} must be a table of user to entry, got {raw!r}")
+    out = {}
+    for user, entry in raw.items():
+        path = f"{f.path(name)}.{user}"
+        check_name(user, path)
+        out[user] = parse(entry, path)
+    return out
+
+
+def _parse_share(entry: object, where: str) -> Resources:
+    share = parse_resources(entry, where)
+    if not share.amounts:
+        raise ModelError(f"{where}: a share names at least one dimension with an amount "
+                         "above 0 (e.g. {cpu = 100})")
+    return share
+
+
+def _parse_quota(entry: object, where: str) -> UserQuota:
+    if not isinstance(entry, Mapping):
+        raise ModelError(f"{where} must be an object of count and dimension to amount, "
+                         f"got {entry!r}")
+    rest = dict(entry)
+    count = rest.pop("count", None)
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                              or not 0 <= count <= 10**9):
+        raise ModelError(f"{where}.count must be a whole number from 0 to 1e9, got {count!r}")
+    if count is None and not rest:
+        raise ModelError(f"{where}: a quota caps something (count and/or dimensions, "
+                         "e.g. {count = 50, cpu = 100})")
+    return UserQuota(count, parse_resources(rest, where, keep_zero=True))
 
 
 def encode_config(c: CellConfig) -> bytes:
@@ -831,6 +890,8 @@ def parse_config(doc: object, where: str = "config", *, revision: int = 0) -> Ce
             # as other resources do would leave that dimension unlimited).
             parse_resources(max_res, lf.path("max_resources"), keep_zero=True)
             if max_res is not None else None,
+            _user_table(lf, "shares", _parse_share),
+            _user_table(lf, "quotas", _parse_quota),
         )
         lf.no_unknown()
     return CellConfig(limits, revision)

@@ -923,12 +923,39 @@ class SchedulerRecord:
 
 
 @attrs.frozen(slots=True)
+class UserQuota:
+    """Cook's per-user quota inside a fair scheduler's pool: at most ``count`` running
+    tasks (None: no cap on the count) holding at most ``resources`` (a dimension not
+    named is not capped; an amount of 0 is a cap of 0)."""
+
+    count: int | None = None
+    resources: Resources = attrs.field(factory=Resources)
+
+
+#: The user entry of ``shares`` and ``quotas`` that stands for every user not named.
+DEFAULT_USER = "default"
+
+
+@attrs.frozen(slots=True)
 class SchedulerLimits:
     """Omega §3.4: a scheduler may be limited in the precedence it can wield and in the
-    resources it may hold."""
+    resources it may hold. A fair scheduler also divides what it holds among its users
+    as Cook does: ``shares`` (user -> the amount of each resource the user is entitled
+    to; ``default`` for users not named) and ``quotas`` (user -> caps on what the user
+    may run; ``default`` likewise). The store judges the first two on every claim;
+    the fair scheduler applies the last two to its own users."""
 
     max_precedence: int | None = None
     max_resources: Resources | None = None
+    shares: Mapping[str, Resources] = attrs.field(factory=dict)
+    quotas: Mapping[str, UserQuota] = attrs.field(factory=dict)
+
+    def share_of(self, user: str) -> Resources | None:
+        """The user's configured share (their own entry, else ``default``'s)."""
+        return self.shares.get(user, self.shares.get(DEFAULT_USER))
+
+    def quota_of(self, user: str) -> UserQuota | None:
+        return self.quotas.get(user, self.quotas.get(DEFAULT_USER))
 
 
 @attrs.frozen(slots=True)

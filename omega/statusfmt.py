@@ -43,6 +43,10 @@ def limits_text(lim: Mapping[str, Any]) -> str:
     if cap:
         parts.append("holds " + ", ".join(f"{d} {float(used.get(d, 0)):g} of {float(v):g}"
                                           for d, v in sorted(cap.items())))
+    for field, word in (("shares", "share"), ("quotas", "quota")):
+        for user, entry in sorted((lim.get(field) or {}).items()):
+            parts.append(f"{word} of {user} " + ", ".join(
+                f"{d} {float(v):g}" for d, v in sorted(entry.items())))
     return "; ".join(parts) or "none"
 
 

@@ -42,8 +42,9 @@ def test_the_report_from_a_snapshot(live: tuple[CellStateServer, int]) -> None:
     _wait(server, revision)
     assert limits_report(server.service.status.view().snap) == {
         "batch": {"max_precedence": 4, "max_resources": {"cpu": 6.0, "mem": 100.0},
-                  "used": {"cpu": 2.0, "mem": 2.0}},
-        "service": {"max_precedence": 9, "max_resources": None, "used": None},
+                  "shares": {}, "quotas": {}, "used": {"cpu": 2.0, "mem": 2.0}},
+        "service": {"max_precedence": 9, "max_resources": None, "shares": {}, "quotas": {},
+                    "used": None},
     }
 
 

@@ -754,7 +754,7 @@ def limits_difference(cell: Mapping[str, SchedulerLimits],
 
 
 def _limits_text(lim: SchedulerLimits) -> str:
-    doc = {k: v for k, v in codec.limits_to_doc(lim).items() if v is not None}
+    doc = {k: v for k, v in codec.limits_to_doc(lim).items() if v is not None and v != {}}
     return orjson.dumps(doc).decode() if doc else "no limits"
 
 

@@ -5,6 +5,7 @@ an operator's live change of one scheduler's limits.
     omega limits batch                # one scheduler's
     omega limits batch --max-resources cpu=2000,mem=8000 --max-precedence 4
     omega limits batch --max-resources none   # no resource limit any more
+    omega limits fair --share default=cpu=100 --share alice=cpu=200 --quota bob=count=50
 
 A change is one call to a cellstate server (operators only), which rewrites the cell's
 config from that revision on: every scheduler's runtime sees it (a job held back by the
@@ -43,7 +44,29 @@ def register(sub: Any) -> None:
                    default=argparse.SUPPRESS,
                    help="what it may hold in all, e.g. cpu=2000,mem=8000 (a dimension "
                         "not named is not limited; 'none': no resource limit)")
+    p.add_argument("--share", type=_user_entry, action="append", metavar="USER=DIM=AMOUNT,...",
+                   help="a fair scheduler's user's share (Cook's divisors), e.g. "
+                        "alice=cpu=200,mem=800; 'default' stands for users not named; "
+                        "USER=none removes it (repeat for several users)")
+    p.add_argument("--quota", type=_user_entry, action="append",
+                   metavar="USER=count=N,DIM=AMOUNT,...",
+                   help="a fair scheduler's user's quota: at most count running tasks "
+                        "holding at most these amounts, e.g. bob=count=50,cpu=100; "
+                        "'default' for users not named; USER=none removes it")
     p.set_defaults(func=run)
+
+
+def _user_entry(text: str) -> tuple[str, dict[str, float] | None]:
+    user, sep, rest = text.partition("=")
+    if not sep or not user.strip() or not rest:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not USER=DIM=AMOUNT,... (e.g. alice=cpu=200,mem=800, "
+            "or alice=none)")
+    entry = _resources(rest)
+    if entry is not None and "count" in entry and float(entry["count"]).is_integer():
+        # A whole count is an integer to the config (1.5 stays a float: refused there).
+        entry = {**entry, "count": int(entry["count"])}  # type: ignore[dict-item]
+    return user.strip(), entry
 
 
 def _precedence(text: str) -> int | None:
@@ -80,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     changes: dict[str, Any] = {name: getattr(args, name)
                                for name in ("max_precedence", "max_resources")
                                if hasattr(args, name)}
+    for flag, field in (("share", "shares"), ("quota", "quotas")):
+        if getattr(args, flag):
+            changes[field] = dict(getattr(args, flag))
     with cell_client(args) as client:
         if changes:
             if args.scheduler is None:

@@ -15,7 +15,15 @@ import pytest
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.server import CellStateServer
 from cellstate.kv.base import KV
-from cellstate.model import CellConfig, Claim, InstanceRecord, Reason, Resources, SchedulerLimits
+from cellstate.model import (
+    CellConfig,
+    Claim,
+    InstanceRecord,
+    Reason,
+    Resources,
+    SchedulerLimits,
+    UserQuota,
+)
 from cellstate.store import CellStore
 from schedulers.testing import job, machine, txn
 from tests.api.service_fixture import client_for, run_omega, running_server
@@ -49,6 +57,7 @@ def test_a_raised_limit_keeps_the_fields_not_given_and_the_store_judges_by_it(
         status = client.status()
     assert status["limits"]["batch"] == {"max_precedence": 4,
                                          "max_resources": {"cpu": 10.0},
+                                         "shares": {}, "quotas": {},
                                          "used": {"cpu": 2.0, "mem": 2.0}}
     config = store.read_snapshot().config
     assert config.revision == done["revision"]
@@ -107,6 +116,12 @@ def test_a_scheduler_listed_with_no_limits(live: tuple[CellStateServer, CellStor
     ("batch", b'{"max_resources": {"CPU!": 1}}', "'CPU!' is not a valid dimension name"),
     ("batch", b'{"max_resources": [1]}', "limits.batch.max_resources must be an object"),
     ("batch", b'{"max_cpu": 1}', "unknown field 'max_cpu'"),
+    ("batch", b'{"shares": {"alice": {}}}', "limits.batch.shares.alice: a share names"),
+    ("batch", b'{"shares": {"alice": {"cpu": -1}}}', "limits.batch.shares.alice.cpu"),
+    ("batch", b'{"shares": [1]}', "limits.batch.shares must be an object"),
+    ("batch", b'{"quotas": {"bob": {"count": 1.5}}}', "limits.batch.quotas.bob.count"),
+    ("batch", b'{"quotas": {"bob": {}}}', "limits.batch.quotas.bob: a quota caps"),
+    ("batch", b'{"quotas": {"b b": {"count": 1}}}', "limits.batch.quotas.b b"),
     ("batch", b'{}', "nothing to change"),
     ("batch", b'[1]', "limits.batch must be an object"),
     ("batch", b'not json', "changes_json: not JSON"),
@@ -144,7 +159,31 @@ def test_omega_limits_sets_shows_and_removes(live: tuple[CellStateServer, CellSt
     assert code == 0
     assert json.loads(out) == {"batch": {"max_precedence": None,
                                          "max_resources": {"cpu": 12.0, "mem": 64.0},
+                                         "shares": {}, "quotas": {},
                                          "used": {"cpu": 2.0, "mem": 2.0}}}
+
+
+def test_fair_shares_and_quotas_are_set_per_user_and_kept_for_the_others(
+        live: tuple[CellStateServer, CellStore], capsys: pytest.CaptureFixture[str]) -> None:
+    """Cook's per-user shares and quotas live in the cell's config as limits do: an
+    operator changes one user's entry, the others' stay, 'none' removes one."""
+    server, store = live
+    code, out, _ = run_omega(server, capsys, "limits", "batch", "--share",
+                             "default=cpu=2,mem=8", "--share", "alice=cpu=4",
+                             "--quota", "bob=count=3,cpu=2")
+    assert code == 0, out
+    assert out.rstrip().endswith("share of alice cpu 4; share of default cpu 2, mem 8; "
+                                 "quota of bob count 3, cpu 2")
+    code, out, _ = run_omega(server, capsys, "limits", "batch", "--share", "alice=none",
+                             "--quota", "carol=count=0")
+    assert code == 0
+    limits = store.read_snapshot().config.limits["batch"]
+    assert limits.shares == {"default": Resources.of(cpu=2, mem=8)}
+    assert limits.quotas == {"bob": UserQuota(3, Resources.of(cpu=2)),
+                             "carol": UserQuota(0, Resources())}
+    assert limits.share_of("zed") == Resources.of(cpu=2, mem=8)  # the default's
+    assert limits.quota_of("zed") is None  # no default quota: no cap
+    assert (limits.max_precedence, limits.max_resources) == (4, Resources.of(cpu=6, mem=100))
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -154,6 +193,10 @@ def test_omega_limits_sets_shows_and_removes(live: tuple[CellStateServer, CellSt
     (("--max-precedence", "3"), "name the scheduler whose limits to change"),
     (("nosuch",), "scheduler 'nosuch' has no limits in this cell"),
     (("batch", "--max-resources", "cpu=-2"), "limits.batch.max_resources.cpu is negative"),
+    (("batch", "--share", "alice"), "'alice' is not USER=DIM=AMOUNT,..."),
+    (("batch", "--share", "alice=cpu"), "'cpu' is not DIMENSION=AMOUNT"),
+    (("batch", "--quota", "bob=count=x"), "count: 'x' is not a number"),
+    (("batch", "--quota", "bob=count=1.5"), "limits.batch.quotas.bob.count"),
 ])
 def test_omega_limits_says_what_is_wrong(live: tuple[CellStateServer, CellStore],
                                          capsys: pytest.CaptureFixture[str],
