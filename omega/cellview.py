@@ -74,6 +74,28 @@ def follow(snapshots: Callable[[], CellSnapshot], job: str = "", machine: str = 
         yield fresh
 
 
+def early_preemptions(rows: Iterable[Event], by: str, min_runtime: float
+                      ) -> list[tuple[str, float]]:
+    """(task, how long its run had lasted) of each preemption by scheduler ``by`` that
+    came less than ``min_runtime`` after the task's placement (or move), among the
+    events the records keep; ``rows`` oldest first, as :func:`events` gives them."""
+    placed: dict[str, float] = {}
+    out = []
+    for e in rows:
+        if e.event in ("placed", "moved"):
+            placed[e.task] = e.at
+        elif e.event == "preempted" and e.by == by and e.task in placed:
+            ran = e.at - placed[e.task]
+            if ran < min_runtime:
+                out.append((e.task, ran))
+    return out
+
+
+def causeless_preemptions(rows: Iterable[Event]) -> list[str]:
+    """Tasks with a preemption whose record does not say who did it and why."""
+    return [e.task for e in rows if e.event == "preempted" and not (e.by and e.why)]
+
+
 def events_table(rows: Iterable[Event], header: bool = True) -> str:
     lines = [[_clock(e.at), e.task, e.event, e.machine, e.by, e.why] for e in rows]
     text = table(["TIME", "TASK", "EVENT", "MACHINE", "BY", "WHY"], lines)

@@ -43,28 +43,36 @@ class Preemption:
     at: float
     task: str
     machine: str
-    for_jobs: list[str]  # jobs placed on that machine in the same change
+    for_jobs: list[str]  # the jobs whose tasks took its place
+    by: str = ""  # the scheduler that preempted it
+    why: str = ""  # as its record says: "preempted for J/3"
+
+
+_FOR = "preempted for "
 
 
 def preemptions_in(before: CellSnapshot, after: CellSnapshot,
                    changed: Iterable[tuple[KeyKind, str]], now: float) -> list[Preemption]:
     """Tasks that went from running to preempted between two snapshots of a change
-    set, with the jobs that took their machine in the same change."""
-    tasks = [i for k, i in changed if k is KeyKind.TASK]
-    started: dict[str, list[str]] = {}
+    set, each with its cause as its task record's history keeps it (when, who, for
+    which task); ``now`` dates one whose record does not."""
     out = []
-    for tid in tasks:
-        new, old = after.tasks.get(tid), before.tasks.get(tid)
-        if new is None:
+    for kind, tid in changed:
+        if kind is not KeyKind.TASK:
             continue
-        if new.state is TaskState.RUNNING and (old is None or old.state is not
-                                               TaskState.RUNNING):
-            started.setdefault(new.machine, []).append(new.job)
-        elif new.state is TaskState.PREEMPTED and old is not None and (
-                old.state is TaskState.RUNNING):
+        new, old = after.tasks.get(tid), before.tasks.get(tid)
+        if new is None or new.state is not TaskState.PREEMPTED or old is None or (
+                old.state is not TaskState.RUNNING):
+            continue
+        last = next((e for e in reversed(new.history) if e.state is TaskState.PREEMPTED),
+                    None)
+        if last is None:
             out.append(Preemption(now, tid, old.machine, []))
-    for p in out:
-        p.for_jobs = sorted(set(started.get(p.machine, [])))
+            continue
+        taker = last.why.removeprefix(_FOR) if last.why.startswith(_FOR) else ""
+        out.append(Preemption(last.at or now, tid, old.machine,
+                              [taker.rpartition("/")[0] or taker] if taker else [],
+                              last.by, last.why))
     return out
 
 

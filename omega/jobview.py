@@ -73,8 +73,12 @@ def why_lines(info: dict[str, Any], now: float | None = None) -> list[str]:
 
 
 def _run(t: dict[str, Any]) -> str:
-    """How a task's last run ended: ``exit 1  10:02:03 -> 10:02:05 (2.0 s)``."""
+    """When its run was placed and by whom (``placed 10:02:01 by batch``) and how its
+    last run ended: ``exit 1  10:02:03 -> 10:02:05 (2.0 s)``."""
     parts = []
+    if t.get("placed_at"):
+        parts.append(f"placed {_clock(t['placed_at'])}"
+                     + (f" by {t['scheduler']}" if t.get("scheduler") else ""))
     if "exit_code" in t:
         parts.append(f"exit {t['exit_code']}")
     start, end = t.get("started_at"), t.get("ended_at")

@@ -6,49 +6,52 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from cellstate.api.client import CellClient, remote_replica
-from schedulers.fair.policy import FairConfig
+from schedulers.fair.policy import FairConfig, config_from_report
 from schedulers.fair.report import UserShare, share_table
 
 
-def reported_config(status: Mapping[str, Any], scheduler: str) -> tuple[dict[str, float],
-                                                                         float | None]:
-    """The weights and delta a live instance of ``scheduler`` reports (its policy
-    report's ``weight.USER`` and ``delta``); empty and None if none does."""
+def reported_config(status: Mapping[str, Any], scheduler: str) -> FairConfig | None:
+    """The settings a live instance of ``scheduler`` reports (its policy report's
+    delta, safe threshold, minimum run time, DRU mode and ``weight.USER``); None if
+    none does."""
     # An instance reports every few seconds: one that just started may not have yet.
     for inst in status.get("schedulers", []):
         if inst.get("scheduler") != scheduler:
             continue
         policy = inst.get("policy") or {}
-        if "delta" not in policy:
-            continue
-        weights = {k.removeprefix("weight."): float(v) for k, v in policy.items()
-                   if k.startswith("weight.")}
-        return weights, float(policy["delta"])
-    return {}, None
+        if "delta" in policy:
+            return config_from_report(policy)
+    return None
 
 
 def shares(client: CellClient, scheduler: str, cell: str, delta: float | None,
-           weights: Sequence[tuple[str, float]]) -> dict[str, Any]:
+           weights: Sequence[tuple[str, float]], now: float | None = None) -> dict[str, Any]:
+    """``now``: when to judge the minimum run time at (the caller's clock, against the
+    start times the committing stores wrote)."""
     status = client.status()
-    live_weights, live_delta = reported_config(status, scheduler)
-    chosen = {**live_weights, **dict(weights)}
-    d = delta if delta is not None else (live_delta if live_delta is not None
-                                         else FairConfig().delta)
+    config = reported_config(status, scheduler) or FairConfig()
+    config = attrs.evolve(config, weights={**config.weights, **dict(weights)},
+                          delta=delta if delta is not None else config.delta)
     replica = remote_replica(client, cell)
     try:
         replica.load()
         snap = replica.snapshot()
     finally:
         replica.stop()
-    rows = share_table(snap, scheduler, chosen, d)
+    rows = share_table(snap, scheduler, config, now)
     live = any(r.scheduler == scheduler for r in snap.instances.values())
-    return {"scheduler": scheduler, "delta": d, "live_instances": live,
-            "revision": snap.revision, "users": [r.doc() for r in rows]}
+    return {"scheduler": scheduler, "delta": config.delta,
+            "safe_threshold": config.safe_threshold, "dru_mode": config.dru_mode,
+            "live_instances": live, "revision": snap.revision,
+            "users": [r.doc() for r in rows]}
 
 
 def shares_text(doc: Mapping[str, Any]) -> str:
-    head = (f"scheduler {doc['scheduler']} (delta {doc['delta']:g}"
+    head = (f"scheduler {doc['scheduler']} (delta {doc['delta']:g}, safe threshold "
+            f"{doc['safe_threshold']:g}, DRU mode {doc['dru_mode']}"
             f"{'' if doc['live_instances'] else '; no live instance'}), "
             f"revision {doc['revision']}")
     lines = [head, f"{'USER':<14} {'WEIGHT':>6} {'TASKS':>6} {'SHARE':>7} {'WAITING':>7} "

@@ -47,6 +47,13 @@ class Options:
             raise self.error(f"{self.who}: option {name} must be true or false, got {v!r}")
         return v
 
+    def choice(self, name: str, default: str, allowed: Sequence[str]) -> str:
+        v = self.options.get(name, default)
+        if v not in allowed:
+            raise self.error(f"{self.who}: option {name} must be one of "
+                             f"{', '.join(allowed)}, got {v!r}")
+        return str(v)
+
     def table(self, name: str) -> Mapping[str, Any]:
         v = self.options.get(name, {})
         if not isinstance(v, Mapping):

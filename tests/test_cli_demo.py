@@ -336,8 +336,18 @@ def test_submit_list_show_kill(live: tuple[CellStateServer, CellStore], tmp_path
     assert listed["j1"]["state"] == "running"
     assert listed["j1"]["task_states"] == {"pending": 1, "running": 1}
     assert listed["j2"]["state"] == "pending"
+    before = time.time()
     code, out, _ = _run(server, capsys, "job", "j1")
     assert code == 0 and "j1/0" in out and "running" in out and "m1" in out
+    # When the commit that placed it was written, and by which scheduler.
+    placed = admin.read_snapshot().tasks["j1/0"].placed_at
+    assert 0 < before - placed < 60
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(placed))
+    assert f"placed {stamp} by batch" in out, out
+    code, out, _ = _run(server, capsys, "job", "j1", "--json")
+    (task0,) = [t for t in json.loads(out)["tasks"] if t["index"] == 0]
+    assert (task0["placed_at"], task0["scheduler"]) == (pytest.approx(placed, abs=1e-3),
+                                                        "batch")
     code, out, _ = _run(server, capsys, "machines", "--json")
     used = {m["id"]: m["used"] for m in json.loads(out)}
     assert used == {"m1": {"cpu": 2.0, "mem": 1.0}, "m2": {}}

@@ -3,9 +3,11 @@ in what order, the delta boundary, the storm guards (minimum run time, caps per 
 and per minute), gangs counted whole, and the store refusing what the scheduler's
 precedence does not allow.
 
-The cells have two machines of 4 cpu and 16 GiB (8 cpu in all) and 1-cpu tasks, so a
-user's CRS is the cpus their tasks hold up to that task, over 8. The real runtime,
-store and replica run underneath (schedulers.testing)."""
+The cells have two machines of 4 cpu and 16 GiB (8 cpu in all) and 1-cpu tasks. No
+shares are configured, so the users with work split the pool: with two users each is
+entitled to 4 cpu, and a user's k-th task has CRS k/4. Cook's safe threshold (1.0)
+keeps a user's first 4 tasks from ever being victims. The real runtime, store and
+replica run underneath (schedulers.testing)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from cellstate.model import (
 )
 from schedulers.api import CellView, Context
 from schedulers.fair import FairPolicy
-from schedulers.fair.policy import FairOptionError
+from schedulers.fair.policy import FairConfig, FairOptionError
 from schedulers.fair.report import share_table
 from schedulers.runtime import RuntimeConfig, SchedulerInstance
 from schedulers.testing import Harness, JobBuilder, claims, machine, txn
@@ -95,10 +97,10 @@ def test_a_light_user_preempts_the_heaviest_users_least_important_task() -> None
     h.submit([fair_job("b", "bob", 1)])
     h.run(until_running("b/0"))
     snap = h.snapshot()
-    # alice's last task in her own order has the highest CRS (8/8): it goes first.
+    # alice's last task in her own order has the highest CRS (8/4): it goes first.
     assert evicted(h, inst) == ["a/7"]
     assert state(snap, "a/7") is TaskState.PREEMPTED
-    # No ping-pong: a/7 waiting again has CRS 1.0, bob's task 1/8 < 1.0 - delta.
+    # No ping-pong: a/7 waiting again has CRS 2.0, bob's task 1/4 < 2.0 - delta.
     settle(h)
     assert evicted(h, inst) == ["a/7"]
     assert violations(h.snapshot()) == []
@@ -110,8 +112,8 @@ def test_victims_go_in_order_of_crs_until_the_shares_are_within_delta() -> None:
     h.submit([fair_job("b", "bob", 5)])
     settle(h, rounds=20)
     snap = h.snapshot()
-    # bob's k-th task has CRS k/8; alice's victims 8/8, 7/8, 6/8, 5/8. bob's 5th
-    # (5/8 + 0.05) would need a victim above 0.675: alice's top is then 4/8.
+    # bob's k-th task has CRS k/4; alice's victims 8/4, 7/4, 6/4, 5/4. bob's 5th
+    # (5/4 + 0.05) would need a victim above 1.3: alice's top is then 4/4.
     assert evicted(h, inst) == ["a/7", "a/6", "a/5", "a/4"]
     assert len(running(snap, "b")) == 4 and len(running(snap, "a")) == 4
     assert violations(snap) == []
@@ -148,7 +150,8 @@ def test_of_equal_priority_the_most_recently_started_task_goes_first() -> None:
 
 def test_a_waiting_task_does_not_preempt_its_owners_running_tasks_of_its_priority() -> None:
     # alice's waiting job was submitted before the one that holds the cell, but it
-    # comes after every running task of its priority in her order (CRS 9/8), so it
+    # comes after every running task of its priority in her order (CRS 9/8: she is
+    # the only user with work, entitled to all 8 cpu), so it
     # waits rather than preempting her own work.
     h, inst = cell(delta=0.05)
     h.submit([fair_job("later", "alice", 8, at=20.0)])
@@ -159,21 +162,21 @@ def test_a_waiting_task_does_not_preempt_its_owners_running_tasks_of_its_priorit
     assert running(h.snapshot(), "earlier") == []
 
 
-@pytest.mark.parametrize(("delta", "preempts"), [(0.875, False), (0.87, True)])
+@pytest.mark.parametrize(("delta", "preempts"), [(1.75, False), (1.74, True)])
 def test_equal_crs_plus_delta_does_not_preempt(delta: float, preempts: bool) -> None:
     h, inst = cell(delta=delta)
     fill(h)
     h.submit([fair_job("b", "bob", 1)])
     settle(h)
-    # bob's task: CRS 1/8; alice's top: 8/8 = 1/8 + 0.875 exactly.
+    # bob's task: CRS 1/4; alice's top: 8/4 = 1/4 + 1.75 exactly.
     assert (state(h.snapshot(), "b/0") is TaskState.RUNNING) is preempts
     assert evicted(h, inst) == (["a/7"] if preempts else [])
 
 
 def test_weights_change_who_is_over_their_share() -> None:
-    # alice at weight 4 holding 8/8 has CRS 0.25 at her top task; bob's first task is
-    # at 1/8: 0.125 + 0.05 < 0.25, so one preemption; his second at 2/8 is not below
-    # alice's next (7/8 / 4 = 0.219) by more than delta.
+    # alice at weight 4 and bob at 1 split the 8 cpu 6.4 to 1.6: alice's top task has
+    # CRS 8/6.4 = 1.25; bob's first is at 1/1.6 = 0.625, more than delta below, so one
+    # preemption; his second at 1.25 is above alice's next (7/6.4 = 1.09).
     h, inst = cell(delta=0.05, weights={"alice": 4})
     fill(h)
     h.submit([fair_job("b", "bob", 3)])
@@ -183,10 +186,10 @@ def test_weights_change_who_is_over_their_share() -> None:
 
 
 def test_two_resources_combine_by_the_dominant_share() -> None:
-    # carol's tasks take 1 cpu but 8 GiB: each is 1/4 of the cell's memory, so her k-th
-    # task has CRS k/4 where a cpu-bound user's has k/8. Against alice holding all 8
-    # cpus: her 1st (0.25) and 2nd (0.5) preempt; her 3rd (0.75 + delta) would need a
-    # victim above 0.8 and alice's top is then 6/8. (A 1-cpu, 1-GiB user gets 4: the
+    # carol's tasks take 1 cpu but 8 GiB: each is half her entitled 16 GiB, so her k-th
+    # task has CRS k/2 where a cpu-bound user's has k/4. Against alice holding all 8
+    # cpus: her 1st (0.5) and 2nd (1.0) preempt; her 3rd (1.5 + delta) would need a
+    # victim above 1.55 and alice's top is then 6/4. (A 1-cpu, 1-GiB user gets 4: the
     # test above.) alice's tasks need no memory, so each of carol's fits once one goes.
     h, inst = cell(delta=0.05)
     fill(h, mem=0)
@@ -196,8 +199,8 @@ def test_two_resources_combine_by_the_dominant_share() -> None:
     snap = h.snapshot()
     assert len(running(snap, "c")) == 2
     assert evicted(h, inst) == ["a/7", "a/6"] and len(running(snap, "a")) == 6
-    assert inst.policy.report()["share.carol"] == 0.5
-    assert inst.policy.report()["share.alice"] == 0.75
+    assert inst.policy.report()["share.carol"] == 1.0
+    assert inst.policy.report()["share.alice"] == 1.5
     assert violations(snap) == []
 
 
@@ -242,10 +245,10 @@ def solo_then_gang_then_bob(h: Harness) -> None:
 
 def test_a_gang_counts_whole_against_the_cap_and_its_tasks_must_all_qualify() -> None:
     # alice runs "solo" (ranked first) on m1 and the gang "g" on m2: the gang's tasks
-    # are her least important, CRS 5/8 to 8/8. Preempting any ends the whole gang,
-    # which counts 4 against the cap; with a cap of 3 the scheduler takes solo/3
-    # (CRS 4/8) instead.
-    h, inst = cell(delta=0.05, max_preemptions_per_round=3)
+    # are her least important, CRS 5/4 to 8/4. Preempting any ends the whole gang,
+    # which counts 4 tasks against the per-minute cap; with a cap of 3 the scheduler
+    # takes solo/3 (CRS 4/4, at the safe threshold: not below it) instead.
+    h, inst = cell(delta=0.05, max_preemptions_per_minute=3)
     solo_then_gang_then_bob(h)
     assert evicted(h, inst) == ["solo/3"]
 
@@ -253,7 +256,7 @@ def test_a_gang_counts_whole_against_the_cap_and_its_tasks_must_all_qualify() ->
 def test_a_gang_is_preempted_for_whole_when_the_cap_allows() -> None:
     h, inst = cell(delta=0.05)
     solo_then_gang_then_bob(h)
-    # The gang's most important task has CRS 5/8, above solo's 4/8: the gang goes,
+    # The gang's most important task has CRS 5/4, above solo's 4/4: the gang goes,
     # one task evicted, and the round counts 4 tasks of work lost.
     (victim,) = evicted(h, inst)
     assert victim.startswith("g/")
@@ -263,8 +266,8 @@ def test_a_gang_is_preempted_for_whole_when_the_cap_allows() -> None:
 def test_a_waiting_gang_is_placed_whole_or_not_at_all() -> None:
     h, inst = cell(delta=0.05)
     fill(h)
-    # bob's gang of 5: its CRS would be 5/8 and alice's victims above 0.675 are only
-    # 3 (8/8, 7/8, 6/8 ... once 3 go, her top is 5/8): it cannot fit whole.
+    # bob's gang of 5: its CRS would be 5/4 and alice's victims above 1.3 are only
+    # 3 (8/4, 7/4, 6/4 ... once 3 go, her top is 5/4): it cannot fit whole.
     h.submit([fair_job("bg", "bob", 5, gang=True)])
     settle(h)
     snap = h.snapshot()
@@ -311,6 +314,8 @@ def test_the_store_refuses_preempting_above_the_schedulers_precedence() -> None:
     ({"weights": 3}, "option weights must be a table"),
     ({"max_preemptions_per_round": 1.5}, "must be a whole number"),
     ({"preempt": "yes"}, "option preempt must be true or false"),
+    ({"safe_threshold": -0.5}, "option safe_threshold must be a number from 0"),
+    ({"dru_mode": "gpus"}, "option dru_mode must be one of default, gpu, dominant"),
     ({"speed": 1}, "unknown option(s) speed"),
 ])
 def test_bad_options_are_refused_with_what_is_wrong(options: dict[str, object],
@@ -351,7 +356,8 @@ def test_a_rolled_back_claim_leaves_the_view_as_it_was() -> None:
 def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
     # The fair scheduler may hold 4 of the cell's 8 cpus: alice gets 4 and the rest of
     # hers wait (room on the machines is no use past the limit); bob's task, at CRS
-    # 1/4 of the pool, preempts alice's top task (4/4) although machines have room.
+    # 1/2 (of his 2 cpus, half the pool), preempts alice's top task (4/2) although
+    # machines have room.
     h = Harness()
     h.admin.add_machines([machine("m1", cpu=4, mem=16), machine("m2", cpu=4, mem=16)])
     h.admin.set_config(CellConfig({"fair": SchedulerLimits(
@@ -366,7 +372,7 @@ def test_a_resource_limit_is_the_pool_shares_are_taken_of() -> None:
     h.submit([fair_job("b", "bob", 1)])
     h.run(until_running("b/0"))
     assert evicted(h, inst) == ["a/3"]
-    assert inst.policy.report()["share.bob"] == 0.25
+    assert inst.policy.report()["share.bob"] == 0.5
     assert violations(h.snapshot()) == []
 
 
@@ -386,11 +392,15 @@ def test_a_limit_of_zero_cpu_leaves_the_fair_scheduler_no_cpu() -> None:
 
 
 @pytest.mark.parametrize(("options", "says"), [
-    # alice's tasks at 2/8 ... 8/8 are above 1/8 + 0.05.
-    ({"min_runtime": 60.0}, "the 7 task(s) above it have run less than the minimum run "
-                            "time (60 s)"),
-    ({"delta": 0.9}, "no running task's CRS is above that"),
-    ({"max_preemptions_per_round": 0}, "the preemption cap is reached (0 per round"),
+    # alice's tasks at 2/4 ... 8/4 are above 1/4 + 0.05; the first two of them are
+    # inside her share, the other five too young.
+    ({"min_runtime": 60.0}, "no running task above it may go: 2 are inside their owner's "
+                            "share (CRS below the safe threshold 1); 5 have run less "
+                            "than the minimum run time (60 s)"),
+    ({"delta": 1.8}, "no running task's CRS is above that"),
+    ({"max_preemptions_per_round": 0},
+     "the preemption cap is reached (0 decisions per round)"),
+    ({"max_preemptions_per_minute": 0}, "the preemption cap is reached (0 tasks per minute)"),
     ({"preempt": False}, "this fair scheduler does not preempt"),
 ])
 def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
@@ -403,8 +413,8 @@ def test_a_waiting_job_says_why(options: dict[str, object], says: str) -> None:
     (u,) = plan.unplaced
     assert plan.claims == () and u.job == "b" and not u.permanent
     assert says in u.reason, u.reason
-    # Its CRS would be 1/8 and it could preempt only above 1/8 + delta.
-    assert "its CRS would be 0.125" in u.reason or "does not preempt" in u.reason
+    # Its CRS would be 1/4 and it could preempt only above 1/4 + delta.
+    assert "its CRS would be 0.250" in u.reason or "does not preempt" in u.reason
 
 
 def test_a_reason_names_the_precedence_that_kept_every_victim_out() -> None:
@@ -423,9 +433,10 @@ def test_a_reason_names_the_precedence_that_kept_every_victim_out() -> None:
     assert plan.claims == ()
     assert ("no running task above it may go: 7 task(s) above it have a higher precedence "
             "than this task's (0), which fair preemption never takes") in u.reason, u.reason
-    rows = {r.user: r for r in share_table(snap, "fair", {}, 0.05)}
+    rows = {r.user: r for r in share_table(snap, "fair", FairConfig())}
     assert rows["bob"].verdict == "waits"
-    assert "7 task(s) above it have a higher precedence than its (0)" in rows["bob"].detail
+    assert ("7 task(s) above it have a higher precedence than this task's (0)"
+            in rows["bob"].detail)
 
 
 def test_a_job_no_machine_could_ever_hold_is_refused_for_good() -> None:

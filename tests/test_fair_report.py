@@ -4,6 +4,7 @@ weighted share, and what their next waiting task would do, computed by hand."""
 from __future__ import annotations
 
 from cellstate.model import JobState, JobStatus
+from schedulers.fair.policy import FairConfig
 from schedulers.fair.report import share_table
 from schedulers.testing import Harness, claims, machine, txn
 from tests.test_fair_policy import fair_job
@@ -18,19 +19,21 @@ def test_the_share_view_says_who_fits_who_preempts_and_who_waits() -> None:
     placed = [(i, "m1" if i < 4 else "m2") for i in range(7)]
     assert h.admin.commit(txn(claims(snap, "a", placed), scheduler="fair")).ok
     assert h.admin.commit(txn(claims(h.snapshot(), "b", [(0, "m2")]), scheduler="fair")).ok
-    rows = {r.user: r for r in share_table(h.snapshot(), "fair", {"bob": 2.0}, delta=0.05)}
+    config = FairConfig(weights={"bob": 2.0}, delta=0.05)
+    rows = {r.user: r for r in share_table(h.snapshot(), "fair", config)}
     alice, bob, carol = rows["alice"], rows["bob"], rows["carol"]
-    assert (alice.tasks, alice.share, alice.waiting) == (7, 7 / 8, 1)
+    # Weights 1, 2 and 1 split the 8 cpus: alice is entitled to 2, bob 4, carol 2.
+    assert (alice.tasks, alice.share, alice.waiting) == (7, 7 / 2, 1)
     assert alice.running == {"cpu": 7.0, "mem": 7.0}
-    # alice's a/7 would have CRS 8/8; nobody runs above 1.05.
-    assert (alice.next_task, alice.next_crs, alice.verdict) == ("a/7", 1.0, "waits")
-    # bob at weight 2: his b/1 would have CRS (2/8) / 2 = 0.125; alice's a/6 (7/8) is
-    # the highest above 0.175.
-    assert (bob.weight, bob.share, bob.next_task, bob.next_crs) == (2.0, 0.0625, "b/1", 0.125)
-    assert bob.verdict == "preempts" and "a/6 (CRS 0.875)" in bob.detail
-    assert (carol.tasks, carol.share, carol.next_crs, carol.verdict) == (0, 0.0, 0.125,
+    # alice's a/7 would have CRS 8/2; nobody runs above 4.05.
+    assert (alice.next_task, alice.next_crs, alice.verdict) == ("a/7", 4.0, "waits")
+    # bob at weight 2: his b/1 would have CRS 2/4 = 0.5; alice's a/6 (7/2) is the
+    # highest above 0.55.
+    assert (bob.weight, bob.share, bob.next_task, bob.next_crs) == (2.0, 0.25, "b/1", 0.5)
+    assert bob.verdict == "preempts" and "a/6 (CRS 3.500)" in bob.detail
+    assert (carol.tasks, carol.share, carol.next_crs, carol.verdict) == (0, 0.0, 0.5,
                                                                         "preempts")
     # Once a machine has room, the next task fits without preempting.
     h.admin.kill_job(JobStatus("b", JobState.KILLED, "done", "tester", h.clock()))
-    rows = {r.user: r for r in share_table(h.snapshot(), "fair", {}, delta=0.05)}
+    rows = {r.user: r for r in share_table(h.snapshot(), "fair", FairConfig())}
     assert rows["carol"].verdict == "fits" and "bob" not in rows

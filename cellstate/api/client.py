@@ -383,6 +383,10 @@ def _task_doc(t: pb.TaskInfo) -> dict[str, Any]:
         doc["ended_at"] = t.ended_at
     if t.detail:
         doc["detail"] = t.detail
+    if t.placed_at:
+        doc["placed_at"] = t.placed_at
+    if t.scheduler:
+        doc["scheduler"] = t.scheduler
     return doc
 
 

@@ -806,7 +806,8 @@ def _add_tasks(info: pb.JobInfo, snap: CellSnapshot, job_id: str, task_count: in
             v, rec = task_view(snap, tid), tasks[tid]
             add(index=i, state=v.state.value, machine=v.machine,
                 has_exit_code=rec.exit_code is not None, exit_code=rec.exit_code or 0,
-                started_at=rec.started_at, ended_at=rec.ended_at, detail=rec.detail)
+                started_at=rec.started_at, ended_at=rec.ended_at, detail=rec.detail,
+                placed_at=rec.placed_at, scheduler=rec.scheduler)
         else:
             add(index=i, state="pending")
 

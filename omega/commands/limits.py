@@ -65,7 +65,7 @@ def _user_entry(text: str) -> tuple[str, dict[str, float] | None]:
     entry = _resources(rest)
     if entry is not None and "count" in entry and float(entry["count"]).is_integer():
         # A whole count is an integer to the config (1.5 stays a float: refused there).
-        entry = {**entry, "count": int(entry["count"])}  # type: ignore[dict-item]
+        entry = {**entry, "count": int(entry["count"])}
     return user.strip(), entry
 
 

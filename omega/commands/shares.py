@@ -4,6 +4,7 @@ waiting task would do."""
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from omega.commands.common import cellstate_flag, emit, non_negative_float, user_weight
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     with cell_client(args) as client:
         from omega.shares import shares, shares_text
 
-        doc = shares(client, args.scheduler, args.cell, args.delta, args.weight)
+        doc = shares(client, args.scheduler, args.cell, args.delta, args.weight,
+                     time.time())
         emit(args, doc, shares_text(doc))
     return 0

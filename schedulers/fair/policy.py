@@ -15,13 +15,25 @@ accepts victims of lower precedence than the task, or of equal precedence that t
 scheduler placed itself, and the scheduler's precedence limit caps what its jobs
 carry. So work of other schedulers at the same or higher precedence is out of reach.
 
+Cook's rules, as its rebalancer has them: a task's CRS is over what its owner is
+entitled to (``shares``: the shares and quotas of the scheduler's users live in the
+cell's config, ``omega limits NAME --share/--quota``, changed live; with none, the
+pool split among the users with work by weight); no task whose CRS is below
+``safe_threshold`` is ever a victim (a user inside their share keeps their tasks);
+a user past their quota places nothing from free room and preempts only their own
+tasks, and never exceeds the quota; at most ``max_preemptions_per_round`` preemption
+decisions per round (Cook's ``max-preemption``).
+
 Options (``--option NAME=VALUE``; ``weights.alice=2``):
 
 * ``weights``: a table of user -> weight (default ``default_weight``, 1): a user of
   weight 2 is entitled to twice the share; their CRS is halved.
-* ``delta`` (0.05): how much unfairness to tolerate, in CRS (a share of the cell).
-* ``min_runtime`` (60 s), ``max_preemptions_per_round`` (10),
-  ``max_preemptions_per_minute`` (60): the storm guards.
+* ``delta`` (0.05): how much unfairness to tolerate, in CRS (Cook's ``min-dru-diff``).
+* ``safe_threshold`` (1.0): Cook's ``safe-dru-threshold``; 0 lets any task go.
+* ``dru_mode`` (``default``): which resources a CRS counts, as Cook's pools have it:
+  ``default`` every one but GPUs, ``gpu`` only GPUs, ``dominant`` every one.
+* ``min_runtime`` (60 s), ``max_preemptions_per_round`` (10 decisions),
+  ``max_preemptions_per_minute`` (60 tasks): the storm guards (``guard``).
 * ``preempt`` (true): false makes it a fair queue that never preempts (the baseline
   Cook's experiment compares against).
 * ``interval`` (1 s): how often waiting jobs are reconsidered.
@@ -46,13 +58,21 @@ from cellstate.model import (
 )
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.fair.guard import PreemptionGuard
-from schedulers.fair.shares import CellShares, OrderKey, ShareBook, read_shares, task_order
-from schedulers.fair.victims import RoundMemo, Victim, choose, eligible, threshold_of
+from schedulers.fair.shares import (
+    DRU_MODES,
+    CellShares,
+    OrderKey,
+    ShareBook,
+    read_shares,
+    start_times,
+    task_order,
+)
+from schedulers.fair.victims import Kept, RoundMemo, Victim, choose, eligible, threshold_of
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible, why_not
 
-OPTIONS = ("weights", "default_weight", "delta", "min_runtime", "max_preemptions_per_round",
-           "max_preemptions_per_minute", "preempt", "interval")
+OPTIONS = ("weights", "default_weight", "delta", "safe_threshold", "dru_mode", "min_runtime",
+           "max_preemptions_per_round", "max_preemptions_per_minute", "preempt", "interval")
 _REPORTED_USERS = 20  # per-user entries in the report (its size is capped)
 
 
@@ -65,6 +85,8 @@ class FairConfig:
     weights: Mapping[str, float] = attrs.field(factory=dict)
     default_weight: float = 1.0
     delta: float = 0.05
+    safe_threshold: float = 1.0
+    dru_mode: str = "default"
     min_runtime: float = 60.0
     max_preemptions_per_round: int = 10
     max_preemptions_per_minute: int = 60
@@ -84,6 +106,8 @@ class FairConfig:
             weights=weights,
             default_weight=o.number("default_weight", 1.0, 1e-6, 1e6),
             delta=o.number("delta", 0.05, 0.0, 1e6),
+            safe_threshold=o.number("safe_threshold", 1.0, 0.0, 1e6),
+            dru_mode=o.choice("dru_mode", "default", DRU_MODES),
             min_runtime=o.number("min_runtime", 60.0, 0.0, 1e7),
             max_preemptions_per_round=o.integer("max_preemptions_per_round", 10, 0, 10**6),
             max_preemptions_per_minute=o.integer("max_preemptions_per_minute", 60, 0, 10**6),
@@ -111,7 +135,7 @@ class _Unit:
 @attrs.define
 class _Round:
     placed: int = 0
-    preemptions: int = 0  # claims that evict
+    preemptions: int = 0  # claims that evict (decisions)
     preempted: int = 0  # tasks whose work a preemption ended
     capped: int = 0  # units refused a preemption by a storm guard
 
@@ -131,14 +155,14 @@ class FairPolicy(Policy):
         self._report: Mapping[str, float | int] = {}
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
-        view = ctx.view
-        # A task not seen running before started now (the guard records it so below).
+        view, c = ctx.view, self.config
         now = ctx.now
-        shares = read_shares(view, ctx.scheduler, self.config.weights,
-                             self.config.default_weight,
-                             started=lambda task: self.guard.started(task, now))
-        self.guard.begin_round(now, shares.where)
         queues, waiting = _queues(view, jobs)
+        # A task neither dated by the cell nor seen running before started now.
+        started = start_times(view, lambda task: self.guard.first_seen(task, now))
+        shares = read_shares(view, ctx.scheduler, c.weights, c.default_weight,
+                             started=started, waiting=queues, mode=c.dru_mode)
+        self.guard.begin_round(now, shares.where, started)
         r = _Round()
         failed: dict[str, str] = {}  # job -> why its next task could not be placed
         # users whose CRS is already too high to preempt -> why (what kept victims out)
@@ -147,7 +171,7 @@ class FairPolicy(Policy):
         placed: set[str] = set()  # jobs this round placed tasks of
         free: dict[str, list[str]] = {}  # job (or shape) -> machines not yet found full
         tallies: dict[str, FitTally] = defaultdict(FitTally)
-        memo = RoundMemo(view, shares, self.guard.old_enough)
+        memo = RoundMemo(view, shares, self.guard.old_enough, c.safe_threshold)
         while (head := self._next(shares.book, queues)) is not None:
             q = queues[head]
             unit = q.popleft()
@@ -200,41 +224,50 @@ class FairPolicy(Policy):
                memo: RoundMemo) -> str | None:
         """Claim every task of the unit (or none); None if it was placed, else why not."""
         view, job, book = ctx.view, unit.job, shares.book
-        user = job.owner
+        user, need = job.owner, job.task_resources
         mark = view.mark()
         held_before = shares.held
         added: list[str] = []
         removed: list[tuple[str, OrderKey, str, Resources, str]] = []
-        spent = 0
+        decisions = lost = 0
         why: str | None = None
         for index in unit.indexes:
-            # Past its pool (the scheduler's resource limit), free room is no use: only
-            # a preemption gives back what the task takes.
-            full = shares.over_quota(job.task_resources)
+            # Past its pool (the scheduler's resource limit) or past its owner's quota,
+            # free room is no use: only a preemption gives back what the task takes.
+            past_quota = shares.over_user_quota(user, need)
+            full = shares.over_quota(need) or past_quota is not None
             mid = None if full else self._free_fit(ctx, job, free, tally)
             evict: tuple[Victim, ...] = ()
             if mid is None:
-                found, why = self._preemption(ctx, shares, job, index, no_victims, memo)
+                found, why = self._preemption(ctx, shares, job, index, no_victims, memo,
+                                              past_quota)
                 if found is None:
                     break
                 mid, evict = found.machine, found.victims
                 on = view.machine(mid)
                 assert on is not None  # the victims were found on it
                 freed = sum_resources(on.allocations[v.task].resources for v in evict)
-                if shares.over_quota(job.task_resources, freed):
+                if shares.over_quota(need, freed):
                     why = (f"the scheduler's resource limit is reached, and preempting "
                            f"{len(evict)} task(s) on {mid} would not give back enough")
                     break
+                if past_quota is not None:  # its own tasks only (see _preemption)
+                    still = shares.over_user_quota(user, need, freed, len(evict))
+                    if still is not None:
+                        why = (f"{past_quota}, and preempting {len(evict)} of their own "
+                               f"task(s) on {mid} would not give back enough")
+                        break
                 shares.held = shares.held - freed
                 for v in evict:
                     removed.append((view.jobs[v.job].owner,
                                     task_order(view.jobs[v.job], split_task_id(v.task)[1],
-                                               self.guard.started(v.task, ctx.now)),
+                                               self.guard.started(v.task)),
                                     v.task, on.allocations[v.task].resources,
                                     shares.where.pop(v.task)))
                     book.remove(v.task)
                 self.guard.spend(found.lost)
-                spent += found.lost
+                decisions += 1
+                lost += found.lost
                 r.preemptions += 1
                 r.preempted += found.lost
                 for machines in free.values():
@@ -242,8 +275,8 @@ class FairPolicy(Policy):
                         machines.append(mid)  # the victims may leave room over
             c = view.claim(job, index, mid, [v.task for v in evict])
             # It starts now: after the user's tasks running already, in their order.
-            book.add(user, task_order(job, index, ctx.now), c.task, job.task_resources)
-            shares.held = shares.held + job.task_resources
+            book.add(user, task_order(job, index, ctx.now), c.task, need)
+            shares.held = shares.held + need
             shares.where[c.task] = mid
             added.append(c.task)
         else:
@@ -256,12 +289,13 @@ class FairPolicy(Policy):
             book.remove(task)
             shares.where.pop(task, None)
         memo.forget(added)
-        for owner, key, task, need, mid in removed:
-            book.add(owner, key, task, need)
+        for owner, key, task, res, mid in removed:
+            book.add(owner, key, task, res)
             shares.where[task] = mid
-        if spent:
-            self.guard.refund(spent)
-            r.preempted -= spent
+        if decisions:
+            self.guard.refund(decisions)
+            r.preemptions -= decisions
+            r.preempted -= lost
         return why
 
     def _free_fit(self, ctx: Context, job: Job, free: dict[str, list[str]],
@@ -287,35 +321,44 @@ class FairPolicy(Policy):
         return None
 
     def _preemption(self, ctx: Context, shares: CellShares, job: Job, index: int,
-                    no_victims: dict[str, str], memo: RoundMemo) -> tuple[Any, str]:
+                    no_victims: dict[str, str], memo: RoundMemo, past_quota: str | None,
+                    ) -> tuple[Any, str]:
         c, book = self.config, shares.book
         if not c.preempt:
-            return None, "no machine has room now (this fair scheduler does not preempt)"
+            return None, ((f"{past_quota} (this fair scheduler does not preempt)")
+                          if past_quota else
+                          "no machine has room now (this fair scheduler does not preempt)")
         user = job.owner
         crs = book.crs_waiting(user, task_order(job, index), job.task_resources)
         threshold = threshold_of(crs, c.delta)
         if user in no_victims:
             return None, _waiting(crs, c.delta, no_victims[user])
-        budget = self.guard.left()
+        if self.guard.decisions_left() <= 0:
+            return None, _waiting(crs, c.delta, f"the preemption cap is reached "
+                                  f"({c.max_preemptions_per_round} decisions per round)")
+        budget = self.guard.tasks_left()
         if budget <= 0:
             return None, _waiting(crs, c.delta, f"the preemption cap is reached "
-                                  f"({c.max_preemptions_per_round} per round, "
-                                  f"{c.max_preemptions_per_minute} per minute)")
+                                  f"({c.max_preemptions_per_minute} tasks per minute)")
         precedence = task_precedence(job, index)
-        by_machine, young, higher = eligible(ctx.view, shares, precedence, threshold,
-                                             self.guard.old_enough, memo)
+        by_machine, kept = eligible(ctx.view, shares, precedence, threshold,
+                                    self.guard.old_enough, memo,
+                                    only=user if past_quota is not None else None)
         if not by_machine:
-            if not young:
-                # The user's later tasks have a CRS no lower and a precedence no higher.
-                no_victims[user] = why = none_above(higher, precedence)
-                return None, _waiting(crs, c.delta, why)
-            return None, _waiting(crs, c.delta, f"the {young} task(s) above it have run less "
-                                  f"than the minimum run time ({c.min_runtime:g} s)"
-                                  + (f"; {_higher(higher, precedence)}" if higher else ""))
+            why = none_above(kept, precedence, c.safe_threshold, c.min_runtime)
+            if past_quota is not None:
+                why = f"{past_quota}; {why}"
+            if not kept.young:
+                # The user's later tasks have a CRS no lower, a precedence no higher
+                # and a quota no further from reach: none of them finds a victim either.
+                no_victims[user] = why
+            return None, _waiting(crs, c.delta, why)
         found = choose(ctx.view, job, by_machine, budget)
         if found is None:
             return None, _waiting(crs, c.delta, "no machine frees enough room by preempting "
-                                  f"only tasks above it (within the cap of {budget})")
+                                  f"only tasks above it (within the cap of {budget} tasks)"
+                                  + (f"; {kept.text(precedence, c.safe_threshold, c.min_runtime)}"
+                                     if kept else ""))
         return found, ""
 
     def _record(self, r: _Round, book: ShareBook) -> None:
@@ -326,7 +369,7 @@ class FairPolicy(Policy):
         t["preempted"] += r.preempted
         report: dict[str, float | int] = {
             **t, "last_placed": r.placed, "last_preempted": r.preempted,
-            "delta": self.config.delta, "min_runtime": self.config.min_runtime}
+            **config_report(self.config)}
         users = sorted(book.users(), key=lambda u: -book.share(u))[:_REPORTED_USERS]
         for u in users:
             report[f"share.{u}"] = round(book.share(u), 6)
@@ -342,16 +385,35 @@ class FairPolicy(Policy):
         return self._report
 
 
-def none_above(higher: int, precedence: int) -> str:
-    """Why no running task can be preempted, naming the precedence filter."""
-    if not higher:
+def config_report(c: FairConfig) -> dict[str, float | int]:
+    """The settings a share view needs to judge as the instance does (``omega shares``
+    reads them back with :func:`config_from_report`)."""
+    return {"delta": c.delta, "safe_threshold": c.safe_threshold,
+            "min_runtime": c.min_runtime, "default_weight": c.default_weight,
+            "preempt": int(c.preempt), f"dru_mode.{c.dru_mode}": 1}
+
+
+def config_from_report(report: Mapping[str, Any]) -> FairConfig:
+    """The settings an instance's report gives (its weights only as far as the report
+    lists them: the first few users)."""
+    d = FairConfig()
+    mode = next((k.removeprefix("dru_mode.") for k in report if k.startswith("dru_mode.")),
+                d.dru_mode)
+    return FairConfig(
+        weights={k.removeprefix("weight."): float(v) for k, v in report.items()
+                 if k.startswith("weight.")},
+        default_weight=float(report.get("default_weight", d.default_weight)),
+        delta=float(report.get("delta", d.delta)),
+        safe_threshold=float(report.get("safe_threshold", d.safe_threshold)),
+        dru_mode=mode, min_runtime=float(report.get("min_runtime", d.min_runtime)),
+        preempt=bool(report.get("preempt", d.preempt)))
+
+
+def none_above(kept: Kept, precedence: int, safe: float, min_runtime: float) -> str:
+    """Why no running task can be preempted, naming every filter with its count."""
+    if not kept:
         return "no running task's CRS is above that"
-    return f"no running task above it may go: {_higher(higher, precedence)}"
-
-
-def _higher(higher: int, precedence: int) -> str:
-    return (f"{higher} task(s) above it have a higher precedence than this task's "
-            f"({precedence}), which fair preemption never takes")
+    return f"no running task above it may go: {kept.text(precedence, safe, min_runtime)}"
 
 
 def _waiting(crs: float, delta: float, rest: str) -> str:

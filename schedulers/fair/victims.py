@@ -94,10 +94,11 @@ class RoundMemo:
     thousands of machines)."""
 
     def __init__(self, view: CellView, shares: CellShares,
-                 old_enough: Callable[[str], bool]) -> None:
+                 old_enough: Callable[[str], bool], safe: float = 0.0) -> None:
         self._view = view
         self._where = shares.where
         self._old_enough = old_enough
+        self.safe = safe  # Cook's safe threshold: no task with a lower CRS goes
         self._facts: dict[str, tuple[str, str, int | None, bool]] = {}
         # user -> what eligible() found among their tasks at a book version,
         # precedence and threshold (see _Found).
@@ -127,31 +128,70 @@ def threshold_of(crs: float, delta: float) -> float:
     return crs + delta
 
 
+@attrs.define
+class Kept:
+    """How many running tasks above a waiting task's threshold each filter kept from
+    being its victims (a task kept by several is counted by the first that applies,
+    in this order), so a reason can name every filter with its count."""
+
+    higher: int = 0  # a higher precedence than the waiting task's
+    safe: int = 0  # a CRS below the safe threshold: inside their owner's share
+    young: int = 0  # run less than the minimum run time
+    quota: int = 0  # another user's, while the waiting task's owner is past their quota
+
+    def __bool__(self) -> bool:
+        return bool(self.higher or self.safe or self.young or self.quota)
+
+    def text(self, precedence: int, safe: float, min_runtime: float) -> str:
+        """The filters in words, e.g. "3 task(s) above it have a higher precedence
+        ...; 2 are inside their owner's share (CRS below the safe threshold 1)"."""
+        parts = []
+        if self.higher:
+            parts.append(f"{self.higher} task(s) above it have a higher precedence than "
+                         f"this task's ({precedence}), which fair preemption never takes")
+        if self.safe:
+            parts.append(f"{self.safe} are inside their owner's share (CRS below the safe "
+                         f"threshold {safe:g})")
+        if self.young:
+            parts.append(f"{self.young} have run less than the minimum run time "
+                         f"({min_runtime:g} s)")
+        if self.quota:
+            parts.append(f"{self.quota} are other users' tasks, which a task past its "
+                         "owner's quota may not preempt")
+        return "; ".join(parts)
+
+
 def eligible(view: CellView, shares: CellShares, precedence: int, threshold: float,
              old_enough: Callable[[str], bool], memo: RoundMemo | None = None,
-             ) -> tuple[dict[str, list[Victim]], int, int]:
+             only: str | None = None) -> tuple[dict[str, list[Victim]], Kept]:
     """Victims per machine (highest CRS first): running tasks of the scheduler's users
-    with a CRS above ``threshold`` and a precedence no higher than ``precedence``, that
-    ``old_enough`` lets go; how many more it protects; and how many above the
-    threshold have a higher precedence (which fair preemption never takes: said
-    when nothing can be preempted, so a reason names every filter). A gang job is taken whole
-    or not at all: every running task of it must qualify, and each stands for the gang
+    with a CRS above ``threshold`` and at or above the memo's safe threshold, a
+    precedence no higher than ``precedence``, that ``old_enough`` lets go (of user
+    ``only``, if given: Cook lets a task past its owner's quota preempt only its owner's
+    tasks); and how many above the threshold each filter kept out (said when nothing
+    can be preempted, so a reason names every filter). A gang job is taken whole or
+    not at all: every running task of it must qualify, and each stands for the gang
     at its most important task's CRS (the gang's work ends whichever of its tasks
     goes). ``memo``: the round's memo, if this is one of several searches in a round
     (its ``old_enough`` is then the memo's)."""
     memo = memo or RoundMemo(view, shares, old_enough)
     book = shares.book
     out: dict[str, list[Victim]] = defaultdict(list)
-    young = higher = 0
+    kept = Kept()
     for user in book.users():
         f = _found(memo, book, shares.gang_sizes, user, precedence, threshold)
-        young += len(f.young) - bisect.bisect_right(f.young, threshold)
-        higher += len(f.higher) - bisect.bisect_right(f.higher, threshold)
-        for v in f.victims[bisect.bisect_right(f.keys, threshold):]:
+        kept.higher += len(f.higher) - bisect.bisect_right(f.higher, threshold)
+        kept.safe += len(f.safe) - bisect.bisect_right(f.safe, threshold)
+        kept.young += len(f.young) - bisect.bisect_right(f.young, threshold)
+        tail = f.victims[bisect.bisect_right(f.keys, threshold):]
+        if only is not None and user != only:
+            kept.quota += len(tail)
+            continue
+        for v in tail:
             out[v.machine].append(v)
     for victims in out.values():
         victims.sort(key=lambda v: (-v.crs, v.task))
-    return dict(out), young, higher
+    return dict(out), kept
 
 
 @attrs.define
@@ -178,6 +218,9 @@ class _Found:
     # the CRS and positions of tasks above the threshold of a higher precedence
     higher: list[float] = attrs.field(factory=list)
     higher_at: list[int] = attrs.field(factory=list)
+    # ... and of those inside their owner's share (below the safe threshold)
+    safe: list[float] = attrs.field(factory=list)
+    safe_at: list[int] = attrs.field(factory=list)
 
 
 def _found(memo: RoundMemo, book: ShareBook, gang_sizes: Mapping[str, int], user: str,
@@ -192,12 +235,14 @@ def _found(memo: RoundMemo, book: ShareBook, gang_sizes: Mapping[str, int], user
         q = book.changed_since(user, f.version)
         k, ky = bisect.bisect_left(f.at, q), bisect.bisect_left(f.young_at, q)
         kh = bisect.bisect_left(f.higher_at, q)
+        ks = bisect.bisect_left(f.safe_at, q)
         rest = _user_victims(book, gang_sizes, user, precedence, f.threshold, memo, q)
         f = memo.found[user] = _Found(
             version, precedence, f.threshold, f.victims[:k] + rest.victims,
             f.keys[:k] + rest.keys, f.at[:k] + rest.at, f.young[:ky] + rest.young,
             f.young_at[:ky] + rest.young_at, rest.gangs, f.higher[:kh] + rest.higher,
-            f.higher_at[:kh] + rest.higher_at)
+            f.higher_at[:kh] + rest.higher_at, f.safe[:ks] + rest.safe,
+            f.safe_at[:ks] + rest.safe_at)
         return f
     f = memo.found[user] = _user_victims(book, gang_sizes, user, precedence, threshold,
                                          memo)
@@ -219,12 +264,18 @@ def _user_victims(book: ShareBook, gang_sizes: Mapping[str, int], user: str,
     young_at: list[int] = []
     higher: list[float] = []
     higher_at: list[int] = []
+    safe: list[float] = []
+    safe_at: list[int] = []
     for i, (task, crs) in enumerate(tail[skip:], first + skip):
         jid, mid, prec, old = memo.facts(task)
         ok = prec is not None and prec <= precedence
         if prec is not None and prec > precedence:
             higher.append(crs)
             higher_at.append(i)
+        if ok and crs < memo.safe:
+            safe.append(crs)
+            safe_at.append(i)
+            ok = False
         if ok and not old:
             young.append(crs)
             young_at.append(i)
@@ -248,4 +299,4 @@ def _user_victims(book: ShareBook, gang_sizes: Mapping[str, int], user: str,
         victims.sort(key=lambda x: x[0])  # a gang's tasks stand at its lowest CRS
     return _Found(book.version(user), precedence, threshold, [v for _, _, v in victims],
                   [c for c, _, _ in victims], [i for _, i, _ in victims], young, young_at,
-                  bool(gang_seen), higher, higher_at)
+                  bool(gang_seen), higher, higher_at, safe, safe_at)

@@ -44,7 +44,7 @@ class Harness:
     def __init__(self, kv: MemoryKV | None = None, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
         self.kv = kv or MemoryKV(clock=self.clock)
-        self.admin = CellStore(self.kv)
+        self.admin = CellStore(self.kv, clock=self.clock)
         self.instances: list[SchedulerInstance] = []
         self._replicas: list[Replica] = []
 
@@ -54,7 +54,7 @@ class Harness:
         name) committing through a new :class:`RecordingCommitter`."""
         replica = Replica(self.kv, clock=self.clock)
         replica.load()
-        store = CellStore(self.kv)
+        store = CellStore(self.kv, clock=self.clock)
         follow_source(store, replica)  # as the runtime does for a store of its own
         inst = SchedulerInstance(policy, RecordingCommitter(store), replica,
                                  scheduler=scheduler, instance=instance, clock=self.clock,

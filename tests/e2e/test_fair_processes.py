@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cellstate.keys import Keyspace
+from omega.cellview import Event, causeless_preemptions, early_preemptions
 from omega.etcd_launcher import LocalEtcd
 from tests.e2e.cluster import Cluster, cluster, etcd_history, kill_at_first_put, wait_for
 
@@ -45,10 +47,11 @@ def _states(c: Cluster) -> dict[str, dict[str, int]]:
 def test_fair_scheduler_killed_mid_preemption_and_restarted(history_etcd: LocalEtcd,
                                                             tmp_path: Path) -> None:
     """40 machines of 4 cpus (160). alice's 160 tasks fill them. Four users submit 20
-    tasks each: their k-th tasks have CRS k/160 and alice's victims (160 - j)/160
-    after j preemptions, so with delta 0.05 (8/160) all 80 preempt alice's 80 least
-    important tasks (alice/80 to alice/159), and alice's next task (CRS 81/160) then
-    waits: no task is above 81/160 + 0.05."""
+    tasks each: the five users with work split the pool, 32 cpus each, so their k-th
+    tasks have CRS k/32 and alice's victims (160 - j)/32 after j preemptions (all
+    above the safe threshold of 1 while j < 128), so with delta 0.05 all 80 preempt
+    alice's 80 least important tasks (alice/80 to alice/159), and alice's next task
+    (CRS 81/32) then waits: no task is above 81/32 + 0.05."""
     with cluster(history_etcd.endpoint, tmp_path) as c:
         c.server("cellstate-0")
         spec = c.spec("cell", 40, cpu=4)
@@ -80,9 +83,9 @@ def test_fair_scheduler_killed_mid_preemption_and_restarted(history_etcd: LocalE
     users = {u["user"]: u for u in shares["users"]}
     assert shares["delta"] == 0.05 and shares["live_instances"]
     assert (users["alice"]["tasks"], users["alice"]["waiting"]) == (80, 80)
-    assert users["alice"]["share"] == 0.5 and users["bob"]["share"] == 0.125
+    assert users["alice"]["share"] == 2.5 and users["bob"]["share"] == 0.625
     assert users["alice"]["next_task"] == "alice/80"
-    assert users["alice"]["next_crs"] == pytest.approx(81 / 160)
+    assert users["alice"]["next_crs"] == pytest.approx(81 / 32)
     assert users["alice"]["verdict"] == "waits"
     assert users["bob"]["waiting"] == 0 and users["bob"]["verdict"] == ""
     history = etcd_history(history_etcd.endpoint, CELL)
@@ -93,3 +96,48 @@ def test_fair_scheduler_killed_mid_preemption_and_restarted(history_etcd: LocalE
                                        | {f"{u}/{i}" for u in USERS for i in range(20)})
     # The round did not fit one etcd transaction: the kill fell inside it.
     assert written < 80
+
+
+def test_fair_preemption_keeps_the_minimum_run_time_and_records_its_causes(
+        history_etcd: LocalEtcd, tmp_path: Path) -> None:
+    """The demo's fair set-up (issue 30): a batch user fills the cell while interactive
+    users keep submitting short jobs, so batch tasks are preempted, placed again when
+    the short jobs end, and preempted again. With a minimum run time of 4 s no run of
+    a task the fair scheduler preempts lasted less (judged from the start the cell
+    records, and counted in the task histories `omega events` shows), and every
+    preemption says who made it and for which task."""
+    min_runtime = 4.0
+    with cluster(history_etcd.endpoint, tmp_path) as c:
+        c.server("cellstate-0")
+        spec = c.spec("cell", 6, cpu=4)
+        c.start("agent-0", "agent", "--cellstate", c.cellstate, "--spec", str(spec),
+                "--id", "agent-0")
+        with c.client() as client:
+            wait_for("6 machines", lambda: client.status()["machines_up"] == 6, c)
+        config = tmp_path / "fair.toml"
+        config.write_text("[scheduler]\nlease_ttl = 3\n[options]\ninterval = 0.5\n"
+                          f"delta = 0.05\nmin_runtime = {min_runtime}\n"
+                          "max_preemptions_per_minute = 1000\n")
+        c.start("fair-0", "scheduler", "fair", "--config", str(config),
+                "--cellstate", c.cellstate, "--instance", "f0")
+        with c.client() as client:
+            client.submit_job(_job("batch", "bea", 40))
+            wait_for("the batch tasks", lambda: _states(c).get("batch", {}).get("running")
+                     == 24, c)
+            for n in range(24):
+                user = USERS[n % len(USERS)]
+                client.submit_job({**_job(f"ia{n}", user, 2), "duration": 3.0})
+                time.sleep(1.0)
+            wait_for("the short jobs", lambda: all(
+                _states(c).get(f"ia{n}", {}).get("finished") == 2 for n in range(24)), c,
+                timeout=90)
+        rows = json.loads(c.run("events", "--cellstate", c.cellstate, "--limit", "0",
+                                "--json"))
+    rows = [Event(**r) for r in rows]
+    preempted = [e for e in rows if e.event == "preempted"]
+    again = {e.task for e in preempted if sum(x.task == e.task for x in preempted) > 1}
+    assert len(preempted) >= 10, preempted  # the set-up did churn the batch tasks
+    assert again, "no batch task was preempted twice: the test did not test"
+    assert early_preemptions(rows, "fair", min_runtime) == []
+    assert causeless_preemptions(rows) == []
+    assert all(e.by == "fair" and e.why.startswith("preempted for ia") for e in preempted)

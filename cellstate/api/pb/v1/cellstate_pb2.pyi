@@ -173,7 +173,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., min_revision: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail")
+    __slots__ = ("index", "state", "machine", "has_exit_code", "exit_code", "started_at", "ended_at", "detail", "placed_at", "scheduler")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,8 @@ class TaskInfo(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PLACED_AT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     machine: str
@@ -190,7 +192,9 @@ class TaskInfo(_message.Message):
     started_at: float
     ended_at: float
     detail: str
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+    placed_at: float
+    scheduler: str
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., machine: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., placed_at: _Optional[float] = ..., scheduler: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("spec_json", "state", "reason", "task_states", "tasks", "revision", "why_json")
