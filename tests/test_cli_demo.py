@@ -398,6 +398,8 @@ def test_unknown_job_is_an_error(live: tuple[CellStateServer, CellStore],
         ("committers = 0", "committers: 0 is not between 1 and 64"),
         ("colour = 'blue'", "colour: unknown setting"),
         ("[limits.batch]\nmax_precedence = -1", "limits.batch.max_precedence"),
+        ("[limits.fair.shares]\nalice = { cpu = -5 }", "limits.fair.shares.alice.cpu"),
+        ("[limits.fair.quotas]\nbob = { count = 'ten' }", "limits.fair.quotas.bob.count"),
         ("listen = ", "not valid TOML"),
     ],
 )
