@@ -25,6 +25,7 @@ from cellstate.model import (
 from schedulers.api import CellView, Context
 from schedulers.fair import FairPolicy
 from schedulers.fair.shares import ShareBook, entitlement
+from schedulers.runtime import SchedulerInstance
 from schedulers.testing import Harness, JobBuilder, machine
 from tests.test_fair_policy import (
     LONG_LEASE,
@@ -38,7 +39,7 @@ from tests.test_fair_policy import (
 
 
 def fair_cell(limits: SchedulerLimits | None = None, machines: int = 2, cpu: float = 4,
-              **options: object) -> tuple[Harness, object]:
+              **options: object) -> tuple[Harness, SchedulerInstance]:
     h = Harness()
     h.admin.add_machines([machine(f"m{i + 1}", cpu=cpu, mem=16) for i in range(machines)])
     if limits is not None:
@@ -267,7 +268,7 @@ def test_a_restarted_instance_judges_the_minimum_run_time_by_the_cell() -> None:
     h.run(lambda s: len(running(s, "a")) == 8)
     placed = h.snapshot().tasks["a/7"].placed_at
     assert placed == pytest.approx(h.clock.now, abs=2.0)
-    h.remove(first)  # type: ignore[arg-type]
+    h.remove(first)
     h.clock.now += 100
     second = h.add(FairPolicy(min_runtime=60.0, delta=0.05), scheduler="fair",
                    config=LONG_LEASE, instance="1")
