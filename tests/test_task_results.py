@@ -44,13 +44,16 @@ def test_exit_codes_and_times_reach_omega_job(live: tuple[CellStateServer, CellS
     assert main(["job", "j", "--json", "--cellstate", f"127.0.0.1:{server.port}",
                  "--insecure"]) == 0
     tasks = {t["index"]: t for t in json.loads(capsys.readouterr().out)["tasks"]}
+    placed = tasks[0].pop("placed_at")
+    assert placed > 0 and tasks[0].pop("scheduler") == "batch"  # its run's placement
     assert tasks[0] == {"index": 0, "state": "failed", "machine": "m1", "exit_code": 3,
                         "started_at": T0, "ended_at": T0 + 2.5}
     assert "exit_code" not in tasks[1] and tasks[1]["ended_at"] == T0 + 1  # no command
     assert tasks[2]["detail"] == "cannot start 'trian.py': No such file or directory"
     assert main(["job", "j", "--cellstate", f"127.0.0.1:{server.port}", "--insecure"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"j/0 +failed +m1 +exit 3  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d -> "
+    assert re.search(r"j/0 +failed +m1 +placed \S+ \S+ by batch  exit 3  "
+                     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d -> "
                      r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(2\.5 s\)", out), out
     assert re.search(r"j/2 +failed +m1 .*\(0\.0 s\)  cannot start 'trian\.py'", out), out
 
