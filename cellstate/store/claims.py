@@ -340,7 +340,7 @@ class ClaimCommits(StoreBase):
         not fit (the caller sends the group as one write, which splits it)."""
         shared, comps = split
         prepared = [self._prepare(c.write) for c in comps if c.write is not None]
-        outer = max(len(comps), len(shared))
+        outer = max(len(comps), len(shared) + (self._fence is not None))
         # etcd gives a nested transaction only the ops its parent's largest list leaves.
         inner = self.kv.max_txn_ops - outer
         if (outer > self.kv.max_txn_ops
@@ -358,9 +358,12 @@ class ClaimCommits(StoreBase):
         ]
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
         shared_gets = self._gets(shared)
-        res = self.kv.txn([Compare.mod_revision_is(key, rev) for key, rev in shared.items()],
-                          ops, shared_gets)
+        compares = [Compare.mod_revision_is(key, rev) for key, rev in shared.items()]
+        if self._fence is not None:
+            compares.append(self._fence)
+        res = self.kv.txn(compares, ops, shared_gets)
         if not res.succeeded:  # the config or a job changed: learn it, decide again
+            self._check_fence()
             self._observe_reads(shared_gets, res)
             return parts
         self._note_conflict(any(isinstance(r, TxnResult) and not r.succeeded

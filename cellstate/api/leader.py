@@ -1,0 +1,286 @@
+"""The commit leader: one cellstate server validates every commit, in memory, and writes
+the accepted claims of many transactions to etcd together.
+
+Omega's store is "a persistent data store with validation code" (seed 001, §3.4); Nomad
+runs one plan applier on its leader. Here the servers of a cell elect one through an
+etcd lease and one key (:class:`Election`); the revision that created the key is the
+leader's *fencing token*. The leader's :class:`GroupCommitter` queues the commits that
+reach it (its own clients' and those its followers forward), takes every one waiting
+as one batch, and commits the batch with ``CellStore.commit_many``: the transactions
+are validated in arrival order against the leader's working view (its replica plus
+its own writes not yet seen on the watch), each seeing those before it, so a claim that
+loses to another scheduler's is rejected in memory and never reaches etcd; the
+accepted claims go out in as few etcd Txns as etcd's limits allow. Every Txn also
+compares the leader key's revision with the token (``CellStore.fence``), so a deposed
+leader (its lease lapsed while it was paused, say) can write nothing, and keeps its
+guards on every record it changes, so a writer outside the leader (an agent, a user's
+submit, a library committer) is still caught. A guard that fails makes the store learn
+the fresh records and validate again; each transaction is answered only once its Txn
+succeeded (etcd made it durable), or with the error that stopped the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from cellstate.errors import FencedOut, KVError, LeaseNotFoundError
+from cellstate.kv.base import KV, Compare, Get, Put
+from cellstate.model import CommitResult, Transaction
+from cellstate.store import CellStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 5  # seconds: a new leader serves within this (plus one poll) of a crash
+# A batch stops growing at these (a batch's claims are validated and encoded by one
+# thread; the cap keeps one batch's latency bounded under a flood).
+MAX_BATCH_TXNS = 64
+MAX_BATCH_CLAIMS = 4000
+
+
+def leader_key(cell: str) -> bytes:
+    """The election key of ``cell``'s commit leader, outside the cell's keys (replicas
+    and the invariant checkers never see it)."""
+    return f"/omega-leader/{cell}".encode()
+
+
+@attrs.frozen
+class Leadership:
+    """Who leads: the leader's address (as its peers reach it) and its token."""
+
+    address: str
+    token: int
+
+
+class Election:
+    """Campaigns for ``cell``'s commit leadership and keeps it while it can.
+
+    Every ``ttl / 3`` seconds: a leader refreshes its lease (a lapsed lease deposes
+    it); a follower reads the key, and campaigns (create-if-absent, under a fresh
+    lease) when it is gone. ``on_elected(token)`` and ``on_deposed()`` run on the
+    election's thread, in that order, once per term."""
+
+    def __init__(self, kv: KV, cell: str, address: str, *, ttl: int = DEFAULT_TTL,
+                 on_elected: Callable[[int], None] = lambda token: None,
+                 on_deposed: Callable[[], None] = lambda: None) -> None:
+        if not 1 <= ttl <= 60:
+            raise ValueError(f"leader lease ttl: {ttl} is not between 1 and 60 seconds")
+        self.kv = kv
+        self.key = leader_key(cell)
+        self.address = address
+        self.ttl = ttl
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self._lock = threading.Lock()
+        self._known: Leadership | None = None
+        self._lease = 0  # ours while we lead
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="election", daemon=True)
+
+    @property
+    def leading(self) -> bool:
+        return self._lease != 0
+
+    def leader(self) -> Leadership | None:
+        """The leader as last seen (None: none known)."""
+        with self._lock:
+            return self._known
+
+    def refresh(self) -> Leadership | None:
+        """Read the key now (a forward to a stale address failed, say)."""
+        kvs = self.kv.range(self.key).kvs
+        known = Leadership(kvs[0].value.decode(), kvs[0].mod_revision) if kvs else None
+        with self._lock:
+            if not self.leading:
+                self._known = known
+        return known
+
+    def start(self) -> Election:
+        """Campaign once now (so a server knows the leader, or leads, before it
+        serves), then keep at it on the election's thread."""
+        self._round()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop campaigning; a leader resigns (revokes its lease: the key goes at once,
+        so a follower takes over without waiting out the TTL)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self._lease:
+            lease, self._lease = self._lease, 0
+            self._on_deposed()
+            try:
+                self.kv.lease_revoke(lease)
+            except KVError as e:
+                log.warning("resigning the commit leadership: %s (the lease lapses by "
+                            "itself)", e)
+
+    def lost(self) -> None:
+        """The leader's write found its token gone (cellstate's FencedOut): step down
+        now rather than at the next keep-alive."""
+        with self._lock:
+            lease, self._lease = self._lease, 0
+            self._known = None
+        if lease:
+            log.warning("commit leadership lost (a write found the token gone)")
+            self._on_deposed()
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.ttl / 3)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self._round()
+
+    def _round(self) -> None:
+        try:
+            if self._lease:
+                self._keep()
+            else:
+                self._campaign()
+        except KVError as e:
+            log.warning("commit leader election: etcd: %s", e)
+
+    def _campaign(self) -> None:
+        held = self.refresh()
+        if held is not None:
+            return
+        lease = self.kv.lease_grant(self.ttl)
+        res = self.kv.txn([Compare.absent(self.key)],
+                          [Put(self.key, self.address.encode(), lease)], [Get(self.key)])
+        if not res.succeeded:
+            self.kv.lease_revoke(lease)
+            self.refresh()
+            return
+        with self._lock:
+            self._lease = lease
+            self._known = Leadership(self.address, res.revision)
+        log.info("commit leader of %s from revision %d (%s)", self.key.decode(),
+                 res.revision, self.address)
+        self._on_elected(res.revision)
+
+    def _keep(self) -> None:
+        try:
+            self.kv.lease_keepalive(self._lease)
+            return
+        except LeaseNotFoundError:
+            why = "its lease lapsed"
+        except KVError as e:
+            # etcd out of reach: the lease may lapse meanwhile. The fence keeps any
+            # write safe; step down rather than hold commits that cannot land.
+            why = f"etcd: {e}"
+        with self._lock:
+            self._lease = 0
+            self._known = None
+        log.warning("commit leadership lost (%s)", why)
+        self._on_deposed()
+
+
+@attrs.define
+class _Request:
+    txns: Sequence[Transaction]
+    done: threading.Event = attrs.field(factory=threading.Event)
+    results: list[CommitResult] | None = None
+    error: BaseException | None = None
+
+
+class GroupCommitter:
+    """The leader's commit queue: ``commit`` blocks until its transactions are durable
+    (or failed); one thread commits whatever waits, as one batch (module docstring).
+
+    Stats (read by tests and ``status``): ``batches``, ``commits`` (requests), and
+    ``transactions``."""
+
+    def __init__(self, store: CellStore, *, max_txns: int = MAX_BATCH_TXNS,
+                 max_claims: int = MAX_BATCH_CLAIMS) -> None:
+        self.store = store
+        self.max_txns = max_txns
+        self.max_claims = max_claims
+        self._cond = threading.Condition()
+        self._queue: list[_Request] = []
+        self._closed: BaseException | None = None
+        self.batches = self.commits = self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+
+    def start(self) -> GroupCommitter:
+        self._thread.start()
+        return self
+
+    def commit(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """Commit ``txns`` (each already checked well-formed) in the next batch; raises
+        what stopped the batch (FencedOut when the leadership ended first)."""
+        req = _Request(txns)
+        with self._cond:
+            if self._closed is not None:
+                raise self._closed
+            self._queue.append(req)
+            self._cond.notify()
+        req.done.wait()
+        if req.error is not None:
+            raise req.error
+        assert req.results is not None
+        return req.results
+
+    def close(self, why: BaseException | None = None) -> None:
+        """Stop taking commits; those queued fail with ``why`` (the batch in flight
+        finishes: its Txn is fenced)."""
+        err = why or FencedOut("this server stopped leading commits")
+        with self._cond:
+            self._closed = err
+            waiting, self._queue = self._queue, []
+            self._cond.notify_all()
+        for req in waiting:
+            req.error = err
+            req.done.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def _take(self) -> list[_Request] | None:
+        """Every request waiting, up to the batch caps (at least one); None once closed."""
+        with self._cond:
+            while not self._queue and self._closed is None:
+                self._cond.wait()
+            if self._closed is not None:
+                return None
+            batch: list[_Request] = []
+            txns = claims = 0
+            while self._queue:
+                req = self._queue[0]
+                n = sum(len(t.claims) for t in req.txns)
+                if batch and (txns + len(req.txns) > self.max_txns
+                              or claims + n > self.max_claims):
+                    break
+                batch.append(self._queue.pop(0))
+                txns += len(req.txns)
+                claims += n
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take()) is not None:
+            txns = [t for req in batch for t in req.txns]
+            try:
+                results = self.store.commit_many(txns)
+            except BaseException as e:  # every waiter hears it
+                for req in batch:
+                    req.error = e
+                    req.done.set()
+                if isinstance(e, FencedOut):
+                    self.close(e)
+                    return
+                continue
+            self.batches += 1
+            self.commits += len(batch)
+            self.transactions += len(txns)
+            at = 0
+            for req in batch:
+                req.results = results[at:at + len(req.txns)]
+                at += len(req.txns)
+                req.done.set()
