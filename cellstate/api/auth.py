@@ -305,12 +305,14 @@ class Authorizer:
         rejected claim in an answered call; here it is the caller's rights that fail).
         A job not in the server's copy yet is left to validation, which reads it."""
         who = self.caller(context)
-        if who.kind is Kind.SERVER:
-            # A follower forwarding a commit to the commit leader: it checked the
-            # scheduler's rights before forwarding (cellstate/api/leader.py).
-            return
         for scheduler in dict.fromkeys(t.scheduler for t in txns):
-            self.as_scheduler(context, scheduler, "commit")
+            if who.kind is Kind.SERVER:
+                # A follower forwarding a commit to the commit leader
+                # (cellstate/api/leader.py): it checked the scheduler's identity; the
+                # rules about the cell hold here as well.
+                self._known_scheduler(who, scheduler, "commit")
+            else:
+                self.as_scheduler(context, scheduler, "commit")
         if who is INSECURE:
             return
         jobs = self._snapshot().jobs

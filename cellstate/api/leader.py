@@ -113,14 +113,21 @@ class Election:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        if self._lease:
+        self.resign()
+
+    def resign(self) -> None:
+        """Give the leadership up now (revoke the lease: the key goes at once); a
+        server still running campaigns again at its next round, like the others."""
+        with self._lock:
             lease, self._lease = self._lease, 0
-            self._on_deposed()
-            try:
-                self.kv.lease_revoke(lease)
-            except KVError as e:
-                log.warning("resigning the commit leadership: %s (the lease lapses by "
-                            "itself)", e)
+            self._known = None
+        if not lease:
+            return
+        self._on_deposed()
+        try:
+            self.kv.lease_revoke(lease)
+        except KVError as e:
+            log.warning("resigning the commit leadership: %s (the lease lapses by itself)", e)
 
     def lost(self) -> None:
         """The leader's write found its token gone (cellstate's FencedOut): step down
@@ -208,6 +215,7 @@ class GroupCommitter:
         self._queue: list[_Request] = []
         self._closed: BaseException | None = None
         self.batches = self.commits = self.transactions = 0
+        self.in_flight = 0  # requests in the batch being committed
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
     def start(self) -> GroupCommitter:
@@ -261,6 +269,7 @@ class GroupCommitter:
                 batch.append(self._queue.pop(0))
                 txns += len(req.txns)
                 claims += n
+            self.in_flight = len(batch)
             return batch
 
     def _run(self) -> None:
@@ -269,6 +278,7 @@ class GroupCommitter:
             try:
                 results = self.store.commit_many(txns)
             except BaseException as e:  # every waiter hears it
+                self.in_flight = 0
                 for req in batch:
                     req.error = e
                     req.done.set()
@@ -279,6 +289,7 @@ class GroupCommitter:
             self.batches += 1
             self.commits += len(batch)
             self.transactions += len(txns)
+            self.in_flight = 0
             at = 0
             for req in batch:
                 req.results = results[at:at + len(req.txns)]

@@ -1,0 +1,227 @@
+"""The commit leader (cellstate/api/leader.py): one server of a cell validates every
+commit in memory and writes batches to etcd, fenced by its election key's revision;
+the others forward commits to it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from cellstate.api.client import RemoteStore
+from cellstate.api.leader import GroupCommitter, leader_key
+from cellstate.api.server import CellStateServer
+from cellstate.errors import FencedOut
+from cellstate.kv.base import KV, Compare, Delete, Op, Put, TxnResult
+from cellstate.model import Claim, InstanceRecord, Reason, Transaction
+from cellstate.store import CellStore
+from schedulers.testing import job, machine
+from tests.api.service_fixture import client_for, running_server
+
+
+class CountingKV:
+    """A KV that counts the write transactions sent through it (etcd Txns with puts or
+    deletes); everything else goes straight to the KV it wraps."""
+
+    def __init__(self, inner: KV) -> None:
+        self._inner = inner
+        self.writes = 0
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+            failure: Sequence[Op] = ()) -> TxnResult:
+        if any(isinstance(op, Put | Delete) for op in success):
+            self.writes += 1
+        return self._inner.txn(compares, success, failure)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
+        time.sleep(0.02)
+
+
+def leader_of(*servers: CellStateServer) -> CellStateServer:
+    leading = [s for s in servers if s.service.committer is not None]
+    assert len(leading) == 1, f"{len(leading)} servers lead"
+    return leading[0]
+
+
+def token(kv: KV, cell: str = "default") -> int:
+    kvs = kv.range(leader_key(cell)).kvs
+    return kvs[0].mod_revision if kvs else 0
+
+
+@contextmanager
+def two_servers(kv: KV, **config: object) -> Iterator[tuple[CellStateServer, CellStateServer]]:
+    config.setdefault("leader_ttl", 1)
+    with running_server(kv, name="a", **config) as a, \
+            running_server(kv, name="b", **config) as b:
+        yield a, b
+
+
+def seed_cell(kv: KV, machines: int = 2, cpu: float = 4, tasks: int = 8) -> None:
+    admin = CellStore(kv)
+    admin.add_machines([machine(f"m{i}", cpu=cpu, mem=64) for i in range(machines)])
+    admin.submit_job(job("j", tasks=tasks, cpu=1))
+
+
+def registered(client: Any, instance: str = "i0") -> RemoteStore:
+    store = RemoteStore(client)
+    store.register_instance(InstanceRecord("batch", instance), 30)
+    return store
+
+
+def test_one_server_leads_and_the_other_forwards_to_it(kv: KV) -> None:
+    seed_cell(kv)
+    with two_servers(kv) as (a, b):
+        lead = leader_of(a, b)
+        follower = b if lead is a else a
+        assert token(kv) > 0
+        with client_for(follower) as client:
+            store = registered(client)
+            res = store.commit(Transaction("batch", (Claim("j", 0, "m0"), Claim("j", 1, "m1"))))
+            many = store.commit_many([Transaction("batch", (Claim("j", 2, "m0"),)),
+                                      Transaction("batch", (Claim("j", 3, "m1"),))])
+        committer = lead.service.committer
+        assert follower.service.committer is None
+    assert [c.task for c in res.committed] == ["j/0", "j/1"]
+    assert [len(r.committed) for r in many] == [1, 1]
+    assert committer is not None and committer.commits == 2 and committer.transactions == 3
+    snap = CellStore(kv).read_snapshot()
+    assert set(snap.machines["m0"].allocations) == {"j/0", "j/2"}
+    assert set(snap.machines["m1"].allocations) == {"j/1", "j/3"}
+
+
+def test_without_a_leader_each_server_commits_itself(kv: KV) -> None:
+    seed_cell(kv)
+    with two_servers(kv, commit_leader=False) as (a, b):
+        assert a.service.committer is None and b.service.committer is None
+        with client_for(b) as client:
+            res = registered(client).commit(Transaction("batch", (Claim("j", 0, "m0"),)))
+    assert len(res.committed) == 1
+    assert token(kv) == 0  # nobody stood for election
+
+
+def test_a_fenced_store_writes_nothing(kv: KV) -> None:
+    seed_cell(kv)
+    key = leader_key("default")
+    first = kv.txn([], [Put(key, b"a:1")]).revision
+    store = CellStore(kv)
+    store.fence(key, first)
+    assert len(store.commit(Transaction("batch", (Claim("j", 0, "m0"),))).committed) == 1
+    kv.txn([], [Put(key, b"b:1")])  # another server leads now
+    before = kv.range(b"/omega/default/", b"/omega/default0").revision
+    with pytest.raises(FencedOut, match="not the commit leader"):
+        store.commit(Transaction("batch", (Claim("j", 1, "m0"),)))
+    assert kv.range(b"/omega/default/", b"/omega/default0").revision == before
+    assert "j/1" not in CellStore(kv).read_snapshot().tasks
+
+
+@contextmanager
+def held(committer: GroupCommitter) -> Iterator[None]:
+    """The leader's store busy (as with a batch in flight): commits queue meanwhile."""
+    with committer.store._lock:
+        yield
+
+
+def queued(committer: GroupCommitter) -> int:
+    with committer._cond:
+        return len(committer._queue)
+
+
+def commit_in_thread(store: RemoteStore, txn: Transaction, out: list[Any]) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.append(store.commit(txn))
+        except Exception as e:  # surfaced by the test
+            out.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_a_batch_decides_conflicts_in_memory_and_writes_once(kv: KV) -> None:
+    """Commits that wait while a batch is in flight go out as the next batch: the one
+    that loses a machine to an earlier one in the batch is rejected without an etcd
+    round trip, the rest are written by one etcd Txn."""
+    seed_cell(kv, machines=3, cpu=1)
+    counting = CountingKV(kv)
+    with running_server(counting, name="a", listen="127.0.0.1:0") as server:  # type: ignore[arg-type]
+        committer = server.service.committer
+        assert committer is not None
+        with client_for(server) as client:
+            store = registered(client)
+            results: list[Any] = []
+            threads = []
+            with held(committer):
+                threads.append(commit_in_thread(
+                    store, Transaction("batch", (Claim("j", 0, "m0"),)), results))
+                wait_for("the first commit taken", lambda: committer.in_flight == 1)
+                for i, mid in ((1, "m1"), (2, "m1"), (3, "m2")):
+                    threads.append(commit_in_thread(
+                        store, Transaction("batch", (Claim("j", i, mid),)), results))
+                wait_for("three commits queued", lambda: queued(committer) == 3)
+                writes = counting.writes
+            for t in threads:
+                t.join(timeout=30)
+    assert all(not isinstance(r, Exception) for r in results), results
+    by_task = {r.committed[0].task if r.committed else r.rejected[0].claim.task: r
+               for r in results}
+    assert by_task["j/1"].committed and by_task["j/3"].committed
+    assert by_task["j/2"].rejected[0].reason is Reason.INSUFFICIENT_RESOURCES
+    assert committer.batches == 2 and committer.commits == 4
+    # The first batch's write, then one for the three queued commits.
+    assert counting.writes - writes == 2
+
+
+def test_leadership_moves_when_the_leader_stops(kv: KV) -> None:
+    seed_cell(kv)
+    with running_server(kv, name="a", leader_ttl=1) as a:
+        first = token(kv)
+        assert a.service.committer is not None
+        with running_server(kv, name="b", leader_ttl=1) as b:
+            assert b.service.committer is None
+            a.stop(grace=0)  # resigns: b takes over at its next round
+            wait_for("b to lead", lambda: b.service.committer is not None)
+            assert token(kv) > first
+            with client_for(b) as client:
+                res = registered(client).commit(Transaction("batch", (Claim("j", 0, "m0"),)))
+            assert len(res.committed) == 1
+
+
+def test_a_deposed_leader_mid_batch_is_fenced_and_the_commit_lands_once(kv: KV) -> None:
+    """A leader paused with a batch in flight while another server took over: its write
+    fails on the fence, it steps down, and the client's retry commits through the new
+    leader, once."""
+    seed_cell(kv)
+    with two_servers(kv) as (a, b):
+        old = leader_of(a, b)
+        other = b if old is a else a
+        committer = old.service.committer
+        assert committer is not None
+        results: list[Any] = []
+        with client_for(old, other) as client:
+            store = registered(client)
+            with held(committer):
+                t = commit_in_thread(store, Transaction("batch", (Claim("j", 0, "m0"),)), results)
+                wait_for("the batch taken", lambda: committer.in_flight == 1)
+                kv.txn([], [Delete(leader_key("default"))])  # as if its lease lapsed
+                wait_for("the other server to lead", lambda: other.service.committer is not None)
+                new_token = token(kv)
+            t.join(timeout=60)
+        assert old.service.committer is None  # stepped down on the failed fence
+    assert len(results) == 1 and not isinstance(results[0], Exception), results
+    (res,) = results
+    assert [c.task for c in res.committed] == ["j/0"]
+    assert res.revision > new_token
+    snap = CellStore(kv).read_snapshot()
+    assert set(snap.machines["m0"].allocations) == {"j/0"}
