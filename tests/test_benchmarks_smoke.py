@@ -1,6 +1,6 @@
 """Every benchmark runs to its end at its smallest size, so none rots unseen (issue 35:
 service_throughput.py had crashed with its defaults since a helper it imports changed).
-The figures are not looked at; a run that fails or raises fails the test."""
+The figures are not looked at; a run that crashes fails the test."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
                               "--processes", "1", "--machines", "50", "--no-fsync"),
     "simulator_speed.py": ("--hours", "0.05"),
     "soak.py": ("--minutes", "0.1", "--sample", "2", "--machines", "50", "--no-fsync"),
+    "split_cells.py": ("--ranges", "1,2", "--commits", "200"),
     "status_calls.py": ("--machines", "50", "--tasks", "1000", "--placed", "100",
                         "--small-jobs", "5", "--repeat", "1", "--follow", "100"),
     "txn_shape.py": ("--seconds", "0.3", "--rounds", "1", "--no-fsync"),
@@ -59,5 +60,9 @@ def test_benchmark_runs_at_its_smallest_size(script: str, tmp_path: Path) -> Non
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *SMOKE[script]],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, (f"{script} exited with {proc.returncode}:\n"
-                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    # Exit status 1 is a goal the run measured as missed (soak.py's "levelled off"
+    # needs minutes); a crash shows a traceback, a bad option exits with 2.
+    crashed = "Traceback (most recent call last)" in proc.stdout + proc.stderr
+    assert proc.returncode in (0, 1) and not crashed, (
+        f"{script} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n"
+        f"{proc.stderr[-3000:]}")
