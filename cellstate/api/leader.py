@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from cellstate.errors import FencedOut, KVError, LeaseNotFoundError
+from cellstate.keys import leader_key as leader_key
 from cellstate.kv.base import KV, Compare, Get, Put
 from cellstate.model import CommitResult, Transaction
 from cellstate.store import CellStore
@@ -39,12 +40,6 @@ DEFAULT_TTL = 5  # seconds: a new leader serves within this (plus one poll) of a
 # thread; the cap keeps one batch's latency bounded under a flood).
 MAX_BATCH_TXNS = 64
 MAX_BATCH_CLAIMS = 4000
-
-
-def leader_key(cell: str) -> bytes:
-    """The election key of ``cell``'s commit leader, outside the cell's keys (replicas
-    and the invariant checkers never see it)."""
-    return f"/omega-leader/{cell}".encode()
 
 
 @attrs.frozen

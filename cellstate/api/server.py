@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -98,6 +99,7 @@ from cellstate.validation import TransactionError, check_batch, check_shape
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "omega.cellstate.v1.CellState"
+_FORWARDED = "omega-forwarded"  # metadata of a commit a follower forwards to the leader
 T = TypeVar("T")
 
 # A job spec is one etcd put and travels to every scheduler in sync snapshots. 1 MiB
@@ -265,6 +267,11 @@ class CellStateService(pb_grpc.CellStateServicer):
                 if self.election.leading:
                     self.election.lost()
                 raise
+        if (_FORWARDED, "1") in (context.invocation_metadata() or ()):
+            # Sent here by a server that took this one for the leader: no second hop
+            # (two servers with stale views of the election would pass it around).
+            raise FencedOut(f"server {self.config.name} does not lead commits (any more); "
+                            "try again")
         return self._forward(request, context)
 
     def _forward(self, request: pb.CommitRequest, context: grpc.ServicerContext,
@@ -281,7 +288,8 @@ class CellStateService(pb_grpc.CellStateServicer):
         remaining = context.time_remaining()
         try:
             reply: pb.CommitResponse = stub.Commit(
-                request, timeout=remaining if remaining is not None else 30.0)
+                request, timeout=remaining if remaining is not None else 30.0,
+                metadata=((_FORWARDED, "1"),))
         except grpc.RpcError as e:
             code = e.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -1051,12 +1059,12 @@ class CellStateServer:
 
     def advertised(self) -> str:
         """The address peers forward commits to: ``advertise``, else the listen
-        address with the port bound (a wildcard host becomes the loopback address)."""
+        address with the port bound (a wildcard host becomes this host's name)."""
         if self.config.advertise:
             return self.config.advertise
         host = self.config.listen.rsplit(":", 1)[0]
         if host in ("0.0.0.0", "[::]", ""):
-            host = "127.0.0.1"
+            host = socket.gethostname()
         return f"{host}:{self.port}"
 
     def _check_limits(self, cell: CellConfig | None) -> None:

@@ -26,6 +26,10 @@ def register(sub: Any) -> None:
     s.add_argument("--leader-ttl", type=int, default=None, metavar="SECONDS",
                    help="the commit leader's lease (default 5): a crashed leader is "
                    "replaced within it")
+    s.add_argument("--advertise", metavar="HOST:PORT",
+                   help="where the other servers reach this one to forward commits when it "
+                   "leads (default: --listen's host and port; a wildcard host becomes this "
+                   "host's name)")
     add_etcd_flags(s)
     s.add_argument("--metrics", default="", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
@@ -54,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         config = attrs.evolve(config, cell=check_name(args.cell, "--cell"))
     if args.name:
         config = attrs.evolve(config, name=args.name)
+    if args.advertise:
+        config = attrs.evolve(config, advertise=address(args.advertise, "--advertise"))
     if args.commit_leader is not None:
         config = attrs.evolve(config, commit_leader=args.commit_leader)
     if args.leader_ttl is not None:
