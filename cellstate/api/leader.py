@@ -21,6 +21,7 @@ succeeded (etcd made it durable), or with the error that stopped the batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ import attrs
 
 from cellstate.errors import FencedOut, KVError, LeaseNotFoundError
 from cellstate.keys import leader_key as leader_key
-from cellstate.kv.base import KV, Compare, Get, Put
+from cellstate.kv.base import KV, Compare, Get, Put, Watcher
 from cellstate.model import CommitResult, Transaction
 from cellstate.store import CellStore
 
@@ -53,10 +54,11 @@ class Leadership:
 class Election:
     """Campaigns for ``cell``'s commit leadership and keeps it while it can.
 
-    Every ``ttl / 3`` seconds: a leader refreshes its lease (a lapsed lease deposes
-    it); a follower reads the key, and campaigns (create-if-absent, under a fresh
-    lease) when it is gone. ``on_elected(token)`` and ``on_deposed()`` run on the
-    election's thread, in that order, once per term."""
+    Every ``ttl / 3`` seconds a leader refreshes its lease (a lapsed lease deposes
+    it). A follower watches the key and campaigns (create-if-absent, under a fresh
+    lease) as soon as it is gone, and reads it every ``ttl / 3`` seconds besides. So a
+    crashed leader is replaced within ``ttl`` of its last refresh. ``on_elected(token)``
+    and ``on_deposed()`` run on the election's thread, in that order, once per term."""
 
     def __init__(self, kv: KV, cell: str, address: str, *, ttl: int = DEFAULT_TTL,
                  on_elected: Callable[[int], None] = lambda token: None,
@@ -72,6 +74,8 @@ class Election:
         self._lock = threading.Lock()
         self._known: Leadership | None = None
         self._lease = 0  # ours while we lead
+        self._seen = 0  # the revision the key was last read at
+        self._watcher: Watcher | None = None  # a follower's watch of the key
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
@@ -87,9 +91,11 @@ class Election:
 
     def refresh(self) -> Leadership | None:
         """Read the key now (a forward to a stale address failed, say)."""
-        kvs = self.kv.range(self.key).kvs
+        res = self.kv.range(self.key)
+        kvs = res.kvs
         known = Leadership(kvs[0].value.decode(), kvs[0].mod_revision) if kvs else None
         with self._lock:
+            self._seen = max(self._seen, res.revision)
             if not self.leading:
                 self._known = known
         return known
@@ -136,11 +142,38 @@ class Election:
             self._wake.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.ttl / 3)
-            self._wake.clear()
-            if not self._stop.is_set():
-                self._round()
+        try:
+            while not self._stop.is_set():
+                if self._lease:
+                    self._drop_watch()
+                    self._wake.wait(self.ttl / 3)
+                else:
+                    self._wait_for_change(self.ttl / 3)
+                self._wake.clear()
+                if not self._stop.is_set():
+                    self._round()
+        finally:
+            self._drop_watch()
+
+    def _wait_for_change(self, timeout: float) -> None:
+        """A follower waits on a watch of the key, so it campaigns the moment the key
+        goes (the leader's lease lapsed or it resigned), not a poll later; the timeout
+        keeps the periodic read as a backstop."""
+        try:
+            if self._watcher is None:
+                self._watcher = self.kv.watch(self.key, self.key + b"\0",
+                                              start_revision=self._seen + 1)
+            self._watcher.next(timeout=timeout)
+        except KVError as e:
+            log.warning("commit leader election: watching the key: %s", e)
+            self._drop_watch()
+            self._wake.wait(timeout)
+
+    def _drop_watch(self) -> None:
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            with contextlib.suppress(KVError):
+                watcher.cancel()
 
     def _round(self) -> None:
         try:
