@@ -381,9 +381,10 @@ class Server:
     def __init__(self, etcd: str, cell: str, log_dir: Path, *extra: str) -> None:
         port = free_ports(1)[0]
         self.address = f"127.0.0.1:{port}"
+        # -v: the leader logs its batches when it stops (--keep-logs shows them).
         self.child = Child(f"server-{cell}", omega(
-            "server", "--etcd", etcd, "--listen", self.address, "--cell", cell, "--insecure",
-            *extra),
+            "-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
+            "--insecure", *extra),
             log_dir / f"server-{cell}.log")
         try:
             wait_until_serving(self.address, timeout=60, alive=self.child.running)
@@ -668,6 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="direct committers' stores follow a Replica of the cell, as the "
                          "server's store handles do (commit_throughput's --follow-replica)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep the servers' logs (their folder is printed at the end); a "
+                    "leader's log says how many commits its batches held and how busy it was")
     ap.add_argument("--json", metavar="OUT", help="also write every figure to this file")
     ap.add_argument("--py-spy", metavar="DIR", dest="pyspy",
                     help="record the server with py-spy during every service round")
@@ -908,7 +912,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv.close()
         if etcd is not None:
             etcd.stop()
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if args.keep_logs:
+            print(f"server logs kept in {log_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
     out["table"] = lines
     if args.json:
         with open(args.json, "w") as f:

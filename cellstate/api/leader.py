@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -244,6 +245,8 @@ class GroupCommitter:
         self._closed: BaseException | None = None
         self.batches = self.commits = self.transactions = 0
         self.in_flight = 0  # requests in the batch being committed
+        self.busy_s = 0.0  # seconds spent committing batches
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
     def start(self) -> GroupCommitter:
@@ -264,6 +267,14 @@ class GroupCommitter:
             raise req.error
         assert req.results is not None
         return req.results
+
+    def describe(self) -> str:
+        """What it did, for the log: batches, commits, busy share of its time."""
+        up = max(1e-9, time.monotonic() - self._started)
+        per = self.commits / self.batches if self.batches else 0.0
+        return (f"{self.commits} commits ({self.transactions} transactions) in "
+                f"{self.batches} batches ({per:.1f} commits a batch), busy "
+                f"{self.busy_s:.1f} s of {up:.1f} s")
 
     def close(self, why: BaseException | None = None) -> None:
         """Stop taking commits; those queued fail with ``why`` (the batch in flight
@@ -303,9 +314,11 @@ class GroupCommitter:
     def _run(self) -> None:
         while (batch := self._take()) is not None:
             txns = [t for req in batch for t in req.txns]
+            began = time.monotonic()
             try:
                 results = self.store.commit_many(txns)
             except BaseException as e:  # every waiter hears it
+                self.busy_s += time.monotonic() - began
                 self.in_flight = 0
                 for req in batch:
                     req.error = e
@@ -317,6 +330,7 @@ class GroupCommitter:
             self.batches += 1
             self.commits += len(batch)
             self.transactions += len(txns)
+            self.busy_s += time.monotonic() - began
             self.in_flight = 0
             at = 0
             for req in batch:

@@ -245,6 +245,7 @@ class CellStateService(pb_grpc.CellStateServicer):
             committer, self._committer = self._committer, None
         if committer is not None:
             committer.close()
+            log.info("commit leadership ended: %s", committer.describe())
 
     @property
     def committer(self) -> GroupCommitter | None:
