@@ -8,16 +8,16 @@ conflicts, beside what it buys in throughput (docs/scaling.md).
         [--commits 20000] [--seed 1]
 
 A discrete-event simulation (virtual time, no etcd): ``--schedulers`` processes commit
-in a closed loop (each sends its next commit when the last is answered). A commit has
-B claims: with probability ``--local`` all of them are on machines of one range (a
+in a closed loop (each sends its next commit when the last is answered). A commit has B
+claims: with probability ``--local`` all of them are on machines of one range (a
 placement policy that keeps a commit in one range when it can), else each claim's
-machine is anywhere in the cell (as today's schedulers pick). The commit goes to every range it touches as one sub-commit, in
-parallel; each range's leader serves sub-commits one at a time (no batching: an upper
-bound on queueing) with a service time drawn from a log-normal distribution whose
-median is ``--service-ms`` scaled by the sub-commit's share of B claims plus a fixed
-half (a write's round trip and fsync do not shrink with fewer claims), and
-``--spread`` its log-space sigma. One range is one cell as today (the median defaults
-to the 4-process leader's measured commit latency, docs/scaling.md).
+machine is anywhere in the cell (as today's schedulers pick). The commit goes to every
+range it touches as one sub-commit, in parallel; each range's leader serves sub-commits
+one at a time (no batching: an upper bound on queueing) with a service time drawn from a
+log-normal distribution whose median is ``--service-ms`` scaled by the sub-commit's
+share of B claims plus a fixed half (a write's round trip and fsync do not shrink with
+fewer claims), and ``--spread`` its log-space sigma. One range is one cell as today (the
+median defaults to the 4-process leader's measured commit latency, docs/scaling.md).
 
 An incremental commit is answered when its last sub-commit is. A gang (a fraction
 ``--gangs`` of commits) that spans ranges cannot be one etcd Txn: it goes through the
