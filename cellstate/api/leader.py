@@ -75,6 +75,7 @@ class Election:
         self._lock = threading.Lock()
         self._known: Leadership | None = None
         self._lease = 0  # ours while we lead
+        self._kept_at = 0.0  # when it was last granted or refreshed (monotonic)
         self._seen = 0  # the revision the key was last read at
         self._watcher: Watcher | None = None  # a follower's watch of the key
         self._stop = threading.Event()
@@ -113,6 +114,7 @@ class Election:
         so a follower takes over without waiting out the TTL)."""
         self._stop.set()
         self._wake.set()
+        self._drop_watch()  # wakes a follower waiting on the key
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.resign()
@@ -164,7 +166,9 @@ class Election:
             if self._watcher is None:
                 self._watcher = self.kv.watch(self.key, self.key + b"\0",
                                               start_revision=self._seen + 1)
-            self._watcher.next(timeout=timeout)
+            response = self._watcher.next(timeout=timeout)
+            if response is not None and response.canceled:
+                self._drop_watch()  # compacted past it: watch again from a fresh read
         except KVError as e:
             log.warning("commit leader election: watching the key: %s", e)
             self._drop_watch()
@@ -198,6 +202,7 @@ class Election:
             return
         with self._lock:
             self._lease = lease
+            self._kept_at = time.monotonic()
             self._known = Leadership(self.address, res.revision)
         log.info("commit leader of %s from revision %d (%s)", self.key.decode(),
                  res.revision, self.address)
@@ -206,13 +211,20 @@ class Election:
     def _keep(self) -> None:
         try:
             self.kv.lease_keepalive(self._lease)
+            self._kept_at = time.monotonic()
             return
         except LeaseNotFoundError:
             why = "its lease lapsed"
         except KVError as e:
-            # etcd out of reach: the lease may lapse meanwhile. The fence keeps any
-            # write safe; step down rather than hold commits that cannot land.
-            why = f"etcd: {e}"
+            # etcd out of reach (an etcd election, a stall): the lease lives on in etcd
+            # until its TTL from the last refresh, and the key with it, so stepping
+            # down now would leave nobody leading until then. Keep trying while it may
+            # live; the fence keeps every write safe meanwhile.
+            if time.monotonic() - self._kept_at < self.ttl:
+                log.warning("commit leader: refreshing the lease failed (%s); trying again",
+                            e)
+                return
+            why = f"etcd: {e}, for longer than the lease"
         with self._lock:
             self._lease = 0
             self._known = None

@@ -216,6 +216,17 @@ class FaultCell:
         self.faults.append((f"SIGKILL etcd member {index}", t))
         return t
 
+    def stall_etcd(self, index: int, sig: int = signal.SIGSTOP) -> float:
+        """Freeze (SIGSTOP) or wake (SIGCONT) etcd member ``index``: to its clients, a
+        network stall. Returns (and, for a freeze, records) the wall-clock time."""
+        pid = self.etcd.members[index].pid
+        assert pid is not None, f"etcd member {index} is not running"
+        t = time.time()
+        os.kill(pid, sig)
+        if sig == signal.SIGSTOP:
+            self.faults.append((f"SIGSTOP etcd member {index}", t))
+        return t
+
     def restart_etcd(self, index: int) -> float:
         """Restart a killed member on its data; returns the seconds until it served."""
         start = time.monotonic()

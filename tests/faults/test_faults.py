@@ -431,6 +431,31 @@ def test_sigstop_of_the_commit_leader_past_its_lease(cell: FaultCell) -> None:
     _finish(cell, "SIGSTOP of the commit leader past its lease, then SIGCONT", extra)
 
 
+def test_stall_of_the_commit_leaders_etcd_member(cell: FaultCell) -> None:
+    """The etcd member the commit leader talks to stops answering for 8 s (SIGSTOP, as a
+    network stall would look): the leader's requests move to another member after their
+    deadline and commits go on, or (if its lease lapsed meanwhile) the other server
+    leads; nothing acknowledged lost, nothing placed twice."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    lead = cell.commit_leader()
+    assert lead in ("cellstate-a", "cellstate-b"), f"no server leads commits: {lead}"
+    member = 0 if lead == "cellstate-a" else 1  # the first of the leader's endpoints
+    t = cell.stall_etcd(member)
+    try:
+        cell.load_for(8.0)
+        acks_while_stalled = cell.acks_between(t + 5.0, time.time())
+    finally:
+        cont_t = cell.stall_etcd(member, signal.SIGCONT)
+    cell.load_for(AFTER)
+    extra = []
+    if not acks_while_stalled:
+        extra.append(f"no write acknowledged while etcd member {member} stalled (5-8 s in)")
+    cell.measure(**cell.write_recovery(t, cont_t), leader_before=lead,
+                 leader_after=cell.commit_leader(), acks_while_stalled=acks_while_stalled)
+    _finish(cell, "SIGSTOP (stall) of the commit leader's etcd member for 8 s", extra)
+
+
 def test_kill_right_after_submit(cell: FaultCell) -> None:
     """A user kills jobs while their schedulers may be deciding on them: no task of a
     killed job is placed after the kill."""
