@@ -8,17 +8,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cellstate.api.client import RemoteStore
+from cellstate.api.auth import Identity, Kind
+from cellstate.api.client import CellClient, RemoteStore
 from cellstate.api.leader import GroupCommitter, leader_key
 from cellstate.api.server import CellStateServer
 from cellstate.errors import FencedOut
 from cellstate.kv.base import KV, Compare, Delete, Op, Put, TxnResult
-from cellstate.model import Claim, InstanceRecord, Reason, Transaction
+from cellstate.model import (
+    CellConfig,
+    Claim,
+    InstanceRecord,
+    Reason,
+    SchedulerLimits,
+    Transaction,
+)
 from cellstate.store import CellStore
+from omega.certs import DevCA
 from schedulers.testing import job, machine
 from tests.api.service_fixture import client_for, running_server
 
@@ -228,3 +238,27 @@ def test_a_deposed_leader_mid_batch_is_fenced_and_the_commit_lands_once(kv: KV) 
     assert res.revision > new_token
     snap = CellStore(kv).read_snapshot()
     assert set(snap.machines["m0"].allocations) == {"j/0"}
+
+
+@pytest.mark.etcd
+def test_a_follower_forwards_over_mutual_tls_as_its_server_identity(
+        etcd_kv: KV, tmp_path: Path) -> None:
+    """With TLS a follower forwards with its own certificate (server:NAME) and the
+    leader accepts it for a scheduler the cell lists; the scheduler's own identity
+    never reaches the leader."""
+    ca = DevCA(tmp_path / "certs")
+    tls = ca.issue(Identity(Kind.SERVER, "cellstate"))
+    limits = CellConfig({"batch": SchedulerLimits()})
+    seed_cell(etcd_kv)
+    with two_servers(etcd_kv, tls=tls, limits=limits) as (a, b):
+        lead = leader_of(a, b)
+        follower = b if lead is a else a
+        client = CellClient([f"127.0.0.1:{follower.port}"], retry_for=5.0,
+                            tls=ca.issue(Identity(Kind.SCHEDULER, "batch")))
+        try:
+            res = registered(client).commit(Transaction("batch", (Claim("j", 0, "m0"),)))
+        finally:
+            client.close()
+        committer = lead.service.committer
+        assert committer is not None and committer.commits == 1
+    assert [c.task for c in res.committed] == ["j/0"]
