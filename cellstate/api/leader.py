@@ -26,14 +26,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
 
 from cellstate.errors import FencedOut, KVError, LeaseNotFoundError
 from cellstate.keys import leader_key as leader_key
-from cellstate.kv.base import KV, Compare, Get, Put, Watcher
+from cellstate.kv.base import KV, Compare, Get, Put, TxnResult, Watcher
 from cellstate.model import CommitResult, Transaction
 from cellstate.store import CellStore
+from cellstate.store.claims import SentBatch, Staged
 
 log = logging.getLogger(__name__)
 
@@ -240,25 +242,57 @@ class _Request:
     error: BaseException | None = None
 
 
+@attrs.define
+class _Flight:
+    """A batch whose etcd request is on its way."""
+
+    batch: list[_Request]
+    staged: Staged
+    sent: SentBatch
+    future: Future[TxnResult]
+
+
+# Placeholder revisions of the records of a write in flight (``CellStore.stage``):
+# above any revision etcd will reach.
+MARK_BASE = 1 << 62
+
+
 class GroupCommitter:
     """The leader's commit queue: ``commit`` blocks until its transactions are durable
     (or failed); one thread commits whatever waits, as one batch (module docstring).
 
-    Stats (read by tests and ``status``): ``batches``, ``commits`` (requests), and
-    ``transactions``."""
+    Pipelined (``pipeline``, the default): while one batch's etcd request is in
+    flight, the thread takes the commits that arrived meanwhile and decides them over
+    the state that request will make (``CellStore.stage``); it sends them once the
+    request before is durable, and answers each batch only from its own request's
+    answer. If the request in flight fails (a guard: a writer outside the leader; the
+    fence; etcd), the batch decided over it is thrown away and decided again from
+    what etcd holds (``CellStore.abandon``, then ``commit_checked``). A batch that is
+    not all incremental transactions fitting one request goes the plain way, with
+    nothing in flight.
+
+    Stats (read by tests and ``status``): ``batches``, ``commits`` (requests),
+    ``transactions``, ``overlapped`` (batches decided while another's request was in
+    flight) and ``redone`` (batches decided again because the request they were decided
+    over failed)."""
 
     def __init__(self, store: CellStore, *, max_txns: int = MAX_BATCH_TXNS,
-                 max_claims: int = MAX_BATCH_CLAIMS) -> None:
+                 max_claims: int = MAX_BATCH_CLAIMS, pipeline: bool = True) -> None:
         self.store = store
         self.max_txns = max_txns
         self.max_claims = max_claims
+        self.pipeline = pipeline
         self._cond = threading.Condition()
         self._queue: list[_Request] = []
         self._closed: BaseException | None = None
         self.batches = self.commits = self.transactions = 0
-        self.in_flight = 0  # requests in the batch being committed
-        self.busy_s = 0.0  # seconds spent committing batches
+        self.overlapped = self.redone = 0
+        self.in_flight = 0  # requests taken and not answered yet
+        self.busy_s = 0.0  # seconds spent deciding, encoding and settling batches
         self._started = time.monotonic()
+        self._marks = 0
+        self._durable: dict[int, int] = {}  # the mark of the latest request settled -> revision
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="group-commit-send")
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
     def start(self) -> GroupCommitter:
@@ -285,7 +319,8 @@ class GroupCommitter:
         up = max(1e-9, time.monotonic() - self._started)
         per = self.commits / self.batches if self.batches else 0.0
         return (f"{self.commits} commits ({self.transactions} transactions) in "
-                f"{self.batches} batches ({per:.1f} commits a batch), busy "
+                f"{self.batches} batches ({per:.1f} commits a batch, {self.overlapped} "
+                f"decided while another was in flight, {self.redone} decided again), busy "
                 f"{self.busy_s:.1f} s of {up:.1f} s")
 
     def close(self, why: BaseException | None = None) -> None:
@@ -293,7 +328,8 @@ class GroupCommitter:
         finishes: its Txn is fenced)."""
         err = why or FencedOut("this server stopped leading commits")
         with self._cond:
-            self._closed = err
+            if self._closed is None:
+                self._closed = err
             waiting, self._queue = self._queue, []
             self._cond.notify_all()
         for req in waiting:
@@ -302,10 +338,16 @@ class GroupCommitter:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
-    def _take(self) -> list[_Request] | None:
-        """Every request waiting, up to the batch caps (at least one); None once closed."""
+    def _wake(self, _future: object = None) -> None:
         with self._cond:
-            while not self._queue and self._closed is None:
+            self._cond.notify_all()
+
+    def _take(self, flight: _Flight | None) -> list[_Request] | None:
+        """Every request waiting, up to the batch caps; waits for one, or for the
+        request in flight to return ([] then). None once closed."""
+        with self._cond:
+            while (not self._queue and self._closed is None
+                   and (flight is None or not flight.future.done())):
                 self._cond.wait()
             if self._closed is not None:
                 return None
@@ -320,32 +362,128 @@ class GroupCommitter:
                 batch.append(self._queue.pop(0))
                 txns += len(req.txns)
                 claims += n
-            self.in_flight = len(batch)
+            self.in_flight = len(batch) + (len(flight.batch) if flight is not None else 0)
             return batch
 
     def _run(self) -> None:
-        while (batch := self._take()) is not None:
-            txns = [t for req in batch for t in req.txns]
-            began = time.monotonic()
-            try:
-                results = self.store.commit_many(txns)
-            except BaseException as e:  # every waiter hears it
-                self.busy_s += time.monotonic() - began
-                self.in_flight = 0
-                for req in batch:
-                    req.error = e
-                    req.done.set()
-                if isinstance(e, FencedOut):
-                    self.close(e)
+        flight: _Flight | None = None
+        try:
+            while True:
+                batch = self._take(flight)
+                if batch is None:
+                    if flight is not None:
+                        self._land(flight, None)
                     return
-                continue
+                staged: Staged | None = None
+                if batch and self.pipeline:
+                    staged = self._stage(batch, flight is not None)
+                if flight is not None:
+                    if not self._land(flight, staged) and staged is not None:
+                        staged = None  # decided over a write that failed: decide again
+                        self.redone += 1
+                    flight = None
+                    if self._closed is not None:
+                        if staged is not None:
+                            self.store.abandon(staged)
+                        self._answer(batch, error=self._closed)
+                        return
+                if not batch:
+                    continue
+                if staged is not None:
+                    flight = self._launch(batch, staged)
+                    if flight is not None:
+                        continue
+                self._commit_now(batch)
+                if self._closed is not None:
+                    return
+        finally:
+            self._sender.shutdown(wait=False)
+
+    def _stage(self, batch: list[_Request], overlapping: bool) -> Staged | None:
+        began = time.monotonic()
+        self._marks += 1
+        try:
+            staged = self.store.stage([t for req in batch for t in req.txns],
+                                      MARK_BASE + self._marks)
+        except Exception as e:  # an etcd read failed, say: the plain way tells the waiters
+            log.debug("staging a batch: %s; committing it the plain way", e)
+            staged = None
+        self.busy_s += time.monotonic() - began
+        if staged is not None and overlapping:
+            self.overlapped += 1
+        return staged
+
+    def _launch(self, batch: list[_Request], staged: Staged) -> _Flight | None:
+        """Encode ``staged`` (the write before it is durable) and send it; None when it
+        does not fit one request (then it goes the plain way)."""
+        began = time.monotonic()
+        try:
+            sent = self.store.send(staged, self._durable)
+        except Exception:
+            self.store.abandon(staged)
+            raise
+        finally:
+            self.busy_s += time.monotonic() - began
+        if sent is None:
+            self.store.abandon(staged)
+            return None
+        kv = self.store.kv
+        future = self._sender.submit(kv.txn, sent.compares, sent.ops, sent.shared_gets)
+        future.add_done_callback(self._wake)
+        return _Flight(batch, staged, sent, future)
+
+    def _land(self, flight: _Flight, next_staged: Staged | None) -> bool:
+        """Wait for ``flight``'s answer and answer its requests. Returns whether it was
+        durable as decided; if not, ``next_staged`` (decided over it) is abandoned."""
+        try:
+            res = flight.future.result()
+            began = time.monotonic()
+            settled = self.store.settle(flight.staged, flight.sent, res)
+            ok = not settled.left
+            if not ok and next_staged is not None:
+                self.store.abandon(next_staged)  # before deciding anything again
+            results = self.store.finish(flight.staged, settled)
+            self.busy_s += time.monotonic() - began
+        except BaseException as e:  # every waiter hears it
+            self.store.abandon(flight.staged)
+            if next_staged is not None:
+                self.store.abandon(next_staged)
+            self._answer(flight.batch, error=e)
+            return False
+        if ok:
+            self._durable = {flight.staged.mark: res.revision}
+        self._answer(flight.batch, results)
+        return ok
+
+    def _commit_now(self, batch: list[_Request]) -> None:
+        """The plain way: decide and write the batch with nothing in flight."""
+        began = time.monotonic()
+        try:
+            results = self.store.commit_checked([t for req in batch for t in req.txns])
+        except BaseException as e:  # every waiter hears it
+            self.busy_s += time.monotonic() - began
+            self._answer(batch, error=e)
+            return
+        self.busy_s += time.monotonic() - began
+        self._answer(batch, results)
+
+    def _answer(self, batch: list[_Request], results: list[CommitResult] | None = None,
+                error: BaseException | None = None) -> None:
+        if error is None:
+            assert results is not None
             self.batches += 1
             self.commits += len(batch)
-            self.transactions += len(txns)
-            self.busy_s += time.monotonic() - began
-            self.in_flight = 0
-            at = 0
-            for req in batch:
+            self.transactions += len(results)
+        at = 0
+        for req in batch:
+            if error is not None:
+                req.error = error
+            else:
+                assert results is not None
                 req.results = results[at:at + len(req.txns)]
                 at += len(req.txns)
-                req.done.set()
+            req.done.set()
+        with self._cond:
+            self.in_flight = max(0, self.in_flight - len(batch))
+        if isinstance(error, FencedOut):
+            self.close(error)

@@ -431,13 +431,17 @@ class StoreBase:
 
     # -- guarded writes ----------------------------------------------------------------
 
-    def _prepare(self, w: _Write) -> _Prepared:
+    def _prepare(self, w: _Write, olds: Mapping[str, Machine | None] | None = None
+                 ) -> _Prepared:
+        """Encode ``w``. ``olds``: the machines as etcd will hold them when the write
+        applies, where not the view's (a write in flight before this one)."""
         ops: list[Op] = []
         size = 0
         for key, record in w.records.items():
             mid = self._machine_of(key)
             if mid is not None:
-                size += self._machine_ops(mid, key, record, ops)
+                old = olds[mid] if olds is not None and mid in olds else self.view.machines.get(mid)
+                size += self._machine_ops(mid, key, record, ops, old)
             elif record is None:
                 ops.append(Delete(key))
                 size += len(key) + _OP_BYTES
@@ -454,15 +458,15 @@ class StoreBase:
                 size += 2 * len(k) + 2 * _OP_BYTES
         return _Prepared(w, ops, size + sum(len(c.key) + 2 * _OP_BYTES for c in w.compares))
 
-    def _machine_ops(self, mid: str, key: bytes, record: object, ops: list[Op]) -> int:
-        """The ops that replace machine ``mid``'s record as the view knows it by
+    def _machine_ops(self, mid: str, key: bytes, record: object, ops: list[Op],
+                     old: Machine | None) -> int:
+        """The ops that replace machine ``mid``'s record as etcd holds it (``old``) by
         ``record`` (None deletes it): its small record, and a put or delete per
         allocation that changed, so the bytes written do not grow with what the machine
         holds. The caller guards the machine's key at the view's sequence S, so the
         view's allocations are exactly those in etcd, and S is what new and changed
         allocations are stored under (keys.py); they learn it here (``key_seq``), as
         unchanged ones made anew learn the key they keep. Returns the bytes written."""
-        old = self.view.machines.get(mid)
         before = old.allocations if old is not None else {}
         if record is None:
             prefix = self.keys.allocs(mid)

@@ -18,10 +18,12 @@ from cellstate.api.client import CellClient, RemoteStore
 from cellstate.api.leader import GroupCommitter, leader_key
 from cellstate.api.server import CellStateServer
 from cellstate.errors import FencedOut
-from cellstate.kv.base import KV, Compare, Delete, Op, Put, TxnResult
+from cellstate.invariants import violations
+from cellstate.kv.base import KV, Compare, Delete, Op, Put, TxnOp, TxnResult
 from cellstate.model import (
     CellConfig,
     Claim,
+    Detection,
     InstanceRecord,
     Reason,
     SchedulerLimits,
@@ -43,12 +45,18 @@ class CountingKV:
 
     def txn(self, compares: Sequence[Compare], success: Sequence[Op],
             failure: Sequence[Op] = ()) -> TxnResult:
-        if any(isinstance(op, Put | Delete) for op in success):
+        if _writes(success):
             self.writes += 1
         return self._inner.txn(compares, success, failure)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _writes(ops: Sequence[Op]) -> bool:
+    """Whether ``ops`` put or delete (nested transactions, one per machine, included)."""
+    return any(isinstance(op, Put | Delete)
+               or (isinstance(op, TxnOp) and _writes(op.success)) for op in ops)
 
 
 def wait_for(what: str, ok: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -194,6 +202,96 @@ def test_a_batch_decides_conflicts_in_memory_and_writes_once(kv: KV) -> None:
     assert committer.batches == 2 and committer.commits == 4
     # The first batch's write, then one for the three queued commits.
     assert counting.writes - writes == 2
+
+
+class GatedKV:
+    """Holds the leader's first write (a request of nested transactions, one per
+    machine) on its way to etcd until ``release`` is set; ``entered`` says it is held."""
+
+    def __init__(self, inner: KV) -> None:
+        self._inner = inner
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self._armed = True
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+            failure: Sequence[Op] = ()) -> TxnResult:
+        if self._armed and any(isinstance(op, TxnOp) for op in success):
+            self._armed = False
+            self.entered.set()
+            self.release.wait(30)
+        return self._inner.txn(compares, success, failure)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_batch_decided_over_a_write_that_fails_is_decided_again(kv: KV) -> None:
+    """The next batch is decided over the state the write in flight will make; when
+    that write fails (an outside writer changed its machine meanwhile), the batch is
+    decided again from what etcd holds, never answered from what did not happen."""
+    seed_cell(kv, machines=1, cpu=3)
+    gated = GatedKV(kv)
+    first: list[Any] = []
+    second: list[Any] = []
+    with running_server(gated, name="a", listen="127.0.0.1:0") as server:
+        committer = server.service.committer
+        assert committer is not None
+        with client_for(server) as client:
+            store = registered(client)
+            t1 = commit_in_thread(store, Transaction("batch", (Claim("j", 0, "m0"),)), first)
+            assert gated.entered.wait(30), "j/0's write never sent"
+            t2 = commit_in_thread(store, Transaction("batch", (Claim("j", 1, "m0"),)), second)
+            # Over j/0's write (one of m0's three cpus), j/1 fits.
+            wait_for("j/1 decided over j/0's write", lambda: committer.overlapped == 1)
+            # Meanwhile a library committer, outside the leader, takes two of them.
+            outside = CellStore(kv).commit(
+                Transaction("batch", (Claim("j", 2, "m0"), Claim("j", 3, "m0"))))
+            assert len(outside.committed) == 2
+            gated.release.set()
+            t1.join(timeout=30)
+            t2.join(timeout=30)
+    (res0,), (res1,) = first, second
+    assert [c.task for c in res0.committed] == ["j/0"]  # its guard failed; decided again
+    assert not res1.committed
+    assert res1.rejected[0].reason is Reason.INSUFFICIENT_RESOURCES
+    assert committer.redone == 1
+    snap = CellStore(kv).read_snapshot()
+    assert set(snap.machines["m0"].allocations) == {"j/0", "j/2", "j/3"}
+    assert "j/1" not in snap.tasks or snap.tasks["j/1"].machine == ""
+    assert violations(snap) == []
+
+
+def test_a_coarse_claim_decided_over_a_write_in_flight_sees_it(kv: KV) -> None:
+    """Coarse detection over a write in flight: the machine changed since the claim's
+    scheduler saw it (that write's revision is not known yet, but it is not the one
+    seen), so the claim is rejected, naming the revision the write got."""
+    seed_cell(kv, machines=1, cpu=3)
+    seen = CellStore(kv).read_snapshot().machines["m0"].seq
+    gated = GatedKV(kv)
+    first: list[Any] = []
+    second: list[Any] = []
+    with running_server(gated, name="a", listen="127.0.0.1:0") as server:
+        committer = server.service.committer
+        assert committer is not None
+        with client_for(server) as client:
+            store = registered(client)
+            t1 = commit_in_thread(store, Transaction("batch", (Claim("j", 0, "m0", seen),)),
+                                  first)
+            assert gated.entered.wait(30), "j/0's write never sent"
+            t2 = commit_in_thread(store, Transaction(
+                "batch", (Claim("j", 1, "m0", seen),), detection=Detection.COARSE), second)
+            wait_for("j/1 decided over j/0's write", lambda: committer.overlapped == 1)
+            gated.release.set()
+            t1.join(timeout=30)
+            t2.join(timeout=30)
+    (res0,), (res1,) = first, second
+    assert res0.committed and not res1.committed
+    (rejection,) = res1.rejected
+    assert rejection.reason is Reason.SEQUENCE_CHANGED
+    assert f"at sequence {res0.revision}," in rejection.detail, rejection.detail
+    # Decided once, over the write in flight, which happened as decided over.
+    assert res1.attempts == 1 and committer.redone == 0
 
 
 def test_leadership_moves_when_the_leader_stops(kv: KV) -> None:

@@ -16,6 +16,7 @@ from cellstate.api.client import RemoteStore
 from cellstate.api.server import CellStateServer
 from cellstate.cell import CellSnapshot
 from cellstate.invariants import violations
+from cellstate.kv.base import Compare, Op, TxnOp, TxnResult
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Claim,
@@ -38,7 +39,30 @@ claim_st = st.tuples(st.integers(0, JOBS - 1), st.integers(0, TASKS - 1),
 txn_st = st.tuples(st.integers(0, 1),  # the server it is sent to
                    st.sampled_from(TxnMode), st.sampled_from(Detection),
                    st.lists(claim_st, min_size=1, max_size=4))
-step_st = st.one_of(st.just("switch"), st.lists(txn_st, min_size=1, max_size=5))
+# A round: transactions sent at once, and machines an outside writer (a library
+# committer's admin call) relabels meanwhile, failing the leader's guards on them: a
+# write in flight fails and the batch decided over it is decided again.
+round_st = st.tuples(st.lists(txn_st, min_size=1, max_size=5),
+                     st.lists(st.integers(0, MACHINES - 1), max_size=3))
+step_st = st.one_of(st.just("switch"), round_st)
+
+
+class SlowWrites:
+    """The KV with the leader's writes (requests of nested transactions) taking a
+    while, as etcd's do: commits arriving meanwhile are decided over the write in
+    flight, and outside writes land between its decision and its arrival."""
+
+    def __init__(self, inner: MemoryKV) -> None:
+        self._inner = inner
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+            failure: Sequence[Op] = ()) -> TxnResult:
+        if any(isinstance(op, TxnOp) for op in success):
+            time.sleep(0.02)
+        return self._inner.txn(compares, success, failure)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def seed(kv: MemoryKV) -> None:
@@ -86,10 +110,19 @@ def switch(servers: Sequence[CellStateServer]) -> None:
 
 
 def round_of(stores: Sequence[RemoteStore], specs: Sequence[Any], snap: CellSnapshot,
-             out: list[tuple[Transaction, CommitResult]]) -> None:
-    """Send every transaction at once, each from a thread of its own."""
+             out: list[tuple[Transaction, CommitResult]], outside: CellStore,
+             bumps: Sequence[int]) -> None:
+    """Send every transaction at once, each from a thread of its own, while
+    ``outside`` relabels the machines ``bumps`` (their allocations stay)."""
     errors: list[BaseException] = []
     lock = threading.Lock()
+
+    def bump() -> None:
+        for n, m in enumerate(bumps):
+            try:
+                outside.update_machine(f"m{m}", labels={"bumped": str(n)})
+            except BaseException as e:  # surfaced below
+                errors.append(e)
 
     def send(spec: Any) -> None:
         txn = transaction(spec, snap)
@@ -102,6 +135,7 @@ def round_of(stores: Sequence[RemoteStore], specs: Sequence[Any], snap: CellSnap
             out.append((txn, res))
 
     threads = [threading.Thread(target=send, args=(s,)) for s in specs]
+    threads.append(threading.Thread(target=bump))
     for t in threads:
         t.start()
     for t in threads:
@@ -122,8 +156,9 @@ def test_commits_through_a_leader_equal_committing_them_one_by_one(steps: list[A
     kv = MemoryKV()
     seed(kv)
     answered: list[tuple[Transaction, CommitResult]] = []
-    with running_server(kv, name="a", leader_ttl=1) as a, \
-            running_server(kv, name="b", leader_ttl=1) as b, \
+    slow = SlowWrites(kv)
+    with running_server(slow, name="a", leader_ttl=1) as a, \
+            running_server(slow, name="b", leader_ttl=1) as b, \
             client_for(a) as ca, client_for(b) as cb:
         stores = [RemoteStore(ca), RemoteStore(cb)]
         for n, s in enumerate(stores):
@@ -132,7 +167,9 @@ def test_commits_through_a_leader_equal_committing_them_one_by_one(steps: list[A
             if step == "switch":
                 switch([a, b])
             else:
-                round_of(stores, step, CellStore(kv).read_snapshot(), answered)
+                specs, bumps = step
+                round_of(stores, specs, CellStore(kv).read_snapshot(), answered,
+                         CellStore(kv), bumps)
     final = CellStore(kv).read_snapshot()
     assert violations(final) == []
     for txn, res in answered:  # each claim answered once, either way
