@@ -249,8 +249,9 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
     by_job: dict[str, list[Claim]] = {}
     for c in ex.claims:
         by_job.setdefault(c.job, []).append(c)
+    # A round may place nothing (a small cell already full): nothing to commit then.
     results = cell.store.commit_many(
-        [Transaction(SCHED, tuple(cs), job=j) for j, cs in by_job.items()])
+        [Transaction(SCHED, tuple(cs), job=j) for j, cs in by_job.items()]) if by_job else []
     t4 = time.process_time()
     t.wall = time.perf_counter() - w0
     for res in results:

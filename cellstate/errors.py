@@ -71,6 +71,12 @@ class ContentionError(StoreError):
     """The records an operation needs kept changing under it, past the retry budget."""
 
 
+class FencedOut(StoreError):
+    """A write carried a fencing token (the commit leader's) that etcd no longer holds:
+    another server leads now, or the lease lapsed. Nothing was written; the caller
+    retries through the current leader (UNAVAILABLE)."""
+
+
 class ReplicaBehindError(StoreError):
     """A server's copy of the cell did not reach the revision a read must see (the
     caller's last write, or the server's own) in time: another server may have it."""

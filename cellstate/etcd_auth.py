@@ -15,7 +15,8 @@ talks to etcd, each limited to the cell's keys:
 
 * ``omega-<cell>-server``: read and write the cell (``/omega/<cell>/``), its scheduler
   instances' metrics and pending reports (``/omega-metrics/<cell>/``,
-  ``/omega-pending/<cell>/``) and the maintenance lock: the cellstate servers, and
+  ``/omega-pending/<cell>/``), the maintenance lock and the commit leader's election
+  key (``/omega-leader/<cell>``): the cellstate servers, and
   ``omega recover`` (which finishes a crashed server's commits);
 * ``omega-<cell>-reader``: read the cell, its metrics and pending reports: ``omega
   check``, the demo's last check, monitoring.
@@ -35,7 +36,7 @@ from typing import Final
 import attrs
 
 from cellstate.errors import ConfigError
-from cellstate.keys import Keyspace, metrics_prefix, pending_prefix
+from cellstate.keys import Keyspace, leader_key, metrics_prefix, pending_prefix
 from cellstate.kv.base import prefix_end
 from cellstate.kv.etcd import EtcdKV
 from cellstate.maintenance import LOCK_KEY
@@ -62,7 +63,8 @@ def cell_permissions(cell: str, kind: str) -> list[tuple[bytes, bytes | None, bo
     """``kind``'s permissions in ``cell``: (key, range end or None for one key, write)."""
     prefixes = (Keyspace(cell).root, metrics_prefix(cell), pending_prefix(cell))
     if kind == RoleKind.SERVER:
-        return [*((p, prefix_end(p), True) for p in prefixes), (LOCK_KEY, None, True)]
+        return [*((p, prefix_end(p), True) for p in prefixes), (LOCK_KEY, None, True),
+                (leader_key(cell), None, True)]
     if kind == RoleKind.READER:
         return [(p, prefix_end(p), False) for p in prefixes]
     raise ValueError(f"no etcd role kind {kind!r}; one of {', '.join(KINDS)}")

@@ -190,3 +190,9 @@ def pending_prefix(cell: str, job: str = "") -> bytes:
     <instance>``): outside the cell's prefix, like the metrics, so replicas never
     decode them."""
     return f"/omega-pending/{cell}/".encode() + (job.encode() + b"/" if job else b"")
+
+
+def leader_key(cell: str) -> bytes:
+    """The election key of ``cell``'s commit leader (cellstate/api/leader.py), outside
+    the cell's keys: replicas and the invariant checkers never see it."""
+    return f"/omega-leader/{cell}".encode()

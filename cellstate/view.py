@@ -25,7 +25,7 @@ from cellstate.model import (
     UsageRecord,
     sum_resources,
 )
-from cellstate.records import RECORDS, kind_of, revision_of
+from cellstate.records import RECORDS, kind_of, revision_of, with_revision
 
 # Enum members as globals on hot paths (why: cellstate/validation.py).
 _MACHINE, _ALLOC, _CONFIG = KeyKind.MACHINE, KeyKind.ALLOC, KeyKind.CONFIG
@@ -226,6 +226,53 @@ class WorkingView:
                 getattr(self, rk.table)[rk.ident(record)] = record
         elif (kind := self.keys.classify(key)) is not None:
             self._set(kind[0], kind[1], None)
+
+
+    # -- records being written (the commit leader's pipeline: cellstate/store/claims.py)
+
+    def put_pending(self, key: bytes, record: object, mark: int) -> None:
+        """Hold ``record`` (already carrying the placeholder revision ``mark``) for a
+        write in flight: decisions see it, and nothing a read or the watch brings
+        replaces it (``mark`` is above every real revision) until it is settled or
+        dropped."""
+        self._as_of[key] = mark
+        self._hold(key, record)
+
+    def settle_pending(self, key: bytes, pending: object, revision: int) -> None:
+        """The write of ``pending`` is durable at ``revision``: if the view still holds
+        that record (no later write in flight replaced it), hold it as of ``revision``."""
+        kind = self.keys.classify(key)
+        if kind is None or self._held(kind[0], kind[1]) is not pending:
+            return
+        self._as_of[key] = revision
+        if revision > self.revision:
+            self.revision = revision
+        self._hold(key, with_revision(pending, revision))
+
+    def drop(self, key: bytes) -> None:
+        """Forget ``key`` whatever is held (a write in flight failed): it is read again
+        when a decision next needs it."""
+        self._as_of.pop(key, None)
+        kind = self.keys.classify(key)
+        if kind is not None and kind[0] in VIEWED:
+            getattr(self, RECORDS[kind[0]].table).pop(kind[1], None)
+
+    def _held(self, kind: KeyKind, ident: str) -> object:
+        if kind not in VIEWED:
+            return None
+        return getattr(self, RECORDS[kind].table).get(ident)
+
+    def _hold(self, key: bytes, record: object) -> None:
+        if type(record) is Machine:
+            self.machines[record.id] = record
+        elif type(record) is TaskRecord:
+            self.tasks[record.id] = record
+        elif record is not None:
+            rk = kind_of(record)
+            if rk.kind in VIEWED:
+                getattr(self, rk.table)[rk.ident(record)] = record
+        elif (kind := self.keys.classify(key)) is not None and kind[0] in VIEWED:
+            getattr(self, RECORDS[kind[0]].table).pop(kind[1], None)
 
 
 def _allocations(keys: Keyspace, machine: str, kvs: Iterable[KeyValue],

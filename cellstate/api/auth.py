@@ -15,7 +15,8 @@ its CA signed, so a name cannot be claimed without the CA's key):
   wait, abandons and resizes them (killing is their owner's).
 * ``agent:NAME``: the node agent NAME; registers the machines it runs and reports the
   tasks that ran on them.
-* ``server:NAME``: a cellstate server's own certificate; calls nothing.
+* ``server:NAME``: a cellstate server's own certificate; forwards commits to the
+  commit leader (already checked by the forwarding server), nothing else.
 
 Everybody may read (sync, status, jobs, machines). :class:`Authorizer` holds the rules;
 docs/security.md draws the whole matrix. A refusal raises :class:`Unauthenticated` (no
@@ -305,7 +306,13 @@ class Authorizer:
         A job not in the server's copy yet is left to validation, which reads it."""
         who = self.caller(context)
         for scheduler in dict.fromkeys(t.scheduler for t in txns):
-            self.as_scheduler(context, scheduler, "commit")
+            if who.kind is Kind.SERVER:
+                # A follower forwarding a commit to the commit leader
+                # (cellstate/api/leader.py): it checked the scheduler's identity; the
+                # rules about the cell hold here as well.
+                self._known_scheduler(who, scheduler, "commit")
+            else:
+                self.as_scheduler(context, scheduler, "commit")
         if who is INSECURE:
             return
         jobs = self._snapshot().jobs

@@ -112,6 +112,11 @@ class ServerConfig:
     submitter_owners: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # [auth] crl: the cell's certificate revocation list (cellstate/api/revocation.py).
     crl: Path | None = None
+    # Commits go through one elected commit leader (cellstate/api/leader.py); false:
+    # every server commits on its own, straight to etcd (the path before issue 35).
+    commit_leader: bool = True
+    leader_ttl: int = 5  # seconds: the leader's lease
+    advertise: str = ""  # host:port peers forward commits to (default: from listen)
 
     @property
     def auth(self) -> AuthPolicy:
@@ -136,7 +141,8 @@ def tls_files(doc: object, where: str, base: Path | None = None) -> TlsFiles:
 
 def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     """A server configuration from a parsed file (or {}): top-level ``listen``, ``cell``,
-    ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``, an ``[etcd]``
+    ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``,
+    ``commit_leader`` (bool), ``leader_ttl`` (seconds), ``advertise``, an ``[etcd]``
     table with ``endpoints`` and the credentials (``ca``, ``cert``, ``key``, ``user``,
     ``password_file``: :class:`~cellstate.etcd_auth.EtcdAccess`), ``[limits.<scheduler>]``
     tables as in the cell config (``max_precedence``, ``max_resources``; with TLS, the
@@ -192,11 +198,19 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
             crl = Path(crl_text)
             crl = base / crl if base is not None and not crl.is_absolute() else crl
         auth.no_unknown()
+        commit_leader = top.get("commit_leader", bool, True)
+        leader_ttl = top.get("leader_ttl", int, 5)
+        if not 1 <= leader_ttl <= 60:
+            raise ConfigError(f"leader_ttl: {leader_ttl} is not between 1 and 60 seconds")
+        advertise = top.get("advertise", str, "")
+        if advertise:
+            advertise = address(advertise, "advertise")
         top.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
-                        float(grace), tls, user_max, etcd_access, submitters, crl)
+                        float(grace), tls, user_max, etcd_access, submitters, crl,
+                        commit_leader, leader_ttl, advertise)
 
 
 def _submitters(doc: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:

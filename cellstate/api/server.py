@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -36,14 +37,15 @@ from cellstate.api.auth import (
     check_changeable,
 )
 from cellstate.api.config import ServerConfig
+from cellstate.api.leader import Election, GroupCommitter
 from cellstate.api.metrics import ServerMetrics
 from cellstate.api.pb.v1 import cellstate_pb2 as pb, cellstate_pb2_grpc as pb_grpc
 from cellstate.api.revocation import Revocations
-from cellstate.api.tls import server_credentials
+from cellstate.api.tls import channel_credentials, server_credentials
 from cellstate.api.watchcache import FellBehind, WatchCache
 from cellstate.cell import CellSnapshot, machine_used, task_view
 from cellstate.decisions import MACHINE_ACTIONS
-from cellstate.errors import ConfigError, NotPermittedError, ReplicaBehindError
+from cellstate.errors import ConfigError, FencedOut, NotPermittedError, ReplicaBehindError
 from cellstate.jobinfo import StatusIndex, StatusView
 from cellstate.keys import (
     KeyKind,
@@ -68,6 +70,7 @@ from cellstate.model import (
     AGENT_OUTCOMES,
     MAX_DETAIL,
     CellConfig,
+    CommitResult,
     InstanceRecord,
     Job,
     JobState,
@@ -77,6 +80,7 @@ from cellstate.model import (
     SchedulerLimits,
     TaskResult,
     TaskState,
+    Transaction,
     check_name,
     control_at,
     split_task_id,
@@ -88,12 +92,14 @@ from cellstate.store import (
     ContentionError,
     NotFoundError,
     StoreError,
+    StoreOptions,
 )
 from cellstate.validation import TransactionError, check_batch, check_shape
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "omega.cellstate.v1.CellState"
+_FORWARDED = "omega-forwarded"  # metadata of a commit a follower forwards to the leader
 T = TypeVar("T")
 
 # A job spec is one etcd put and travels to every scheduler in sync snapshots. 1 MiB
@@ -138,7 +144,7 @@ _STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusC
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ContentionError, grpc.StatusCode.ABORTED),
-    (ReplicaBehindError, grpc.StatusCode.UNAVAILABLE),
+    ((ReplicaBehindError, FencedOut), grpc.StatusCode.UNAVAILABLE),
     (StoreError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
@@ -209,6 +215,112 @@ class CellStateService(pb_grpc.CellStateServicer):
         # second, are left out: their callers read from replicas of their own.
         self._written = 0
         self._written_lock = threading.Lock()
+        # The commit leader (cellstate/api/leader.py): set by CellStateServer when the
+        # configuration asks for one; None commits here, through the store pool.
+        self.election: Election | None = None
+        self._committer: GroupCommitter | None = None
+        self._lead_lock = threading.Lock()
+        self._peers: dict[str, tuple[grpc.Channel, pb_grpc.CellStateStub]] = {}
+
+    # -- the commit leader -------------------------------------------------------------
+
+    def lead(self, token: int) -> None:
+        """Elected: commit through a fresh store handle fenced by ``token``. Its working
+        view follows the replica and learns the rest from etcd as it validates (the
+        previous leader's last writes included: their guards would fail otherwise)."""
+        assert self.election is not None
+        # One nested transaction per machine in one etcd request: a batch of about 100
+        # machines fits one request (a flat one holds about 80 claims: three puts
+        # each), and a machine an outside writer (an agent, a submit) changed costs
+        # only its own claims a second decision.
+        store = CellStore(self.kv, self.config.cell,
+                          options=StoreOptions(per_machine_writes="always"), clock=self.clock)
+        store.follow(self.replica)
+        store.fence(self.election.key, token)
+        with self._lead_lock:
+            self._committer = GroupCommitter(store).start()
+
+    def step_down(self) -> None:
+        """Deposed (or stopping): commits queued here fail with UNAVAILABLE; their
+        clients retry through another server, which forwards to the new leader."""
+        with self._lead_lock:
+            committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.close()
+            log.info("commit leadership ended: %s", committer.describe())
+
+    @property
+    def committer(self) -> GroupCommitter | None:
+        return self._committer
+
+    def _commit(self, txns: list[Transaction], request: pb.CommitRequest,
+                context: grpc.ServicerContext) -> list[CommitResult] | pb.CommitResponse:
+        """Commit checked ``txns``: here (no leader configured, or this server leads),
+        else forwarded to the leader as is (its reply is the caller's)."""
+        if self.election is None:
+            with self.stores.get() as store:
+                if request.HasField("transaction"):
+                    return [store.commit(txns[0])]
+                return store.commit_many(txns)
+        committer = self._committer
+        if committer is not None:
+            try:
+                return committer.commit(txns)
+            except FencedOut:
+                if self.election.leading:
+                    self.election.lost()
+                raise
+        if (_FORWARDED, "1") in (context.invocation_metadata() or ()):
+            # Sent here by a server that took this one for the leader: no second hop
+            # (two servers with stale views of the election would pass it around).
+            raise FencedOut(f"server {self.config.name} does not lead commits (any more); "
+                            "try again")
+        return self._forward(request, context)
+
+    def _forward(self, request: pb.CommitRequest, context: grpc.ServicerContext,
+                 ) -> pb.CommitResponse:
+        """Hand a commit to the leader. Forwarding (rather than telling the client
+        where the leader is) keeps clients unaware of the election: they keep their
+        server (and its sync stream) and their failover; a follower only adds a hop."""
+        assert self.election is not None
+        leader = self.election.leader() or self.election.refresh()
+        if leader is None or leader.address == self.election.address:
+            raise FencedOut(f"server {self.config.name}: no commit leader elected yet; "
+                            "try again")
+        stub = self._peer(leader.address)
+        remaining = context.time_remaining()
+        try:
+            reply: pb.CommitResponse = stub.Commit(
+                request, timeout=remaining if remaining is not None else 30.0,
+                metadata=((_FORWARDED, "1"),))
+        except grpc.RpcError as e:
+            code = e.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self.election.refresh()
+                raise FencedOut(f"server {self.config.name}: the commit leader at "
+                                f"{leader.address} did not answer ({e.details()}); "
+                                "try again") from None
+            return _abort(context, code, e.details() or "")  # type: ignore[no-any-return]
+        return reply
+
+    def _peer(self, address: str) -> pb_grpc.CellStateStub:
+        with self._lead_lock:
+            held = self._peers.get(address)
+            if held is None:
+                opts = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                        ("grpc.max_send_message_length", self.config.max_message_bytes)]
+                tls = self.config.tls
+                channel = (grpc.secure_channel(address, channel_credentials(tls), options=opts)
+                           if tls is not None else grpc.insecure_channel(address, options=opts))
+                stub = pb_grpc.CellStateStub(channel)  # type: ignore[no-untyped-call]
+                held = self._peers[address] = (channel, stub)
+            return held[1]
+
+    def close_peers(self) -> None:
+        with self._lead_lock:
+            peers, self._peers = self._peers, {}
+        for channel, _ in peers.values():
+            channel.close()
 
     @property
     def snap(self) -> CellSnapshot:
@@ -256,22 +368,22 @@ class CellStateService(pb_grpc.CellStateServicer):
         txns = convert.transactions_from(request)
         self.auth.commit(context, txns)
         started = time.perf_counter()
-        if request.HasField("transaction"):
+        single = request.HasField("transaction")
+        if single:
             check_shape(txns[0])  # a malformed transaction is told so, registered or not
             self._check_registered(txns[0].scheduler, request.transaction.instance, context)
-            with self.stores.get() as store:
-                result = store.commit(txns[0])
-            if self.metrics is not None:
-                self.metrics.observe(time.perf_counter() - started, txns, [result])
-            return convert.result_to(txns[0], result)
-        check_batch(txns)
-        for who in dict.fromkeys((t.scheduler, m.instance)
-                                 for t, m in zip(txns, request.transactions, strict=True)):
-            self._check_registered(*who, context)
-        with self.stores.get() as store:
-            results = store.commit_many(txns)
+        else:
+            check_batch(txns)
+            for who in dict.fromkeys((t.scheduler, m.instance)
+                                     for t, m in zip(txns, request.transactions, strict=True)):
+                self._check_registered(*who, context)
+        results = self._commit(txns, request, context)
+        if isinstance(results, pb.CommitResponse):
+            return results  # forwarded: the leader answered (and counted it)
         if self.metrics is not None:
             self.metrics.observe(time.perf_counter() - started, txns, results)
+        if single:
+            return convert.result_to(txns[0], results[0])
         return pb.CommitResponse(results=[convert.result_to(t, r)
                                           for t, r in zip(txns, results, strict=True)])
 
@@ -927,6 +1039,8 @@ class CellStateServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         self.grpc.start()
+        if self.config.commit_leader:
+            self._campaign()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         # Where a slow start goes (docs/reliability.md, "Restart time").
@@ -937,6 +1051,25 @@ class CellStateServer:
                  self.config.name, self.config.cell, self.replica.revision,
                  ", ".join(f"{k} {v:g}" for k, v in self.startup.items()))
         return self.port
+
+    def _campaign(self) -> None:
+        """Stand for commit leader (cellstate/api/leader.py); commits that reach this
+        server meanwhile are forwarded to whoever leads."""
+        svc = self.service
+        svc.election = Election(self.kv, self.config.cell, self.advertised(),
+                                ttl=self.config.leader_ttl, on_elected=svc.lead,
+                                on_deposed=svc.step_down)
+        svc.election.start()
+
+    def advertised(self) -> str:
+        """The address peers forward commits to: ``advertise``, else the listen
+        address with the port bound (a wildcard host becomes this host's name)."""
+        if self.config.advertise:
+            return self.config.advertise
+        host = self.config.listen.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):
+            host = socket.gethostname()
+        return f"{host}:{self.port}"
 
     def _check_limits(self, cell: CellConfig | None) -> None:
         """The cell's limits live in etcd, changed by operators (``omega limits``); a
@@ -966,7 +1099,10 @@ class CellStateServer:
         self._stopped.set()
         self.health.enter_graceful_shutdown()
         self.cache.close()
+        if self.service.election is not None:
+            self.service.election.stop()  # resigns: a follower leads at once
         self.grpc.stop(self.config.grace_seconds if grace is None else grace).wait()
+        self.service.close_peers()
         self.reaper.stop()
         if self.maintainer is not None:
             self.maintainer.stop()

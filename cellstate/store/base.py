@@ -42,6 +42,7 @@ from cellstate.decisions import Change
 from cellstate.errors import (
     AlreadyExistsError as AlreadyExistsError,
     ContentionError as ContentionError,
+    FencedOut,
     NotFoundError as NotFoundError,
     StoreError as StoreError,
 )
@@ -161,6 +162,28 @@ class StoreBase:
         self._follow_lock = threading.Lock()
         self._follow_snap: CellSnapshot | None = None
         self._follow_changed: set[tuple[KeyKind, str]] = set()
+        # The commit leader's fencing token: every write also compares this key's
+        # mod_revision (see fence()).
+        self._fence: Compare | None = None
+
+    def fence(self, key: bytes, revision: int) -> None:
+        """Make every later write of this handle conditional on ``key`` being at
+        ``revision`` (the commit leader's election key: its revision is the token). A
+        write that finds it changed raises FencedOut: a deposed leader, even one paused
+        past its lease and woken mid-batch, can write nothing."""
+        self._fence = Compare.mod_revision_is(key, revision)
+
+    def _check_fence(self) -> None:
+        """After a failed write: raise FencedOut if the fence, not a guard, failed it."""
+        fence = self._fence
+        if fence is None:
+            return
+        kvs = self.kv.range(fence.key).kvs
+        held = kvs[0].mod_revision if kvs else 0
+        if held != fence.value:
+            raise FencedOut(
+                f"not the commit leader any more: the leader key {fence.key.decode()} is at "
+                f"revision {held}, this server's token is {fence.value!r}")
 
     def use_snapshots(self, snapshots: Callable[[], CellSnapshot]) -> None:
         """Learn unseen records from ``snapshots()`` (see the constructor)."""
@@ -408,13 +431,17 @@ class StoreBase:
 
     # -- guarded writes ----------------------------------------------------------------
 
-    def _prepare(self, w: _Write) -> _Prepared:
+    def _prepare(self, w: _Write, olds: Mapping[str, Machine | None] | None = None
+                 ) -> _Prepared:
+        """Encode ``w``. ``olds``: the machines as etcd will hold them when the write
+        applies, where not the view's (a write in flight before this one)."""
         ops: list[Op] = []
         size = 0
         for key, record in w.records.items():
             mid = self._machine_of(key)
             if mid is not None:
-                size += self._machine_ops(mid, key, record, ops)
+                old = olds[mid] if olds is not None and mid in olds else self.view.machines.get(mid)
+                size += self._machine_ops(mid, key, record, ops, old)
             elif record is None:
                 ops.append(Delete(key))
                 size += len(key) + _OP_BYTES
@@ -431,15 +458,15 @@ class StoreBase:
                 size += 2 * len(k) + 2 * _OP_BYTES
         return _Prepared(w, ops, size + sum(len(c.key) + 2 * _OP_BYTES for c in w.compares))
 
-    def _machine_ops(self, mid: str, key: bytes, record: object, ops: list[Op]) -> int:
-        """The ops that replace machine ``mid``'s record as the view knows it by
+    def _machine_ops(self, mid: str, key: bytes, record: object, ops: list[Op],
+                     old: Machine | None) -> int:
+        """The ops that replace machine ``mid``'s record as etcd holds it (``old``) by
         ``record`` (None deletes it): its small record, and a put or delete per
         allocation that changed, so the bytes written do not grow with what the machine
         holds. The caller guards the machine's key at the view's sequence S, so the
         view's allocations are exactly those in etcd, and S is what new and changed
         allocations are stored under (keys.py); they learn it here (``key_seq``), as
         unchanged ones made anew learn the key they keep. Returns the bytes written."""
-        old = self.view.machines.get(mid)
         before = old.allocations if old is not None else {}
         if record is None:
             prefix = self.keys.allocs(mid)
@@ -492,7 +519,7 @@ class StoreBase:
         machines = self._machine_prefix
         reads = len(p.write.guards) + sum(k.startswith(machines) for k in p.write.guards)
         return (
-            len(p.write.guards) + len(p.write.compares) <= limit
+            len(p.write.guards) + len(p.write.compares) + (self._fence is not None) <= limit
             and reads <= limit
             and len(p.ops) <= limit
             and p.size <= min(self.options.max_txn_bytes, self.kv.max_request_bytes)
@@ -511,6 +538,8 @@ class StoreBase:
         guard = Compare.mod_revision_is
         compares = [guard(k, rev) for k, rev in w.guards.items()]
         compares.extend(w.compares)
+        if self._fence is not None:
+            compares.append(self._fence)
         read_back = w.read_back
         gets = self._gets(w.guards) if read_back else []
         res = self.kv.txn(compares, p.ops, gets)
@@ -518,7 +547,9 @@ class StoreBase:
             put = self.view.put_record
             for key, record in w.records.items():
                 put(key, _with_revision(record, res.revision), res.revision)
-        elif read_back:
+            return res
+        self._check_fence()
+        if read_back:
             self._observe_reads(gets, res)
         else:
             self._fetch(w.guards)

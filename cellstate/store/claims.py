@@ -18,6 +18,7 @@ from cellstate.errors import (
 )
 from cellstate.kv.base import (
     Compare,
+    Get,
     Op,
     TxnOp,
     TxnResult,
@@ -75,6 +76,12 @@ class ClaimCommits(StoreBase):
         TransactionError naming the transaction if any is malformed; then nothing is
         applied."""
         check_batch(txns)
+        with self._lock:
+            return self._commit_all(list(txns))
+
+    def commit_checked(self, txns: Sequence[Transaction]) -> list[CommitResult]:
+        """``commit_many`` of transactions each checked well-formed already (the commit
+        leader's batches: its server checked every request on its own)."""
         with self._lock:
             return self._commit_all(list(txns))
 
@@ -340,7 +347,7 @@ class ClaimCommits(StoreBase):
         not fit (the caller sends the group as one write, which splits it)."""
         shared, comps = split
         prepared = [self._prepare(c.write) for c in comps if c.write is not None]
-        outer = max(len(comps), len(shared))
+        outer = max(len(comps), len(shared) + (self._fence is not None))
         # etcd gives a nested transaction only the ops its parent's largest list leaves.
         inner = self.kv.max_txn_ops - outer
         if (outer > self.kv.max_txn_ops
@@ -358,9 +365,12 @@ class ClaimCommits(StoreBase):
         ]
         before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
         shared_gets = self._gets(shared)
-        res = self.kv.txn([Compare.mod_revision_is(key, rev) for key, rev in shared.items()],
-                          ops, shared_gets)
+        compares = [Compare.mod_revision_is(key, rev) for key, rev in shared.items()]
+        if self._fence is not None:
+            compares.append(self._fence)
+        res = self.kv.txn(compares, ops, shared_gets)
         if not res.succeeded:  # the config or a job changed: learn it, decide again
+            self._check_fence()
             self._observe_reads(shared_gets, res)
             return parts
         self._note_conflict(any(isinstance(r, TxnResult) and not r.succeeded
@@ -406,11 +416,203 @@ class ClaimCommits(StoreBase):
                 outs[i].rewrote({mid: before[mid] for mid in d.machines}, res.revision)
         return res
 
+    # -- the commit leader's pipeline ---------------------------------------------------
+    #
+    # The leader validates the next batch while the previous one's Txn is in flight
+    # (cellstate/api/leader.py). ``stage`` decides a batch over the view with the
+    # records of the write in flight held under a placeholder revision (its ``mark``,
+    # above every real revision, so a claim that saw the machine before cannot match it
+    # and nothing read or watched replaces them meanwhile); ``send`` encodes it once
+    # the write before it is durable (its guards and the sequence its allocation keys
+    # are named by wait for that revision) and sends it; ``settle`` takes what etcd
+    # answered. If a write in flight fails, the leader ``abandon``s the batch staged
+    # on top of it and commits that batch again from the true state: nothing is
+    # answered from a state that did not happen. One etcd request per batch, one nested
+    # transaction per machine (``_components``), so a machine an outside writer changed
+    # costs only its own claims a second decision.
+
+    def stage(self, txns: Sequence[Transaction], mark: int) -> Staged | None:
+        """Decide ``txns`` (each checked well-formed) over the view, writes in flight
+        included, and hold the records they write under ``mark``. None when the batch
+        is not one of incremental transactions that fit one etcd request of one nested
+        transaction per machine (the caller commits it with ``commit_many`` once nothing
+        is in flight)."""
+        with self._lock:
+            self._ensure_config()
+            if not txns or any(t.mode is not TxnMode.INCREMENTAL for t in txns):
+                return None
+            txns = list(txns)
+            steps = self._plan(txns)
+            if len(steps) != 1 or not isinstance(steps[0], _Group):
+                return None
+            parts = steps[0].parts
+            subs = [txns[i] if len(cs) == len(txns[i].claims)
+                    else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
+            self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
+            decisions = validate_many(self.view, subs, shape_checked=True, at=self.clock())
+            split = self._components(parts, decisions)
+            if split is None:
+                return None
+            view = self.view
+            olds = {mid: view.machines.get(mid) for d in decisions for mid in d.machines}
+            pending: dict[bytes, object] = {}
+            for comp in split[1]:
+                assert comp.write is not None
+                for key, record in comp.write.records.items():
+                    held = _with_revision(record, mark)
+                    view.put_pending(key, held, mark)
+                    pending[key] = held
+            return Staged(txns, parts, decisions, split, olds, mark, pending)
+
+    def send(self, staged: Staged, durable: Mapping[int, int]) -> SentBatch | None:
+        """Encode ``staged`` now that the writes it was decided over are durable
+        (``durable``: their marks to their revisions); the caller sends the returned
+        request. None when it would not fit one request (then abandon it)."""
+        def real(rev: int) -> int:
+            return durable.get(rev, rev)
+
+        with self._lock:
+            shared, comps = staged.split
+            olds = {mid: (m.with_seq(durable[m.seq]) if m is not None and m.seq in durable
+                          else m) for mid, m in staged.olds.items()}
+            writes = []
+            for comp in comps:
+                assert comp.write is not None
+                writes.append(attrs.evolve(comp.write, guards={
+                    k: real(v) for k, v in comp.write.guards.items()}))
+            prepared = [self._prepare(w, olds) for w in writes]
+            outer = max(len(comps), len(shared) + (self._fence is not None))
+            inner = self.kv.max_txn_ops - outer
+            if (outer > self.kv.max_txn_ops
+                    or any(len(p.write.guards) > inner or len(p.ops) > inner for p in prepared)
+                    or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
+                                                           self.kv.max_request_bytes)):
+                return None
+            guard = Compare.mod_revision_is
+            ops: list[Op] = [
+                TxnOp(tuple([guard(key, rev) for key, rev in p.write.guards.items()]),
+                      tuple(p.ops),  # type: ignore[arg-type]
+                      tuple(self._gets(p.write.guards)))
+                for p in prepared
+            ]
+            shared_real = {k: real(v) for k, v in shared.items()}
+            compares = [guard(key, rev) for key, rev in shared_real.items()]
+            if self._fence is not None:
+                compares.append(self._fence)
+            before = {mid: (m.seq if m is not None else 0) for mid, m in olds.items()}
+            return SentBatch(compares, ops, self._gets(shared_real), before, dict(durable))
+
+    def settle(self, staged: Staged, sent: SentBatch, res: TxnResult) -> Settled:
+        """Take etcd's answer to ``sent``: the records of the machines whose nested
+        transactions passed are durable at its revision and their claims answered;
+        the rest (a guard failed: a writer outside the leader) are dropped from the
+        view and left to decide again (``finish``). Raises FencedOut if the fence
+        failed the request."""
+        with self._lock:
+            view = self.view
+            outs = [_Outcome(res.revision) for _ in staged.txns]
+            parts, decisions = staged.parts, staged.decisions
+            if not res.succeeded:  # the config, a job or the fence changed
+                self.abandon(staged)
+                self._check_fence()
+                self._observe_reads(sent.shared_gets, res)
+                return Settled(outs, parts)
+            left: set[tuple[int, str]] = set()
+            for comp, op, sub_res in zip(staged.split[1], sent.ops, res.responses, strict=True):
+                assert isinstance(sub_res, TxnResult) and isinstance(op, TxnOp)
+                assert comp.write is not None
+                if not sub_res.succeeded:
+                    for key in comp.write.records:
+                        view.drop(key)
+                        staged.pending.pop(key, None)
+                    self._observe_reads(op.failure, sub_res)
+                    left.update((j, c.task) for j, c in comp.claims)
+                    continue
+                for key in comp.write.records:
+                    view.settle_pending(key, staged.pending.pop(key), res.revision)
+                for j, c in comp.claims:
+                    i, d = parts[j][0], decisions[j]
+                    if c.task in d.accepted_by_task:
+                        outs[i].settle((d.accepted_by_task[c.task],), (), c.evict, res.revision)
+                    else:
+                        rejection = _real_detail(d.rejection_of(c.task), sent.durable)
+                        outs[i].settle((), (rejection,), (), res.revision)
+                for j in {j for j, _ in comp.claims}:
+                    outs[parts[j][0]].rewrote(
+                        {m: sent.before[m] for m in decisions[j].machines if m in comp.machines},
+                        res.revision)
+            self._note_conflict(bool(left))
+            rest = [(i, [c for c in cs if (j, c.task) in left])
+                    for j, (i, cs) in enumerate(parts) if any((j, c.task) in left for c in cs)]
+            return Settled(outs, rest)
+
+    def finish(self, staged: Staged, settled: Settled) -> list[CommitResult]:
+        """The answers to ``staged``'s transactions, deciding again (as ``commit_many``
+        does, from what etcd holds) the claims ``settle`` left. Call it with nothing
+        else staged."""
+        with self._lock:
+            outs, txns = settled.outs, staged.txns
+            for i, cs in settled.left:
+                sub = attrs.evolve(txns[i], claims=tuple(cs))
+                outs[i].merge(self._commit_all([sub])[0])
+            for o in outs:
+                o.attempts += 1
+            return [o.result(t) for o, t in zip(outs, txns, strict=True)]
+
+    def abandon(self, staged: Staged) -> None:
+        """Forget the records ``staged`` holds in flight (its write failed, or the one it
+        was decided over did): they are read again when next needed."""
+        with self._lock:
+            for key in staged.pending:
+                self.view.drop(key)
+            staged.pending.clear()
+
     # -- large gangs -------------------------------------------------------------------
 
     def _commit_staged_gang(self, txn: Transaction, groups: list[list[Claim]]) -> CommitResult:
         raise NotImplementedError  # gangs.LargeGangs: a gang too large for one etcd txn
 
+
+
+@attrs.define
+class Staged:
+    """A batch decided over the writes in flight (``ClaimCommits.stage``)."""
+
+    txns: list[Transaction]
+    parts: list[tuple[int, list[Claim]]]
+    decisions: list[Decision]
+    split: tuple[dict[bytes, int], list[_Component]]
+    olds: dict[str, Machine | None]  # the machines it rewrites, as decided over
+    mark: int
+    pending: dict[bytes, object]  # key -> the record the view holds for it under mark
+
+
+@attrs.frozen
+class SentBatch:
+    """A staged batch's etcd request (``ClaimCommits.send``)."""
+
+    compares: list[Compare]
+    ops: list[Op]
+    shared_gets: list[Get]
+    before: dict[str, int]  # machine -> its sequence before the batch
+    durable: Mapping[int, int]  # the marks it was decided over -> their revisions
+
+
+@attrs.define
+class Settled:
+    """What etcd's answer settled of a staged batch, and the claims left to decide."""
+
+    outs: list[_Outcome]
+    left: list[tuple[int, list[Claim]]]
+
+
+def _real_detail(r: Rejection, durable: Mapping[int, int]) -> Rejection:
+    """A rejection decided over a write in flight names its placeholder revision; say
+    the revision it became instead."""
+    detail = r.detail
+    for mark, revision in durable.items():
+        detail = detail.replace(str(mark), str(revision))
+    return r if detail == r.detail else attrs.evolve(r, detail=detail)
 
 
 @attrs.define

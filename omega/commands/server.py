@@ -20,6 +20,16 @@ def register(sub: Any) -> None:
     s.add_argument("--etcd", help="etcd endpoint(s), comma-separated")
     s.add_argument("--cell", help="cell name (default 'default'; one etcd holds several)")
     s.add_argument("--name", help="this replica's name in status output")
+    s.add_argument("--commit-leader", action=argparse.BooleanOptionalAction, default=None,
+                   help="commit through one elected commit leader (the default), or "
+                   "--no-commit-leader: every server commits straight to etcd")
+    s.add_argument("--leader-ttl", type=int, default=None, metavar="SECONDS",
+                   help="the commit leader's lease (default 5): a crashed leader is "
+                   "replaced within it")
+    s.add_argument("--advertise", metavar="HOST:PORT",
+                   help="where the other servers reach this one to forward commits when it "
+                   "leads (default: --listen's host and port; a wildcard host becomes this "
+                   "host's name)")
     add_etcd_flags(s)
     s.add_argument("--metrics", default="", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
@@ -48,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
         config = attrs.evolve(config, cell=check_name(args.cell, "--cell"))
     if args.name:
         config = attrs.evolve(config, name=args.name)
+    if args.advertise:
+        config = attrs.evolve(config, advertise=address(args.advertise, "--advertise"))
+    if args.commit_leader is not None:
+        config = attrs.evolve(config, commit_leader=args.commit_leader)
+    if args.leader_ttl is not None:
+        if not 1 <= args.leader_ttl <= 60:
+            raise ValueError(f"--leader-ttl: {args.leader_ttl} is not between 1 and 60 seconds")
+        config = attrs.evolve(config, leader_ttl=args.leader_ttl)
     if args.cert or args.insecure or config.tls is None:
         if args.insecure and config.tls is not None:
             raise ValueError(f"--insecure, but {args.config} has a [tls] table: give one")

@@ -288,7 +288,8 @@ ALLOWED: dict[str, set[str]] = {
     "abandon alice's job": {"operator:root", "user:alice", "scheduler:batch"},
     "register batch instance": {"scheduler:batch"},
     "register evil instance": set(),
-    "commit for batch": {"scheduler:batch"},
+    # A server forwards commits to the commit leader (cellstate/api/leader.py).
+    "commit for batch": {"scheduler:batch", "server:cellstate"},
     "commit for evil": set(),
     "commit for batch, service's job": set(),
     "deregister service/i0": {"scheduler:service"},

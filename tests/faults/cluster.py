@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cellstate.api.client import CellClient
+from cellstate.api.leader import leader_key
 from cellstate.cell import CellSnapshot, task_view
 from cellstate.invariants import layout_violations
 from cellstate.jobinfo import job_summary
@@ -215,6 +216,17 @@ class FaultCell:
         self.faults.append((f"SIGKILL etcd member {index}", t))
         return t
 
+    def stall_etcd(self, index: int, sig: int = signal.SIGSTOP) -> float:
+        """Freeze (SIGSTOP) or wake (SIGCONT) etcd member ``index``: to its clients, a
+        network stall. Returns (and, for a freeze, records) the wall-clock time."""
+        pid = self.etcd.members[index].pid
+        assert pid is not None, f"etcd member {index} is not running"
+        t = time.time()
+        os.kill(pid, sig)
+        if sig == signal.SIGSTOP:
+            self.faults.append((f"SIGSTOP etcd member {index}", t))
+        return t
+
     def restart_etcd(self, index: int) -> float:
         """Restart a killed member on its data; returns the seconds until it served."""
         start = time.monotonic()
@@ -226,6 +238,17 @@ class FaultCell:
         start = time.monotonic()
         self._procs.restart(name)
         return time.monotonic() - start
+
+    def commit_leader(self) -> str | None:
+        """The name of the server that leads commits now (its address is the value of
+        the election key, cellstate/api/leader.py), or None while none does."""
+        assert self.kv is not None
+        kvs = self.kv.range(leader_key(CELL)).kvs
+        if not kvs:
+            return None
+        ports = self._procs.server_ports
+        address = kvs[0].value.decode()
+        return next((n for n, p in ports.items() if address == f"127.0.0.1:{p}"), address)
 
     def agent_machines(self, agent: str) -> set[str]:
         return {m.id for m in self.snapshot().machines.values() if m.agent == agent}

@@ -362,6 +362,100 @@ def test_sigstop_of_an_agent_past_its_lease(cell: FaultCell) -> None:
     _finish(cell, "SIGSTOP of an agent past its lease, then SIGCONT")
 
 
+def _leader_fault(cell: FaultCell, sig: int) -> tuple[str, float, float]:
+    """Send ``sig`` to the commit leader the moment a placement lands (under the steady
+    load its next batch is being validated or written then), and wait for the other
+    server to lead. Returns the victim, the fault's wall-clock time and how long until
+    the other server led."""
+    assert cell.kv is not None
+    victim = cell.commit_leader()
+    assert victim in ("cellstate-a", "cellstate-b"), f"no server leads commits: {victim}"
+    other = "cellstate-b" if victim == "cellstate-a" else "cellstate-a"
+    cell.deprioritize(victim)
+    root = b"/omega/default/"
+    tasks = root + b"tasks/"
+    watcher = cell.kv.watch(root, root[:-1] + b"0", start_revision=cell.revision() + 1)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            response = watcher.next(timeout=1.0)
+            assert time.monotonic() < deadline, "no placement landed in 30 s"
+            if response is not None and any(e.type is EventType.PUT and
+                                            e.kv.key.startswith(tasks)
+                                            for e in response.events):
+                t = cell.fault(f"{signal.Signals(sig).name} of the commit leader {victim}",
+                               victim, sig)
+                break
+    finally:
+        watcher.cancel()
+    led_s = cell.wait(f"{other} to lead commits", lambda: cell.commit_leader() == other,
+                      timeout=60)
+    return victim, t, led_s
+
+
+def test_sigkill_of_the_commit_leader_mid_batch(cell: FaultCell) -> None:
+    """The other server leads once the dead leader's lease lapses and commits go on
+    through it (the clients of the dead one fail over, and the survivor's forwarded
+    commits wait for the new leader): nothing acknowledged lost, nothing placed twice,
+    every invariant at every revision."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    victim, t, led_s = _leader_fault(cell, signal.SIGKILL)
+    cell.load_for(AFTER)
+    restart_s = cell.restart(victim)
+    cell.load_for(AFTER)
+    cell.measure(**cell.write_recovery(t, t + 10), new_leader_after_s=round(led_s, 2),
+                 restart_s=round(restart_s, 2))
+    _finish(cell, "SIGKILL of the commit leader mid batch")
+
+
+def test_sigstop_of_the_commit_leader_past_its_lease(cell: FaultCell) -> None:
+    """Paused mid-batch past its lease: the other server leads and commits go on; woken
+    up, the old leader's batch in flight fails on the fence (its token is gone), it
+    steps down and stays a follower: nothing written twice, nothing acknowledged lost."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    victim, t, led_s = _leader_fault(cell, signal.SIGSTOP)
+    cell.load_for(AFTER)
+    acks_while_stopped = cell.acks_between(t + led_s, time.time())
+    cont_t = time.time()
+    cell.send(victim, signal.SIGCONT)
+    cell.load_for(AFTER)
+    extra = []
+    if cell.commit_leader() == victim:
+        extra.append(f"{victim} leads again after SIGCONT: it should have stepped down")
+    if not acks_while_stopped:
+        extra.append(f"no write acknowledged while {victim} was stopped and another led")
+    cell.measure(**cell.write_recovery(t, cont_t), new_leader_after_s=round(led_s, 2),
+                 acks_while_stopped=acks_while_stopped)
+    _finish(cell, "SIGSTOP of the commit leader past its lease, then SIGCONT", extra)
+
+
+def test_stall_of_the_commit_leaders_etcd_member(cell: FaultCell) -> None:
+    """The etcd member the commit leader talks to stops answering for 8 s (SIGSTOP, as a
+    network stall would look): the leader's requests move to another member after their
+    deadline and commits go on, or (if its lease lapsed meanwhile) the other server
+    leads; nothing acknowledged lost, nothing placed twice."""
+    cell.start()
+    cell.load_for(WARM_UP)
+    lead = cell.commit_leader()
+    assert lead in ("cellstate-a", "cellstate-b"), f"no server leads commits: {lead}"
+    member = 0 if lead == "cellstate-a" else 1  # the first of the leader's endpoints
+    t = cell.stall_etcd(member)
+    try:
+        cell.load_for(8.0)
+        acks_while_stalled = cell.acks_between(t + 5.0, time.time())
+    finally:
+        cont_t = cell.stall_etcd(member, signal.SIGCONT)
+    cell.load_for(AFTER)
+    extra = []
+    if not acks_while_stalled:
+        extra.append(f"no write acknowledged while etcd member {member} stalled (5-8 s in)")
+    cell.measure(**cell.write_recovery(t, cont_t), leader_before=lead,
+                 leader_after=cell.commit_leader(), acks_while_stalled=acks_while_stalled)
+    _finish(cell, "SIGSTOP (stall) of the commit leader's etcd member for 8 s", extra)
+
+
 def test_kill_right_after_submit(cell: FaultCell) -> None:
     """A user kills jobs while their schedulers may be deciding on them: no task of a
     killed job is placed after the kill."""
