@@ -697,21 +697,30 @@ class AladdinCostModel(CostModel):
       ``repack_units`` (50) units repacked per round;
     * ``candidates`` (4): machines past those covering a constrained job's units;
       ``walk`` (2000): machines looked at per constrained job; ``spill`` (16): machines
-      tried for an arrival the fit rules refused."""
+      tried for an arrival the fit rules refused;
+    * ``pack`` (1): the packing cost inside a group (fuller, then bigger machines
+      first); 0: every machine of a group costs the same, as the paper's "default cost
+      of all other edges";
+    * ``regroup_every`` (0): group the machines by what they have left and again after
+      this many placements; ``regroup_spread`` (0): ... or once their spread about the
+      groups' centres (mean squared distance, log2 units) passes this; both 0: groups
+      by capacity, made again only when the machine mix changes."""
 
     name = "aladdin"
     defaults: ClassVar[Mapping[str, float]] = {
         "groups": 4, "srf": 0, "repack": 1, "max_moves": 4, "repack_units": 50,
-        "candidates": 4, "walk": 2000, "spill": 16,
+        "candidates": 4, "walk": 2000, "spill": 16, "pack": 1, "regroup_every": 0,
+        "regroup_spread": 0,
     }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        for key in ("srf", "repack"):
+        for key in ("srf", "repack", "pack"):
             if self.options[key] not in (0, 1):
                 raise CostModelError(f"cost model {self.name}: option {key} must be 0 or 1, "
                                      f"got {options[key]!r}")
-        for key in ("groups", "max_moves", "repack_units", "candidates", "walk", "spill"):
+        for key in ("groups", "max_moves", "repack_units", "candidates", "walk", "spill",
+                    "regroup_every"):
             if self.options[key] != int(self.options[key]):
                 raise CostModelError(f"cost model {self.name}: option {key} must be a whole "
                                      f"number, got {options[key]!r}")
@@ -730,7 +739,8 @@ class AladdinCostModel(CostModel):
         o = {k: int(v) for k, v in self.options.items()}
         return AladdinPlanner(PlannerOptions(
             groups=o["groups"], srf=bool(o["srf"]), repack=bool(o["repack"]),
-            move_guard=move_guard,
+            packing=bool(o["pack"]), regroup_every=o["regroup_every"],
+            regroup_spread=self.options["regroup_spread"], move_guard=move_guard,
             passes=PassOptions(o["candidates"], o["walk"], o["spill"]),
             repacking=RepackOptions(o["max_moves"], o["repack_units"])))
 
