@@ -3,10 +3,12 @@ constrained unit the passes could not place fits.
 
 The paper repacks through the flow's negative cycles; here it is an explicit step
 after the passes, for the constrained units (and affinity groups) left over. For each,
-in the round's pass order, it walks the machines in the unit's preference order and
-takes the first one where only resources keep the unit off (its rules allow it there)
+in the round's pass order, it walks ``walk`` machines in the unit's preference order
+and, among those where only resources keep the unit off (its rules allow it there)
 and moving at most ``max_moves`` of this scheduler's *movable* tasks away frees
-enough room: tasks of free jobs (no rules of their own, no live rule keeps them off
+enough room, takes the one needing the fewest moves (then the first in preference
+order), so that no task moves that another machine would not have needed moved.
+Movable: tasks of free jobs (no rules of their own, no live rule keeps them off
 anything: moving them can break nothing), placed and not moved within the flapping
 guard. Movers are chosen greedily by how much of the missing room they free, and each
 needs a destination its own rules allow on another machine, found in its own
@@ -66,9 +68,12 @@ class Repacker:
         need = self.cell.vector(unit.demand)
         order = self.cell.order(self.groups.costs(unit.demand))
         order = order[self.cell.up[order] & (self.cell.cap[order] + 1e-9 >= need).all(axis=1)]
-        for i in order[:self.opts.walk].tolist():
-            mid = self.cell.mids[i]
-            m = self.view.machine(mid)
+        # The machines where moving tasks would make room, each with the movers it
+        # would take; the fewest movers first (then preference order), so that no task
+        # moves that another machine did not need moved.
+        options: list[tuple[int, int, int, list[Allocation]]] = []
+        for rank, i in enumerate(order[:self.opts.walk].tolist()):
+            m = self.view.machine(self.cell.mids[i])
             if m is None:
                 continue
             miss = why_not(self.view, job, m, founding=unit.founding)
@@ -77,33 +82,43 @@ class Repacker:
             lacking = np.maximum(need - self.cell.free[i], 0.0)
             if not (lacking > 1e-9).any():
                 continue  # room enough: not a repacking case (the passes saw it differently)
-            plan = self._movers(i, lacking)
-            if plan is None:
-                continue
-            for a, dest in plan:
-                mover = self.view.jobs[a.job]
-                index = int(a.task.rpartition("/")[2])
-                self.ex.claims.append(self.view.claim(mover, index, self.cell.mids[dest],
-                                                      moves_from=mid))
-                self.cell.take(dest, a.resources)
-                self.cell.give(i, a.resources)
-                self.ex.moved.append((a.task, mid))
-                self.ex.migrated += 1
-            m = self.view.machine(mid)
-            assert m is not None
-            if why_not(self.view, job, m, founding=unit.founding) is not None or not (
-                    self.cell.free[i] + 1e-9 >= need).all():
-                return False  # cannot happen unless the fit rules disagree with the arrays
-            for index in unit.indices:
-                self.ex.claims.append(self.view.claim(job, index, mid))
-            self.cell.take(i, unit.demand)
-            self.ex.placed += len(unit.indices)
-            return True
+            chosen = self._movers(i, lacking)
+            if chosen is not None:
+                options.append((len(chosen), rank, i, chosen))
+        for _, _, i, chosen in sorted(options, key=lambda o: (o[0], o[1])):
+            plan = self._destinations(i, chosen)
+            if plan is not None:
+                return self._commit(unit, i, need, plan)
         return False
 
-    def _movers(self, i: int, lacking: np.ndarray) -> list[tuple[Allocation, int]] | None:
-        """Tasks to move off machine ``i`` and where to, freeing ``lacking``; None if
-        no such set of at most ``max_moves`` exists."""
+    def _commit(self, unit: Unit, i: int, need: np.ndarray,
+                plan: list[tuple[Allocation, int]]) -> bool:
+        """Claim the moves off machine ``i`` and then the unit on it."""
+        job = unit.job
+        mid = self.cell.mids[i]
+        for a, dest in plan:
+            mover = self.view.jobs[a.job]
+            index = int(a.task.rpartition("/")[2])
+            self.ex.claims.append(self.view.claim(mover, index, self.cell.mids[dest],
+                                                  moves_from=mid))
+            self.cell.take(dest, a.resources)
+            self.cell.give(i, a.resources)
+            self.ex.moved.append((a.task, mid))
+            self.ex.migrated += 1
+        m = self.view.machine(mid)
+        assert m is not None
+        if why_not(self.view, job, m, founding=unit.founding) is not None or not (
+                self.cell.free[i] + 1e-9 >= need).all():
+            return False  # cannot happen unless the fit rules disagree with the arrays
+        for index in unit.indices:
+            self.ex.claims.append(self.view.claim(job, index, mid))
+        self.cell.take(i, unit.demand)
+        self.ex.placed += len(unit.indices)
+        return True
+
+    def _movers(self, i: int, lacking: np.ndarray) -> list[Allocation] | None:
+        """Tasks to move off machine ``i`` to free ``lacking``; None if no set of at
+        most ``max_moves`` does."""
         m = self.view.machine(self.cell.mids[i])
         assert m is not None
         scale = np.where(self.cell.cap[i] > 0, self.cell.cap[i], 1.0)
@@ -128,6 +143,11 @@ class Repacker:
             freed += vec[a.task]
         if ((freed + 1e-9) < lacking).any():
             return None
+        return chosen
+
+    def _destinations(self, i: int, chosen: Sequence[Allocation]
+                      ) -> list[tuple[Allocation, int]] | None:
+        """A machine for each mover off machine ``i``; None if one has none."""
         out: list[tuple[Allocation, int]] = []
         room: dict[int, np.ndarray] = {}
         for a in chosen:
@@ -135,7 +155,8 @@ class Repacker:
             if dest is None:
                 return None
             out.append((a, dest))
-            room[dest] = room.get(dest, np.zeros(len(self.cell.dims))) + vec[a.task]
+            room[dest] = room.get(dest, np.zeros(len(self.cell.dims))) + self.cell.vector(
+                a.resources)
         return out
 
     def _destination(self, a: Allocation, away: int, room: dict[int, np.ndarray]
