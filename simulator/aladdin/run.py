@@ -37,6 +37,7 @@ from cellstate.invariants import constraint_violations, violations
 from cellstate.model import Job, Machine, Reason
 from schedulers.api import Policy
 from schedulers.flow import FlowPolicy
+from schedulers.medea import MedeaPolicy
 from schedulers.packing import FirstFitPolicy, TetrisPolicy
 from schedulers.service import ServicePolicy
 from schedulers.testing import Harness
@@ -86,7 +87,7 @@ def make_policy(spec: SchedulerSpec) -> Policy:
     if spec.flow:
         return FlowPolicy(policy=spec.flow, **opts)
     factories: dict[str, type[Policy]] = {"firstfit": FirstFitPolicy, "tetris": TetrisPolicy,
-                                          "service": ServicePolicy}
+                                          "service": ServicePolicy, "medea": MedeaPolicy}
     if spec.policy not in factories:
         raise ValueError(f"scheduler {spec.name}: policy {spec.policy!r} is not one of "
                          f"{', '.join(sorted(factories))}")

@@ -39,7 +39,7 @@ class ExperimentError(ValueError):
 class SchedulerSpec:
     name: str
     flow: str = ""  # a flow cost model, or
-    policy: str = ""  # a policy: firstfit, tetris, service
+    policy: str = ""  # a policy: firstfit, tetris, service, medea
     options: Mapping[str, Any] = attrs.field(factory=dict)
 
 
