@@ -28,7 +28,7 @@ import numpy as np
 
 from cellstate.cell import alloc_placed
 from cellstate.fit import Rule
-from cellstate.model import Allocation, Job
+from cellstate.model import Allocation, Job, Resources
 from schedulers.api import CellView
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups
@@ -54,6 +54,17 @@ class Repacker:
         self.movable = movable
         self.opts = options
         self.ex = ex
+        # Preference orders by demand, made once for the repacking step (the packing
+        # cost as the step began: an order, not a count of room, so it may lag).
+        self._orders: dict[Resources, np.ndarray] = {}
+        self._pack = cell.pack()
+
+    def _order(self, demand: Resources) -> np.ndarray:
+        order = self._orders.get(demand)
+        if order is None:
+            order = self.cell.order(self.groups.costs(demand), self._pack)
+            self._orders[demand] = order
+        return order
 
     def run(self, units: Sequence[Unit]) -> list[Unit]:
         """Repack for ``units`` (in order); returns those still not placed."""
@@ -66,7 +77,7 @@ class Repacker:
     def _repack(self, unit: Unit) -> bool:
         job = unit.job
         need = self.cell.vector(unit.demand)
-        order = self.cell.order(self.groups.costs(unit.demand))
+        order = self._order(unit.demand)
         order = order[self.cell.up[order] & (self.cell.cap[order] + 1e-9 >= need).all(axis=1)]
         # The machines where moving tasks would make room, each with the movers it
         # would take; the fewest movers first (then preference order), so that no task
@@ -85,6 +96,8 @@ class Repacker:
             chosen = self._movers(i, lacking)
             if chosen is not None:
                 options.append((len(chosen), rank, i, chosen))
+                if len(chosen) == 1:
+                    break  # none needs fewer
         for _, _, i, chosen in sorted(options, key=lambda o: (o[0], o[1])):
             plan = self._destinations(i, chosen)
             if plan is not None:
@@ -163,7 +176,7 @@ class Repacker:
                      ) -> int | None:
         job: Job = self.view.jobs[a.job]
         need = self.cell.vector(a.resources)
-        order = self.cell.order(self.groups.costs(a.resources))
+        order = self._order(a.resources)
         free = self.cell.free[order]
         ok = self.cell.up[order] & (free + 1e-9 >= need).all(axis=1) & (order != away)
         for j in order[ok][:self.opts.walk].tolist():
