@@ -19,7 +19,9 @@ from schedulers.flow.aladdin.groups import (
     kmeans,
     rank_cost,
 )
-from schedulers.flow.costs import COST_MODELS, CostModelError, make_cost_model
+from schedulers.flow.aladdin.options import PlannerError, planner_options
+from schedulers.flow.costs import COST_MODELS, make_cost_model
+from schedulers.flow.planners import PLANNERS
 from schedulers.flow.policy import FlowOptionError
 from schedulers.testing import Harness, JobBuilder, MachineBuilder, settled
 
@@ -111,18 +113,23 @@ def test_groups_are_made_again_when_the_machine_mix_changes() -> None:
     assert planner.groups.of == again.of  # type: ignore[attr-defined]
 
 
-def test_aladdin_is_a_registered_cost_model_with_checked_options() -> None:
-    assert COST_MODELS["aladdin"].name == "aladdin"
-    assert make_cost_model("aladdin", groups=8).options["groups"] == 8
-    with pytest.raises(CostModelError, match="option srf must be 0 or 1, got 2"):
-        make_cost_model("aladdin", srf=2)
-    with pytest.raises(CostModelError, match=r"option groups must be a whole number, got 2\.5"):
-        make_cost_model("aladdin", groups=2.5)
-    with pytest.raises(CostModelError, match="option walk must be at least 1"):
-        make_cost_model("aladdin", walk=0)
+def test_aladdin_is_a_planner_with_checked_options() -> None:
+    assert "aladdin" in PLANNERS and "aladdin" not in COST_MODELS
+    assert planner_options({"groups": 8}, 60.0).groups == 8
+    with pytest.raises(PlannerError, match="option srf must be 0 or 1, got 2"):
+        planner_options({"srf": 2}, 60.0)
+    with pytest.raises(PlannerError, match=r"option groups must be a whole number, got 2\.5"):
+        planner_options({"groups": 2.5}, 60.0)
+    with pytest.raises(PlannerError, match="option walk must be at least 1"):
+        planner_options({"walk": 0}, 60.0)
+    with pytest.raises(PlannerError, match="option pack must be 0 or 1"):
+        planner_options({"pack": 0.5}, 60.0)
+    with pytest.raises(PlannerError, match="option regroup_every must be a whole number"):
+        planner_options({"regroup_every": 1.5}, 60.0)
     with pytest.raises(FlowOptionError, match="unknown option"):
         FlowPolicy(policy="aladdin", costs={"k": 4})
     assert FlowPolicy(policy="aladdin").planner is not None
+    assert FlowPolicy(policy="aladdin").model is None
     assert FlowPolicy(policy="quincy").planner is None
 
 

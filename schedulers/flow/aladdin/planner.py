@@ -83,6 +83,7 @@ class AladdinPlanner:
         self._moved_at: dict[str, float] = {}
         self._reverse = RuleIndex(())
         self._placed_since = 0  # tasks placed since the groups were last made
+        self._last_round: float | None = None  # when the last round ran
         #: Groups made from what machines have left, and the seconds that took.
         self.regroups = 0
         self.regroup_seconds = 0.0
@@ -125,16 +126,24 @@ class AladdinPlanner:
         return out
 
     def idle(self, ctx: Context) -> bool:
-        """Whether a round now would find nothing to do: nothing changed and nothing
-        the last round saw is still waiting."""
-        return (ctx.changes is not None and not ctx.changes
-                and self._maybe_waiting is not None and not self._maybe_waiting)
+        """Whether a round now would find nothing to do: nothing changed since the last
+        round, and either nothing it saw still waits or it would decide the same again
+        (a round is a function of the cell, so only a task's flapping guard running out
+        since, which lets repacking move it, can change what a round decides)."""
+        if ctx.changes is None or ctx.changes or self._maybe_waiting is None:
+            return False
+        if not self._maybe_waiting:
+            return True
+        guard = self.options.move_guard
+        return self._last_round is not None and not any(
+            self._last_round < at + guard <= ctx.now for at in self._moved_at.values())
 
     # -- the round -------------------------------------------------------------------------
 
     def plan(self, ctx: Context, solver: Solver) -> tuple[Outcome, Figures]:
         t0 = time.perf_counter()
         self.note_changes(ctx)
+        self._last_round = ctx.now
         view = ctx.view
         regrouped = self._regroup(ctx)
         assert self.groups is not None

@@ -7,7 +7,8 @@ in the round's pass order, it walks ``walk`` machines in the unit's preference o
 and, among those where only resources keep the unit off (its rules allow it there)
 and moving at most ``max_moves`` of this scheduler's *movable* tasks away frees
 enough room, takes the one needing the fewest moves (then the first in preference
-order), so that no task moves that another machine would not have needed moved.
+order), so that no task moves that another machine would not have needed moved;
+the ``plans`` best such machines are tried for destinations, in that order.
 Movable: tasks of free jobs (no rules of their own, no live rule keeps them off
 anything: moving them can break nothing), placed and not moved within the flapping
 guard. Movers are chosen greedily by how much of the missing room they free, and each
@@ -42,6 +43,7 @@ class RepackOptions:
     max_moves: int = 4  # tasks moved for one unit
     max_units: int = 50  # units repacked per round
     walk: int = 200  # machines looked at per unit, and per mover's destination
+    plans: int = 8  # plans (machine and movers) per unit whose destinations are sought
 
 
 class Repacker:
@@ -69,9 +71,14 @@ class Repacker:
     def run(self, units: Sequence[Unit]) -> list[Unit]:
         """Repack for ``units`` (in order); returns those still not placed."""
         left = []
+        failed: set[str] = set()  # jobs a unit of which found no plan this step
         for n, unit in enumerate(units):
-            if n >= self.opts.max_units or not self._repack(unit):
+            # Another unit of a job whose unit found no plan would look at the same
+            # machines with the same rules: it is not tried again this step.
+            if (n >= self.opts.max_units or unit.job.id in failed
+                    or not self._repack(unit)):
                 left.append(unit)
+                failed.add(unit.job.id)
         return left
 
     def _repack(self, unit: Unit) -> bool:
@@ -98,7 +105,8 @@ class Repacker:
                 options.append((len(chosen), rank, i, chosen))
                 if len(chosen) == 1:
                     break  # none needs fewer
-        for _, _, i, chosen in sorted(options, key=lambda o: (o[0], o[1])):
+        ranked = sorted(options, key=lambda o: (o[0], o[1]))[:self.opts.plans]
+        for _, _, i, chosen in ranked:
             plan = self._destinations(i, chosen)
             if plan is not None:
                 return self._commit(unit, i, need, plan)
