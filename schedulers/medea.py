@@ -51,7 +51,7 @@ from cellstate.fit import Rule
 from cellstate.model import Claim, Job, Resources, selector_matches_labels
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.machinearrays import Floats, MachineArrays
-from schedulers.placement import founds_group, impossible, why_not
+from schedulers.placement import founds_group, waiting, why_not
 
 #: Room and demands are counted in these parts of a unit.
 SCALE = 1000
@@ -132,14 +132,7 @@ class MedeaPolicy(Policy):
         unplaced: list[Unplaced] = []
         batch: list[_Entry] = []
         tasks = 0
-        for job in jobs:
-            pending = view.pending_tasks(job)
-            if not pending:
-                continue
-            why = impossible(view, job)
-            if why is not None:
-                unplaced.append(Unplaced(job.id, why, len(pending), permanent=True))
-                continue
+        for job, pending in waiting(view, jobs, unplaced):
             if batch and tasks + len(pending) > self.opts.batch:
                 self._solve(view, cells, batch, claims, unplaced)
                 batch, tasks = [], 0

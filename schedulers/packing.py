@@ -33,7 +33,7 @@ from cellstate.fit import Rule
 from cellstate.model import Job
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.machinearrays import Floats, Ints, MachineArrays
-from schedulers.placement import founds_group, impossible, why_not
+from schedulers.placement import founds_group, waiting, why_not
 
 
 class PackingPolicy(Policy):
@@ -69,15 +69,8 @@ class PackingPolicy(Policy):
         view = ctx.view
         cells = MachineArrays(view, [j.task_resources for j in jobs])
         claims = []
-        unplaced = []
-        for job in self.order(cells, jobs):
-            pending = view.pending_tasks(job)
-            if not pending:
-                continue
-            why = impossible(view, job)
-            if why is not None:
-                unplaced.append(Unplaced(job.id, why, len(pending), permanent=True))
-                continue
+        unplaced: list[Unplaced] = []
+        for job, pending in waiting(view, self.order(cells, jobs), unplaced):
             made = self._place(view, cells, job, pending)
             claims.extend(made)
             left = len(pending) - len(made)
