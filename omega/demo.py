@@ -687,10 +687,11 @@ def _preemption_faults(snap: CellSnapshot) -> list[str]:
 
 def _check_flow_policy(name: str) -> None:
     from schedulers.flow.costs import COST_MODELS
+    from schedulers.flow.planners import PLANNERS
 
-    if name not in COST_MODELS:
+    if name not in COST_MODELS and name not in PLANNERS:
         raise ValueError(f"--flow-policy: {name!r} is not one of "
-                         f"{', '.join(sorted(COST_MODELS))}")
+                         f"{', '.join(sorted({*COST_MODELS, *PLANNERS}))}")
 
 
 def _check_mapreduce_policy(name: str) -> None:

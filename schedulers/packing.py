@@ -27,47 +27,13 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
 from cellstate.cell import holding
 from cellstate.fit import Rule
-from cellstate.model import Job, MachineState, Resources
+from cellstate.model import Job
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
-from schedulers.placement import founds_group, impossible, why_not
-
-Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
-
-
-class _Machines:
-    """The view's machines as arrays, kept up to date by this decision's claims."""
-
-    def __init__(self, view: CellView, demands: Sequence[Resources]) -> None:
-        snap = view.snap
-        self.mids = sorted(snap.machines)
-        dims: set[str] = set()
-        for m in snap.machines.values():
-            dims.update(d for d, _ in m.capacity.amounts)
-        for r in demands:
-            dims.update(d for d, _ in r.amounts)
-        self.dims = tuple(sorted(dims))
-        n = len(self.mids)
-        self.cap = np.zeros((n, len(self.dims)))
-        self.free = np.zeros((n, len(self.dims)))
-        up = np.zeros(n, dtype=bool)
-        for i, mid in enumerate(self.mids):
-            m = snap.machines[mid]
-            self.cap[i] = self.vector(m.capacity)
-            self.free[i] = self.cap[i] - self.vector(view.used(mid))
-            up[i] = m.state is MachineState.UP
-        self.up = up
-
-    def vector(self, r: Resources) -> Floats:
-        return np.array([r.get(d) for d in self.dims])
-
-    def fitting(self, need: Floats) -> Ints:
-        ok = self.up & (self.free + 1e-9 >= need).all(axis=1)
-        return np.flatnonzero(ok).astype(np.int64)
+from schedulers.machinearrays import Floats, Ints, MachineArrays
+from schedulers.placement import founds_group, waiting, why_not
 
 
 class PackingPolicy(Policy):
@@ -89,11 +55,11 @@ class PackingPolicy(Policy):
         self.blind = blind
         self._proposed: dict[str, int] = {}  # task -> proposals made (blind ones count)
 
-    def rank(self, cells: _Machines, need: Floats, fitting: Ints) -> Ints:
+    def rank(self, cells: MachineArrays, need: Floats, fitting: Ints) -> Ints:
         """``fitting`` (machine indexes) in the order this policy prefers them."""
         return fitting
 
-    def order(self, cells: _Machines, jobs: Sequence[Job]) -> list[Job]:
+    def order(self, cells: MachineArrays, jobs: Sequence[Job]) -> list[Job]:
         return list(jobs)
 
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
@@ -101,17 +67,10 @@ class PackingPolicy(Policy):
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
         view = ctx.view
-        cells = _Machines(view, [j.task_resources for j in jobs])
+        cells = MachineArrays(view, [j.task_resources for j in jobs])
         claims = []
-        unplaced = []
-        for job in self.order(cells, jobs):
-            pending = view.pending_tasks(job)
-            if not pending:
-                continue
-            why = impossible(view, job)
-            if why is not None:
-                unplaced.append(Unplaced(job.id, why, len(pending), permanent=True))
-                continue
+        unplaced: list[Unplaced] = []
+        for job, pending in waiting(view, self.order(cells, jobs), unplaced):
             made = self._place(view, cells, job, pending)
             claims.extend(made)
             left = len(pending) - len(made)
@@ -120,7 +79,7 @@ class PackingPolicy(Policy):
                                          "machine that takes them", left))
         return Plan(tuple(claims), tuple(unplaced))
 
-    def _place(self, view: CellView, cells: _Machines, job: Job,
+    def _place(self, view: CellView, cells: MachineArrays, job: Job,
                pending: list[int]) -> list[Any]:
         blind = all(self._proposed.get(f"{job.id}/{i}", 0) < self.blind for i in pending)
         for i in pending:
@@ -150,7 +109,7 @@ class PackingPolicy(Policy):
                 out.append(view.claim(job, index, cells.mids[i]))
         return out
 
-    def _choose(self, view: CellView, cells: _Machines, job: Job, demand: Floats,
+    def _choose(self, view: CellView, cells: MachineArrays, job: Job, demand: Floats,
                 founding: bool, blind: bool, mine: dict[int, int]) -> int | None:
         limit = job.constraints.max_per_machine
         for i in self.rank(cells, demand, cells.fitting(demand)).tolist():
@@ -176,7 +135,7 @@ class FirstFitPolicy(PackingPolicy):
 class TetrisPolicy(PackingPolicy):
     name = "tetris"
 
-    def order(self, cells: _Machines, jobs: Sequence[Job]) -> list[Job]:
+    def order(self, cells: MachineArrays, jobs: Sequence[Job]) -> list[Job]:
         mean = cells.cap.mean(axis=0) if len(cells.mids) else np.ones(len(cells.dims))
         scale = np.where(mean > 0, mean, 1.0)
 
@@ -186,7 +145,7 @@ class TetrisPolicy(PackingPolicy):
 
         return sorted(jobs, key=lambda j: (-size(j), j.submitted_at, j.id))
 
-    def rank(self, cells: _Machines, need: Floats, fitting: Ints) -> Ints:
+    def rank(self, cells: MachineArrays, need: Floats, fitting: Ints) -> Ints:
         cap = cells.cap[fitting]
         share = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
         score = ((need * share) * (cells.free[fitting] * share)).sum(axis=1)

@@ -6,7 +6,7 @@ else got there first. The store stays the judge."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from cellstate import fit
 from cellstate.cell import alloc_placed, task_view
@@ -21,7 +21,7 @@ from cellstate.model import (
     task_id,
     task_precedence,
 )
-from schedulers.api import CellView
+from schedulers.api import CellView, Unplaced
 
 
 def why_not(view: CellView, job: Job, m: Machine,
@@ -71,6 +71,21 @@ def hosts(view: CellView, job: Job) -> tuple[list[Machine], FitReport]:
         if miss is None:
             out.append(m)
     return out, tally.report()
+
+
+def waiting(view: CellView, jobs: Iterable[Job], unplaced: list[Unplaced]
+            ) -> Iterator[tuple[Job, list[int]]]:
+    """Each of ``jobs`` with tasks waiting that some state of the cell could place, with
+    those tasks; a job none could (:func:`impossible`) goes to ``unplaced``, for good."""
+    for job in jobs:
+        pending = view.pending_tasks(job)
+        if not pending:
+            continue
+        why = impossible(view, job)
+        if why is not None:
+            unplaced.append(Unplaced(job.id, why, len(pending), permanent=True))
+            continue
+        yield job, pending
 
 
 def impossible(view: CellView, job: Job) -> str | None:

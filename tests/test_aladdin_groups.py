@@ -19,7 +19,9 @@ from schedulers.flow.aladdin.groups import (
     kmeans,
     rank_cost,
 )
-from schedulers.flow.costs import COST_MODELS, CostModelError, make_cost_model
+from schedulers.flow.aladdin.options import PlannerError, planner_options
+from schedulers.flow.costs import COST_MODELS, make_cost_model
+from schedulers.flow.planners import PLANNERS
 from schedulers.flow.policy import FlowOptionError
 from schedulers.testing import Harness, JobBuilder, MachineBuilder, settled
 
@@ -111,18 +113,23 @@ def test_groups_are_made_again_when_the_machine_mix_changes() -> None:
     assert planner.groups.of == again.of  # type: ignore[attr-defined]
 
 
-def test_aladdin_is_a_registered_cost_model_with_checked_options() -> None:
-    assert COST_MODELS["aladdin"].name == "aladdin"
-    assert make_cost_model("aladdin", groups=8).options["groups"] == 8
-    with pytest.raises(CostModelError, match="option srf must be 0 or 1, got 2"):
-        make_cost_model("aladdin", srf=2)
-    with pytest.raises(CostModelError, match=r"option groups must be a whole number, got 2\.5"):
-        make_cost_model("aladdin", groups=2.5)
-    with pytest.raises(CostModelError, match="option walk must be at least 1"):
-        make_cost_model("aladdin", walk=0)
+def test_aladdin_is_a_planner_with_checked_options() -> None:
+    assert "aladdin" in PLANNERS and "aladdin" not in COST_MODELS
+    assert planner_options({"groups": 8}, 60.0).groups == 8
+    with pytest.raises(PlannerError, match="option srf must be 0 or 1, got 2"):
+        planner_options({"srf": 2}, 60.0)
+    with pytest.raises(PlannerError, match=r"option groups must be a whole number, got 2\.5"):
+        planner_options({"groups": 2.5}, 60.0)
+    with pytest.raises(PlannerError, match="option walk must be at least 1"):
+        planner_options({"walk": 0}, 60.0)
+    with pytest.raises(PlannerError, match="option pack must be 0 or 1"):
+        planner_options({"pack": 0.5}, 60.0)
+    with pytest.raises(PlannerError, match="option regroup_every must be a whole number"):
+        planner_options({"regroup_every": 1.5}, 60.0)
     with pytest.raises(FlowOptionError, match="unknown option"):
         FlowPolicy(policy="aladdin", costs={"k": 4})
     assert FlowPolicy(policy="aladdin").planner is not None
+    assert FlowPolicy(policy="aladdin").model is None
     assert FlowPolicy(policy="quincy").planner is None
 
 
@@ -143,3 +150,63 @@ def test_single_resource_models_count_room_in_one_dimension(name: str,
     h.submit([JobBuilder("j").tasks(2).cpu(1).mem(2).scheduler("flow").build()])
     h.run(settled, max_time=60)
     assert sorted(h.machines_of("j")) == ["m0", "m1"]
+
+
+@pytest.mark.parametrize("rule", [{"regroup_every": 1}, {"regroup_spread": 0.05}])
+def test_groups_follow_what_machines_have_left(rule: dict[str, float]) -> None:
+    """Three machines of RAM/CPU 1 (R1a-c) and two of ratio 2 (R2a-b), K = 2. Two
+    tasks of ratio 1/3 fill R1a and R1b to (4 cpu, 12 GiB) left: ratio 3. With the
+    groups following the cell, those two now group with the ratio-2 machines, away
+    from R1c, and a ratio-3 task goes to one of them (the fuller machines of its
+    group). Grouped by capacity, they stay with R1c and the task takes a ratio-2
+    machine."""
+    def run(costs: dict[str, float]) -> tuple[FlowPolicy, Harness]:
+        h = Harness()
+        h.admin.add_machines([MachineBuilder(m).cpu(16).mem(16).build()
+                              for m in ("R1a", "R1b", "R1c")]
+                             + [MachineBuilder(m).cpu(16).mem(32).build() for m in ("R2a", "R2b")])
+        pol = FlowPolicy(policy="aladdin", costs={"groups": 2, **costs})
+        h.add(pol, scheduler="flow")
+        h.submit([JobBuilder("fill").tasks(2).cpu(12).mem(4).scheduler("flow")
+                  .spread().build()])
+        h.run(settled, max_time=30)
+        assert sorted(h.machines_of("fill")) == ["R1a", "R1b"]
+        h.submit([JobBuilder("probe").cpu(1).mem(3).scheduler("flow").build()])
+        h.run(settled, max_time=30)
+        return pol, h
+
+    pol, h = run(rule)
+    planner = pol.planner
+    assert planner is not None
+    groups = planner.groups  # type: ignore[attr-defined]
+    g = groups.by_machine
+    assert g["R1a"] == g["R1b"] == g["R2a"] == g["R2b"] != g["R1c"]
+    assert planner.regroups >= 2  # type: ignore[attr-defined]
+    assert h.machines_of("probe")[0] in ("R1a", "R1b")
+
+    pol, h = run({})
+    groups = pol.planner.groups  # type: ignore[union-attr]
+    assert not groups.by_machine
+    assert groups.of[r(16, 16)] != groups.of[r(16, 32)]
+    assert h.machines_of("probe")[0] in ("R2a", "R2b")
+
+
+def test_room_spread_grows_as_machines_fill_away_from_their_group() -> None:
+    from schedulers.flow.aladdin.groups import group_by_room, room_spread
+
+    mids = ["a", "b", "c"]
+    cap = np.array([[16.0], [16.0], [32.0]])
+    cpu = np.array([16.0, 16.0, 16.0])
+    groups = group_by_room(mids, ("mem",), cpu, cap, cpu, cap, 2)
+    assert room_spread(groups, mids, cpu, cap) == pytest.approx(0.0)
+    # b has 12 cpu and 4 GiB taken: 4 cpu and 12 GiB left, ratio 3 (log2 1.58), in
+    # the group centred on ratio 1 (0).
+    left_cpu = np.array([16.0, 4.0, 16.0])
+    left = np.array([[16.0], [12.0], [32.0]])
+    assert room_spread(groups, mids, left_cpu, left) == pytest.approx(np.log2(3) ** 2 / 3, rel=1e-3)
+    again = group_by_room(mids, ("mem",), left_cpu, left, cpu, cap, 2)
+    assert again.by_machine["b"] == again.by_machine["c"] != again.by_machine["a"]
+    # A machine with nothing left joins the group nearest its capacity.
+    full = group_by_room(mids, ("mem",), np.array([0.0, 16.0, 16.0]),
+                         np.array([[0.0], [16.0], [32.0]]), cpu, cap, 2)
+    assert full.by_machine["a"] == full.by_machine["b"]

@@ -335,3 +335,67 @@ def test_no_placement_ever_breaks_a_rule_and_groups_are_all_or_nothing(
     check(0)
     # The policy itself proposes nothing a rule forbids: the store refused nothing so.
     assert refused_for_rules(h, inst) == []
+
+
+def test_repacking_moves_only_the_tasks_the_arrival_needs_moved() -> None:
+    """Three machines, four of the scheduler's free 4-cpu tasks (M3 full): the 6-cpu
+    constrained job fits nowhere; one move (a task off the machine it then takes) makes
+    room, and no other task moves."""
+    h = cell(("M1", 8, 8), ("M2", 8, 8), ("M3", 8, 8))
+    where = {"a": "M1", "b": "M2", "c": "M3", "d": "M3"}
+    _placed_by_hand(h, where)
+    _, inst = aladdin(h)
+    h.submit([task("big", 6, 6, max_per_machine=1).build()])
+    h.run(settled, max_time=30)
+    (move,) = _moves(h, inst)
+    (landed,) = h.machines_of("big")
+    assert move.moves_from == landed
+    moved = move.job
+    assert where[moved] == landed
+    for jid, mid in where.items():
+        if jid != moved:
+            assert h.machines_of(jid) == [mid]  # not needed, not moved
+    sound(h.snapshot())
+
+
+# -- the packing cost --------------------------------------------------------------------------
+
+
+def _half_full_m4(pack: int) -> Harness:
+    h = cell(*((f"M{i}", 16, 16) for i in range(1, 5)))
+    _placed_by_hand_sized(h, "hog", 8, 8, "M4")
+    aladdin(h, costs={"pack": pack})
+    h.submit([task("j", 2, 2, tasks=2).build()])
+    h.run(settled, max_time=30)
+    return h
+
+
+def _placed_by_hand_sized(h: Harness, jid: str, cpu: float, mem: float, mid: str) -> None:
+    h.submit([task(jid, cpu, mem).build()])
+    assert h.admin.commit(Transaction(FLOW, (Claim(jid, 0, mid),))).ok
+
+
+def test_the_packing_cost_sends_tasks_to_the_fuller_machine_of_the_group() -> None:
+    """Four machines of one shape (one group), the last by name half full: with the
+    packing cost the two tasks join it; without it (pack = 0, the paper's equal
+    costs) the group's machines cost alike and they go elsewhere."""
+    assert _half_full_m4(1).machines_of("j") == ["M4", "M4"]
+    assert "M4" not in _half_full_m4(0).machines_of("j")
+
+
+def test_the_packing_cost_prefers_fuller_then_bigger_machines() -> None:
+    from cellstate.model import Resources
+    from schedulers.api import CellView
+    from schedulers.flow.aladdin.cellarrays import CellArrays
+    from schedulers.flow.aladdin.groups import group_machines
+
+    h = cell(("A", 16, 16), ("B", 16, 16), ("C", 32, 32))
+    _placed_by_hand_sized(h, "x", 8, 8, "B")
+    snap = h.snapshot()
+    view = CellView(snap, FLOW)
+    groups = group_machines([m.capacity for m in snap.machines.values()], 1)
+    need = [Resources.of(cpu=1, mem=1)]
+    a, b, c = CellArrays(view, groups, need).pack().tolist()
+    assert b < a  # fuller first
+    assert c < a  # bigger first, at the same fill
+    assert CellArrays(view, groups, need, packing=False).pack().tolist() == [0, 0, 0]

@@ -35,18 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-from cellstate.model import Block, Claim, Job, Machine, Resources
-
-if TYPE_CHECKING:
-    from schedulers.api import Context
-    from schedulers.flow.aladdin.planner import AladdinPlanner
-    from schedulers.flow.solvers import Solver
+from cellstate.model import Block, Job, Machine, Resources
 
 #: Wait-time costs stop growing after this many seconds, so that costs stay bounded.
 MAX_WAIT = 86_400.0
@@ -160,63 +155,6 @@ class CostModelError(ValueError):
     pass
 
 
-class RoundOutcome(Protocol):
-    """What a planned round decided, as the flow scheduler's policy reads it (the flow
-    core's ``extract.Extraction`` has these fields too)."""
-
-    @property
-    def claims(self) -> Sequence[Claim]: ...
-    @property
-    def unscheduled(self) -> Mapping[str, int]: ...
-    @property
-    def why(self) -> Mapping[str, str]: ...
-    @property
-    def placed(self) -> int: ...
-    @property
-    def migrated(self) -> int: ...
-    @property
-    def preempted(self) -> int: ...
-    @property
-    def repaired(self) -> int: ...
-    @property
-    def spilled(self) -> int: ...
-    @property
-    def stale(self) -> int: ...
-
-
-class RoundFigures(Protocol):
-    """What a planned round took (seconds) and how big its networks were."""
-
-    @property
-    def update(self) -> float: ...
-    @property
-    def solve(self) -> float: ...
-    @property
-    def extract(self) -> float: ...
-    @property
-    def nodes(self) -> int: ...
-    @property
-    def arcs(self) -> int: ...
-    @property
-    def regrouped(self) -> bool: ...
-
-
-class RoundPlanner(Protocol):
-    """A cost model whose network is not the graph manager's plans the flow
-    scheduler's rounds itself (:meth:`CostModel.planner`): Aladdin+H's passes."""
-
-    def plan(self, ctx: Context, solver: Solver) -> tuple[RoundOutcome, RoundFigures]: ...
-
-    def idle(self, ctx: Context) -> bool:
-        """Whether a rescheduling round now would find nothing to do."""
-        ...
-
-    def note_changes(self, ctx: Context) -> None:
-        """Take note of the changes ``ctx`` hands over when no round follows (a
-        round's own :meth:`plan` notes them itself)."""
-        ...
-
-
 class CostModel:
     """Base of cost models; the defaults price the trivial model: every placement
     costs nothing and leaving a task unscheduled costs a little, so that any fit is
@@ -257,11 +195,6 @@ class CostModel:
                 raise CostModelError(f"cost model {self.name}: option {key} must be from 0 "
                                      f"to 1e9, got {value!r}")
             self.options[key] = number
-
-    def planner(self, move_guard: float) -> RoundPlanner | None:
-        """A planner of whole rounds, for a model whose network is its own (None: the
-        graph manager keeps the network and this model prices its arcs)."""
-        return None
 
     def unscheduled(self, job: Job, waited: float) -> int:
         return 100 + 10 * job.precedence
@@ -683,58 +616,6 @@ class NetworkAwareCostModel(LoadSpreadingCostModel):
         return into, np.zeros(len(batch), dtype=np.int64)
 
 
-class AladdinCostModel(CostModel):
-    """Aladdin+H (seed 002): K-means machine groups with preference cost 100^(x-1),
-    multi-dimensional capacities, affinity groups and anti-affinity blacklists,
-    repacking. Unlike the models above it plans its rounds itself (its network is
-    built per round, one pass per demand: ``schedulers/flow/aladdin/planner.py``).
-    Options, all numbers (the flow scheduler's ``costs`` table, or
-    ``--option costs.groups=8``):
-
-    * ``groups`` (4): K, the number of machine groups; 0 chooses it by the elbow rule;
-    * ``srf`` (0): 1 places the smallest demands first (the paper's SRF), 0 the largest;
-    * ``repack`` (1): 0 turns repacking off; ``max_moves`` (4) tasks moved per unit,
-      ``repack_units`` (50) units repacked per round;
-    * ``candidates`` (4): machines past those covering a constrained job's units;
-      ``walk`` (2000): machines looked at per constrained job; ``spill`` (16): machines
-      tried for an arrival the fit rules refused."""
-
-    name = "aladdin"
-    defaults: ClassVar[Mapping[str, float]] = {
-        "groups": 4, "srf": 0, "repack": 1, "max_moves": 4, "repack_units": 50,
-        "candidates": 4, "walk": 2000, "spill": 16,
-    }
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        for key in ("srf", "repack"):
-            if self.options[key] not in (0, 1):
-                raise CostModelError(f"cost model {self.name}: option {key} must be 0 or 1, "
-                                     f"got {options[key]!r}")
-        for key in ("groups", "max_moves", "repack_units", "candidates", "walk", "spill"):
-            if self.options[key] != int(self.options[key]):
-                raise CostModelError(f"cost model {self.name}: option {key} must be a whole "
-                                     f"number, got {options[key]!r}")
-        for key in ("walk", "spill"):
-            if self.options[key] < 1:
-                raise CostModelError(f"cost model {self.name}: option {key} must be at "
-                                     f"least 1, got {options[key]!r}")
-
-    def planner(self, move_guard: float) -> AladdinPlanner:
-        # Imported when asked for: the planner's numpy-heavy modules are of no use to
-        # the other models.
-        from schedulers.flow.aladdin.passes import PassOptions
-        from schedulers.flow.aladdin.planner import AladdinPlanner, PlannerOptions
-        from schedulers.flow.aladdin.repack import RepackOptions
-
-        o = {k: int(v) for k, v in self.options.items()}
-        return AladdinPlanner(PlannerOptions(
-            groups=o["groups"], srf=bool(o["srf"]), repack=bool(o["repack"]),
-            move_guard=move_guard,
-            passes=PassOptions(o["candidates"], o["walk"], o["spill"]),
-            repacking=RepackOptions(o["max_moves"], o["repack_units"])))
-
-
 class TrivialCpuCostModel(TrivialCostModel):
     """Firmament's trivial model counting room in cpu only (Aladdin+H's baseline
     "TRIVIAL_CPU": Firmament manages one resource)."""
@@ -767,8 +648,7 @@ class LoadSpreadingRamCostModel(LoadSpreadingCostModel):
 COST_MODELS: dict[str, type[CostModel]] = {
     m.name: m for m in (TrivialCostModel, LoadSpreadingCostModel, QuincyCostModel,
                         NetworkAwareCostModel, TrivialCpuCostModel, TrivialRamCostModel,
-                        LoadSpreadingCpuCostModel, LoadSpreadingRamCostModel,
-                        AladdinCostModel)
+                        LoadSpreadingCpuCostModel, LoadSpreadingRamCostModel)
 }
 
 #: Entry-point group where other packages declare cost models

@@ -18,16 +18,17 @@ Options (constructor keywords or the scheduler's ``[options]`` table):
   ``trivial`` (and their single-resource forms ``trivial-cpu``, ``load-spread-ram``,
   ...) or ``aladdin`` (``schedulers/flow/costs.py``, ``schedulers/flow/aladdin/``),
   one an installed package declares in the ``omega.flow_cost_models`` entry-point
-  group, or a ``CostModel`` instance. A model with a planner of its own
-  (``CostModel.planner``: Aladdin+H) plans the rounds; the others price the arcs of
-  the graph manager's network;
+  group, or a ``CostModel`` instance; cost models price the arcs of the graph
+  manager's network. Or a *planner* (``planners.py``: ``aladdin``, Aladdin+H), which
+  plans whole rounds on networks of its own;
 * ``solver``: ``firmament`` (our relaxation and cost scaling, warm-started round to
   round: ``schedulers/flow/mcf``), ``ortools`` (OR-Tools from scratch every round)
   or ``networkx`` (exact and slow: tests); ``choice.DEFAULT_SOLVER`` by default;
 * ``interval`` (1.0 s), ``move_guard`` (60 s);
 * ``preempt_below``: also offer other schedulers' running tasks of a precedence below
   this to be preempted (by tasks of a higher precedence only); default: never;
-* ``costs``: a table of the cost model's own options (e.g. ``migrate_cost``).
+* ``costs``: a table of the cost model's (or planner's) own options (e.g.
+  ``migrate_cost``; ``groups`` for ``aladdin``).
 
 Between rounds the runtime hands the policy the cell's changes (:meth:`FlowPolicy.absorb`,
 where ``RuntimeConfig.absorb_when_idle``: a scheduler process), and the network takes
@@ -53,15 +54,16 @@ from cellstate.codec import MAX_PRECEDENCE
 from cellstate.model import Job
 from schedulers.api import Context, Plan, Policy, Unplaced
 from schedulers.flow.choice import DEFAULT_SOLVER, SOLVERS, cold
-from schedulers.flow.costs import (
-    CostModel,
-    CostModelError,
-    RoundOutcome,
-    RoundPlanner,
-    make_cost_model,
-)
+from schedulers.flow.costs import CostModel, CostModelError, make_cost_model
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
+from schedulers.flow.planners import (
+    PLANNERS,
+    PlannerError,
+    RoundOutcome,
+    RoundPlanner,
+    make_planner,
+)
 from schedulers.flow.solvers import SolveError, Solver
 from schedulers.options import OptionError, Options
 from schedulers.placement import impossible
@@ -119,16 +121,28 @@ class FlowPolicy(Policy):
         o = Options(options, "flow scheduler", OPTIONS, FlowOptionError)
         policy = options.get("policy", "quincy")
         costs = o.table("costs")
+        self.move_guard = o.number("move_guard", 60.0, 0.0, 86_400.0)
+        # A cost model prices the graph manager's arcs; a planner plans whole rounds
+        # on networks of its own (planners.py). A name is one or the other.
+        self.model: CostModel | None = None
+        self.planner: RoundPlanner | None = None
         if isinstance(policy, CostModel):
             self.model = policy  # a model made by the caller (tests, the simulator)
         elif not isinstance(policy, str):
-            raise FlowOptionError(f"flow scheduler: option policy must name a cost model, "
-                                  f"got {policy!r}")
+            raise FlowOptionError(f"flow scheduler: option policy must name a cost model "
+                                  f"or a planner, got {policy!r}")
+        elif policy in PLANNERS:
+            try:
+                self.planner = make_planner(policy, dict(costs), self.move_guard)
+            except PlannerError as e:
+                raise FlowOptionError(f"flow scheduler: option policy: {e}") from None
         else:
             try:
                 self.model = make_cost_model(policy, **dict(costs))
             except CostModelError as e:
-                raise FlowOptionError(f"flow scheduler: option policy: {e}") from None
+                raise FlowOptionError(f"flow scheduler: option policy: {e} (planners: "
+                                      f"{', '.join(sorted(PLANNERS))})") from None
+        self.policy_name = policy if isinstance(policy, str) else policy.name
         solver = options.get("solver", DEFAULT_SOLVER)
         if not isinstance(solver, str) or solver not in SOLVERS:
             raise FlowOptionError(f"flow scheduler: option solver must be one of "
@@ -141,12 +155,10 @@ class FlowPolicy(Policy):
         self._pass_solver = cold(self.solver)
         self.interval = o.number("interval", 1.0, 0.0, 3600.0)
         self.propose_interval = self.interval
-        self.move_guard = o.number("move_guard", 60.0, 0.0, 86_400.0)
         # Unset: never preempt others' tasks (no default precedence would mean that).
         self.preempt_below: int | None = (
             None if options.get("preempt_below") is None
             else o.integer("preempt_below", 0, 0, MAX_PRECEDENCE + 1))
-        self.planner: RoundPlanner | None = self.model.planner(self.move_guard)
         # A planner regroups the cell each round: it has no network to keep up to date.
         self.absorbs_changes = self.planner is None
 
@@ -161,6 +173,7 @@ class FlowPolicy(Policy):
     def graph(self, ctx: Context) -> GraphManager:
         if self._graph is None:
             self._setup(ctx)
+            assert self.model is not None  # a planner's rounds build no graph
             self._graph = GraphManager(self.model, ctx.scheduler, ctx.instance,
                                        move_guard=self.move_guard,
                                        preempt_below=self.preempt_below)
@@ -302,7 +315,7 @@ class FlowPolicy(Policy):
                 out.append(Unplaced(job.id, why, n, permanent=True))
                 continue
             reason = ex.why.get(job.id) or (
-                f"the {self.model.name} cost model left {n} task(s) unscheduled this round "
+                f"the {self.policy_name} policy left {n} task(s) unscheduled this round "
                 "(no machine has room, or waiting costs less than any placement)")
             out.append(Unplaced(job.id, reason, n))
         return out

@@ -37,6 +37,7 @@ from cellstate.invariants import constraint_violations, violations
 from cellstate.model import Job, Machine, Reason
 from schedulers.api import Policy
 from schedulers.flow import FlowPolicy
+from schedulers.medea import MedeaPolicy
 from schedulers.packing import FirstFitPolicy, TetrisPolicy
 from schedulers.service import ServicePolicy
 from schedulers.testing import Harness
@@ -76,6 +77,8 @@ class Result:
     stream_p99_ms: float
     streamed: int  # of the STREAM applications, those placed within STREAM_BUDGET
     finished: bool  # everything placed or nothing more to do, within the budget
+    regroups: int = 0  # Aladdin groups made from what machines have left, and the
+    regroup_ms: float = 0.0  # milliseconds that took (the batch and the stream)
 
     def row(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -86,7 +89,7 @@ def make_policy(spec: SchedulerSpec) -> Policy:
     if spec.flow:
         return FlowPolicy(policy=spec.flow, **opts)
     factories: dict[str, type[Policy]] = {"firstfit": FirstFitPolicy, "tetris": TetrisPolicy,
-                                          "service": ServicePolicy}
+                                          "service": ServicePolicy, "medea": MedeaPolicy}
     if spec.policy not in factories:
         raise ValueError(f"scheduler {spec.name}: policy {spec.policy!r} is not one of "
                          f"{', '.join(sorted(factories))}")
@@ -117,7 +120,8 @@ class Run:
         h.admin.add_machines(self.machines)
         for app in self.apps:
             h.admin.submit_job(self._job(app.job))
-        inst = h.add(make_policy(self.spec), scheduler=self.name)
+        policy = make_policy(self.spec)
+        inst = h.add(policy, scheduler=self.name)
         self.log = h.committer(inst).log
         total = sum(a.job.task_count for a in self.apps)
         self.start = time.perf_counter()
@@ -141,13 +145,15 @@ class Run:
         refused, moved = self.refused, self.moved
         stream = self._stream() if finished else []
         n = max(used, 1)
+        planner = getattr(policy, "planner", None)
         return Result(
             self.name, len(self.machines), total, placed, total - placed, int(used),
             cpu / n, mem / n, cpu / cap_cpu if cap_cpu else 0.0,
             mem / cap_mem if cap_mem else 0.0, refused, audit, moved, wall,
             _quantile(lat, 0.5), _quantile(lat, 0.99), 1000 * wall / max(placed, 1),
             1000 * _quantile(stream, 0.5), 1000 * _quantile(stream, 0.99), len(stream),
-            finished)
+            finished, int(getattr(planner, "regroups", 0)),
+            1000 * float(getattr(planner, "regroup_seconds", 0.0)))
 
     def _until(self, done: Any, budget: float) -> bool:
         """Step until ``done()``; False if the budget ran out or nothing was placed for

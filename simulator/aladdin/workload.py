@@ -39,7 +39,7 @@ class ExperimentError(ValueError):
 class SchedulerSpec:
     name: str
     flow: str = ""  # a flow cost model, or
-    policy: str = ""  # a policy: firstfit, tetris, service
+    policy: str = ""  # a policy: firstfit, tetris, service, medea
     options: Mapping[str, Any] = attrs.field(factory=dict)
 
 
@@ -120,8 +120,20 @@ def load_experiment(path: Path, root: Path | None = None) -> Experiment:
         if h not in keys:
             raise ExperimentError(f"{where}: heavy_types names {h!r}, which is no task type "
                                   "(cpu-MB, as in tasks)")
+    scheds = scheduler_specs(doc.get("scheduler"), where)
+    if "cell" not in doc:
+        raise ExperimentError(f"{where}: cell (a cell spec file of the machine types) is "
+                              "missing")
+    cell_path = (root or Path.cwd()) / str(doc["cell"])
+    return Experiment(str(doc.get("name", path.stem)), _machine_types(cell_path),
+                      tuple(tasks), scheds, heavy_types=heavy, **kw)
+
+
+def scheduler_specs(value: object, where: str) -> tuple[SchedulerSpec, ...]:
+    """The file's ``[[scheduler]]`` tables: a name, and a flow cost model (``flow``, its
+    options in ``costs``) or a policy (``policy``, its ``options``)."""
     scheds = []
-    for i, s in enumerate(_list(doc.get("scheduler"), f"{where}: scheduler")):
+    for i, s in enumerate(_list(value, f"{where}: scheduler")):
         at = f"{where}: scheduler[{i}]"
         if not isinstance(s, dict) or not isinstance(s.get("name"), str):
             raise ExperimentError(f"{at} needs a name")
@@ -135,12 +147,7 @@ def load_experiment(path: Path, root: Path | None = None) -> Experiment:
             opts["costs"] = dict(s["costs"])
         scheds.append(SchedulerSpec(s["name"], str(s.get("flow", "")),
                                     str(s.get("policy", "")), opts))
-    if "cell" not in doc:
-        raise ExperimentError(f"{where}: cell (a cell spec file of the machine types) is "
-                              "missing")
-    cell_path = (root or Path.cwd()) / str(doc["cell"])
-    return Experiment(str(doc.get("name", path.stem)), _machine_types(cell_path),
-                      tuple(tasks), tuple(scheds), heavy_types=heavy, **kw)
+    return tuple(scheds)
 
 
 def _machine_types(path: Path) -> tuple[tuple[str, Resources, int, Mapping[str, str]], ...]:

@@ -5,7 +5,8 @@ Modules, one job each: ``groups`` (K-means machine groups, the preference cost o
 Eq. 7-8), ``units`` (what waits, in whole tasks or whole affinity groups; free and
 constrained jobs), ``cellarrays`` (machines as arrays for one round), ``passes`` (one
 min-cost flow per demand and its claims), ``repack`` (moving this scheduler's tasks
-so a constrained one fits), ``outcome`` (what a round decided) and ``planner`` (the
-round). The cost model the flow scheduler is configured with is
-``schedulers.flow.costs.AladdinCostModel``. docs/architecture.md, "Aladdin+H", has the design.
+so a constrained one fits), ``outcome`` (what a round decided), ``planner`` (the
+round) and ``options`` (its options, checked). The flow scheduler finds it as a
+planner (``schedulers/flow/planners.py``), not a cost model: it prices no arcs of the
+graph manager's network. docs/architecture.md, "Aladdin+H", has the design.
 """

@@ -29,7 +29,7 @@ costs 100^(x-1) (Eq. 8), in units of ``UNIT`` so that packing costs inside a gro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -133,6 +133,11 @@ class MachineGroups:
     of: dict[Resources, int] = attrs.field(eq=False)
     error: float
     offset: Floats = attrs.field(eq=False)
+    #: Groups of what machines have left (:func:`group_by_room`), by machine id; empty:
+    #: machines are grouped by capacity (``of``).
+    by_machine: Mapping[str, int] = attrs.field(eq=False, factory=dict)
+    #: The clustering's weight (machines clustered): ``error / weight`` is the spread.
+    weight: float = 0.0
 
     @property
     def k(self) -> int:
@@ -182,13 +187,85 @@ def group_machines(capacities: Iterable[Resources], k: int,
     if k <= 0:
         k = choose_k(points, weights)
     centres, labels, error = kmeans(points, weights, k)
-    # Number the groups by their centres (smallest ratio first), so that the numbering
-    # does not depend on the seeding.
-    order = np.lexsort(centres.T[::-1]) if len(dims) else np.arange(len(centres))
-    renumber = {int(g): i for i, g in enumerate(order.tolist())}
-    return MachineGroups(tuple(dims), centres[order],
+    centres, renumber = _numbered(centres, len(dims))
+    return MachineGroups(tuple(dims), centres,
                          {c: renumber[int(g)] for c, g in zip(caps, labels, strict=True)},
-                         error, offset)
+                         error, offset, weight=float(weights.sum()))
+
+
+def _numbered(centres: Floats, ndims: int) -> tuple[Floats, dict[int, int]]:
+    """Number the groups by their centres (smallest ratio first), so that the numbering
+    does not depend on the seeding."""
+    order = np.lexsort(centres.T[::-1]) if ndims else np.arange(len(centres))
+    return centres[order], {int(g): i for i, g in enumerate(order.tolist())}
+
+
+#: Room features are rounded to this many decimals, so machines left alike are one
+#: point of the clustering.
+ROOM_DECIMALS = 3
+
+
+def room_features(cpu: Floats, amounts: Floats) -> Floats:
+    """log2(amount per cpu) of each column of ``amounts`` (machines by dimension),
+    unclamped; rows with no cpu or none of a dimension come out infinite."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.log2(amounts / cpu[:, None]), dtype=np.float64)
+
+
+def group_by_room(mids: Sequence[str], dims: Sequence[str], cpu_free: Floats,
+                  room: Floats, cpu_cap: Floats, cap: Floats, k: int) -> MachineGroups:
+    """Cluster machines by what they have left (§3.3: a placement changes a machine's
+    characteristics, so its group follows): the features of each machine's free room
+    (``cpu_free``, and ``room`` in ``dims``) instead of its capacity. Machines with no
+    room left in some dimension have no ratio; they join the group nearest to their
+    capacity's features (they take nothing until tasks leave them). ``k <= 0``: the
+    elbow rule."""
+    n = len(mids)
+    ok = (cpu_free > 1e-9) & (room > 1e-9).all(axis=1) if n else np.zeros(0, dtype=bool)
+    if not ok.any():
+        ok = (cpu_cap > 1e-9) & (cap > 1e-9).all(axis=1)
+        cpu_free, room = cpu_cap, cap
+    raw = np.round(room_features(cpu_free[ok], room[ok]), ROOM_DECIMALS).reshape(
+        int(ok.sum()), len(dims))
+    if not len(raw):
+        return MachineGroups(tuple(dims), np.zeros((1, len(dims))), {}, 0.0,
+                             np.zeros(len(dims)), {mid: 0 for mid in mids}, 0.0)
+    pts, inverse, counts = np.unique(raw, axis=0, return_inverse=True, return_counts=True)
+    weights = counts.astype(np.float64)
+    offset = np.zeros(len(dims))
+    for c in range(len(dims)):
+        order = np.argsort(pts[:, c], kind="stable")
+        cum = np.cumsum(weights[order])
+        offset[c] = pts[order[int(np.searchsorted(cum, cum[-1] / 2))], c]
+    points = np.clip(pts - offset, -CLAMP, CLAMP)
+    if k <= 0:
+        k = choose_k(points, weights)
+    centres, labels, error = kmeans(points, weights, k)
+    centres, renumber = _numbered(centres, len(dims))
+    groups = np.zeros(n, dtype=np.int64)
+    groups[ok] = [renumber[int(g)] for g in labels[inverse.reshape(-1)]]
+    rest = ~ok
+    if rest.any():
+        feats = np.clip(np.nan_to_num(room_features(cpu_cap[rest], cap[rest]), nan=0.0,
+                                      posinf=CLAMP, neginf=-CLAMP) - offset, -CLAMP, CLAMP)
+        groups[rest] = _nearest(feats.reshape(int(rest.sum()), len(dims)), centres)[0]
+    return MachineGroups(tuple(dims), centres, {}, error, offset,
+                         dict(zip(mids, groups.tolist(), strict=True)), float(weights.sum()))
+
+
+def room_spread(groups: MachineGroups, mids: Sequence[str], cpu_free: Floats,
+                room: Floats) -> float:
+    """The mean squared distance of the machines with room left to the centre of their
+    group, in the features of what they have left now: how far the groups have drifted
+    from the cell since they were made (what :func:`group_by_room` minimizes)."""
+    ok = (cpu_free > 1e-9) & (room > 1e-9).all(axis=1) if len(mids) else np.zeros(0, bool)
+    if not ok.any():
+        return 0.0
+    feats = np.clip(np.round(room_features(cpu_free[ok], room[ok]), ROOM_DECIMALS)
+                    - groups.offset, -CLAMP, CLAMP)
+    g = np.array([groups.by_machine.get(mid, 0) for mid, keep in zip(mids, ok, strict=True)
+                  if keep], dtype=np.int64)
+    return float(((feats - groups.centres[g]) ** 2).sum(axis=1).mean())
 
 
 def choose_k(points: Floats, weights: Floats) -> int:

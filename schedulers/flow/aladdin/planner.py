@@ -2,6 +2,11 @@
 
 1. **Groups.** The machines are clustered (``groups.py``) when the round first sees
    the cell and again whenever its machine mix (the multiset of capacities) changes.
+   With ``regroup_every`` or ``regroup_spread`` set, the groups *follow the cell*
+   (§3.3): machines are clustered by what they have left, not by capacity, and again
+   once ``regroup_every`` tasks have been placed since (counted between passes, so a
+   large round regroups as it fills the cell) or once the spread of the machines about
+   their groups' centres (``groups.room_spread``) passes ``regroup_spread``.
 2. **Work.** The waiting units of the jobs this instance owns (``units.py``); which
    jobs may wait is kept from the change sets, so a quiet round does not rescan every
    job of the cell.
@@ -22,12 +27,19 @@ import time
 from collections.abc import Callable
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from cellstate.keys import KeyKind
 from cellstate.model import Claim, Job, Resources, split_task_id
 from schedulers.api import Context
 from schedulers.flow.aladdin.cellarrays import CellArrays
-from schedulers.flow.aladdin.groups import MachineGroups, group_machines
+from schedulers.flow.aladdin.groups import (
+    MachineGroups,
+    group_by_room,
+    group_machines,
+    room_spread,
+)
 from schedulers.flow.aladdin.outcome import Outcome
 from schedulers.flow.aladdin.passes import Pass, PassOptions
 from schedulers.flow.aladdin.repack import Repacker, RepackOptions, movable_by
@@ -54,6 +66,9 @@ class PlannerOptions:
     groups: int = 4  # K; 0: chosen by the elbow rule
     srf: bool = False  # smallest demand first (default: largest first, LRF)
     repack: bool = True
+    packing: bool = True  # the packing cost inside a group (cellarrays.CellArrays.pack)
+    regroup_every: int = 0  # regroup on what is left after this many placements; 0: never
+    regroup_spread: float = 0.0  # ... or once the groups' spread passes this; 0: never
     move_guard: float = 60.0
     passes: PassOptions = attrs.field(factory=PassOptions)
     repacking: RepackOptions = attrs.field(factory=RepackOptions)
@@ -67,6 +82,16 @@ class AladdinPlanner:
         self._maybe_waiting: set[str] | None = None  # None: every job may wait
         self._moved_at: dict[str, float] = {}
         self._reverse = RuleIndex(())
+        self._placed_since = 0  # tasks placed since the groups were last made
+        self._last_round: float | None = None  # when the last round ran
+        #: Groups made from what machines have left, and the seconds that took.
+        self.regroups = 0
+        self.regroup_seconds = 0.0
+
+    @property
+    def follows(self) -> bool:
+        """Whether the groups follow what machines have left."""
+        return self.options.regroup_every > 0 or self.options.regroup_spread > 0
 
     # -- what waits ------------------------------------------------------------------------
 
@@ -101,16 +126,24 @@ class AladdinPlanner:
         return out
 
     def idle(self, ctx: Context) -> bool:
-        """Whether a round now would find nothing to do: nothing changed and nothing
-        the last round saw is still waiting."""
-        return (ctx.changes is not None and not ctx.changes
-                and self._maybe_waiting is not None and not self._maybe_waiting)
+        """Whether a round now would find nothing to do: nothing changed since the last
+        round, and either nothing it saw still waits or it would decide the same again
+        (a round is a function of the cell, so only a task's flapping guard running out
+        since, which lets repacking move it, can change what a round decides)."""
+        if ctx.changes is None or ctx.changes or self._maybe_waiting is None:
+            return False
+        if not self._maybe_waiting:
+            return True
+        guard = self.options.move_guard
+        return self._last_round is not None and not any(
+            self._last_round < at + guard <= ctx.now for at in self._moved_at.values())
 
     # -- the round -------------------------------------------------------------------------
 
     def plan(self, ctx: Context, solver: Solver) -> tuple[Outcome, Figures]:
         t0 = time.perf_counter()
         self.note_changes(ctx)
+        self._last_round = ctx.now
         view = ctx.view
         regrouped = self._regroup(ctx)
         assert self.groups is not None
@@ -119,14 +152,20 @@ class AladdinPlanner:
         by_demand: dict[Resources, list[Work]] = {}
         for w in works:
             by_demand.setdefault(w.demand, []).append(w)
-        cell = CellArrays(view, self.groups, by_demand)
+        cell = CellArrays(view, self.groups, by_demand, self.options.packing)
+        if self.follows and (regrouped or not self.groups.by_machine):
+            self._regroup_room(cell)
         t1 = time.perf_counter()
         solve = 0.0
         nodes = arcs = 0
         left: list[Unit] = []
         for demand in self._order(by_demand, cell):
+            if self.follows and self._drifted(cell):
+                regrouped = self._regroup_room(cell) or regrouped
+            before = ex.placed
             res = Pass(view, cell, self.groups, by_demand[demand], self.options.passes,
                        ex).run(solver)
+            self._placed_since += ex.placed - before
             solve += res.solve
             nodes += res.nodes
             arcs += res.arcs
@@ -179,6 +218,39 @@ class AladdinPlanner:
         self._mix = mix
         self.groups = group_machines([c for c, n in mix.items() for _ in range(n)],
                                      self.options.groups)
+        return True
+
+    def _room(self, cell: CellArrays) -> tuple[npt.NDArray[np.float64],
+                                               npt.NDArray[np.float64]]:
+        assert self.groups is not None
+        cols = [cell.dims.index(d) for d in self.groups.dims]
+        return cell.free[:, cell.dims.index("cpu")], cell.free[:, cols]
+
+    def _drifted(self, cell: CellArrays) -> bool:
+        """Whether the rule says the groups no longer describe the cell."""
+        o = self.options
+        if o.regroup_every > 0 and self._placed_since >= o.regroup_every:
+            return True
+        if o.regroup_spread > 0 and self.groups is not None and "cpu" in cell.dims:
+            return room_spread(self.groups, cell.mids, *self._room(cell)) > o.regroup_spread
+        return False
+
+    def _regroup_room(self, cell: CellArrays) -> bool:
+        """Cluster the machines by what they have left and give the cell's arrays the
+        new groups."""
+        assert self.groups is not None
+        if "cpu" not in cell.dims:
+            return False
+        t0 = time.perf_counter()
+        cpu_free, room = self._room(cell)
+        cols = [cell.dims.index(d) for d in self.groups.dims]
+        self.groups = group_by_room(cell.mids, self.groups.dims, cpu_free, room,
+                                    cell.cap[:, cell.dims.index("cpu")], cell.cap[:, cols],
+                                    self.options.groups)
+        cell.assign(self.groups)
+        self._placed_since = 0
+        self.regroups += 1
+        self.regroup_seconds += time.perf_counter() - t0
         return True
 
     def _guarded(self, now: float) -> Callable[[str], bool]:

@@ -3,10 +3,13 @@ constrained unit the passes could not place fits.
 
 The paper repacks through the flow's negative cycles; here it is an explicit step
 after the passes, for the constrained units (and affinity groups) left over. For each,
-in the round's pass order, it walks the machines in the unit's preference order and
-takes the first one where only resources keep the unit off (its rules allow it there)
+in the round's pass order, it walks ``walk`` machines in the unit's preference order
+and, among those where only resources keep the unit off (its rules allow it there)
 and moving at most ``max_moves`` of this scheduler's *movable* tasks away frees
-enough room: tasks of free jobs (no rules of their own, no live rule keeps them off
+enough room, takes the one needing the fewest moves (then the first in preference
+order), so that no task moves that another machine would not have needed moved;
+the ``plans`` best such machines are tried for destinations, in that order.
+Movable: tasks of free jobs (no rules of their own, no live rule keeps them off
 anything: moving them can break nothing), placed and not moved within the flapping
 guard. Movers are chosen greedily by how much of the missing room they free, and each
 needs a destination its own rules allow on another machine, found in its own
@@ -26,7 +29,7 @@ import numpy as np
 
 from cellstate.cell import alloc_placed
 from cellstate.fit import Rule
-from cellstate.model import Allocation, Job
+from cellstate.model import Allocation, Job, Resources
 from schedulers.api import CellView
 from schedulers.flow.aladdin.cellarrays import CellArrays
 from schedulers.flow.aladdin.groups import MachineGroups
@@ -40,6 +43,7 @@ class RepackOptions:
     max_moves: int = 4  # tasks moved for one unit
     max_units: int = 50  # units repacked per round
     walk: int = 200  # machines looked at per unit, and per mover's destination
+    plans: int = 8  # plans (machine and movers) per unit whose destinations are sought
 
 
 class Repacker:
@@ -52,23 +56,42 @@ class Repacker:
         self.movable = movable
         self.opts = options
         self.ex = ex
+        # Preference orders by demand, made once for the repacking step (the packing
+        # cost as the step began: an order, not a count of room, so it may lag).
+        self._orders: dict[Resources, np.ndarray] = {}
+        self._pack = cell.pack()
+
+    def _order(self, demand: Resources) -> np.ndarray:
+        order = self._orders.get(demand)
+        if order is None:
+            order = self.cell.order(self.groups.costs(demand), self._pack)
+            self._orders[demand] = order
+        return order
 
     def run(self, units: Sequence[Unit]) -> list[Unit]:
         """Repack for ``units`` (in order); returns those still not placed."""
         left = []
+        failed: set[str] = set()  # jobs a unit of which found no plan this step
         for n, unit in enumerate(units):
-            if n >= self.opts.max_units or not self._repack(unit):
+            # Another unit of a job whose unit found no plan would look at the same
+            # machines with the same rules: it is not tried again this step.
+            if (n >= self.opts.max_units or unit.job.id in failed
+                    or not self._repack(unit)):
                 left.append(unit)
+                failed.add(unit.job.id)
         return left
 
     def _repack(self, unit: Unit) -> bool:
         job = unit.job
         need = self.cell.vector(unit.demand)
-        order = self.cell.order(self.groups.costs(unit.demand))
+        order = self._order(unit.demand)
         order = order[self.cell.up[order] & (self.cell.cap[order] + 1e-9 >= need).all(axis=1)]
-        for i in order[:self.opts.walk].tolist():
-            mid = self.cell.mids[i]
-            m = self.view.machine(mid)
+        # The machines where moving tasks would make room, each with the movers it
+        # would take; the fewest movers first (then preference order), so that no task
+        # moves that another machine did not need moved.
+        options: list[tuple[int, int, int, list[Allocation]]] = []
+        for rank, i in enumerate(order[:self.opts.walk].tolist()):
+            m = self.view.machine(self.cell.mids[i])
             if m is None:
                 continue
             miss = why_not(self.view, job, m, founding=unit.founding)
@@ -77,33 +100,46 @@ class Repacker:
             lacking = np.maximum(need - self.cell.free[i], 0.0)
             if not (lacking > 1e-9).any():
                 continue  # room enough: not a repacking case (the passes saw it differently)
-            plan = self._movers(i, lacking)
-            if plan is None:
-                continue
-            for a, dest in plan:
-                mover = self.view.jobs[a.job]
-                index = int(a.task.rpartition("/")[2])
-                self.ex.claims.append(self.view.claim(mover, index, self.cell.mids[dest],
-                                                      moves_from=mid))
-                self.cell.take(dest, a.resources)
-                self.cell.give(i, a.resources)
-                self.ex.moved.append((a.task, mid))
-                self.ex.migrated += 1
-            m = self.view.machine(mid)
-            assert m is not None
-            if why_not(self.view, job, m, founding=unit.founding) is not None or not (
-                    self.cell.free[i] + 1e-9 >= need).all():
-                return False  # cannot happen unless the fit rules disagree with the arrays
-            for index in unit.indices:
-                self.ex.claims.append(self.view.claim(job, index, mid))
-            self.cell.take(i, unit.demand)
-            self.ex.placed += len(unit.indices)
-            return True
+            chosen = self._movers(i, lacking)
+            if chosen is not None:
+                options.append((len(chosen), rank, i, chosen))
+                if len(chosen) == 1:
+                    break  # none needs fewer
+        ranked = sorted(options, key=lambda o: (o[0], o[1]))[:self.opts.plans]
+        for _, _, i, chosen in ranked:
+            plan = self._destinations(i, chosen)
+            if plan is not None:
+                return self._commit(unit, i, need, plan)
         return False
 
-    def _movers(self, i: int, lacking: np.ndarray) -> list[tuple[Allocation, int]] | None:
-        """Tasks to move off machine ``i`` and where to, freeing ``lacking``; None if
-        no such set of at most ``max_moves`` exists."""
+    def _commit(self, unit: Unit, i: int, need: np.ndarray,
+                plan: list[tuple[Allocation, int]]) -> bool:
+        """Claim the moves off machine ``i`` and then the unit on it."""
+        job = unit.job
+        mid = self.cell.mids[i]
+        for a, dest in plan:
+            mover = self.view.jobs[a.job]
+            index = int(a.task.rpartition("/")[2])
+            self.ex.claims.append(self.view.claim(mover, index, self.cell.mids[dest],
+                                                  moves_from=mid))
+            self.cell.take(dest, a.resources)
+            self.cell.give(i, a.resources)
+            self.ex.moved.append((a.task, mid))
+            self.ex.migrated += 1
+        m = self.view.machine(mid)
+        assert m is not None
+        if why_not(self.view, job, m, founding=unit.founding) is not None or not (
+                self.cell.free[i] + 1e-9 >= need).all():
+            return False  # cannot happen unless the fit rules disagree with the arrays
+        for index in unit.indices:
+            self.ex.claims.append(self.view.claim(job, index, mid))
+        self.cell.take(i, unit.demand)
+        self.ex.placed += len(unit.indices)
+        return True
+
+    def _movers(self, i: int, lacking: np.ndarray) -> list[Allocation] | None:
+        """Tasks to move off machine ``i`` to free ``lacking``; None if no set of at
+        most ``max_moves`` does."""
         m = self.view.machine(self.cell.mids[i])
         assert m is not None
         scale = np.where(self.cell.cap[i] > 0, self.cell.cap[i], 1.0)
@@ -128,6 +164,11 @@ class Repacker:
             freed += vec[a.task]
         if ((freed + 1e-9) < lacking).any():
             return None
+        return chosen
+
+    def _destinations(self, i: int, chosen: Sequence[Allocation]
+                      ) -> list[tuple[Allocation, int]] | None:
+        """A machine for each mover off machine ``i``; None if one has none."""
         out: list[tuple[Allocation, int]] = []
         room: dict[int, np.ndarray] = {}
         for a in chosen:
@@ -135,14 +176,15 @@ class Repacker:
             if dest is None:
                 return None
             out.append((a, dest))
-            room[dest] = room.get(dest, np.zeros(len(self.cell.dims))) + vec[a.task]
+            room[dest] = room.get(dest, np.zeros(len(self.cell.dims))) + self.cell.vector(
+                a.resources)
         return out
 
     def _destination(self, a: Allocation, away: int, room: dict[int, np.ndarray]
                      ) -> int | None:
         job: Job = self.view.jobs[a.job]
         need = self.cell.vector(a.resources)
-        order = self.cell.order(self.groups.costs(a.resources))
+        order = self._order(a.resources)
         free = self.cell.free[order]
         ok = self.cell.up[order] & (free + 1e-9 >= need).all(axis=1) & (order != away)
         for j in order[ok][:self.opts.walk].tolist():
