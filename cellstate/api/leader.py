@@ -22,6 +22,7 @@ succeeded (etcd made it durable), or with the error that stopped the batch.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -400,16 +401,33 @@ class GroupCommitter:
             self._sender.shutdown(wait=False)
 
     def _stage(self, batch: list[_Request], overlapping: bool) -> Staged | None:
+        """Decide ``batch`` over the write in flight; if only its first requests fit
+        one etcd request, the rest go back to the head of the queue (``batch`` keeps
+        those staged)."""
         began = time.monotonic()
         self._marks += 1
+        cuts = list(itertools.accumulate(len(req.txns) for req in batch))
         try:
             staged = self.store.stage([t for req in batch for t in req.txns],
-                                      MARK_BASE + self._marks)
+                                      MARK_BASE + self._marks, cuts)
         except Exception as e:  # an etcd read failed, say: the plain way tells the waiters
             log.debug("staging a batch: %s; committing it the plain way", e)
             staged = None
         self.busy_s += time.monotonic() - began
-        if staged is not None and overlapping:
+        if staged is None:
+            return None
+        kept = cuts.index(len(staged.txns)) + 1
+        if kept < len(batch):
+            rest = batch[kept:]
+            del batch[kept:]
+            with self._cond:
+                closed = self._closed
+                if closed is None:
+                    self._queue[:0] = rest
+                    self.in_flight -= len(rest)
+            if closed is not None:
+                self._answer(rest, error=closed)
+        if overlapping:
             self.overlapped += 1
         return staged
 

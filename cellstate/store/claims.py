@@ -431,21 +431,33 @@ class ClaimCommits(StoreBase):
     # transaction per machine (``_components``), so a machine an outside writer changed
     # costs only its own claims a second decision.
 
-    def stage(self, txns: Sequence[Transaction], mark: int) -> Staged | None:
+    def stage(self, txns: Sequence[Transaction], mark: int,
+              cuts: Sequence[int] = ()) -> Staged | None:
         """Decide ``txns`` (each checked well-formed) over the view, writes in flight
-        included, and hold the records they write under ``mark``. None when the batch
-        is not one of incremental transactions that fit one etcd request of one nested
-        transaction per machine (the caller commits it with ``commit_many`` once nothing
-        is in flight)."""
+        included, and hold the records they write under ``mark``. If they do not all
+        fit one etcd request, only the first ``n`` are, ``n`` the largest of ``cuts``
+        (where the caller may cut: its requests' ends) that fits; ``Staged.txns`` says
+        which. None when none fit or they are not all incremental (the caller commits
+        them with ``commit_checked`` once nothing is in flight)."""
         with self._lock:
             self._ensure_config()
             if not txns or any(t.mode is not TxnMode.INCREMENTAL for t in txns):
                 return None
             txns = list(txns)
             steps = self._plan(txns)
-            if len(steps) != 1 or not isinstance(steps[0], _Group):
+            first = steps[0]
+            if not isinstance(first, _Group):
                 return None
-            parts = steps[0].parts
+            if len(steps) > 1:
+                # The transactions the first request holds whole.
+                whole = next((i for i, (j, cs) in enumerate(first.parts)
+                              if j != i or len(cs) != len(txns[j].claims)), len(first.parts))
+                n = max((c for c in cuts if 0 < c <= whole), default=0)
+                if not n:
+                    return None
+                txns = txns[:n]
+                first = _Group(first.parts[:n])
+            parts = first.parts
             subs = [txns[i] if len(cs) == len(txns[i].claims)
                     else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
             self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
