@@ -513,8 +513,7 @@ class ClaimCommits(StoreBase):
             compares = [guard(key, rev) for key, rev in shared_real.items()]
             if self._fence is not None:
                 compares.append(self._fence)
-            before = {mid: (m.seq if m is not None else 0) for mid, m in olds.items()}
-            return SentBatch(compares, ops, self._gets(shared_real), before, dict(durable))
+            return SentBatch(compares, ops, self._gets(shared_real), dict(durable))
 
     def settle(self, staged: Staged, sent: SentBatch, res: TxnResult) -> Settled:
         """Take etcd's answer to ``sent``: the records of the machines whose nested
@@ -552,10 +551,8 @@ class ClaimCommits(StoreBase):
                     else:
                         rejection = _real_detail(d.rejection_of(c.task), sent.durable)
                         outs[i].settle((), (rejection,), (), res.revision)
-                for j in {j for j, _ in comp.claims}:
-                    outs[parts[j][0]].rewrote(
-                        {m: sent.before[m] for m in decisions[j].machines if m in comp.machines},
-                        res.revision)
+            # (No ``rewrote``: the claims left are on machines of their own components,
+            # none of which this request wrote.)
             if failed:  # learn what the outside writers changed
                 self._fetch(k for k in failed if k not in staged.pending)
             self._note_conflict(bool(left))
@@ -611,7 +608,6 @@ class SentBatch:
     compares: list[Compare]
     ops: list[Op]
     shared_gets: list[Get]
-    before: dict[str, int]  # machine -> its sequence before the batch
     durable: Mapping[int, int]  # the marks it was decided over -> their revisions
 
 
