@@ -251,7 +251,14 @@ class _Flight:
     staged: Staged
     sent: SentBatch
     future: Future[TxnResult]
+    sent_at: float = 0.0  # monotonic
 
+
+# A batch taken while another's request is in flight waits until that request has
+# been out this share of the latest round trip (or has returned), so the commits that
+# arrive meanwhile join it: with one request in flight at a time, commits per
+# request are what the leader's rate scales with.
+HOLD_SHARE = 0.5
 
 # Placeholder revisions of the records of a write in flight (``CellStore.stage``):
 # above any revision etcd will reach.
@@ -293,6 +300,7 @@ class GroupCommitter:
         self._started = time.monotonic()
         self._marks = 0
         self._durable: dict[int, int] = {}  # the mark of the latest request settled -> revision
+        self._round_trip = 0.0  # seconds, a moving average of the requests'
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="group-commit-send")
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
@@ -339,10 +347,6 @@ class GroupCommitter:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
-    def _wake(self, _future: object = None) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def _take(self, flight: _Flight | None) -> list[_Request] | None:
         """Every request waiting, up to the batch caps; waits for one, or for the
         request in flight to return ([] then). None once closed."""
@@ -350,6 +354,11 @@ class GroupCommitter:
             while (not self._queue and self._closed is None
                    and (flight is None or not flight.future.done())):
                 self._cond.wait()
+            if flight is not None:
+                until = flight.sent_at + HOLD_SHARE * self._round_trip
+                while (self._closed is None and not flight.future.done()
+                       and (left := until - time.monotonic()) > 0):
+                    self._cond.wait(left)
             if self._closed is not None:
                 return None
             batch: list[_Request] = []
@@ -446,9 +455,18 @@ class GroupCommitter:
             self.store.abandon(staged)
             return None
         kv = self.store.kv
-        future = self._sender.submit(kv.txn, sent.compares, sent.ops, sent.shared_gets)
-        future.add_done_callback(self._wake)
-        return _Flight(batch, staged, sent, future)
+        flight = _Flight(batch, staged, sent,
+                         self._sender.submit(kv.txn, sent.compares, sent.ops, sent.shared_gets),
+                         time.monotonic())
+        flight.future.add_done_callback(lambda _f: self._returned(flight))
+        return flight
+
+    def _returned(self, flight: _Flight) -> None:
+        took = time.monotonic() - flight.sent_at
+        with self._cond:
+            self._round_trip = took if not self._round_trip else (
+                0.8 * self._round_trip + 0.2 * took)
+            self._cond.notify_all()
 
     def _land(self, flight: _Flight, next_staged: Staged | None) -> bool:
         """Wait for ``flight``'s answer and answer its requests. Returns whether it was
