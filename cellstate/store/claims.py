@@ -487,16 +487,21 @@ class ClaimCommits(StoreBase):
             shared, comps = staged.split
             olds = {mid: (m.with_seq(durable[m.seq]) if m is not None and m.seq in durable
                           else m) for mid, m in staged.olds.items()}
-            writes = []
+            prepared = []
+            guards = []
             for comp in comps:
                 assert comp.write is not None
-                writes.append(attrs.evolve(comp.write, guards={
-                    k: real(v) for k, v in comp.write.guards.items()}))
-            prepared = [self._prepare(w, olds) for w in writes]
+                held = comp.write.guards
+                if durable and not durable.keys().isdisjoint(held.values()):
+                    held = {k: real(v) for k, v in held.items()}
+                guards.append(held)
+                # (The guards' keys, all _prepare reads of them, are the same.)
+                prepared.append(self._prepare(comp.write, olds))
             outer = max(len(comps), len(shared) + (self._fence is not None))
             inner = self.kv.max_txn_ops - outer
             if (outer > self.kv.max_txn_ops
-                    or any(len(p.write.guards) > inner or len(p.ops) > inner for p in prepared)
+                    or any(len(g) > inner or len(p.ops) > inner
+                           for g, p in zip(guards, prepared, strict=True))
                     or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
                                                            self.kv.max_request_bytes)):
                 return None
@@ -505,9 +510,9 @@ class ClaimCommits(StoreBase):
             # guards, rarely; what they changed is read after (``settle``), not carried
             # in every request and etcd's log.
             ops: list[Op] = [
-                TxnOp(tuple([guard(key, rev) for key, rev in p.write.guards.items()]),
+                TxnOp(tuple([guard(key, rev) for key, rev in g.items()]),
                       tuple(p.ops))  # type: ignore[arg-type]
-                for p in prepared
+                for g, p in zip(guards, prepared, strict=True)
             ]
             shared_real = {k: real(v) for k, v in shared.items()}
             compares = [guard(key, rev) for key, rev in shared_real.items()]
