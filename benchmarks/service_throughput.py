@@ -126,7 +126,7 @@ from omega.etcd_launcher import (  # noqa: E402
 from omega.proc import Child, omega  # noqa: E402
 
 PROCESS_COUNTS = (1, 2, 4)
-PATHS = ("raw", "direct", "leader", "no-lead")
+PATHS = ("raw", "direct", "leader", "no-pipe", "no-lead")
 # Issue 35's goals, with GOAL_PROCESSES scheduler processes sharing the machines: the
 # service with its commit leader reaches GOAL_OVER_RAW of raw etcd's minimal transaction
 # and GOAL_OVER_DIRECT times the direct committers' rate, at most GOAL_TXNS etcd Txns a
@@ -658,8 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
     ap.add_argument("--paths", default=",".join(PATHS),
                     help=f"rounds per process count, in order (default {','.join(PATHS)}): "
-                    "raw etcd, direct committers, the service with its commit leader, the "
-                    "service without one (--no-commit-leader)")
+                    "raw etcd, direct committers, the service with its commit leader, that "
+                    "leader one batch at a time (--no-commit-pipeline), the service without "
+                    "one (--no-commit-leader)")
     ap.add_argument("--processes", default=",".join(map(str, PROCESS_COUNTS)),
                     help="scheduler process counts, comma-separated (default 1,2,4)")
     ap.add_argument("--machines", type=int, default=MACHINES)
@@ -808,9 +809,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             for i in range(n)]
                     fig = timed(jobs)
                 else:
-                    # Through an `omega server`: with its commit leader, or (no-lead)
-                    # committing on its own store handles as before issue 35.
-                    extra = ("--no-commit-leader",) if path == "no-lead" else ()
+                    # Through an `omega server`: with its commit leader, its leader one
+                    # batch at a time (no-pipe), or (no-lead) committing on its own
+                    # store handles as before issue 35.
+                    extra = {"no-lead": ("--no-commit-leader",),
+                             "no-pipe": ("--no-commit-pipeline",)}.get(path, ())
                     server = Server(etcd.endpoint, cell, log_dir, *extra)
                     meter.pids.append(server.pid)
                     jobs = [("service", {"cell": cell, "committer": i, "batch": args.batch,

@@ -241,13 +241,23 @@ class WorkingView:
     def settle_pending(self, key: bytes, pending: object, revision: int) -> None:
         """The write of ``pending`` is durable at ``revision``: if the view still holds
         that record (no later write in flight replaced it), hold it as of ``revision``."""
-        kind = self.keys.classify(key)
-        if kind is None or self._held(kind[0], kind[1]) is not pending:
-            return
+        # The records every placement writes first (a hundred a commit).
+        if type(pending) is Machine:
+            if self.machines.get(pending.id) is not pending:
+                return
+            self.machines[pending.id] = pending.with_seq(revision)
+        elif type(pending) is TaskRecord:
+            if self.tasks.get(pending.id) is not pending:
+                return
+            self.tasks[pending.id] = with_revision(pending, revision)
+        else:
+            kind = self.keys.classify(key)
+            if kind is None or self._held(kind[0], kind[1]) is not pending:
+                return
+            self._hold(key, with_revision(pending, revision))
         self._as_of[key] = revision
         if revision > self.revision:
             self.revision = revision
-        self._hold(key, with_revision(pending, revision))
 
     def drop(self, key: bytes) -> None:
         """Forget ``key`` whatever is held (a write in flight failed): it is read again

@@ -117,6 +117,10 @@ class ServerConfig:
     commit_leader: bool = True
     leader_ttl: int = 5  # seconds: the leader's lease
     advertise: str = ""  # host:port peers forward commits to (default: from listen)
+    # The leader decides the next batch while the previous one's write is in flight
+    # (cellstate/api/leader.py); false: one batch at a time, one flat Txn per group
+    # (the leader as first built, kept to measure against).
+    commit_pipeline: bool = True
 
     @property
     def auth(self) -> AuthPolicy:
@@ -142,7 +146,8 @@ def tls_files(doc: object, where: str, base: Path | None = None) -> TlsFiles:
 def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
     """A server configuration from a parsed file (or {}): top-level ``listen``, ``cell``,
     ``name``, ``committers``, ``max_message_bytes``, ``grace_seconds``,
-    ``commit_leader`` (bool), ``leader_ttl`` (seconds), ``advertise``, an ``[etcd]``
+    ``commit_leader`` (bool), ``leader_ttl`` (seconds), ``advertise``,
+    ``commit_pipeline`` (bool), an ``[etcd]``
     table with ``endpoints`` and the credentials (``ca``, ``cert``, ``key``, ``user``,
     ``password_file``: :class:`~cellstate.etcd_auth.EtcdAccess`), ``[limits.<scheduler>]``
     tables as in the cell config (``max_precedence``, ``max_resources``; with TLS, the
@@ -205,12 +210,13 @@ def server_config(doc: Mapping[str, Any], source: str = "") -> ServerConfig:
         advertise = top.get("advertise", str, "")
         if advertise:
             advertise = address(advertise, "advertise")
+        commit_pipeline = top.get("commit_pipeline", bool, True)
         top.no_unknown()
     except ConfigError as e:
         raise ConfigError(prefix + str(e)) from None
     return ServerConfig(listen, endpoints, cell, name or listen, limits, committers, max_bytes,
                         float(grace), tls, user_max, etcd_access, submitters, crl,
-                        commit_leader, leader_ttl, advertise)
+                        commit_leader, leader_ttl, advertise, commit_pipeline)
 
 
 def _submitters(doc: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:

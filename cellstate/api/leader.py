@@ -22,6 +22,7 @@ succeeded (etcd made it durable), or with the error that stopped the batch.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -250,7 +251,14 @@ class _Flight:
     staged: Staged
     sent: SentBatch
     future: Future[TxnResult]
+    sent_at: float = 0.0  # monotonic
 
+
+# A batch taken while another's request is in flight waits until that request has
+# been out this share of the latest round trip (or has returned), so the commits that
+# arrive meanwhile join it: with one request in flight at a time, commits per
+# request are what the leader's rate scales with.
+HOLD_SHARE = 0.5
 
 # Placeholder revisions of the records of a write in flight (``CellStore.stage``):
 # above any revision etcd will reach.
@@ -292,6 +300,7 @@ class GroupCommitter:
         self._started = time.monotonic()
         self._marks = 0
         self._durable: dict[int, int] = {}  # the mark of the latest request settled -> revision
+        self._round_trip = 0.0  # seconds, a moving average of the requests'
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="group-commit-send")
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
@@ -338,10 +347,6 @@ class GroupCommitter:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
-    def _wake(self, _future: object = None) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def _take(self, flight: _Flight | None) -> list[_Request] | None:
         """Every request waiting, up to the batch caps; waits for one, or for the
         request in flight to return ([] then). None once closed."""
@@ -349,6 +354,11 @@ class GroupCommitter:
             while (not self._queue and self._closed is None
                    and (flight is None or not flight.future.done())):
                 self._cond.wait()
+            if flight is not None:
+                until = flight.sent_at + HOLD_SHARE * self._round_trip
+                while (self._closed is None and not flight.future.done()
+                       and (left := until - time.monotonic()) > 0):
+                    self._cond.wait(left)
             if self._closed is not None:
                 return None
             batch: list[_Request] = []
@@ -400,16 +410,33 @@ class GroupCommitter:
             self._sender.shutdown(wait=False)
 
     def _stage(self, batch: list[_Request], overlapping: bool) -> Staged | None:
+        """Decide ``batch`` over the write in flight; if only its first requests fit
+        one etcd request, the rest go back to the head of the queue (``batch`` keeps
+        those staged)."""
         began = time.monotonic()
         self._marks += 1
+        cuts = list(itertools.accumulate(len(req.txns) for req in batch))
         try:
             staged = self.store.stage([t for req in batch for t in req.txns],
-                                      MARK_BASE + self._marks)
+                                      MARK_BASE + self._marks, cuts)
         except Exception as e:  # an etcd read failed, say: the plain way tells the waiters
             log.debug("staging a batch: %s; committing it the plain way", e)
             staged = None
         self.busy_s += time.monotonic() - began
-        if staged is not None and overlapping:
+        if staged is None:
+            return None
+        kept = cuts.index(len(staged.txns)) + 1
+        if kept < len(batch):
+            rest = batch[kept:]
+            del batch[kept:]
+            with self._cond:
+                closed = self._closed
+                if closed is None:
+                    self._queue[:0] = rest
+                    self.in_flight -= len(rest)
+            if closed is not None:
+                self._answer(rest, error=closed)
+        if overlapping:
             self.overlapped += 1
         return staged
 
@@ -428,9 +455,18 @@ class GroupCommitter:
             self.store.abandon(staged)
             return None
         kv = self.store.kv
-        future = self._sender.submit(kv.txn, sent.compares, sent.ops, sent.shared_gets)
-        future.add_done_callback(self._wake)
-        return _Flight(batch, staged, sent, future)
+        flight = _Flight(batch, staged, sent,
+                         self._sender.submit(kv.txn, sent.compares, sent.ops, sent.shared_gets),
+                         time.monotonic())
+        flight.future.add_done_callback(lambda _f: self._returned(flight))
+        return flight
+
+    def _returned(self, flight: _Flight) -> None:
+        took = time.monotonic() - flight.sent_at
+        with self._cond:
+            self._round_trip = took if not self._round_trip else (
+                0.8 * self._round_trip + 0.2 * took)
+            self._cond.notify_all()
 
     def _land(self, flight: _Flight, next_staged: Staged | None) -> bool:
         """Wait for ``flight``'s answer and answer its requests. Returns whether it was

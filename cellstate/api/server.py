@@ -229,16 +229,18 @@ class CellStateService(pb_grpc.CellStateServicer):
         view follows the replica and learns the rest from etcd as it validates (the
         previous leader's last writes included: their guards would fail otherwise)."""
         assert self.election is not None
-        # One nested transaction per machine in one etcd request: a batch of about 100
-        # machines fits one request (a flat one holds about 80 claims: three puts
-        # each), and a machine an outside writer (an agent, a submit) changed costs
-        # only its own claims a second decision.
-        store = CellStore(self.kv, self.config.cell,
-                          options=StoreOptions(per_machine_writes="always"), clock=self.clock)
+        # Pipelined: one nested transaction per machine in one etcd request, so a batch
+        # of about 100 machines fits one request (a flat one holds about 80 claims at
+        # --max-txn-ops=256: three puts each) and a machine an outside writer (an
+        # agent, a submit) changed costs only its own claims a second decision.
+        # Otherwise only this handle writes claims: one flat Txn per group.
+        pipeline = self.config.commit_pipeline
+        store = CellStore(self.kv, self.config.cell, options=StoreOptions(
+            per_machine_writes="always" if pipeline else "never"), clock=self.clock)
         store.follow(self.replica)
         store.fence(self.election.key, token)
         with self._lead_lock:
-            self._committer = GroupCommitter(store).start()
+            self._committer = GroupCommitter(store, pipeline=pipeline).start()
 
     def step_down(self) -> None:
         """Deposed (or stopping): commits queued here fail with UNAVAILABLE; their

@@ -431,21 +431,33 @@ class ClaimCommits(StoreBase):
     # transaction per machine (``_components``), so a machine an outside writer changed
     # costs only its own claims a second decision.
 
-    def stage(self, txns: Sequence[Transaction], mark: int) -> Staged | None:
+    def stage(self, txns: Sequence[Transaction], mark: int,
+              cuts: Sequence[int] = ()) -> Staged | None:
         """Decide ``txns`` (each checked well-formed) over the view, writes in flight
-        included, and hold the records they write under ``mark``. None when the batch
-        is not one of incremental transactions that fit one etcd request of one nested
-        transaction per machine (the caller commits it with ``commit_many`` once nothing
-        is in flight)."""
+        included, and hold the records they write under ``mark``. If they do not all
+        fit one etcd request, only the first ``n`` are, ``n`` the largest of ``cuts``
+        (where the caller may cut: its requests' ends) that fits; ``Staged.txns`` says
+        which. None when none fit or they are not all incremental (the caller commits
+        them with ``commit_checked`` once nothing is in flight)."""
         with self._lock:
             self._ensure_config()
             if not txns or any(t.mode is not TxnMode.INCREMENTAL for t in txns):
                 return None
             txns = list(txns)
             steps = self._plan(txns)
-            if len(steps) != 1 or not isinstance(steps[0], _Group):
+            first = steps[0]
+            if not isinstance(first, _Group):
                 return None
-            parts = steps[0].parts
+            if len(steps) > 1:
+                # The transactions the first request holds whole.
+                whole = next((i for i, (j, cs) in enumerate(first.parts)
+                              if j != i or len(cs) != len(txns[j].claims)), len(first.parts))
+                n = max((c for c in cuts if 0 < c <= whole), default=0)
+                if not n:
+                    return None
+                txns = txns[:n]
+                first = _Group(first.parts[:n])
+            parts = first.parts
             subs = [txns[i] if len(cs) == len(txns[i].claims)
                     else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
             self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
@@ -475,32 +487,38 @@ class ClaimCommits(StoreBase):
             shared, comps = staged.split
             olds = {mid: (m.with_seq(durable[m.seq]) if m is not None and m.seq in durable
                           else m) for mid, m in staged.olds.items()}
-            writes = []
+            prepared = []
+            guards = []
             for comp in comps:
                 assert comp.write is not None
-                writes.append(attrs.evolve(comp.write, guards={
-                    k: real(v) for k, v in comp.write.guards.items()}))
-            prepared = [self._prepare(w, olds) for w in writes]
+                held = comp.write.guards
+                if durable and not durable.keys().isdisjoint(held.values()):
+                    held = {k: real(v) for k, v in held.items()}
+                guards.append(held)
+                # (The guards' keys, all _prepare reads of them, are the same.)
+                prepared.append(self._prepare(comp.write, olds))
             outer = max(len(comps), len(shared) + (self._fence is not None))
             inner = self.kv.max_txn_ops - outer
             if (outer > self.kv.max_txn_ops
-                    or any(len(p.write.guards) > inner or len(p.ops) > inner for p in prepared)
+                    or any(len(g) > inner or len(p.ops) > inner
+                           for g, p in zip(guards, prepared, strict=True))
                     or sum(p.size for p in prepared) > min(self.options.max_txn_bytes,
                                                            self.kv.max_request_bytes)):
                 return None
             guard = Compare.mod_revision_is
+            # No failure branches: only writers outside the leader fail a machine's
+            # guards, rarely; what they changed is read after (``settle``), not carried
+            # in every request and etcd's log.
             ops: list[Op] = [
-                TxnOp(tuple([guard(key, rev) for key, rev in p.write.guards.items()]),
-                      tuple(p.ops),  # type: ignore[arg-type]
-                      tuple(self._gets(p.write.guards)))
-                for p in prepared
+                TxnOp(tuple([guard(key, rev) for key, rev in g.items()]),
+                      tuple(p.ops))  # type: ignore[arg-type]
+                for g, p in zip(guards, prepared, strict=True)
             ]
             shared_real = {k: real(v) for k, v in shared.items()}
             compares = [guard(key, rev) for key, rev in shared_real.items()]
             if self._fence is not None:
                 compares.append(self._fence)
-            before = {mid: (m.seq if m is not None else 0) for mid, m in olds.items()}
-            return SentBatch(compares, ops, self._gets(shared_real), before, dict(durable))
+            return SentBatch(compares, ops, self._gets(shared_real), dict(durable))
 
     def settle(self, staged: Staged, sent: SentBatch, res: TxnResult) -> Settled:
         """Take etcd's answer to ``sent``: the records of the machines whose nested
@@ -518,6 +536,7 @@ class ClaimCommits(StoreBase):
                 self._observe_reads(sent.shared_gets, res)
                 return Settled(outs, parts)
             left: set[tuple[int, str]] = set()
+            failed: set[bytes] = set()
             for comp, op, sub_res in zip(staged.split[1], sent.ops, res.responses, strict=True):
                 assert isinstance(sub_res, TxnResult) and isinstance(op, TxnOp)
                 assert comp.write is not None
@@ -525,7 +544,7 @@ class ClaimCommits(StoreBase):
                     for key in comp.write.records:
                         view.drop(key)
                         staged.pending.pop(key, None)
-                    self._observe_reads(op.failure, sub_res)
+                    failed.update(comp.write.guards)
                     left.update((j, c.task) for j, c in comp.claims)
                     continue
                 for key in comp.write.records:
@@ -537,10 +556,10 @@ class ClaimCommits(StoreBase):
                     else:
                         rejection = _real_detail(d.rejection_of(c.task), sent.durable)
                         outs[i].settle((), (rejection,), (), res.revision)
-                for j in {j for j, _ in comp.claims}:
-                    outs[parts[j][0]].rewrote(
-                        {m: sent.before[m] for m in decisions[j].machines if m in comp.machines},
-                        res.revision)
+            # (No ``rewrote``: the claims left are on machines of their own components,
+            # none of which this request wrote.)
+            if failed:  # learn what the outside writers changed
+                self._fetch(k for k in failed if k not in staged.pending)
             self._note_conflict(bool(left))
             rest = [(i, [c for c in cs if (j, c.task) in left])
                     for j, (i, cs) in enumerate(parts) if any((j, c.task) in left for c in cs)]
@@ -594,7 +613,6 @@ class SentBatch:
     compares: list[Compare]
     ops: list[Op]
     shared_gets: list[Get]
-    before: dict[str, int]  # machine -> its sequence before the batch
     durable: Mapping[int, int]  # the marks it was decided over -> their revisions
 
 

@@ -23,6 +23,10 @@ def register(sub: Any) -> None:
     s.add_argument("--commit-leader", action=argparse.BooleanOptionalAction, default=None,
                    help="commit through one elected commit leader (the default), or "
                    "--no-commit-leader: every server commits straight to etcd")
+    s.add_argument("--commit-pipeline", action=argparse.BooleanOptionalAction, default=None,
+                   help="the commit leader decides the next batch while the previous one's "
+                   "write is in flight (the default), or --no-commit-pipeline: one batch at "
+                   "a time")
     s.add_argument("--leader-ttl", type=int, default=None, metavar="SECONDS",
                    help="the commit leader's lease (default 5): a crashed leader is "
                    "replaced within it")
@@ -62,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         config = attrs.evolve(config, advertise=address(args.advertise, "--advertise"))
     if args.commit_leader is not None:
         config = attrs.evolve(config, commit_leader=args.commit_leader)
+    if args.commit_pipeline is not None:
+        config = attrs.evolve(config, commit_pipeline=args.commit_pipeline)
     if args.leader_ttl is not None:
         if not 1 <= args.leader_ttl <= 60:
             raise ValueError(f"--leader-ttl: {args.leader_ttl} is not between 1 and 60 seconds")

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cellstate.api.client import CellClient, ServiceUnavailable
 from cellstate.api.config import read_toml, server_config
+from cellstate.errors import ConfigError
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Detection, Resources, TxnMode
 from cellstate.store import CellStore
@@ -62,6 +63,13 @@ def test_server_config_file_and_its_limits_reach_the_cell(tmp_path: Path) -> Non
         limits = CellStore(kv, "c1").read_snapshot().config.limits["batch"]
     assert limits.max_precedence == 3
     assert limits.max_resources == Resources.of(cpu=10)
+
+
+def test_server_config_commit_pipeline() -> None:
+    assert server_config({}).commit_pipeline
+    assert not server_config({"commit_pipeline": False}).commit_pipeline
+    with pytest.raises(ConfigError, match=r"s\.toml: .*commit_pipeline"):
+        server_config({"commit_pipeline": "no"}, "s.toml")
 
 
 def test_scheduler_config_file_with_flags_on_top(tmp_path: Path) -> None:

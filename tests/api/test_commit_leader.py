@@ -20,6 +20,7 @@ from cellstate.api.server import CellStateServer
 from cellstate.errors import FencedOut
 from cellstate.invariants import violations
 from cellstate.kv.base import KV, Compare, Delete, Op, Put, TxnOp, TxnResult
+from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     CellConfig,
     Claim,
@@ -292,6 +293,39 @@ def test_a_coarse_claim_decided_over_a_write_in_flight_sees_it(kv: KV) -> None:
     assert f"at sequence {res0.revision}," in rejection.detail, rejection.detail
     # Decided once, over the write in flight, which happened as decided over.
     assert res1.attempts == 1 and committer.redone == 0
+
+
+def test_a_batch_larger_than_one_request_is_cut_at_a_commit() -> None:
+    """Commits that queued beyond what one etcd request holds (here 8 machines: etcd's
+    limit of 16 ops, half of it for the request's own list) are staged up to the last
+    commit that fits whole; the rest go first into the next batch."""
+    kv = MemoryKV(max_txn_ops=16)
+    seed_cell(kv, machines=10, cpu=4, tasks=16)
+    counting = CountingKV(kv)
+    with running_server(counting, name="a", listen="127.0.0.1:0") as server:
+        committer = server.service.committer
+        assert committer is not None
+        with client_for(server) as client:
+            store = registered(client)
+            results: list[Any] = []
+            threads = []
+            with held(committer):
+                threads.append(commit_in_thread(
+                    store, Transaction("batch", (Claim("j", 0, "m0"),)), results))
+                wait_for("the first commit taken", lambda: committer.in_flight == 1)
+                for n in range(3):  # three machines each: nine in all
+                    claims = tuple(Claim("j", 1 + 3 * n + i, f"m{1 + 3 * n + i}")
+                                   for i in range(3))
+                    threads.append(commit_in_thread(store, Transaction("batch", claims),
+                                                    results))
+                wait_for("three commits queued", lambda: queued(committer) == 3)
+                writes = counting.writes
+            for t in threads:
+                t.join(timeout=30)
+    assert all(not isinstance(r, Exception) and not r.rejected for r in results), results
+    assert sum(len(r.committed) for r in results) == 10
+    # The first commit; the next two (six machines); the third, cut off from them.
+    assert committer.batches == 3 and counting.writes - writes == 3
 
 
 def test_leadership_moves_when_the_leader_stops(kv: KV) -> None:
