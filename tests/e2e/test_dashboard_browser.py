@@ -154,9 +154,11 @@ def test_a_person_sees_the_cell_live(browser: Any, demo: tuple[str, list[str], A
     _until(browser, "a pending job with a reason", lambda p: any(
         len(row) == 4 and row[3].strip() for row in p["pending"]))
     page = _until(browser, "a preemption", lambda p: re.match(
-        r"[1-9]\d* since", p["preempt_total"]) and len(p["preemptions"][0]) == 4)
-    _, task, machine, _ = page["preemptions"][0]
+        r"[1-9]\d* since", p["preempt_total"]) and len(p["preemptions"][0]) == 5)
+    _, task, machine, by, why = page["preemptions"][0]
     assert re.fullmatch(r"\S+/\d+", task) and re.fullmatch(r"m\d{5}", machine)
+    # Who preempted it and for which task, as its task record's history says.
+    assert by and why.startswith("preempted for "), (by, why)
     # The events panel (issue 34): the cell's task histories, newest first, with who and
     # why; a preemption shows there with the task it made room for.
     page = _until(browser, "a preemption among the events", lambda p: any(
