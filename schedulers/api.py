@@ -118,6 +118,13 @@ class CellView:
             return list(self._machine_ids)
         return list(self.snap.machines.keys())
 
+    def machine_id_list(self) -> Sequence[str]:
+        """Every machine id, as :meth:`machine_ids` lists them, without the copy (a
+        list of every machine, per decision): the caller must not change it."""
+        if self._machine_ids is not None:
+            return self._machine_ids
+        return list(self.snap.machines.keys())
+
     def machines(self) -> Iterator[Machine]:
         for mid, m in self.snap.machines.items():
             yield m if mid not in self._extra and mid not in self._gone else self._overlaid(m)
