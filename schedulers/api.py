@@ -43,6 +43,7 @@ from cellstate.model import (
     Resources,
     task_id,
     task_precedence,
+    trusted_allocation,
 )
 
 
@@ -243,7 +244,7 @@ class CellView:
 
     def _add(self, c: Claim, job: Job) -> None:
         self._overlays.pop(c.machine, None)
-        self._extra.setdefault(c.machine, {})[c.task] = Allocation(
+        self._extra.setdefault(c.machine, {})[c.task] = trusted_allocation(
             c.task, job.id, self.scheduler, task_precedence(job, c.index), job.task_resources)
         self._placed.add(c.task)
         for victim in c.evict:
