@@ -46,6 +46,8 @@ from cellstate.model import (
     split_task_id,
     sum_resources,
     task_id,
+    trusted_task_event,
+    trusted_task_record,
     with_event,
 )
 from cellstate.validation import Decision
@@ -195,9 +197,9 @@ def end_tasks(
             by_machine[mid] = [tid]
         else:
             gone.append(tid)
-        records[(_TASK, tid)] = TaskRecord(
-            rec.job, rec.index, outcome, mid, rec.scheduler, placed_at=rec.placed_at,
-            history=with_event(rec, TaskEvent(at, outcome, mid)))
+        records[(_TASK, tid)] = trusted_task_record(
+            rec.job, rec.index, outcome, mid, rec.scheduler, "", rec.placed_at,
+            with_event(rec, trusted_task_event(at, outcome, mid)))
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
     refs: set[Ref] = set()
     for mid, gone in by_machine.items():

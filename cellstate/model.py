@@ -784,6 +784,83 @@ class TaskRecord:
         return task_id(self.job, self.index)
 
 
+# Two task records, two events and two holds are built for every task placed and
+# ended (the simulator's hottest constructors after the machine's): built as
+# ``_copy_machine`` builds a machine, each slot set through its descriptor, which takes
+# about half the time of attrs' frozen ``__init__``. Should the fields change, the
+# import fails here rather than a record missing one.
+assert tuple(f.name for f in attrs.fields(TaskRecord)) == (
+    "job", "index", "state", "machine", "scheduler", "gang", "revision", "exit_code",
+    "started_at", "ended_at", "detail", "placed_at", "history"
+), "update trusted_task_record for TaskRecord's new fields"
+assert tuple(f.name for f in attrs.fields(TaskEvent)) == (
+    "at", "state", "machine", "by", "why"), "update trusted_task_event"
+assert tuple(f.name for f in attrs.fields(Allocation)) == (
+    "task", "job", "scheduler", "precedence", "resources", "gang", "evicted_by", "key_seq"
+), "update trusted_allocation for Allocation's new fields"
+_rec_slots = [TaskRecord.__dict__[f.name].__set__ for f in attrs.fields(TaskRecord)]
+(_set_r_job, _set_r_index, _set_r_state, _set_r_machine, _set_r_scheduler, _set_r_gang,
+ _set_r_revision, _set_r_exit_code, _set_r_started_at, _set_r_ended_at, _set_r_detail,
+ _set_r_placed_at, _set_r_history) = _rec_slots
+_set_e_at, _set_e_state, _set_e_machine, _set_e_by, _set_e_why = (
+    TaskEvent.__dict__[f.name].__set__ for f in attrs.fields(TaskEvent))
+(_set_a_task, _set_a_job, _set_a_scheduler, _set_a_precedence, _set_a_resources,
+ _set_a_gang, _set_a_evicted_by, _set_a_key_seq) = (
+    Allocation.__dict__[f.name].__set__ for f in attrs.fields(Allocation))
+del _rec_slots
+
+
+def trusted_task_record(job: str, index: int, state: TaskState, machine: str,
+                        scheduler: str, gang: str, placed_at: float,
+                        history: tuple[TaskEvent, ...]) -> TaskRecord:
+    """``TaskRecord(job, index, state, machine, scheduler, gang, placed_at=...,
+    history=...)``, the other fields at their defaults; the fields are trusted (a
+    decision's own)."""
+    r = _new_object(TaskRecord)
+    _set_r_job(r, job)
+    _set_r_index(r, index)
+    _set_r_state(r, state)
+    _set_r_machine(r, machine)
+    _set_r_scheduler(r, scheduler)
+    _set_r_gang(r, gang)
+    _set_r_revision(r, 0)
+    _set_r_exit_code(r, None)
+    _set_r_started_at(r, 0.0)
+    _set_r_ended_at(r, 0.0)
+    _set_r_detail(r, "")
+    _set_r_placed_at(r, placed_at)
+    _set_r_history(r, history)
+    return r
+
+
+def trusted_task_event(at: float, state: TaskState, machine: str = "", by: str = "",
+                       why: str = "") -> TaskEvent:
+    """``TaskEvent(at, state, machine, by, why)`` of trusted fields."""
+    e = _new_object(TaskEvent)
+    _set_e_at(e, at)
+    _set_e_state(e, state)
+    _set_e_machine(e, machine)
+    _set_e_by(e, by)
+    _set_e_why(e, why)
+    return e
+
+
+def trusted_allocation(task: str, job: str, scheduler: str, precedence: int,
+                       resources: Resources, gang: str = "") -> Allocation:
+    """``Allocation(task, job, scheduler, precedence, resources, gang)`` of trusted
+    fields (not evicted, not stored: ``key_seq`` 0)."""
+    a = _new_object(Allocation)
+    _set_a_task(a, task)
+    _set_a_job(a, job)
+    _set_a_scheduler(a, scheduler)
+    _set_a_precedence(a, precedence)
+    _set_a_resources(a, resources)
+    _set_a_gang(a, gang)
+    _set_a_evicted_by(a, "")
+    _set_a_key_seq(a, 0)
+    return a
+
+
 @attrs.frozen(slots=True)
 class TaskResult:
     """What an agent reports about a run that ended: the command's exit code (None for a

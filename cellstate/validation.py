@@ -100,6 +100,9 @@ from cellstate.model import (
     sum_resources,
     task_id,
     task_precedence,
+    trusted_allocation,
+    trusted_task_event,
+    trusted_task_record,
     with_event,
 )
 
@@ -900,7 +903,7 @@ def _apply(w: _Work, claim: Claim) -> None:
                                                   f"preempted for {claim.task}")))
         w.removed[a.scheduler] = w.removed.get(a.scheduler, _NOTHING) + a.resources
         w.evicted.append(victim)
-    allocs[claim.task] = Allocation(
+    allocs[claim.task] = trusted_allocation(
         claim.task, job.id, w.txn.scheduler, task_precedence(job, claim.index),
         job.task_resources, w.gang
     )
@@ -924,9 +927,9 @@ def _apply(w: _Work, claim: Claim) -> None:
     # its run starts now too.
     old = w.cell.tasks.get(claim.task)
     why = f"moved from {claim.moves_from}" if claim.moves_from else "placed"
-    w.tasks[claim.task] = TaskRecord(
-        job.id, claim.index, _RUNNING, m.id, w.txn.scheduler, w.gang, placed_at=w.at,
-        history=with_event(old, TaskEvent(w.at, _RUNNING, m.id, w.txn.scheduler, why)),
+    w.tasks[claim.task] = trusted_task_record(
+        job.id, claim.index, _RUNNING, m.id, w.txn.scheduler, w.gang, w.at,
+        with_event(old, trusted_task_event(w.at, _RUNNING, m.id, w.txn.scheduler, why)),
     )
     w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, _NOTHING) + job.task_resources
 

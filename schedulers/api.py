@@ -43,6 +43,7 @@ from cellstate.model import (
     Resources,
     task_id,
     task_precedence,
+    trusted_allocation,
 )
 
 
@@ -116,6 +117,13 @@ class CellView:
         """Every machine id (a new list the caller may reorder)."""
         if self._machine_ids is not None:
             return list(self._machine_ids)
+        return list(self.snap.machines.keys())
+
+    def machine_id_list(self) -> Sequence[str]:
+        """Every machine id, as :meth:`machine_ids` lists them, without the copy (a
+        list of every machine, per decision): the caller must not change it."""
+        if self._machine_ids is not None:
+            return self._machine_ids
         return list(self.snap.machines.keys())
 
     def machines(self) -> Iterator[Machine]:
@@ -236,7 +244,7 @@ class CellView:
 
     def _add(self, c: Claim, job: Job) -> None:
         self._overlays.pop(c.machine, None)
-        self._extra.setdefault(c.machine, {})[c.task] = Allocation(
+        self._extra.setdefault(c.machine, {})[c.task] = trusted_allocation(
             c.task, job.id, self.scheduler, task_precedence(job, c.index), job.task_resources)
         self._placed.add(c.task)
         for victim in c.evict:

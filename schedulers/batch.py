@@ -21,6 +21,7 @@ takes the first of them that does instead of rejecting the claim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cellstate.fit import FitTally
@@ -51,7 +52,7 @@ def first_fit(ctx: Context, job: Job, pending: list[int], alternatives: int = 0)
     view = ctx.view
     if not pending:
         return Plan()
-    candidates = view.machine_ids()
+    candidates = Candidates(view.machine_id_list())
     claims = []
     tally = FitTally()
     while pending and candidates:
@@ -66,9 +67,7 @@ def first_fit(ctx: Context, job: Job, pending: list[int], alternatives: int = 0)
                 claims.append(view.claim(job, pending.pop(0), mid, fallbacks=alts))
                 continue
             tally.add(miss)
-        # Swap-remove: O(1) and the order of the rest does not matter (random picks).
-        candidates[i] = candidates[-1]
-        candidates.pop()
+        candidates.drop(i)
     if pending:
         reclaimer = Reclaimer(view)
         while pending and (found := reclaimer.find(job, pending[0])) is not None:
@@ -86,6 +85,37 @@ def first_fit(ctx: Context, job: Job, pending: list[int], alternatives: int = 0)
         len(pending), fit=report),))
 
 
+class Candidates:
+    """The machines not dropped yet, for random picks: ``ids`` (not changed) with the
+    swap-removes kept apart, so a decision does not copy the list of every machine.
+    Position ``i`` reads as it would in a copy that was swap-removed the same way, so
+    the same random draws pick the same machines."""
+
+    __slots__ = ("_ids", "_moved", "_n")
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self._ids = ids
+        self._moved: dict[int, str] = {}
+        self._n = len(ids)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __getitem__(self, i: int) -> str:
+        moved = self._moved.get(i)
+        return self._ids[i] if moved is None else moved
+
+    def drop(self, i: int) -> None:
+        """Swap-remove position ``i``: O(1), and the order of the rest does not matter
+        (random picks)."""
+        last = self._n - 1
+        self._moved[i] = self[last]
+        self._n = last
+
+
 def fallbacks_option(raw: object) -> int:
     n = int(raw) if isinstance(raw, int | str) and str(raw).isdigit() else -1
     if not 0 <= n <= MAX_FALLBACKS:
@@ -94,7 +124,7 @@ def fallbacks_option(raw: object) -> int:
     return n
 
 
-def _alternatives(ctx: Context, job: Job, candidates: list[str], mid: str, n: int
+def _alternatives(ctx: Context, job: Job, candidates: Candidates, mid: str, n: int
                   ) -> list[str]:
     """Up to ``n`` other random candidates that can host a task of ``job`` now. A few
     draws each: a busy cell may offer fewer (the claim then names fewer)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from immutables import Map
@@ -136,12 +136,15 @@ class Offer:
     only in machines logged between them."""
 
     def __init__(self, ident: int, framework: str, locks: Locks,
-                 lineage: int = 0, moves: Moves | None = None) -> None:
+                 lineage: int = 0, moves: Moves | None = None,
+                 plain: Mapping[str, tuple[Machine, Resources]] | None = None) -> None:
         self.id = ident
         self.framework = framework
         self.locks = locks
         self.lineage = lineage
         self.moves = moves if moves is not None else Moves()
+        # The allocator's ``plain`` counts (see there), read by views of the offer.
+        self.plain: Mapping[str, tuple[Machine, Resources]] = plain if plain is not None else {}
 
     def frozen(self) -> Locks:
         """The locks as they are now, for a view (immutable: later changes make new
@@ -169,6 +172,7 @@ class OfferedMachines(Mapping[str, Machine]):
                  shown: dict[str, _Shown]) -> None:
         self._base = base
         self._offered = offer.frozen()
+        self._plain = offer.plain
         self._shown = shown  # kept by the OfferView across views and offers
 
     def __getitem__(self, mid: str) -> Machine:
@@ -179,7 +183,11 @@ class OfferedMachines(Mapping[str, Machine]):
         if hit is not None and hit[0] is m and hit[1] is offered:
             return hit[2]
         shown = m
-        hidden = _left(m.capacity, machine_used(m, {}), offered)
+        counted = self._plain.get(mid)
+        # What the allocator counted free on this very record, with no other lock on
+        # it, is offered whole: nothing to hide, and no need to work it out again.
+        hidden = (_NOTHING if counted is not None and counted[0] is m and counted[1] is offered
+                  else _left(m.capacity, machine_used(m, {}), offered))
         if hidden:
             allocs = dict(m.allocations)
             allocs["hidden/0"] = Allocation("hidden/0", "hidden", "allocator",
@@ -222,6 +230,11 @@ class Allocator:
         # While a framework's commit is published: the machines it changed, counted
         # once it answers (release() counts the ones it placed on again anyway).
         self._deferred: set[str] | None = None
+        # Per machine, the record and what was free on it when it was last counted with
+        # no offer's lock on it and no gang hold: while both are the ones a view shows,
+        # the offer gives all that is free there (capacity - used - free is exactly
+        # nothing, the same subtractions), so the view hides nothing without computing it.
+        self.plain: dict[str, tuple[Machine, Resources]] = {}
         self.moves = Moves()
         self._lineages = itertools.count(1)
         self._pool_lineage = next(self._lineages)  # of ``available``
@@ -230,34 +243,44 @@ class Allocator:
 
     def _changed(self, snap: CellSnapshot, changes: Changes | None) -> None:
         if changes is None:
-            for mid in snap.machines:
-                self._recount(snap, mid)
+            self._recount(snap, snap.machines)
             return
-        deferred = self._deferred
-        for kind, mid in changes:
-            if kind is _MACHINE:
-                if deferred is not None:
-                    deferred.add(mid)
-                else:
-                    self._recount(snap, mid)
-
-    def _recount(self, snap: CellSnapshot, mid: str) -> None:
-        m = snap.machines.get(mid)
-        if m is None or m.state is not _UP:  # gone, or down or draining: nothing to offer
-            if self.available.pop(mid, None) is not None:
-                self.moves.items.append(mid)
-            return
-        if self.outstanding:
-            locks = [lock for o in self.outstanding.values() if (lock := o.locks.get(mid))]
-            free = _left(m.capacity, machine_used(m, snap.gangs), *locks)
+        mids = [mid for kind, mid in changes if kind is _MACHINE]
+        if self._deferred is not None:
+            self._deferred.update(mids)
         else:
-            free = _left(m.capacity, machine_used(m, snap.gangs))
-        if free:
-            if mid not in self.available:
-                self.moves.items.append(mid)
-            self.available[mid] = free
-        elif self.available.pop(mid, None) is not None:
-            self.moves.items.append(mid)
+            self._recount(snap, mids)
+
+    def _recount(self, snap: CellSnapshot, mids: Iterable[str]) -> None:
+        """Count again what is available on each of ``mids``, in order (every
+        placement and task end lands here, for each machine it changes)."""
+        machines, gangs = snap.machines, snap.gangs
+        available, plain, moved = self.available, self.plain, self.moves.items
+        offers = list(self.outstanding.values())
+        for mid in mids:
+            m = machines.get(mid)
+            if m is None or m.state is not _UP:  # gone, down or draining: nothing to offer
+                plain.pop(mid, None)
+                if available.pop(mid, None) is not None:
+                    moved.append(mid)
+                continue
+            used = machine_used(m, gangs) if m.has_tags else m.settled_used
+            locks = [lock for o in offers if (lock := o.locks.get(mid))] if offers else None
+            if locks:
+                free = _left(m.capacity, used, *locks)
+                plain.pop(mid, None)
+            else:
+                free = _left(m.capacity, used)
+                if m.has_tags:
+                    plain.pop(mid, None)
+                else:
+                    plain[mid] = (m, free)
+            if free:
+                if mid not in available:
+                    moved.append(mid)
+                available[mid] = free
+            elif available.pop(mid, None) is not None:
+                moved.append(mid)
 
     def dominant_share(self, framework: str) -> float:
         held = self.cell.usage.get(framework, Resources())
@@ -279,7 +302,7 @@ class Allocator:
             self.offers_made += 1
             self.moves.trim()
             offer = Offer(self.offers_made, fw.name, self.available.finish(),
-                          self._pool_lineage, self.moves)
+                          self._pool_lineage, self.moves, self.plain)
             self.available = Map().mutate()
             self._pool_lineage = next(self._lineages)
             self.outstanding[offer.id] = offer
@@ -309,9 +332,7 @@ class Allocator:
             # Machines the commit changed but did not place on (none, so far): counted
             # with the offer still outstanding, as they would have been when published
             # (only the machines placed on have changed since).
-            for mid in deferred:
-                if mid not in touched:
-                    self._recount(snap, mid)
+            self._recount(snap, [mid for mid in deferred if mid not in touched])
         if self.outstanding.pop(offer.id, None) is None:
             return
         # The offer's locks (thousands of machines, shared, not copied) with the few
@@ -328,8 +349,7 @@ class Allocator:
         # Counted in place: a machine placed on nearly always keeps some room, and
         # taking it out to put it back would log two moves that every framework's
         # view then goes over for nothing.
-        for mid in touched:
-            self._recount(snap, mid)
+        self._recount(snap, touched)
 
 
 class OfferView:

@@ -25,7 +25,7 @@ import attrs
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from cellstate.gc_tuning import tune_for_large_heap  # noqa: E402
+from cellstate.gc_tuning import SweptCollector  # noqa: E402
 from simulator.drivers import InstanceDriver  # noqa: E402
 from simulator.engine import SAMPLE  # noqa: E402
 from simulator.experiment import load  # noqa: E402
@@ -63,7 +63,8 @@ def main() -> None:
     sim._prefill()
     t1 = time.process_time()
     prefilled = sim.cell.used("cpu")
-    tune_for_large_heap()
+    collector = SweptCollector()  # as an experiment's run has it (simulator/point.py)
+    collector.pause()
     sim._add_schedulers()
     sim._schedule_arrival(sim._arrivals())
     sim.loop.at(0.0, SAMPLE, sim._sample)
@@ -78,7 +79,7 @@ def main() -> None:
     now, last, chunk = 0.0, t1, args.chunk or h
     while now < h:
         now = min(now + chunk, h)
-        sim.loop.run(now)
+        sim.loop.run(now, lambda _: collector.sweep())
         if args.chunk:
             t = time.process_time()
             print(f"  t={now:.0f} s: {t - last:.2f} s CPU, queue {queue()}", flush=True)
@@ -86,6 +87,7 @@ def main() -> None:
     if prof is not None:
         prof.disable()
     t2 = time.process_time()
+    collector.resume()
     m = sim.summary()
     placed = sum(v for k, v in m.items() if k.endswith("_tasks_placed"))
     decisions = sum(v for k, v in m.items() if k.endswith("_attempts"))

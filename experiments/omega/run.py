@@ -3,6 +3,8 @@
     python experiments/omega/run.py                     # paper length: every point,
                                                         # 3 seeds, 7 days (Mesos: 1)
     python experiments/omega/run.py --short --jobs 2    # what this session ran
+    python experiments/omega/run.py --long --jobs 1 --out docs/results/omega-long
+                                                        # each claim at a day or a week
     python experiments/omega/run.py --scheduler tcp://HOST:8786   # on a Dask cluster
 
 The points run on Dask (simulator/sweep.py): an embedded local cluster of --jobs
@@ -12,7 +14,8 @@ again after it was stopped runs only what is missing. Each experiment file's dat
 goes to OUT/<name>/ (results.json, results.csv, and timing.csv: the CPU seconds each
 run took, for estimating the full length), then figures.py draws the paper's figures,
 three clusters to a plot, from all of them.
-``--short`` keeps the points, seeds and length listed in SHORT below; ``--only NAME``
+``--short`` keeps the points, seeds and length listed in SHORT below, ``--long`` those
+of LONG (a day or a week of each figure's main claim); ``--only NAME``
 runs the named files only (the figures are drawn from whatever data OUT holds).
 """
 
@@ -75,6 +78,27 @@ SHORT: dict[str, tuple[float, Keep | list[Keep]]] = {
          "batch_rate": [10]}]),
 }
 
+# The long profile: what this machine runs of each figure's main claim at a length that
+# can show it (issue 32), most telling first: docs/results/omega.md says per figure
+# what of it has been run (length and seeds) and what has not.
+_DAY = 86_400.0
+_WEEK = 7 * _DAY
+LONG: dict[str, tuple[float, Keep | list[Keep]]] = {
+    # Fig. 5/6: shared state on cluster B, t_job(service) from fast to the paper's
+    # slowest (the other four of its seven values: not yet).
+    "fig5_6_shared_state": (_DAY, {"cluster": ["B"], "seed": [1],
+                                   "t_job_service": [0.1, 10, 100]}),
+    # Fig. 8: cluster B at 1x and saturated; saturation grows with time: a week.
+    "fig8_batch_rate": (_WEEK, {"cluster": ["B"], "seed": [1], "batch_rate": [1, 10]}),
+    # Fig. 7c: abandoned jobs at a slow service scheduler (the paper's ~200 a day).
+    "fig7_two_level": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [10, 100]}),
+    # Fig. 14 and 9: conflict comparisons, 3 seeds.
+    "fig14_conflict_modes": (_DAY, {"cluster": ["C"], "seed": [1, 2, 3],
+                                    "t_job_service": [10]}),
+    "fig9_batch_schedulers": (_DAY, {"cluster": ["B"], "seed": [1, 2, 3],
+                                     "batch_schedulers": [1, 32], "batch_rate": [10]}),
+}
+
 
 def shorten(exp: Experiment, horizon: float, keep: Keep | list[Keep]) -> Experiment:
     """The runs whose every axis value is kept (by one of the tables, if a list), run
@@ -117,7 +141,11 @@ def write_timed(exp: Experiment, results: list[TimedResult], dest: Path) -> None
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--short", action="store_true", help="the short profile (SHORT)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--short", action="store_true", help="the short profile (SHORT)")
+    length.add_argument("--long", action="store_true",
+                        help="the long profile (LONG): each figure's main claim, a day or "
+                        "a week; files it has no entry for are skipped")
     add_cluster_arguments(p)
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
     p.add_argument("--only", nargs="*", default=FILES, choices=FILES, metavar="NAME",
@@ -132,7 +160,11 @@ def main() -> None:
         exps = []
         for name in args.only:
             exp = load(HERE / f"{name}.toml")
-            if args.short:
+            if args.long:
+                if name not in LONG:
+                    continue
+                exp = shorten(exp, *LONG[name])
+            elif args.short:
                 horizon, keep = SHORT[name]
                 if args.seeds:
                     tables = keep if isinstance(keep, list) else [keep]
