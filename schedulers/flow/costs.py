@@ -57,6 +57,32 @@ class Racks(dict[str, str]):
         self.sizes: dict[str, int] = {}
         for rack in self.values():
             self.sizes[rack] = self.sizes.get(rack, 0) + 1
+        self._index: RackIndex | None = None
+
+    def index(self) -> RackIndex:
+        """The layout numbered for array pricing (made once per layout: a Racks is
+        not changed after it is made)."""
+        if self._index is None:
+            names = sorted(self)
+            racks = sorted(self.sizes)
+            rpos = {r: i for i, r in enumerate(racks)}
+            self._index = RackIndex(
+                names, {m: i for i, m in enumerate(names)},
+                np.array([rpos[self[m]] for m in names], dtype=np.int64), racks,
+                np.array([self.sizes[r] for r in racks], dtype=np.int64))
+        return self._index
+
+
+class RackIndex(NamedTuple):
+    """A layout's machines and racks numbered in name order (so that an index is also
+    the name's rank, the order ties are broken in): each machine's rack and each
+    rack's size as arrays."""
+
+    machines: list[str]
+    position: dict[str, int]
+    rack_of: npt.NDArray[np.int64]
+    racks: list[str]
+    rack_sizes: npt.NDArray[np.int64]
 
 
 class TaskCosts(NamedTuple):
@@ -66,6 +92,61 @@ class TaskCosts(NamedTuple):
 
     preferences: Sequence[Preference]
     cluster: int
+
+
+@attrs.frozen(eq=False)
+class TaskPrices:
+    """Many tasks of one job priced at once (:meth:`CostModel.task_prices`): the
+    tasks priced on their own (``tasks``, in order; the others share the job's node),
+    and for task ``k`` of them its cluster arc ``cluster[k]`` and its preferences at
+    ``start[k]:start[k + 1]`` of the preference arrays: each a machine (an index into
+    ``machine_names``) or a rack (into ``rack_names``; the other index -1), with its
+    cost. What :meth:`CostModel.task_costs` gives each task, as arrays, so that the
+    graph manager adds a round's new task nodes without a Python object per arc."""
+
+    tasks: list[int]
+    cluster: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    machine: npt.NDArray[np.int64]
+    rack: npt.NDArray[np.int64]
+    cost: npt.NDArray[np.int64]
+    machine_names: Sequence[str]
+    rack_names: Sequence[str]
+
+    def costs(self, k: int) -> TaskCosts:
+        """Task ``k``'s prices as :meth:`CostModel.task_costs` gives them."""
+        a, b = int(self.start[k]), int(self.start[k + 1])
+        return TaskCosts(tuple(
+            Preference(self.machine_names[m], "", c) if m >= 0
+            else Preference("", self.rack_names[r], c)
+            for m, r, c in zip(self.machine[a:b].tolist(), self.rack[a:b].tolist(),
+                               self.cost[a:b].tolist(), strict=True)),
+            int(self.cluster[k]))
+
+    @staticmethod
+    def of(priced: Sequence[tuple[int, TaskCosts]]) -> TaskPrices:
+        """Packs tasks priced one by one."""
+        machines: dict[str, int] = {}
+        racks: dict[str, int] = {}
+        start = [0]
+        mi: list[int] = []
+        ri: list[int] = []
+        cost: list[int] = []
+        for _, tc in priced:
+            for p in tc.preferences:
+                if p.machine:
+                    mi.append(machines.setdefault(p.machine, len(machines)))
+                    ri.append(-1)
+                else:
+                    mi.append(-1)
+                    ri.append(racks.setdefault(p.rack, len(racks)))
+                cost.append(p.cost)
+            start.append(len(cost))
+        return TaskPrices(
+            [i for i, _ in priced], np.array([tc.cluster for _, tc in priced], dtype=np.int64),
+            np.array(start, dtype=np.int64), np.array(mi, dtype=np.int64),
+            np.array(ri, dtype=np.int64), np.array(cost, dtype=np.int64),
+            list(machines), list(racks))
 
 
 class Preference(NamedTuple):
@@ -214,10 +295,24 @@ class CostModel:
         runs (its continuation arc, :meth:`transfer` and :meth:`run_discounts`)."""
         return None
 
+    def task_prices(self, job: Job, indices: Sequence[int], racks: Racks) -> TaskPrices:
+        """:meth:`task_costs` of many tasks of a job at once, as arrays; by default
+        asked task by task. A model that overrides it must give exactly what
+        :meth:`task_costs` gives (``tests/test_flow_quincy.py`` checks Quincy's)."""
+        priced = [(i, tc) for i in indices
+                  if (tc := self.task_costs(job, i, racks)) is not None]
+        return TaskPrices.of(priced)
+
     def task_unscheduled(self, job: Job, costs: TaskCosts, waited: float) -> int:
         """Cost of leaving a task with its own node waiting (``waited`` seconds so
         far)."""
         return self.unscheduled(job, waited)
+
+    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float
+                          ) -> npt.NDArray[np.int64]:
+        """:meth:`task_unscheduled` for every task of ``prices``, as an array."""
+        return np.array([self.task_unscheduled(job, prices.costs(k), waited)
+                         for k in range(len(prices.tasks))], dtype=np.int64)
 
     def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
         """Cost of a task with its own node running on ``machine`` (Quincy's d*: the
@@ -464,6 +559,49 @@ class QuincyCostModel(_MovesTasks):
         preferences, cluster = self._task_prices(data, racks)
         return TaskCosts(tuple(preferences), cluster)
 
+    def task_prices(self, job: Job, indices: Sequence[int], racks: Racks) -> TaskPrices:
+        """:meth:`task_costs` of a job's tasks on arrays: the tasks' input blocks
+        flattened into one row per copy on a machine of the cell, then the data on each
+        (task, machine) and (task, rack) summed in block order (so the sums are the
+        floats :meth:`_Data.of_blocks` makes), each rack's worst machine and the
+        thresholds applied per row, and the preferences ordered as
+        :meth:`_task_prices` orders them (most data first, then by name)."""
+        if not _own_methods(self, QuincyCostModel, "task_costs", "_task_data",
+                            "_task_prices", "_price", "_cost"):
+            return super().task_prices(job, indices, racks)
+        own = [i for i in indices if i < len(job.task_input)]
+        ix = racks.index()
+        position = ix.position
+        task: list[int] = []
+        block: list[int] = []
+        machine: list[int] = []
+        size: list[float] = []
+        totals: list[float] = []
+        nb = 0
+        for k, i in enumerate(own):
+            total = 0.0
+            for b in job.task_input[i]:
+                total += b.size
+                for mid in b.on:
+                    j = position.get(mid)
+                    if j is not None:  # else not in the cell: read from elsewhere
+                        task.append(k)
+                        block.append(nb)
+                        machine.append(j)
+                        size.append(b.size)
+                nb += 1
+            totals.append(total)
+        return _price_rows(self.options, own, np.array(totals, dtype=np.float64),
+                           np.array(task, dtype=np.int64), np.array(block, dtype=np.int64),
+                           np.array(machine, dtype=np.int64),
+                           np.array(size, dtype=np.float64), ix)
+
+    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float
+                          ) -> npt.NDArray[np.int64]:
+        if not _own_methods(self, QuincyCostModel, "task_unscheduled", "_waiting"):
+            return super().tasks_unscheduled(job, prices, waited)
+        return prices.cluster + self._waiting(waited, job.precedence)
+
     def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
         if index >= len(job.task_input):
             data = self._job_data(job, racks)
@@ -565,6 +703,73 @@ class _Data(NamedTuple):
                     seen_racks.add(rack)
                     on_rack[rack] = on_rack.get(rack, 0.0) + b.size
         return _Data(total, on_machine, on_rack, holders, scale)
+
+
+def _price_rows(o: Mapping[str, float], tasks: list[int], total: npt.NDArray[np.float64],
+                task: npt.NDArray[np.int64], block: npt.NDArray[np.int64],
+                machine: npt.NDArray[np.int64], size: npt.NDArray[np.float64],
+                ix: RackIndex) -> TaskPrices:
+    """Quincy's :meth:`QuincyCostModel._task_prices` for many tasks: one row per copy
+    of a block on a machine of the cell (``task``: the task's position in ``tasks``).
+    Every cost is the same float expression as there, rounded half to even as
+    ``round`` rounds."""
+    rack_cost, core_cost, scale = o["rack_cost"], o["core_cost"], o["data_scale"]
+    n, nm, nr = len(tasks), len(ix.machines), len(ix.racks)
+    rack = ix.rack_of[machine]
+    # Data per (task, machine): bincount adds the weights in row order, as the dict did.
+    tm, at_tm = np.unique(task * nm + machine, return_inverse=True)
+    on_machine = np.bincount(at_tm, weights=size, minlength=len(tm))
+    # Data per (task, rack): a block counted once per rack whatever its copies there.
+    _, first = np.unique(block * nr + rack, return_index=True)
+    first.sort()
+    tr, at_tr = np.unique(task[first] * nr + rack[first], return_inverse=True)
+    on_rack = np.bincount(at_tr, weights=size[first], minlength=len(tr))
+    tr_task, tr_rack = tr // nr, tr % nr
+    tm_task, tm_machine = tm // nm, tm % nm
+    tm_rack = ix.rack_of[tm_machine]
+    tm_at = np.searchsorted(tr, tm_task * nr + tm_rack)  # each holder's (task, rack)
+    here = on_rack[tm_at]
+    across = core_cost * (total[tm_task] - here)
+    # Each rack's worst machine: its holders', and one holding none if the rack has one.
+    worst = np.full(len(tr), -np.inf)
+    np.maximum.at(worst, tm_at, np.rint(scale * (rack_cost * (here - on_machine) + across)))
+    holders = np.bincount(tm_at, minlength=len(tr))
+    rack_across = core_cost * (total[tr_task] - on_rack)
+    empty = np.rint(scale * (rack_cost * (on_rack - 0.0) + rack_across))
+    partly = holders < ix.rack_sizes[tr_rack]
+    worst[partly] = np.maximum(worst[partly], empty[partly])
+    # The cluster arc: every byte across the core unless every rack holds some.
+    cluster = np.rint(scale * (rack_cost * (0.0 - 0.0) + core_cost * (total - 0.0)))
+    racks_of = np.bincount(tr_task, minlength=n)
+    everywhere = np.flatnonzero((racks_of >= len(ix.racks)) & (racks_of > 0))
+    if len(everywhere):
+        most = np.full(n, -np.inf)
+        np.maximum.at(most, tr_task, worst)
+        cluster[everywhere] = most[everywhere]
+    # Preferences: machines past the threshold (at most max_preferences, most data
+    # first, then by name), then racks past theirs.
+    live = total > 0
+    pick_m = live[tm_task] & (on_machine >= o["machine_threshold"] * total[tm_task])
+    pm = np.flatnonzero(pick_m)
+    pm = pm[np.lexsort((tm_machine[pm], -on_machine[pm], tm_task[pm]))]
+    rank = np.arange(len(pm)) - np.searchsorted(tm_task[pm], tm_task[pm])
+    pm = pm[rank < o["max_preferences"]]
+    m_cost = np.rint(scale * (rack_cost * (here[pm] - on_machine[pm])
+                              + core_cost * (total[tm_task[pm]] - here[pm])))
+    pick_r = live[tr_task] & (on_rack >= o["rack_threshold"] * total[tr_task])
+    pr = np.flatnonzero(pick_r)
+    pr = pr[np.lexsort((tr_rack[pr], -on_rack[pr], tr_task[pr]))]
+    owner = np.concatenate([tm_task[pm], tr_task[pr]])
+    kind = np.concatenate([np.zeros(len(pm), np.int64), np.ones(len(pr), np.int64)])
+    order = np.lexsort((np.arange(len(owner)), kind, owner))  # stable: keeps each sort
+    none = np.full(len(pr), -1, dtype=np.int64)
+    return TaskPrices(
+        tasks, cluster.astype(np.int64),
+        np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n))]).astype(np.int64),
+        np.concatenate([tm_machine[pm], none])[order],
+        np.concatenate([np.full(len(pm), -1, dtype=np.int64), tr_rack[pr]])[order],
+        np.concatenate([m_cost, worst[pr]]).astype(np.int64)[order],
+        ix.machines, ix.racks)
 
 
 class NetworkAwareCostModel(LoadSpreadingCostModel):

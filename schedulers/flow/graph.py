@@ -59,6 +59,7 @@ from schedulers.flow.costs import (
     MachineLoad,
     Racks,
     TaskCosts,
+    TaskPrices,
 )
 from schedulers.flow.network import MAX_CAPACITY, Arc, FlowNetwork, NodeKey
 from schedulers.runtime import owner_of
@@ -126,6 +127,9 @@ class JobEntry:
     # Tasks the cost model prices on their own (None: like the job's others), asked
     # once per task; and the waiting ones that have a node of their own now.
     costs: dict[int, TaskCosts | None] = attrs.field(factory=dict)
+    # Tasks priced on their own many at once (CostModel.task_prices): their batch and
+    # position there; made into TaskCosts (costs) only where one is asked for.
+    prices: dict[int, tuple[TaskPrices, int]] = attrs.field(factory=dict)
     task_nodes: set[int] = attrs.field(factory=set)
 
 
@@ -306,6 +310,9 @@ class GraphManager:
         self.racks: dict[str, str] = {}  # machine -> rack
         self._rack_set: set[str] = set()
         self._layout = Racks()  # self.racks as cost models see them
+        # Per shape, whether it could ever fit each machine of the layout (-1: not
+        # known yet), by layout position (_could_many).
+        self._could: dict[Shape, npt.NDArray[np.int8]] = {}
         self._task_jobs: set[str] = set()  # jobs with a task priced on its own
         self._runs = _Continuations()  # running tasks with a node of their own
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
@@ -477,6 +484,7 @@ class GraphManager:
         if racks_changed:
             self._rack_set = set(self.racks.values())
             self._layout = Racks(self.racks)
+            self._could = {}
             # A job's arcs to racks and the cluster are priced on the layout.
             rearc.update(j for j, e in self.jobs.items() if e.job.input)
         if self.model.uses_racks:  # else a shape's aggregator has no arcs of its own
@@ -525,7 +533,7 @@ class GraphManager:
                 if self.net.slots_of(("W", jid)) is not None:
                     self.net.set_cost(("W", jid), 0, self.model.unscheduled(job, waited))
                 for i in e.task_nodes:
-                    tc = e.costs[i]
+                    tc = self._task_costs(e, i)
                     assert tc is not None
                     self.net.set_cost(("W", jid, i), 0,
                                       self.model.task_unscheduled(job, tc, waited))
@@ -575,8 +583,8 @@ class GraphManager:
             if old.shape != shape_of(job) or old.job.precedence != job.precedence:
                 old.shape, old.gkey = self._intern(shape_of(job)), None
                 machines.update(old.groups)
-            if old.job.task_input != job.task_input and old.costs:
-                old.costs = {}
+            if old.job.task_input != job.task_input and (old.costs or old.prices):
+                old.costs, old.prices = {}, {}
                 machines.update(old.groups)
             old.job, old.waiting = job, waiting
 
@@ -609,6 +617,7 @@ class GraphManager:
             rearc.update(preferring)
         if m is None:
             self.machines.pop(mid, None)
+            self._forget_could(mid)
             self.net.drop(("M", mid))
             self.net.drop(("T", mid))
             if old is not None:
@@ -636,6 +645,7 @@ class GraphManager:
             touched = dict.fromkeys([*me.groups, *(old.groups if old is not None else ())])
             self._note_jobs(mid, set(old.jobs) if old is not None else set(), set(me.jobs))
             self.machines[mid] = me
+            self._forget_could(mid)
             self._machine_arcs(mid, me)
         for gk in [*me.groups, *(gk for gk in touched if gk not in me.groups)]:
             tids = me.groups.get(gk)
@@ -985,11 +995,34 @@ class GraphManager:
             return None
         if index in e.costs:
             return e.costs[index]
-        tc = self.model.task_costs(e.job, index, self._layout)
+        row = e.prices.get(index)
+        tc = (row[0].costs(row[1]) if row is not None
+              else self.model.task_costs(e.job, index, self._layout))
         e.costs[index] = tc
         if tc is not None:
             self._task_jobs.add(e.job.id)
         return tc
+
+    def _price_waiting(self, e: JobEntry) -> None:
+        """Prices the job's waiting tasks not priced yet, all at once."""
+        if not e.job.task_input:
+            return
+        todo = [i for i in sorted(e.waiting) if i not in e.costs and i not in e.prices]
+        if not todo:
+            return
+        tp = self.model.task_prices(e.job, todo, self._layout)
+        for k, i in enumerate(tp.tasks):
+            e.prices[i] = (tp, k)
+        for i in todo:
+            if i not in e.prices:
+                e.costs[i] = None
+        if tp.tasks:
+            self._task_jobs.add(e.job.id)
+
+    @staticmethod
+    def _own(e: JobEntry, index: int) -> bool:
+        """Whether the task is priced on its own (after :meth:`_price_waiting`)."""
+        return index in e.prices or e.costs.get(index) is not None
 
     def _task_preferences(self, e: JobEntry, src: NodeKey, tc: TaskCosts, capacity: int,
                           extra: int, skip: str = "") -> list[Arc]:
@@ -1003,28 +1036,56 @@ class GraphManager:
                             ) -> list[tuple[NodeKey, int]]:
         """The heads and costs of :meth:`_task_preferences`."""
         out: list[tuple[NodeKey, int]] = []
-        assert self._snap is not None
-        machines = self._snap.machines
-        entries = self.machines
         shape = e.shape
         for p in tc.preferences:
             if p.machine:
-                if p.machine == skip:
-                    continue
-                me = entries.get(p.machine)
-                if me is not None and me.machine is machines.get(p.machine):
-                    ok = me.could.get(shape)
-                    if ok is None:
-                        ok = me.could[shape] = self._could_fit(shape, me.machine)
-                else:
-                    m = machines.get(p.machine)
-                    ok = m is not None and self._could_fit(shape, m)
-                if not ok:
+                if p.machine == skip or not self._could_run(shape, p.machine):
                     continue
                 out.append((("M", p.machine), p.cost + extra))
             elif p.rack in self._rack_set and self.model.uses_racks:
                 out.append((("R", shape, p.rack), p.cost + extra))
         return out
+
+    def _could_run(self, shape: Shape, mid: str) -> bool:
+        """Whether a task of ``shape`` could ever run on machine ``mid`` of the cell
+        (remembered on the machine's entry while its record stays the same)."""
+        assert self._snap is not None
+        m = self._snap.machines.get(mid)
+        me = self.machines.get(mid)
+        if me is not None and me.machine is m:
+            ok = me.could.get(shape)
+            if ok is None:
+                ok = me.could[shape] = self._could_fit(shape, me.machine)
+            return ok
+        return m is not None and self._could_fit(shape, m)
+
+    def _could_many(self, shape: Shape, tp: TaskPrices, ms: npt.NDArray[np.int64]
+                    ) -> npt.NDArray[np.bool_]:
+        """:meth:`_could_run` for the machines ``ms`` of ``tp``; remembered per shape
+        by layout position where ``tp`` numbers machines as the layout does, until
+        the layout changes or the machine's entry is made again
+        (:meth:`_forget_could`)."""
+        names = tp.machine_names
+        if names is not self._layout.index().machines:
+            return np.array([self._could_run(shape, names[j]) for j in ms.tolist()],
+                            dtype=bool)
+        known = self._could.get(shape)
+        if known is None:
+            known = self._could[shape] = np.full(len(names), -1, dtype=np.int8)
+        got = known[ms]
+        for j in np.flatnonzero(got < 0).tolist():
+            mj = int(ms[j])
+            got[j] = known[mj] = self._could_run(shape, names[mj])
+        return got > 0
+
+    def _forget_could(self, mid: str) -> None:
+        """A machine's entry was made again (its record changed beyond its
+        allocations) or it left: what :meth:`_could_many` remembers of it goes."""
+        if self._could:
+            i = self._layout.index().position.get(mid)
+            if i is not None:
+                for known in self._could.values():
+                    known[i] = -1
 
     @staticmethod
     def _could_fit(s: Shape, m: Machine) -> bool:
@@ -1080,7 +1141,8 @@ class GraphManager:
         # The job's unscheduled aggregator: every unit of the job may end there.
         self.net.set_arcs(u, [Arc(u, SINK, job.task_count, 0, 0, ArcKind.LEAVE_UNSCHEDULED)])
         waited = max(now - job.submitted_at, 0.0)
-        shared = [i for i in sorted(e.waiting) if self._task_costs(e, i) is None]
+        self._price_waiting(e)
+        shared = [i for i in sorted(e.waiting) if not self._own(e, i)]
         self._task_nodes(e, waited, reload)
         k = len(shared)
         w: NodeKey = ("W", jid)
@@ -1116,38 +1178,99 @@ class GraphManager:
         supply 1, its own preferences, the cluster aggregator and the job's
         unscheduled aggregator."""
         jid, job = e.job.id, e.job
-        want = {i for i in e.waiting if self._task_costs(e, i) is not None}
+        want = {i for i in e.waiting if self._own(e, i)}
         for i in sorted(e.task_nodes - want):
             self.net.drop(("W", jid, i))
             self.net.set_supply(("W", jid, i), 0)
         u: NodeKey = ("U", jid)
         cluster: NodeKey = ("E", e.shape)
-        new: list[tuple[NodeKey, NodeKey, list[tuple[NodeKey, int, int, int]]]] = []
+        batches: dict[int, tuple[TaskPrices, list[int], list[int]]] = {}
+        alone: list[tuple[int, TaskCosts]] = []
         for i in sorted(want):
-            tc = e.costs[i]
+            if i not in e.task_nodes:
+                row = e.prices.get(i)
+                if row is None:  # priced one by one (while it ran)
+                    tc = e.costs[i]
+                    assert tc is not None
+                    alone.append((i, tc))
+                else:
+                    batch = batches.setdefault(id(row[0]), (row[0], [], []))
+                    batch[1].append(row[1])
+                    batch[2].append(i)
+                continue
+            tc = self._task_costs(e, i)
             assert tc is not None
             w: NodeKey = ("W", jid, i)
             unscheduled = self.model.task_unscheduled(job, tc, waited)
-            if i in e.task_nodes:
-                if reload:  # the same arcs keep their slots (and last round's flow)
-                    self.net.set_arcs(w, [
-                        Arc(w, u, 1, unscheduled, 0, ArcKind.UNSCHEDULED),
-                        Arc(w, cluster, 1, tc.cluster, 0, ArcKind.TO_CLUSTER),
-                        *self._task_preferences(e, w, tc, 1, 0)])
-                else:
-                    # Position 0: the unscheduled arc, whose cost grows with the wait.
-                    self.net.set_cost(w, 0, unscheduled)
-                continue
-            # Arcs: unscheduled (position 0), the cluster aggregator, its preferences.
-            new.append((w, w, [
-                (u, 1, unscheduled, ArcKind.UNSCHEDULED),
-                (cluster, 1, tc.cluster, ArcKind.TO_CLUSTER),
-                *((head, 1, cost, ArcKind.PREFERENCE)
-                  for head, cost in self._preference_targets(e, tc, 0))]))
-            self.net.set_supply(w, 1)
-        # One write into the network's arrays for all of them.
-        self.net.add_fans(new)
+            if reload:  # the same arcs keep their slots (and last round's flow)
+                self.net.set_arcs(w, [
+                    Arc(w, u, 1, unscheduled, 0, ArcKind.UNSCHEDULED),
+                    Arc(w, cluster, 1, tc.cluster, 0, ArcKind.TO_CLUSTER),
+                    *self._task_preferences(e, w, tc, 1, 0)])
+            else:
+                # Position 0: the unscheduled arc, whose cost grows with the wait.
+                self.net.set_cost(w, 0, unscheduled)
+        if alone:
+            tp = TaskPrices.of(alone)
+            batches[id(tp)] = (tp, list(range(len(alone))), [i for i, _ in alone])
+        for tp, rows, tasks in batches.values():
+            self._add_task_nodes(e, tp, np.array(rows, dtype=np.int64), tasks, waited)
         e.task_nodes = want
+
+    def _add_task_nodes(self, e: JobEntry, tp: TaskPrices, rows: npt.NDArray[np.int64],
+                        tasks: list[int], waited: float) -> None:
+        """New task nodes for ``tasks`` (at ``rows`` of ``tp``), written into the
+        network's arrays at once: per task the unscheduled arc (position 0), the arc
+        to the cluster aggregator, then its preferences to machines its shape could
+        ever fit and to racks of the cell (as :meth:`_preference_targets` keeps)."""
+        jid, job, shape = e.job.id, e.job, e.shape
+        n = len(rows)
+        unscheduled = self.model.tasks_unscheduled(job, tp, waited)[rows]
+        lens = tp.start[rows + 1] - tp.start[rows]
+        before = np.cumsum(lens) - lens
+        owner = np.repeat(np.arange(n, dtype=np.int64), lens)
+        at = np.arange(len(owner), dtype=np.int64) - np.repeat(before, lens) \
+            + np.repeat(tp.start[rows], lens)
+        machine, rack, cost = tp.machine[at], tp.rack[at], tp.cost[at]
+        heads: list[NodeKey] = [("U", jid), ("E", shape)]
+        head = np.full(len(at), -1, dtype=np.int64)
+        to_m = np.flatnonzero(machine >= 0)
+        ms, inv = np.unique(machine[to_m], return_inverse=True)
+        names = tp.machine_names
+        could = self._could_many(shape, tp, ms)
+        where = np.full(len(ms), -1, dtype=np.int64)
+        where[could] = np.arange(int(could.sum())) + len(heads)
+        head[to_m] = where[inv]
+        heads.extend(("M", names[j]) for j in ms[could].tolist())
+        if self.model.uses_racks:
+            to_r = np.flatnonzero(machine < 0)
+            rs, inv = np.unique(rack[to_r], return_inverse=True)
+            ok = [j for j in rs.tolist() if tp.rack_names[j] in self._rack_set]
+            where = np.full(len(rs), -1, dtype=np.int64)
+            where[np.searchsorted(rs, np.array(ok, dtype=np.int64))] = \
+                np.arange(len(ok)) + len(heads)
+            head[to_r] = where[inv]
+            heads.extend(("R", shape, tp.rack_names[j]) for j in ok)
+        keep = np.flatnonzero(head >= 0)
+        owner = owner[keep]
+        per = 2 + np.bincount(owner, minlength=n)
+        start = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+        total = int(start[-1])
+        arc_head = np.empty(total, dtype=np.int64)
+        arc_cost = np.empty(total, dtype=np.int64)
+        arc_kind = np.empty(total, dtype=np.int8)
+        first = start[:-1]
+        arc_head[first], arc_cost[first], arc_kind[first] = 0, unscheduled, \
+            ArcKind.UNSCHEDULED
+        arc_head[first + 1], arc_cost[first + 1], arc_kind[first + 1] = 1, \
+            tp.cluster[rows], ArcKind.TO_CLUSTER
+        pos = (start[owner] + 2 + np.arange(len(owner))
+               - np.searchsorted(owner, owner))  # owner ascends: each task's rows in order
+        arc_head[pos], arc_cost[pos], arc_kind[pos] = head[keep], cost[keep], \
+            ArcKind.PREFERENCE
+        owners: list[NodeKey] = [("W", jid, i) for i in tasks]
+        self.net.add_fans(owners, start, heads, arc_head, np.ones(total, dtype=np.int64),
+                          arc_cost, arc_kind, supply=1)
 
     # -- what the extraction needs -----------------------------------------------------------
 

@@ -191,60 +191,79 @@ class FlowNetwork:
         self._structure[owner] = structure
         return slots
 
-    def add_fans(self, fans: Sequence[tuple[Owner, NodeKey,
-                                            Sequence[tuple[NodeKey, int, int, int]]]]
-                 ) -> None:
+    def add_fans(self, owners: Sequence[Owner], start: npt.NDArray[np.int64],
+                 heads: Sequence[NodeKey], head: npt.NDArray[np.int64],
+                 capacity: npt.NDArray[np.int64], cost: npt.NDArray[np.int64],
+                 kind: npt.NDArray[np.int8], supply: int = 0) -> None:
         """:meth:`set_arcs` for many owners that have no arcs yet, each owning arcs
-        that all leave one node (``(owner, tail, [(head, capacity, cost, kind), ...])``,
-        lower bounds 0): a job's new task nodes, written into the arrays at once."""
-        heads: list[NodeKey] = []
-        caps: list[int] = []
-        costs: list[int] = []
-        kinds: list[int] = []
-        tails: list[int] = []
-        free, ref, refs = self._free_arcs, self._ref, self._node_refs
+        that leave the node of its own key (a round's new task nodes), from arrays:
+        owner k's arcs are ``start[k]:start[k + 1]`` of the arc arrays, the head of
+        arc a is ``heads[head[a]]``; lower bounds 0. Slots are taken as
+        :meth:`set_arcs` takes them, owner after owner. ``supply``: each owner's node
+        gets it (:meth:`set_supply`; it has none yet)."""
+        ends = start.tolist()
+        total = ends[-1] if ends else 0
         owned = self._owned
-        for owner, tail, arcs in fans:
-            if owner in owned:
-                raise NetworkError(f"{owner} has arcs already")
-            if not arcs:
-                continue
-            for head, cap, cost, kind in arcs:
-                if not (0 <= cap <= MAX_CAPACITY and -MAX_COST <= cost <= MAX_COST):
-                    self._check(owner, Arc(tail, head, cap, cost, 0, kind))
-            while len(free) < len(arcs):
-                self._grow()
-            slots = [free.pop() for _ in arcs]
-            t = ref(tail)
-            refs[t] += len(arcs) - 1
-            tails.extend([t] * len(arcs))
-            for head, cap, cost, kind in arcs:
-                heads.append(head)
-                caps.append(cap)
-                costs.append(cost)
-                kinds.append(kind)
-            owned[owner] = slots
-            # Its structure is read back from the arrays if it is ever set again.
-        if not tails:
+        for owner in owners:
+            if owner in owned or (supply and owner in self._supplies):
+                raise NetworkError(f"{owner} has arcs or a supply already")
+        bad = np.flatnonzero((capacity < 0) | (capacity > MAX_CAPACITY)
+                             | (cost < -MAX_COST) | (cost > MAX_COST))
+        if len(bad):
+            a = int(bad[0])
+            k = int(np.searchsorted(start, a, side="right")) - 1
+            self._check(owners[k], Arc(owners[k], heads[int(head[a])], int(capacity[a]),
+                                       int(cost[a]), 0, int(kind[a])))
+        if not total:
+            for owner in owners:
+                self.set_supply(owner, supply)
             return
-        # Each head once: a job's tasks share their aggregators.
-        index: dict[NodeKey, int] = {}
-        for head in heads:
-            index[head] = index.get(head, 0) + 1
-        for head, k in index.items():
-            i = ref(head)
-            refs[i] += k - 1
-            index[head] = i
-        at = np.fromiter((s for owner, _, arcs in fans if arcs for s in owned[owner]),
-                         dtype=np.int64, count=len(tails))
+        free, ref, refs = self._free_arcs, self._ref, self._node_refs
+        while len(free) < total:
+            self._grow()
+        taken = free[len(free) - total:]
+        taken.reverse()  # as many pops, one owner after another
+        del free[len(free) - total:]
+        nodes: list[int] = []
+        bare: list[Owner] = []  # no arcs: its supply the slow way
+        supplies = self._supplies
+        for k, owner in enumerate(owners):
+            a, b = ends[k], ends[k + 1]
+            if a == b:
+                bare.append(owner)
+                nodes.append(-1)
+                continue
+            t = ref(owner)
+            refs[t] += b - a - 1
+            nodes.append(t)
+            owned[owner] = taken[a:b]
+            # Its structure is read back from the arrays if it is ever set again.
+            if supply:
+                refs[t] += 1
+                supplies[owner] = supply
+        tails = np.repeat(np.array(nodes, dtype=np.int64), np.diff(start))
+        if supply:
+            with_arcs = [t for t in nodes if t >= 0]
+            self._supply[with_arcs] = supply
+            self.total_supply += supply * len(with_arcs)
+            for owner in bare:
+                self.set_supply(owner, supply)
+        counts = np.bincount(head, minlength=len(heads)).tolist()
+        index = np.zeros(len(heads), dtype=np.int64)
+        for j, key in enumerate(heads):
+            if counts[j]:
+                i = ref(key)
+                refs[i] += counts[j] - 1
+                index[j] = i
+        at = np.array(taken, dtype=np.int64)
         self._top = max(self._top, int(at.max()) + 1)
-        self._arcs += len(at)
+        self._arcs += total
         self._tail[at] = tails
-        self._head[at] = [index[h] for h in heads]
+        self._head[at] = index[head]
         self._lower[at] = 0
-        self._cap[at] = caps
-        self._cost[at] = costs
-        self._kind[at] = kinds
+        self._cap[at] = capacity
+        self._cost[at] = cost
+        self._kind[at] = kind
         self._live[at] = True
 
     def _structure_of(self, owner: Owner) -> tuple[tuple[NodeKey, NodeKey, int], ...] | None:
