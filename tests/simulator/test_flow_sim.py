@@ -5,6 +5,8 @@ locality, load spread) count what they say."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -234,3 +236,31 @@ def test_random_placement_and_more_copies_than_machines() -> None:
                                                                 rack_of, racks)
     assert all(sorted(c) == ["m0", "m1"] for c in blocks)
     assert input_of(blocks, 0.5) == (("m0", 4.0), ("m1", 4.0))
+
+
+def test_the_solvers_kernels_are_loaded_before_the_first_measured_round() -> None:
+    """A round's measured time is its decision time in the simulator, so a process's
+    first solve must not carry the kernels' loading (hundreds of ms; a compile where
+    numba's cache lacks them): a fresh process has none loaded until a flow
+    scheduler is added to a simulation, which loads them all."""
+    script = (
+        "import attrs\n"
+        "import schedulers.flow.mcf.kernels as K\n"
+        "from schedulers.flow.graph import GraphManager\n"
+        "from simulator.sim import Simulation\n"
+        "from tests.simulator.test_flow_sim import _config, _registry\n"
+        "kernels = [K.prepare, K.relax, K.cost_scaling, K.finish]\n"
+        "print(sum(len(k.signatures) for k in kernels))\n"
+        "seen = []\n"
+        "update = GraphManager.update\n"
+        "def first(self, *a, **k):\n"
+        "    seen.append(min(len(k.signatures) for k in kernels))\n"
+        "    return update(self, *a, **k)\n"
+        "GraphManager.update = first\n"
+        "Simulation(attrs.evolve(_config('quincy'), horizon=5.0),"
+        " registry=_registry()).run()\n"
+        "print(seen[0])\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out == ["0", "1"]
