@@ -439,6 +439,22 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by thread name (those of one name added up:
+    Python's threads all read ``python``, gRPC's C threads name themselves)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    head, _, tail = f.read().rpartition(")")
+                stat = tail.split()
+                out[head.partition("(")[2]] += (int(stat[11]) + int(stat[12])) / _TICK
+            except (OSError, ValueError, IndexError):
+                continue
+    return dict(out)
+
+
 def _all_cpu() -> dict[int, tuple[str, float]]:
     out: dict[int, tuple[str, float]] = {}
     for entry in os.scandir("/proc"):
@@ -603,9 +619,11 @@ class PySpy:
             print("warning: --py-spy given but py-spy is not installed", file=sys.stderr)
             return
         self.proc = subprocess.Popen(
+            # --gil: only the thread holding the GIL, i.e. where the Python CPU goes
+            # (without it, threads blocked in C (gRPC, locks) count as busy, and
+            # --nonblocking under load caught almost no samples).
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", "100", "--format", "raw", "--output", str(out),
-             "--nonblocking"],
+             "--rate", "100", "--format", "raw", "--output", str(out), "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self) -> bool:
@@ -781,13 +799,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 before.update(etcd_counters(etcd.endpoint))
 
             cpu_before = proc_cpu_s(server.pid) if server is not None else None
+            threads_before = thread_cpu_s(server.pid) if server is not None else {}
             t0, results, cpu = workers.run_jobs(jobs, args.seconds, meter, start)
             after = etcd_counters(etcd.endpoint)
             cpu_after = proc_cpu_s(server.pid) if server is not None else None
+            threads = ({k: v - threads_before.get(k, 0.0)
+                        for k, v in thread_cpu_s(server.pid).items()}
+                       if server is not None else {})
             server_cpu = (None if cpu_before is None or cpu_after is None
                           else cpu_after - cpu_before)
             delta = {k: after[k] - before[k] for k in after}
-            return summarize(t0, results, cpu, server_cpu, delta)
+            fig = summarize(t0, results, cpu, server_cpu, delta)
+            if threads:
+                fig["server_threads_cpu_s"] = {k: round(v, 2) for k, v in
+                                               sorted(threads.items(), key=lambda kv: -kv[1])}
+            return fig
 
         for n in counts:
             base: dict[str, dict[str, Any]] = {}
@@ -835,6 +861,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                / max(1e-9, base["direct"]["placements_per_s"])
                                if "direct" in base and path not in ("raw", "direct") else None)
                 emit(row(path, n, fig, over_raw, over_direct))
+                if args.pyspy and fig.get("server_threads_cpu_s"):
+                    emit("  server CPU s by thread: " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in fig["server_threads_cpu_s"].items() if v))
                 out["rounds"].append({"path": path, "processes": n, "over_raw": over_raw,
                                       "over_direct": over_direct, **fig})
                 if spy is not None and spy.wait():
