@@ -788,7 +788,10 @@ def _by_machine(parts: Sequence[tuple[int, list[Claim]]], decisions: Sequence[De
         read = d.claim_machines
         for c in cs:
             mid = c.machine
-            if c.evict or c.moves_from or c.task in tasks or not read.get(c.task, set()) <= {mid}:
+            if c.evict or c.moves_from or c.task in tasks:
+                return None
+            tried = read.get(c.task)
+            if tried and (len(tried) > 1 or mid not in tried):
                 return None
             tasks.add(c.task)
             comp = grouped.get(mid)
