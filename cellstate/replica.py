@@ -47,9 +47,9 @@ EXPECTED_MAX = 100_000
 
 
 # key -> (the value written, the record it encodes, and for a machine the values of
-# the allocation keys the same write put, by key): records a writer holds for keys it
-# writes (Replica.expect).
-Expected = tuple[bytes, object, "Mapping[bytes, bytes] | None"]
+# the allocation keys the same write put, by key, and the machine's revision the write
+# is guarded at): records a writer holds for keys it writes (Replica.expect).
+Expected = tuple[bytes, object, "Mapping[bytes, bytes] | None", int]
 Known = dict[bytes, Expected]
 
 
@@ -154,11 +154,15 @@ def _known_machine(old: Machine | None, rec: KeyValue | None,
                    allocs: Mapping[str, tuple[int, KeyValue | None]],
                    held: Expected | None) -> Machine | None:
     """The machine a writer holds for the record ``rec`` (``held``), if decoding would
-    give it: the same record value, every allocation these changes put with the value
-    the writer put there, none they delete, and the rest the ones ``old`` holds. (The
-    writer's write may have failed and another made the same record: then the
-    allocations tell them apart.)"""
+    give it: the same record value, written over the machine this replica holds (the
+    revision the writer's write was guarded at: then its allocations are the ones the
+    writer decided over), every allocation these changes put with the value the writer
+    put there, none they delete, and as many as the changes leave. (The writer's write
+    may have failed and another made the same record value: then the revision it was
+    written over, or its allocations, tell them apart.)"""
     if held is None or rec is None or held[0] != rec.value or type(held[1]) is not Machine:
+        return None
+    if (old.seq if old is not None else 0) != held[3]:
         return None
     m: Machine = held[1]
     puts = held[2] or {}
@@ -177,11 +181,6 @@ def _known_machine(old: Machine | None, rec: KeyValue | None,
         count += tid not in before
     if count != len(after):
         return None
-    for tid, a in after.items():
-        if tid not in allocs:
-            was = before.get(tid)
-            if was is not a and (was is None or was != a or was.key_seq != a.key_seq):
-                return None
     return m.with_seq(rec.mod_revision)
 
 
@@ -294,13 +293,15 @@ class Replica:
     def expect(self, records: Mapping[bytes, Expected]) -> None:
         """A writer following this replica is about to write ``records`` (key -> the
         value, the machine or task record it encodes, and for a machine the allocation
-        keys the write puts, key -> value): when the watch brings one of those keys with
+        keys the write puts, key -> value, and the machine's revision the write is
+        guarded at; 0 for a task): when the watch brings one of those keys with
         that value, take the record as it is rather than decoding the value (and the
         machine's allocations) again. The commit leader writes thousands of records a
         second, holding every one already; decoding them again was a fifth of its CPU.
         Told before the write is sent, so the watch cannot bring it first; matched by
         value, so a write that failed is harmless (another writer's identical value
-        decodes to the same record; a machine's allocations are compared too). Those
+        decodes to the same record; for a machine, the revision it was written over
+        and the allocations written are compared too). Those
         never matched are dropped once more than ``EXPECTED_MAX`` wait, oldest first."""
         if not records:
             return

@@ -178,11 +178,13 @@ class StoreBase:
         records this handle holds are then exactly those a reader decodes."""
         return round(self.clock(), 3)
 
-    def _expect_write(self, records: Iterable[Mapping[bytes, object]],
+    def _expect_write(self,
+                      writes: Iterable[tuple[Mapping[bytes, object], Mapping[bytes, int]]],
                       ops: Sequence[Op]) -> None:
         """Tell a followed replica the machine and task records ``ops`` (about to be
-        sent) write, with the values they put, so it need not decode them again when
-        the watch brings them (``Replica.expect``)."""
+        sent) write, with the values they put and (a machine) the revision the write
+        is guarded at, so it need not decode them again when the watch brings them
+        (``Replica.expect``). ``writes``: (records by key, guards by key) per write."""
         if self._expect is None:
             return
         puts: dict[bytes, bytes] = {}
@@ -193,11 +195,13 @@ class StoreBase:
                 if type(o) is Put:
                     (allocs if o.key.startswith(prefix) else puts)[o.key] = o.value
         expected: dict[bytes, Expected] = {}
-        for written in records:
+        for written, guards in writes:
             for key, record in written.items():
                 kind = type(record)
-                if (kind is Machine or kind is TaskRecord) and key in puts:
-                    expected[key] = (puts[key], record, allocs if kind is Machine else None)
+                if kind is TaskRecord and key in puts:
+                    expected[key] = (puts[key], record, None, 0)
+                elif kind is Machine and key in puts and key in guards:
+                    expected[key] = (puts[key], record, allocs, guards[key])
         self._expect(expected)
 
     def fence(self, key: bytes, revision: int) -> None:
@@ -577,7 +581,7 @@ class StoreBase:
             compares.append(self._fence)
         read_back = w.read_back
         gets = self._gets(w.guards) if read_back else []
-        self._expect_write((w.records,), p.ops)
+        self._expect_write(((w.records, w.guards),), p.ops)
         res = self.kv.txn(compares, p.ops, gets)
         if res.succeeded:
             put = self.view.put_record

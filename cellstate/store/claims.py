@@ -368,7 +368,7 @@ class ClaimCommits(StoreBase):
         compares = [Compare.mod_revision_is(key, rev) for key, rev in shared.items()]
         if self._fence is not None:
             compares.append(self._fence)
-        self._expect_write([c.write.records for c in comps if c.write is not None], ops)
+        self._expect_write([(p.write.records, p.write.guards) for p in prepared], ops)
         res = self.kv.txn(compares, ops, shared_gets)
         if not res.succeeded:  # the config or a job changed: learn it, decide again
             self._check_fence()
@@ -519,7 +519,8 @@ class ClaimCommits(StoreBase):
             compares = [guard(key, rev) for key, rev in shared_real.items()]
             if self._fence is not None:
                 compares.append(self._fence)
-            self._expect_write([c.write.records for c in comps if c.write is not None], ops)
+            self._expect_write([(c.write.records, g) for c, g in zip(comps, guards, strict=True)
+                                if c.write is not None], ops)
             return SentBatch(compares, ops, self._gets(shared_real), dict(durable))
 
     def settle(self, staged: Staged, sent: SentBatch, res: TxnResult) -> Settled:

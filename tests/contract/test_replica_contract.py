@@ -197,35 +197,45 @@ def test_a_store_following_a_replica_hands_it_the_records_it_wrote(kv: KV) -> No
     replica.stop()
 
 
-def test_a_record_expected_with_another_value_or_allocations_is_decoded(kv: KV) -> None:
+def test_a_record_expected_with_another_value_or_base_is_decoded(kv: KV) -> None:
     """``Replica.expect`` is matched by value: a record expected with another value
-    than the watch brings, or a machine whose allocations are not those the changes
-    leave (a failed write's, say), is decoded from etcd's value instead."""
+    than the watch brings, or a machine written over another revision than the one
+    the replica holds (a failed write's, say) or with other allocations, is decoded
+    from etcd's value instead."""
     from cellstate.store import CellStore
 
-    store = make_cell(kv, [machine("m1"), machine("m2")], [job("j", tasks=4)])
+    store = make_cell(kv, [machine(f"m{i}") for i in range(4)], [job("j", tasks=4)])
     replica = Replica(kv)
     replica.load()
     keys = replica.keys
-    res = store.commit(txn([Claim("j", 0, "m1"), Claim("j", 1, "m2")]))
+    base = {mid: m.seq for mid, m in replica.snapshot().machines.items()}
+    res = store.commit(txn([Claim("j", i, f"m{i}") for i in range(4)]))
     stored = {x.key: x.value for x in range_all(kv, keys.root).kvs}
     allocs = {k: v for k, v in stored.items() if k.startswith(keys.root + b"allocs/")}
     written = CellStore(kv)
     written.load()
-    m1, m2 = written.view.machines["m1"], written.view.machines["m2"]
+    m = written.view.machines
     t0 = written.view.tasks["j/0"]
     replica.expect({
-        keys.machine("m1"): (stored[keys.machine("m1")], m1.with_allocations({}), allocs),
-        keys.machine("m2"): (stored[keys.machine("m2")], m2, allocs),  # right: taken
+        keys.machine("m0"): (stored[keys.machine("m0")], m["m0"].with_allocations({}),
+                             allocs, base["m0"]),  # its allocation missing
+        keys.machine("m1"): (stored[keys.machine("m1")], m["m1"], allocs,
+                             base["m1"] + 1),  # written over another revision
+        keys.machine("m2"): (stored[keys.machine("m2")], m["m2"], {},
+                             base["m2"]),  # its allocation's value not the one put
+        keys.machine("m3"): (stored[keys.machine("m3")], m["m3"], allocs,
+                             base["m3"]),  # right: taken
         keys.task_key("j/1"): (stored[keys.task_key("j/1")],
-                               attrs.evolve(t0, index=1, detail="planted"), None),  # taken
-        keys.task_key("j/0"): (b'{"state":"running"}', attrs.evolve(t0, detail="x"), None),
+                               attrs.evolve(t0, index=1, detail="planted"), None, 0),  # taken
+        keys.task_key("j/0"): (b'{"state":"running"}', attrs.evolve(t0, detail="x"), None, 0),
     })
     pump_until(replica, res.revision)
     snap = replica.snapshot()
     assert replica.known_taken == 2
-    assert set(snap.machines["m1"].allocations) == {"j/0"}
-    assert snap.machines["m2"] == m2 and snap.machines["m2"].seq == res.revision
-    assert snap.machines["m2"].allocations is m2.allocations
+    for mid in ("m0", "m1", "m2"):
+        assert set(snap.machines[mid].allocations) == {f"j/{mid[1]}"}
+        assert snap.machines[mid].allocations is not m[mid].allocations  # decoded
+    assert snap.machines["m3"] == m["m3"] and snap.machines["m3"].seq == res.revision
+    assert snap.machines["m3"].allocations is m["m3"].allocations
     assert snap.tasks["j/0"].detail == "" and snap.tasks["j/1"].detail == "planted"
     replica.stop()
