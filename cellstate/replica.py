@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 # commit leader's writes; those its failed writes left are dropped, oldest first.
 EXPECTED_MAX = 100_000
 
-
-
 # key -> (the value written, the record it encodes, and for a machine the values of
 # the allocation keys the same write put, by key, and the machine's revision the write
 # is guarded at): records a writer holds for keys it writes (Replica.expect).
@@ -60,9 +58,10 @@ def _apply(
 ) -> CellSnapshot:
     """``snap`` with the changes of one or more whole revisions applied; the (kind, id)
     of each changed record is appended to ``changed`` if given (a change to one of a
-    machine's allocations is a change to the machine). A record in ``known`` at the
-    revision the change carries is taken as is instead of decoding the value (and
-    removed from ``known``)."""
+    machine's allocations is a change to the machine). A record in ``known`` with the
+    value the change carries (for a machine: see ``_known_machine``) is taken as is,
+    at the change's revision, instead of decoding the value, and removed from
+    ``known``."""
     mutators = {name: getattr(snap, name).mutate() for name in TABLES}
     config = snap.config
     # A machine's record and its allocation keys change in the same etcd transaction
@@ -297,12 +296,13 @@ class Replica:
         guarded at; 0 for a task): when the watch brings one of those keys with
         that value, take the record as it is rather than decoding the value (and the
         machine's allocations) again. The commit leader writes thousands of records a
-        second, holding every one already; decoding them again was a fifth of its CPU.
-        Told before the write is sent, so the watch cannot bring it first; matched by
-        value, so a write that failed is harmless (another writer's identical value
-        decodes to the same record; for a machine, the revision it was written over
-        and the allocations written are compared too). Those
-        never matched are dropped once more than ``EXPECTED_MAX`` wait, oldest first."""
+        second, holding every one already; decoding them again was most of the fifth
+        of its CPU it spent applying the watch (docs/scaling.md). Told before the
+        write is sent, so the watch cannot bring it first; matched by value, so a
+        write that failed is harmless (another writer's identical value decodes to the
+        same record; for a machine, the revision it was written over and the
+        allocations written are compared too). Those never matched are dropped once
+        more than ``EXPECTED_MAX`` wait, oldest first."""
         if not records:
             return
         with self._known_lock:

@@ -239,3 +239,17 @@ def test_a_record_expected_with_another_value_or_base_is_decoded(kv: KV) -> None
     assert snap.machines["m3"].allocations is m["m3"].allocations
     assert snap.tasks["j/0"].detail == "" and snap.tasks["j/1"].detail == "planted"
     replica.stop()
+
+
+def test_records_expected_but_never_seen_are_dropped_oldest_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's failed writes leave records the watch never brings: the replica keeps
+    at most EXPECTED_MAX of them, dropping the oldest."""
+    import cellstate.replica as replica_module
+
+    monkeypatch.setattr(replica_module, "EXPECTED_MAX", 10)
+    replica = Replica(MemoryKV())
+    for i in range(25):
+        replica.expect({b"k%02d" % i: (b"v", None, None, 0)})
+    held = list(replica._expected)
+    assert len(held) <= 10 and held[-1] == b"k24" and b"k00" not in held
