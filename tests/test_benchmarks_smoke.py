@@ -26,6 +26,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "etcd_footprint.py": ("--machines", "20", "--tasks", "100"),
     "fair_round.py": ("--machines", "25", "--backlog", "50"),
     "fit_paths.py": ("--machines", "100", "--repeat", "1"),
+    "leader_core.py": ("--seconds", "0.5", "--rounds", "1", "--clients", "2", "--no-fsync"),
     "flow_round.py": ("--machines", "50", "--use", "0.5", "--policies", "quincy",
                       "--rounds", "1"),
     "flow_solvers.py": ("--sizes", "50", "--use", "0.5", "--policies", "quincy",
