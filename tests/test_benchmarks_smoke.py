@@ -92,3 +92,15 @@ def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: 
                                str(tmp_path))
     assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
         proc.stderr)
+
+
+def test_leader_core_refuses_unknown_modes_and_baselines(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(BENCHMARKS / "leader_core.py")
+    proc = subprocess.run([sys.executable, script, "--modes", "fast"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--modes: 'fast'" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, script, "--baseline", str(tmp_path)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
+        proc.stderr)
