@@ -47,8 +47,9 @@ placement on machines holding 0, 10 and 100 tasks agree within 20%. The results 
 PASS or MISS as measured.
 
 Other options: ``--max-txn-ops N`` starts etcd with that limit and gives every EtcdKV
-(and MemoryKV) the same, so the store packs more claims into one etcd Txn (etcd's
-default is 128; a claim costs the store 3 ops, so B=50 needs 2 Txns at the default);
+(and MemoryKV) the same, so the store packs more claims into one etcd Txn (default 256,
+what omega's etcd launcher sets, twice etcd's own 128: a claim costs the store 3 ops, so
+a commit of B=50 claims on 50 machines is one Txn; at etcd's 128 it would be two);
 ``--follow-replica`` makes every store follow a Replica of its cell
 (``CellStore.follow``); ``--fallbacks N`` gives every claim N other random machines
 (each with the sequence number the store's view holds for it) that the store takes, in

@@ -126,7 +126,7 @@ from omega.etcd_launcher import (  # noqa: E402
 from omega.proc import Child, omega  # noqa: E402
 
 PROCESS_COUNTS = (1, 2, 4)
-PATHS = ("raw", "direct", "leader", "no-pipe", "no-lead")
+PATHS = ("raw", "direct", "leader", "pipe", "no-lead")
 # Issue 35's goals, with GOAL_PROCESSES scheduler processes sharing the machines: the
 # service with its commit leader reaches GOAL_OVER_RAW of raw etcd's minimal transaction
 # and GOAL_OVER_DIRECT times the direct committers' rate, at most GOAL_TXNS etcd Txns a
@@ -380,14 +380,16 @@ def emit_goals(rounds: Sequence[dict[str, Any]], emit: Callable[[str], None]) ->
 class Server:
     """``omega server`` for one cell, as a child process that dies with us."""
 
-    def __init__(self, etcd: str, cell: str, log_dir: Path, *extra: str) -> None:
+    def __init__(self, etcd: str, cell: str, log_dir: Path, *extra: str,
+                 tree: str | None = None) -> None:
         port = free_ports(1)[0]
         self.address = f"127.0.0.1:{port}"
         # -v: the leader logs its batches when it stops (--keep-logs shows them).
+        # ``tree``: the server's code from another checkout (--baseline).
         self.child = Child(f"server-{cell}", omega(
             "-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
             "--insecure", *extra),
-            log_dir / f"server-{cell}.log")
+            log_dir / f"server-{cell}.log", env={"PYTHONPATH": tree} if tree else None)
         try:
             wait_until_serving(self.address, timeout=60, alive=self.child.running)
         except Exception:
@@ -437,6 +439,22 @@ def proc_cpu_s(pid: int) -> float | None:
         return (int(stat[11]) + int(stat[12])) / _TICK
     except (OSError, ValueError, IndexError):
         return None
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by thread name (those of one name added up:
+    Python's threads all read ``python``, gRPC's C threads name themselves)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    head, _, tail = f.read().rpartition(")")
+                stat = tail.split()
+                out[head.partition("(")[2]] += (int(stat[11]) + int(stat[12])) / _TICK
+            except (OSError, ValueError, IndexError):
+                continue
+    return dict(out)
 
 
 def _all_cpu() -> dict[int, tuple[str, float]]:
@@ -568,7 +586,7 @@ def _pct(value: float | None) -> str:
     return f"{'?':>6}" if value is None else f"{value:>6.0f}"
 
 
-HEADER = (f"{'path':<8} {'proc':>4} {'place/s':>8} {'commit/s':>8} {'p50 ms':>7} "
+HEADER = (f"{'path':<12} {'proc':>4} {'place/s':>8} {'commit/s':>8} {'p50 ms':>7} "
           f"{'p99 ms':>7} {'rej%':>5} {'txn/c':>5} {'wr/c':>5} {'sch ms':>7} {'srv ms':>7} "
           f"{'etcd ms':>7} {'cores':>5} {'/raw':>5} {'/dir':>5} {'other%':>6}")
 
@@ -580,7 +598,7 @@ def _ratio(value: float | None) -> str:
 def row(path: str, n: int, s: dict[str, Any], over_raw: float | None,
         over_direct: float | None) -> str:
     wr = s.get("etcd_writes_per_commit")
-    return (f"{path:<8} {n:>4} {s['placements_per_s']:>8.0f} {s['commits_per_s']:>8.1f} "
+    return (f"{path:<12} {n:>4} {s['placements_per_s']:>8.0f} {s['commits_per_s']:>8.1f} "
             f"{s['p50_ms']:>7.1f} {s['p99_ms']:>7.1f} {s['rejected_pct']:>5.1f} "
             f"{s['etcd_txns_per_commit']:>5.2f} {'-' if wr is None else f'{wr:.2f}':>5} "
             f"{_ms(s['client_cpu_ms_per_commit'])} "
@@ -603,9 +621,11 @@ class PySpy:
             print("warning: --py-spy given but py-spy is not installed", file=sys.stderr)
             return
         self.proc = subprocess.Popen(
+            # --gil: only the thread holding the GIL, i.e. where the Python CPU goes
+            # (without it, threads blocked in C (gRPC, locks) count as busy, and
+            # --nonblocking under load caught almost no samples).
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", "100", "--format", "raw", "--output", str(out),
-             "--nonblocking"],
+             "--rate", "100", "--format", "raw", "--output", str(out), "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self) -> bool:
@@ -658,9 +678,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
     ap.add_argument("--paths", default=",".join(PATHS),
                     help=f"rounds per process count, in order (default {','.join(PATHS)}): "
-                    "raw etcd, direct committers, the service with its commit leader, that "
-                    "leader one batch at a time (--no-commit-pipeline), the service without "
-                    "one (--no-commit-leader)")
+                    "raw etcd, direct committers, the service with its commit leader (one "
+                    "batch at a time, the default), that leader pipelined "
+                    "(--commit-pipeline), the service without one (--no-commit-leader)")
     ap.add_argument("--processes", default=",".join(map(str, PROCESS_COUNTS)),
                     help="scheduler process counts, comma-separated (default 1,2,4)")
     ap.add_argument("--machines", type=int, default=MACHINES)
@@ -672,6 +692,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="direct committers' stores follow a Replica of the cell, as the "
                          "server's store handles do (commit_throughput's --follow-replica)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="another checkout of this repository (git worktree or archive): "
+                    "a path named with @base (leader@base, pipe@base, no-lead@base) runs "
+                    "its server from DIR, with the leader's mode given explicitly, to "
+                    "compare two versions of the server in one run")
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep the servers' logs (their folder is printed at the end); a "
                     "leader's log says how many commits its batches held and how busy it was")
@@ -690,9 +715,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not counts or counts[0] < 1:
         ap.error("--processes takes positive integers")
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    unknown = [p for p in paths if p not in PATHS]
+    unknown = [p for p in paths if p.removesuffix("@base") not in PATHS
+               or (p.endswith("@base") and (p in ("raw@base", "direct@base")
+                                            or not args.baseline))]
     if unknown or not paths:
-        ap.error(f"--paths: {', '.join(unknown) or 'none given'}: each one of {', '.join(PATHS)}")
+        ap.error(f"--paths: {', '.join(unknown) or 'none given'}: each one of "
+                 f"{', '.join(PATHS)} (or a server path with @base, given --baseline)")
+    if args.baseline and not (Path(args.baseline) / "cellstate" / "api" / "server.py").is_file():
+        ap.error(f"--baseline {args.baseline}: not a checkout of this repository "
+                 "(no cellstate/api/server.py)")
     if args.sync_rate <= 0 or args.batch < 1:
         ap.error("--sync-rate and --batch must be positive")
     if args.pyspy:
@@ -781,13 +812,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 before.update(etcd_counters(etcd.endpoint))
 
             cpu_before = proc_cpu_s(server.pid) if server is not None else None
+            threads_before = thread_cpu_s(server.pid) if server is not None else {}
             t0, results, cpu = workers.run_jobs(jobs, args.seconds, meter, start)
             after = etcd_counters(etcd.endpoint)
             cpu_after = proc_cpu_s(server.pid) if server is not None else None
+            threads = ({k: v - threads_before.get(k, 0.0)
+                        for k, v in thread_cpu_s(server.pid).items()}
+                       if server is not None else {})
             server_cpu = (None if cpu_before is None or cpu_after is None
                           else cpu_after - cpu_before)
             delta = {k: after[k] - before[k] for k in after}
-            return summarize(t0, results, cpu, server_cpu, delta)
+            fig = summarize(t0, results, cpu, server_cpu, delta)
+            if threads:
+                fig["server_threads_cpu_s"] = {k: round(v, 2) for k, v in
+                                               sorted(threads.items(), key=lambda kv: -kv[1])}
+            return fig
 
         for n in counts:
             base: dict[str, dict[str, Any]] = {}
@@ -809,12 +848,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             for i in range(n)]
                     fig = timed(jobs)
                 else:
-                    # Through an `omega server`: with its commit leader, its leader one
-                    # batch at a time (no-pipe), or (no-lead) committing on its own
-                    # store handles as before issue 35.
+                    # Through an `omega server`: with its commit leader (one batch at a
+                    # time, the default), its leader pipelined (pipe), or (no-lead)
+                    # committing on its own store handles as before issue 35.
+                    from_baseline = path.endswith("@base")
+                    kind = path.removesuffix("@base")
                     extra = {"no-lead": ("--no-commit-leader",),
-                             "no-pipe": ("--no-commit-pipeline",)}.get(path, ())
-                    server = Server(etcd.endpoint, cell, log_dir, *extra)
+                             "pipe": ("--commit-pipeline",),
+                             # The baseline's default may differ: say which leader.
+                             "leader": ("--no-commit-pipeline",) if from_baseline else (),
+                             }[kind]
+                    server = Server(etcd.endpoint, cell, log_dir, *extra,
+                                    tree=args.baseline if from_baseline else None)
                     meter.pids.append(server.pid)
                     jobs = [("service", {"cell": cell, "committer": i, "batch": args.batch,
                                          "seed": seeds[i], "address": server.address}, 0.0)
@@ -835,6 +880,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                / max(1e-9, base["direct"]["placements_per_s"])
                                if "direct" in base and path not in ("raw", "direct") else None)
                 emit(row(path, n, fig, over_raw, over_direct))
+                if args.pyspy and fig.get("server_threads_cpu_s"):
+                    emit("  server CPU s by thread: " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in fig["server_threads_cpu_s"].items() if v))
                 out["rounds"].append({"path": path, "processes": n, "over_raw": over_raw,
                                       "over_direct": over_direct, **fig})
                 if spy is not None and spy.wait():

@@ -308,8 +308,11 @@ def _add(sums: dict[str, float], r: Resources, sign: int) -> None:
 
 def _add_diff(sums: dict[str, float], old: Mapping[str, Allocation],
               new: Mapping[str, Allocation]) -> None:
+    get = old.get
     for tid, a in new.items():
-        b = old.get(tid)
+        b = get(tid)
+        if b is a:  # kept as it was (most of a busy machine's allocations)
+            continue
         if b is None:
             _add(sums, a.resources, +1)
         elif b.resources.amounts != a.resources.amounts:

@@ -833,6 +833,26 @@ def trusted_task_record(job: str, index: int, state: TaskState, machine: str,
     return r
 
 
+def task_record_with_revision(t: TaskRecord, revision: int) -> TaskRecord:
+    """``t`` as stored at ``revision`` (a copy; every task a commit writes gets one,
+    so built as ``trusted_task_record`` builds one)."""
+    r = _new_object(TaskRecord)
+    _set_r_job(r, t.job)
+    _set_r_index(r, t.index)
+    _set_r_state(r, t.state)
+    _set_r_machine(r, t.machine)
+    _set_r_scheduler(r, t.scheduler)
+    _set_r_gang(r, t.gang)
+    _set_r_revision(r, revision)
+    _set_r_exit_code(r, t.exit_code)
+    _set_r_started_at(r, t.started_at)
+    _set_r_ended_at(r, t.ended_at)
+    _set_r_detail(r, t.detail)
+    _set_r_placed_at(r, t.placed_at)
+    _set_r_history(r, t.history)
+    return r
+
+
 def trusted_task_event(at: float, state: TaskState, machine: str = "", by: str = "",
                        why: str = "") -> TaskEvent:
     """``TaskEvent(at, state, machine, by, why)`` of trusted fields."""

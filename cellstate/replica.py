@@ -12,10 +12,11 @@ O(1) and a scheduler can take one per decision.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 import attrs
@@ -34,20 +35,33 @@ from cellstate.kv.base import (
     WatchResponse,
     range_all,
 )
-from cellstate.model import CellConfig, Machine
-from cellstate.records import RECORDS
+from cellstate.model import CellConfig, Machine, TaskRecord
+from cellstate.records import RECORDS, with_revision
 
 log = logging.getLogger(__name__)
 
+# Records a writer said it writes (Replica.expect) kept at most: a few seconds of the
+# commit leader's writes; those its failed writes left are dropped, oldest first.
+EXPECTED_MAX = 100_000
+
+# key -> (the value written, the record it encodes, and for a machine the values of
+# the allocation keys the same write put, by key, and the machine's revision the write
+# is guarded at): records a writer holds for keys it writes (Replica.expect).
+Expected = tuple[bytes, object, "Mapping[bytes, bytes] | None", int]
+Known = dict[bytes, Expected]
 
 
 def _apply(
     keys: Keyspace, snap: CellSnapshot, changes: Iterable[tuple[bytes, KeyValue | None]],
     revision: int, changed: list[tuple[KeyKind, str]] | None = None,
+    known: Known | None = None,
 ) -> CellSnapshot:
     """``snap`` with the changes of one or more whole revisions applied; the (kind, id)
     of each changed record is appended to ``changed`` if given (a change to one of a
-    machine's allocations is a change to the machine)."""
+    machine's allocations is a change to the machine). A record in ``known`` with the
+    value the change carries (for a machine: see ``_known_machine``) is taken as is,
+    at the change's revision, instead of decoding the value, and removed from
+    ``known``."""
     mutators = {name: getattr(snap, name).mutate() for name in TABLES}
     config = snap.config
     # A machine's record and its allocation keys change in the same etcd transaction
@@ -77,10 +91,16 @@ def _apply(
         table = mutators[rk.table]
         if kv is None:
             table.pop(kind[1], None)
+        elif (known and (held := known.get(key)) is not None and held[0] == kv.value
+              and type(held[1]) is TaskRecord):
+            # The value a writer encoded this record to: decoding it gives the record.
+            table[kind[1]] = with_revision(held[1], kv.mod_revision)
+            del known[key]
         else:
             table[kind[1]] = rk.decode(kind[1], kv.value, kv.mod_revision)
     if machine_records or alloc_changes:
-        _apply_machines(mutators["machines"], machine_records, alloc_changes, changed)
+        _apply_machines(mutators["machines"], machine_records, alloc_changes, changed,
+                        keys if known else None, known)
     return CellSnapshot(
         revision,
         config,
@@ -93,12 +113,22 @@ def _apply_machines(
     records: dict[str, KeyValue | None],
     alloc_changes: dict[str, dict[str, tuple[int, KeyValue | None]]],
     changed: list[tuple[KeyKind, str]] | None,
+    keys: Keyspace | None = None,
+    known: Known | None = None,
 ) -> None:
     for mid in records.keys() | alloc_changes.keys():
         old: Machine | None = machines.get(mid)
         if mid in records and records[mid] is None:
             machines.pop(mid, None)
             continue
+        if keys is not None and known and mid in records:
+            key = keys.machine(mid)
+            held = _known_machine(old, records[mid], alloc_changes.get(mid, {}),
+                                  known.get(key))
+            if held is not None:
+                machines[mid] = held
+                del known[key]
+                continue
         allocs = dict(old.allocations) if old is not None else {}
         for tid, (seq, kv) in alloc_changes.get(mid, {}).items():
             if kv is None:
@@ -117,6 +147,40 @@ def _apply_machines(
                 changed.append((KeyKind.MACHINE, mid))
         else:
             log.warning("replica: allocations for unknown machine %s ignored", mid)
+
+
+def _known_machine(old: Machine | None, rec: KeyValue | None,
+                   allocs: Mapping[str, tuple[int, KeyValue | None]],
+                   held: Expected | None) -> Machine | None:
+    """The machine a writer holds for the record ``rec`` (``held``), if decoding would
+    give it: the same record value, written over the machine this replica holds (the
+    revision the writer's write was guarded at: then its allocations are the ones the
+    writer decided over), every allocation these changes put with the value the writer
+    put there, none they delete, and as many as the changes leave. (The writer's write
+    may have failed and another made the same record value: then the revision it was
+    written over, or its allocations, tell them apart.)"""
+    if held is None or rec is None or held[0] != rec.value or type(held[1]) is not Machine:
+        return None
+    if (old.seq if old is not None else 0) != held[3]:
+        return None
+    m: Machine = held[1]
+    puts = held[2] or {}
+    after = m.allocations
+    before = old.allocations if old is not None else {}
+    count = len(before)
+    for tid, (seq, kv) in allocs.items():
+        if kv is None:
+            if tid in after:
+                return None
+            count -= tid in before
+            continue
+        a = after.get(tid)
+        if a is None or a.key_seq != seq or puts.get(kv.key) != kv.value:
+            return None
+        count += tid not in before
+    if count != len(after):
+        return None
+    return m.with_seq(rec.mod_revision)
 
 
 def snapshot_from_kvs(keys: Keyspace, kvs: Iterable[KeyValue], revision: int) -> CellSnapshot:
@@ -191,6 +255,10 @@ class Replica:
         self._record_listeners: list[RecordListener] = []
         self.reloads = 0  # full reloads after compaction
         self.resumes = 0  # watches re-opened after a dropped stream
+        # Records a writer following this replica wrote, by key (``expect``).
+        self._expected: Known = {}  # insertion order: oldest first
+        self._known_lock = threading.Lock()
+        self.known_taken = 0  # records taken from ``expect`` rather than decoded
 
     # -- reading ---------------------------------------------------------------------
 
@@ -220,6 +288,29 @@ class Replica:
         applied batch, before the snapshot listeners (a watch cache that serves other
         processes keeps the stored bytes rather than re-encoding records)."""
         self._record_listeners.append(listener)
+
+    def expect(self, records: Mapping[bytes, Expected]) -> None:
+        """A writer following this replica is about to write ``records`` (key -> the
+        value, the machine or task record it encodes, and for a machine the allocation
+        keys the write puts, key -> value, and the machine's revision the write is
+        guarded at; 0 for a task): when the watch brings one of those keys with
+        that value, take the record as it is rather than decoding the value (and the
+        machine's allocations) again. The commit leader writes thousands of records a
+        second, holding every one already; decoding them again was most of the fifth
+        of its CPU it spent applying the watch (docs/scaling.md). Told before the
+        write is sent, so the watch cannot bring it first; matched by value, so a
+        write that failed is harmless (another writer's identical value decodes to the
+        same record; for a machine, the revision it was written over and the
+        allocations written are compared too). Those never matched are dropped once
+        more than ``EXPECTED_MAX`` wait, oldest first."""
+        if not records:
+            return
+        with self._known_lock:
+            known = self._expected
+            known.update(records)
+            if len(known) > EXPECTED_MAX:
+                for key in list(itertools.islice(known, len(known) - EXPECTED_MAX // 2)):
+                    del known[key]
 
     def wait_for(self, revision: int, timeout: float | None = None) -> bool:
         """Block until the replica has applied ``revision`` (or timeout)."""
@@ -313,7 +404,20 @@ class Replica:
         for record_listener in self._record_listeners:
             record_listener(changes, last, False)
         changed: list[tuple[KeyKind, str]] = []
-        self._publish(_apply(self.keys, self._snap, changes, last, changed), changed)
+        known: Known | None = None
+        size = 0
+        if self._expected:
+            with self._known_lock:
+                known, self._expected = self._expected, {}
+            size = len(known)
+        snap = _apply(self.keys, self._snap, changes, last, changed, known)
+        if known is not None:
+            self.known_taken += size - len(known)
+            with self._known_lock:
+                # Put back those not matched yet; a newer one for a key stays.
+                known.update(self._expected)
+                self._expected = known
+        self._publish(snap, changed)
         if last >= self._known:
             self._confirmed_at = self._clock()
 

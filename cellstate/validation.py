@@ -61,8 +61,8 @@ lost one task re-places just that one).
 
 from __future__ import annotations
 
-from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -549,9 +549,9 @@ class _Overlay:
         self._machines: dict[str, Machine] = {}
         self._tasks: dict[str, TaskRecord] = {}
         self._usage: dict[str, object] = {}
-        self.machines = ChainMap(self._machines, cell.machines)  # type: ignore[arg-type]
-        self.tasks = ChainMap(self._tasks, cell.tasks)  # type: ignore[arg-type]
-        self.usage = ChainMap(self._usage, cell.usage)  # type: ignore[arg-type]
+        self.machines: Mapping[str, Machine] = _Layered(self._machines, cell.machines)
+        self.tasks: Mapping[str, TaskRecord] = _Layered(self._tasks, cell.tasks)
+        self.usage: Mapping[str, object] = _Layered(self._usage, cell.usage)
 
     @property
     def revision(self) -> int:
@@ -582,6 +582,41 @@ class _Overlay:
             if isinstance(rec, UsageRecord):
                 used = rec.used + d.added.get(s, Resources()) - d.removed.get(s, Resources())
                 self._usage[s] = attrs.evolve(rec, used=used)
+
+
+_ABSENT = object()
+
+
+class _Layered(Mapping[str, Any]):
+    """``top`` over ``base``: a key in ``top`` reads from it, any other from ``base``
+    (``collections.ChainMap`` of two, without its generator per lookup: a machine read
+    for every claim of a batch's second and later transactions)."""
+
+    __slots__ = ("_base", "_top")
+
+    def __init__(self, top: Mapping[str, Any], base: Mapping[str, Any]) -> None:
+        self._top = top
+        self._base = base
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._top.get(key, _ABSENT)
+        return self._base.get(key, default) if value is _ABSENT else value
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._top.get(key, _ABSENT)
+        return self._base[key] if value is _ABSENT else value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._top or key in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._top
+        for key in self._base:
+            if key not in self._top:
+                yield key
+
+    def __len__(self) -> int:
+        return len(self._top) + sum(1 for key in self._base if key not in self._top)
 
 
 def _reject(claim: Claim, reason: Reason, detail: str, dimension: str = "") -> Rejection:

@@ -208,8 +208,10 @@ class WorkingView:
 
     def put_record(self, key: bytes, record: object, revision: int) -> None:
         """Learn a record this process just wrote at ``revision`` (no decode needed);
-        the record already carries that revision."""
-        if self._as_of.get(key, -1) > revision:
+        the record already carries that revision. A key held as of ``revision`` or later
+        is left as it is (the same record, or a newer one: a replica echoing the
+        records this process wrote, say)."""
+        if self._as_of.get(key, -1) >= revision:
             return
         self._as_of[key] = revision
         if revision > self.revision:

@@ -26,6 +26,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "etcd_footprint.py": ("--machines", "20", "--tasks", "100"),
     "fair_round.py": ("--machines", "25", "--backlog", "50"),
     "fit_paths.py": ("--machines", "100", "--repeat", "1"),
+    "leader_core.py": ("--seconds", "0.5", "--rounds", "1", "--clients", "2", "--no-fsync"),
     "flow_round.py": ("--machines", "50", "--use", "0.5", "--policies", "quincy",
                       "--rounds", "1"),
     "flow_solvers.py": ("--sizes", "50", "--use", "0.5", "--policies", "quincy",
@@ -66,3 +67,40 @@ def test_benchmark_runs_at_its_smallest_size(script: str, tmp_path: Path) -> Non
     assert proc.returncode in (0, 1) and not crashed, (
         f"{script} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n"
         f"{proc.stderr[-3000:]}")
+
+
+def _service_throughput(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(BENCHMARKS / "service_throughput.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_service_throughput_runs_a_server_from_a_baseline_checkout(tmp_path: Path) -> None:
+    proc = _service_throughput(tmp_path, *SMOKE["service_throughput.py"],
+                               "--paths", "leader,leader@base", "--baseline", str(ROOT))
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    rows = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    assert "leader" in rows and "leader@base" in rows, proc.stdout[-3000:]
+
+
+def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: Path) -> None:
+    proc = _service_throughput(tmp_path, "--paths", "leader@base")
+    assert proc.returncode == 2 and "--paths: leader@base" in proc.stderr, proc.stderr
+    proc = _service_throughput(tmp_path, "--paths", "leader@base", "--baseline",
+                               str(tmp_path))
+    assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
+        proc.stderr)
+
+
+def test_leader_core_refuses_unknown_modes_and_baselines(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(BENCHMARKS / "leader_core.py")
+    proc = subprocess.run([sys.executable, script, "--modes", "fast"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--modes: 'fast'" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, script, "--baseline", str(tmp_path)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
+        proc.stderr)

@@ -269,7 +269,8 @@ class GroupCommitter:
     """The leader's commit queue: ``commit`` blocks until its transactions are durable
     (or failed); one thread commits whatever waits, as one batch (module docstring).
 
-    Pipelined (``pipeline``, the default): while one batch's etcd request is in
+    Pipelined (``pipeline``; not the default, see ServerConfig.commit_pipeline): while
+    one batch's etcd request is in
     flight, the thread takes the commits that arrived meanwhile and decides them over
     the state that request will make (``CellStore.stage``); it sends them once the
     request before is durable, and answers each batch only from its own request's
@@ -285,7 +286,7 @@ class GroupCommitter:
     over failed)."""
 
     def __init__(self, store: CellStore, *, max_txns: int = MAX_BATCH_TXNS,
-                 max_claims: int = MAX_BATCH_CLAIMS, pipeline: bool = True) -> None:
+                 max_claims: int = MAX_BATCH_CLAIMS, pipeline: bool = False) -> None:
         self.store = store
         self.max_txns = max_txns
         self.max_claims = max_claims
@@ -301,6 +302,8 @@ class GroupCommitter:
         self._marks = 0
         self._durable: dict[int, int] = {}  # the mark of the latest request settled -> revision
         self._round_trip = 0.0  # seconds, a moving average of the requests'
+        self.requests = 0  # pipelined etcd requests returned
+        self.etcd_s = 0.0  # seconds they were out, added up (one at a time)
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="group-commit-send")
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
 
@@ -330,7 +333,9 @@ class GroupCommitter:
         return (f"{self.commits} commits ({self.transactions} transactions) in "
                 f"{self.batches} batches ({per:.1f} commits a batch, {self.overlapped} "
                 f"decided while another was in flight, {self.redone} decided again), busy "
-                f"{self.busy_s:.1f} s of {up:.1f} s")
+                f"{self.busy_s:.1f} s of {up:.1f} s; pipelined etcd requests out "
+                f"{self.etcd_s:.1f} s ({self.requests} requests, "
+                f"{1000 * self.etcd_s / max(1, self.requests):.1f} ms each)")
 
     def close(self, why: BaseException | None = None) -> None:
         """Stop taking commits; those queued fail with ``why`` (the batch in flight
@@ -464,6 +469,8 @@ class GroupCommitter:
     def _returned(self, flight: _Flight) -> None:
         took = time.monotonic() - flight.sent_at
         with self._cond:
+            self.requests += 1
+            self.etcd_s += took
             self._round_trip = took if not self._round_trip else (
                 0.8 * self._round_trip + 0.2 * took)
             self._cond.notify_all()

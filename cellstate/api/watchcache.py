@@ -1,11 +1,11 @@
 """One watch on etcd, served to every subscriber of the sync stream.
 
 The server's replica follows the cell with a single etcd watch; this cache keeps the
-raw stored records it delivers (as ready-made wire messages) and a window of recent
-change batches. A subscriber gets either the whole cell at one revision followed by
-every later batch, or, when it resumes from a revision the window still covers, just
-the batches from there. Subscribers that fall too far behind are cut off and resume;
-nobody can make the cache (or etcd) buffer without bound.
+raw stored records it delivers and a window of recent change batches (wire messages
+are built once, when a subscriber first needs them). A subscriber gets either the
+whole cell at one revision followed by every later batch, or, when it resumes from a
+revision the window still covers, just the batches from there. Subscribers that fall
+too far behind are cut off and resume; nobody can make the cache (or etcd) buffer without bound.
 """
 
 from __future__ import annotations
@@ -81,17 +81,47 @@ class Subscriber:
             yield msg
 
 
+class _Batch:
+    """One change batch of the window: its raw records, and its wire message, built
+    when a subscriber first needs it (with nobody subscribed, none is built)."""
+
+    __slots__ = ("_msg", "changes", "revision")
+
+    def __init__(self, revision: int, changes: list[tuple[bytes, KeyValue | None]]) -> None:
+        self.revision = revision
+        self.changes = changes
+        self._msg: pb.SyncResponse | None = None
+
+    def message(self, root_len: int) -> pb.SyncResponse:
+        msg = self._msg
+        if msg is None:
+            msg = self._msg = pb.SyncResponse(
+                revision=self.revision,
+                records=[_record(root_len, k, kv, self.revision) for k, kv in self.changes])
+        return msg
+
+
+def _record(root_len: int, key: bytes, kv: KeyValue | None, revision: int) -> pb.Record:
+    rel = key[root_len:].decode()
+    if kv is None:
+        return pb.Record(key=rel, deleted=True, mod_revision=revision)
+    return pb.Record(key=rel, value=kv.value, mod_revision=kv.mod_revision,
+                     create_revision=kv.create_revision)
+
+
 class WatchCache:
     def __init__(self, replica: Replica, *, history: int = 20_000, queue_limit: int = 50_000,
                  ) -> None:
         self.keys: Keyspace = replica.keys
         self._root_len = len(self.keys.root)
         self._lock = threading.Lock()
-        self._records: immutables.Map[str, pb.Record] = immutables.Map()
+        # The cell's stored records by key, as the watch delivered them: wire records
+        # are built from them only for a subscriber's snapshot (the leader applies
+        # thousands of records a second, most of which no snapshot ever sends).
+        self._records: immutables.Map[bytes, KeyValue] = immutables.Map()
         self._revision = 0
-        # Change batches after _complete_from - 1, oldest first: (last revision, message).
-        self._history: collections.deque[tuple[int, pb.SyncResponse]] = collections.deque(
-            maxlen=history)
+        # Change batches after _complete_from - 1, oldest first.
+        self._history: collections.deque[_Batch] = collections.deque(maxlen=history)
         self._complete_from = 1
         self._subs: set[Subscriber] = set()
         self._queue_limit = queue_limit
@@ -102,19 +132,11 @@ class WatchCache:
     def revision(self) -> int:
         return self._revision
 
-    def _record(self, key: bytes, kv: KeyValue | None, revision: int) -> pb.Record:
-        rel = key[self._root_len:].decode()
-        if kv is None:
-            return pb.Record(key=rel, deleted=True, mod_revision=revision)
-        return pb.Record(key=rel, value=kv.value, mod_revision=kv.mod_revision,
-                         create_revision=kv.create_revision)
-
     def _on_records(self, changes: list[tuple[bytes, KeyValue | None]], revision: int,
                     reset: bool) -> None:
-        records = [self._record(k, kv, revision) for k, kv in changes]
         with self._lock:
             if reset:
-                self._records = immutables.Map((r.key, r) for r in records)
+                self._records = immutables.Map((k, kv) for k, kv in changes if kv is not None)
                 self._revision = revision
                 self._history.clear()
                 self._complete_from = revision + 1
@@ -124,33 +146,37 @@ class WatchCache:
                 self._subs.clear()
                 self.loaded.set()
                 return
-            if not records:
+            if not changes:
                 if revision > self._revision:
                     self._revision = revision
-                progress = pb.SyncResponse(revision=revision)
-                for sub in self._subs:
-                    sub.put(progress)
+                if self._subs:
+                    progress = pb.SyncResponse(revision=revision)
+                    for sub in self._subs:
+                        sub.put(progress)
                 return
             with self._records.mutate() as m:
-                for r in records:
-                    if r.deleted:
-                        m.pop(r.key, None)
+                for k, kv in changes:
+                    if kv is None:
+                        m.pop(k, None)
                     else:
-                        m[r.key] = r
+                        m[k] = kv
                 self._records = m.finish()
             self._revision = max(self._revision, revision)
-            msg = pb.SyncResponse(revision=revision, records=records)
+            batch = _Batch(revision, changes)
             if len(self._history) == self._history.maxlen:
-                self._complete_from = self._history[0][0] + 1
-            self._history.append((revision, msg))
-            for sub in self._subs:
-                sub.put(msg)
+                self._complete_from = self._history[0].revision + 1
+            self._history.append(batch)
+            if self._subs:
+                msg = batch.message(self._root_len)
+                for sub in self._subs:
+                    sub.put(msg)
 
     def subscribe(self, start_revision: int) -> Subscriber:
         """A subscriber that sees the cell from ``start_revision`` (0: a snapshot)."""
         with self._lock:
             if start_revision and start_revision >= self._complete_from:
-                initial = [m for rev, m in self._history if rev >= start_revision]
+                initial = [b.message(self._root_len) for b in self._history
+                           if b.revision >= start_revision]
                 snapshot = None
             else:
                 snapshot, revision = self._records, self._revision
@@ -159,7 +185,8 @@ class WatchCache:
             self._subs.add(sub)
         if snapshot is not None:
             # Built outside the lock: later batches queue up behind it meanwhile.
-            sub._initial = _snapshot_messages(snapshot, revision, reset=start_revision != 0)
+            sub._initial = _snapshot_messages(snapshot, revision, self._root_len,
+                                              reset=start_revision != 0)
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
@@ -178,9 +205,9 @@ class WatchCache:
         return len(self._subs)
 
 
-def _snapshot_messages(records: immutables.Map[str, pb.Record], revision: int,
-                       reset: bool) -> list[pb.SyncResponse]:
-    values = list(records.values())
+def _snapshot_messages(records: immutables.Map[bytes, KeyValue], revision: int,
+                       root_len: int, reset: bool) -> list[pb.SyncResponse]:
+    values = [_record(root_len, k, kv, revision) for k, kv in records.items()]
     out = []
     for i in range(0, max(len(values), 1), SNAPSHOT_CHUNK):
         out.append(pb.SyncResponse(

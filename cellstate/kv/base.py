@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 
@@ -62,8 +62,10 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\x00"  # every key from prefix on
 
 
-@attrs.frozen(slots=True)
-class KeyValue:
+# KeyValue, Compare and WatchEvent are named tuples, not attrs classes: the commit
+# leader builds about 300 of them a commit (every watch event, every guard), and a
+# named tuple is built in about a third of the time of a frozen attrs instance.
+class KeyValue(NamedTuple):
     key: bytes
     value: bytes
     create_revision: int
@@ -87,8 +89,7 @@ class CompareResult(enum.Enum):
     LESS = "<"
 
 
-@attrs.frozen(slots=True)
-class Compare:
+class Compare(NamedTuple):
     """``target(key) <op> value``; for a range compare set ``range_end``."""
 
     key: bytes
@@ -189,8 +190,7 @@ class EventType(enum.Enum):
     DELETE = "delete"
 
 
-@attrs.frozen(slots=True)
-class WatchEvent:
+class WatchEvent(NamedTuple):
     """For a delete, ``kv.value`` is empty and ``kv.mod_revision`` is the delete's
     revision (as etcd reports it)."""
 

@@ -169,7 +169,7 @@ class MemoryKV:
             if more:
                 kvs = kvs[:limit]
             if keys_only:
-                kvs = [attrs.evolve(kv, value=b"") for kv in kvs]
+                kvs = [kv._replace(value=b"") for kv in kvs]
             return RangeResult(tuple(kvs), self._revision, more, count)
 
     def _check_read_revision(self, revision: int) -> int:

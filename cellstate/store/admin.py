@@ -111,7 +111,7 @@ class AdminWrites(LargeGangs):
                     self._fetch_gangs(m)
                 return decisions.update_machine(
                     self.view, machine_id, capacity=capacity, state=state, labels=new_labels,
-                    budget=self._lose_budget(), at=self.clock())
+                    budget=self._lose_budget(), at=self._now())
 
             return self._decide_and_write(f"updating machine {machine_id}", decide)
 
@@ -132,7 +132,7 @@ class AdminWrites(LargeGangs):
                     if m is not None:
                         self._fetch_gangs(m)
                     written[:] = [decisions.machine_action(self.view, machine_id, action,
-                                                           self._lose_budget(), self.clock())]
+                                                           self._lose_budget(), self._now())]
                     return written[0]
 
                 wrote = self._decide_and_write(f"{action} machine {machine_id}", decide)
@@ -160,7 +160,7 @@ class AdminWrites(LargeGangs):
         old = self.view.machines[down.id]
         self._fetch_gangs(old)
         return self._write_for(decisions.take_down(self.view, old, down, self._lose_budget(),
-                                                   self.clock()))
+                                                   self._now()))
 
     def remove_machine(self, machine_id: str) -> int:
         """Take the machine down (losing its tasks) and delete it."""
@@ -205,7 +205,7 @@ class AdminWrites(LargeGangs):
                 if rec is not None and rec.gang:
                     self._fetch([k.gang(rec.gang)])
                 return decisions.release_task(self.view, tid, outcome, machine, result,
-                                              at=self.clock(), by=by, why=why)
+                                              at=self._now(), by=by, why=why)
 
             return self._decide_and_write(f"releasing task {tid}", decide)
 

@@ -55,6 +55,7 @@ from cellstate.kv.base import (
     Get,
     Op,
     Put,
+    TxnOp,
     TxnResult,
     prefix_end,
     range_all,
@@ -63,11 +64,12 @@ from cellstate.model import (
     Claim,
     Machine,
     Resources,
+    TaskRecord,
     UsageRecord,
     set_key_seq,
 )
 from cellstate.records import RECORDS
-from cellstate.replica import Replica, snapshot_from_kvs
+from cellstate.replica import Expected, Replica, snapshot_from_kvs
 from cellstate.view import VIEWED as _VIEWED, WorkingView
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,7 @@ class StoreBase:
         self.view = WorkingView(self.keys)
         self._snapshots = snapshots
         self._machine_prefix = self.keys.prefix(KeyKind.MACHINE)
+        self._alloc_prefix = self.keys.prefix(KeyKind.ALLOC)
         self._lock = threading.RLock()
         self._conflicts = 0.0  # moving average of guard failures of commit writes
         # Records a followed replica changed, applied to the view by the committing
@@ -165,6 +168,41 @@ class StoreBase:
         # The commit leader's fencing token: every write also compares this key's
         # mod_revision (see fence()).
         self._fence: Compare | None = None
+        # A followed replica's ``expect``: told the records of every write this handle
+        # made durable, so that the replica need not decode them off the watch again.
+        self._expect: Callable[[dict[bytes, Expected]], None] | None = None
+
+    def _now(self) -> float:
+        """The time a decision stamps on the records it writes (``placed_at``, history
+        events), to the millisecond the records are stored with (codec.encode_task): the
+        records this handle holds are then exactly those a reader decodes."""
+        return round(self.clock(), 3)
+
+    def _expect_write(self,
+                      writes: Iterable[tuple[Mapping[bytes, object], Mapping[bytes, int]]],
+                      ops: Sequence[Op]) -> None:
+        """Tell a followed replica the machine and task records ``ops`` (about to be
+        sent) write, with the values they put and (a machine) the revision the write
+        is guarded at, so it need not decode them again when the watch brings them
+        (``Replica.expect``). ``writes``: (records by key, guards by key) per write."""
+        if self._expect is None:
+            return
+        puts: dict[bytes, bytes] = {}
+        allocs: dict[bytes, bytes] = {}
+        prefix = self._alloc_prefix
+        for op in ops:
+            for o in op.success if type(op) is TxnOp else (op,):
+                if type(o) is Put:
+                    (allocs if o.key.startswith(prefix) else puts)[o.key] = o.value
+        expected: dict[bytes, Expected] = {}
+        for written, guards in writes:
+            for key, record in written.items():
+                kind = type(record)
+                if kind is TaskRecord and key in puts:
+                    expected[key] = (puts[key], record, None, 0)
+                elif kind is Machine and key in puts and key in guards:
+                    expected[key] = (puts[key], record, allocs, guards[key])
+        self._expect(expected)
 
     def fence(self, key: bytes, revision: int) -> None:
         """Make every later write of this handle conditional on ``key`` being at
@@ -201,6 +239,7 @@ class StoreBase:
         with 4 committers on 2,000 machines)."""
         self.use_snapshots(replica.snapshot)
         replica.on_changes(self._changed)
+        self._expect = replica.expect
 
     def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         with self._follow_lock:
@@ -542,6 +581,7 @@ class StoreBase:
             compares.append(self._fence)
         read_back = w.read_back
         gets = self._gets(w.guards) if read_back else []
+        self._expect_write(((w.records, w.guards),), p.ops)
         res = self.kv.txn(compares, p.ops, gets)
         if res.succeeded:
             put = self.view.put_record

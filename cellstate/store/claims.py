@@ -222,7 +222,7 @@ class ClaimCommits(StoreBase):
                 self._note_conflict(True)
             decisions = validate_many(self.view, subs, shape_checked=True,
                                       seq_rewrites=[outs[i].rewrites for i, _ in parts],
-                                      at=self.clock())
+                                      at=self._now())
             if all(t.mode is TxnMode.INCREMENTAL for t in subs) and self._contended():
                 split = self._components(parts, decisions)
                 if split is not None:
@@ -368,6 +368,7 @@ class ClaimCommits(StoreBase):
         compares = [Compare.mod_revision_is(key, rev) for key, rev in shared.items()]
         if self._fence is not None:
             compares.append(self._fence)
+        self._expect_write([(p.write.records, p.write.guards) for p in prepared], ops)
         res = self.kv.txn(compares, ops, shared_gets)
         if not res.succeeded:  # the config or a job changed: learn it, decide again
             self._check_fence()
@@ -461,7 +462,7 @@ class ClaimCommits(StoreBase):
             subs = [txns[i] if len(cs) == len(txns[i].claims)
                     else attrs.evolve(txns[i], claims=tuple(cs)) for i, cs in parts]
             self._ensure_loaded([c for _, cs in parts for c in cs], {t.scheduler for t in subs})
-            decisions = validate_many(self.view, subs, shape_checked=True, at=self.clock())
+            decisions = validate_many(self.view, subs, shape_checked=True, at=self._now())
             split = self._components(parts, decisions)
             if split is None:
                 return None
@@ -518,6 +519,8 @@ class ClaimCommits(StoreBase):
             compares = [guard(key, rev) for key, rev in shared_real.items()]
             if self._fence is not None:
                 compares.append(self._fence)
+            self._expect_write([(c.write.records, g) for c, g in zip(comps, guards, strict=True)
+                                if c.write is not None], ops)
             return SentBatch(compares, ops, self._gets(shared_real), dict(durable))
 
     def settle(self, staged: Staged, sent: SentBatch, res: TxnResult) -> Settled:
@@ -786,7 +789,10 @@ def _by_machine(parts: Sequence[tuple[int, list[Claim]]], decisions: Sequence[De
         read = d.claim_machines
         for c in cs:
             mid = c.machine
-            if c.evict or c.moves_from or c.task in tasks or not read.get(c.task, set()) <= {mid}:
+            if c.evict or c.moves_from or c.task in tasks:
+                return None
+            tried = read.get(c.task)
+            if tried and (len(tried) > 1 or mid not in tried):
                 return None
             tasks.add(c.task)
             comp = grouped.get(mid)

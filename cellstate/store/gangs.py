@@ -64,7 +64,7 @@ class LargeGangs(ClaimCommits):
         dies before it lets the lease lapse, which deletes the record and voids every
         hold; after it, anyone can finish the clean-up (``recover``)."""
         self._ensure_loaded(txn.claims, [txn.scheduler])
-        whole = validate(self.view, txn, shape_checked=True, at=self.clock())
+        whole = validate(self.view, txn, shape_checked=True, at=self._now())
         founders = founding_claims(self.view, txn)
         if whole.rejected:
             return CommitResult((), whole.rejected, self.view.revision, (), 1)
@@ -102,7 +102,7 @@ class LargeGangs(ClaimCommits):
                     decision = validate(self.view, sub, staging_gang=gid,
                                         seq_rewrites=seen.rewrites, shape_checked=True,
                                         gang_coverage=False, founders=founders,
-                                        at=self.clock())
+                                        at=self._now())
                     if decision.rejected:
                         self._abort_gang(gid, staged_machines, staged_tasks)
                         return self._gang_failed(txn, decision.rejected, attempts)
@@ -327,7 +327,7 @@ class LargeGangs(ClaimCommits):
                          limit: int | None = None) -> _Write:
         return self._write_for(
             decisions.settle_gang_machines(self.view, gid, mids, committed, limit,
-                                           self.clock()))
+                                           self._now()))
 
     def _settle_tasks(self, gid: str, tids: Sequence[str], committed: bool) -> _Write:
         return self._write_for(decisions.settle_gang_tasks(self.view, gid, tids, committed))

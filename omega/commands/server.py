@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
                    "--no-commit-leader: every server commits straight to etcd")
     s.add_argument("--commit-pipeline", action=argparse.BooleanOptionalAction, default=None,
                    help="the commit leader decides the next batch while the previous one's "
-                   "write is in flight (the default), or --no-commit-pipeline: one batch at "
+                   "write is in flight, or --no-commit-pipeline (the default): one batch at "
                    "a time")
     s.add_argument("--leader-ttl", type=int, default=None, metavar="SECONDS",
                    help="the commit leader's lease (default 5): a crashed leader is "

@@ -66,7 +66,8 @@ def test_server_config_file_and_its_limits_reach_the_cell(tmp_path: Path) -> Non
 
 
 def test_server_config_commit_pipeline() -> None:
-    assert server_config({}).commit_pipeline
+    assert not server_config({}).commit_pipeline
+    assert server_config({"commit_pipeline": True}).commit_pipeline
     assert not server_config({"commit_pipeline": False}).commit_pipeline
     with pytest.raises(ConfigError, match=r"s\.toml: .*commit_pipeline"):
         server_config({"commit_pipeline": "no"}, "s.toml")

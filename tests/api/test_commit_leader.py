@@ -235,7 +235,8 @@ def test_a_batch_decided_over_a_write_that_fails_is_decided_again(kv: KV) -> Non
     gated = GatedKV(kv)
     first: list[Any] = []
     second: list[Any] = []
-    with running_server(gated, name="a", listen="127.0.0.1:0") as server:
+    with running_server(gated, name="a", listen="127.0.0.1:0",
+                        commit_pipeline=True) as server:
         committer = server.service.committer
         assert committer is not None
         with client_for(server) as client:
@@ -272,7 +273,8 @@ def test_a_coarse_claim_decided_over_a_write_in_flight_sees_it(kv: KV) -> None:
     gated = GatedKV(kv)
     first: list[Any] = []
     second: list[Any] = []
-    with running_server(gated, name="a", listen="127.0.0.1:0") as server:
+    with running_server(gated, name="a", listen="127.0.0.1:0",
+                        commit_pipeline=True) as server:
         committer = server.service.committer
         assert committer is not None
         with client_for(server) as client:
@@ -302,7 +304,8 @@ def test_a_batch_larger_than_one_request_is_cut_at_a_commit() -> None:
     kv = MemoryKV(max_txn_ops=16)
     seed_cell(kv, machines=10, cpu=4, tasks=16)
     counting = CountingKV(kv)
-    with running_server(counting, name="a", listen="127.0.0.1:0") as server:
+    with running_server(counting, name="a", listen="127.0.0.1:0",
+                        commit_pipeline=True) as server:
         committer = server.service.committer
         assert committer is not None
         with client_for(server) as client:

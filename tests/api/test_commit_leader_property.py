@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cellstate.api.client import RemoteStore
@@ -150,15 +151,18 @@ def cell_of(snap: CellSnapshot) -> tuple[dict[str, dict[str, Any]], dict[str, tu
     return allocs, tasks
 
 
+# Both leaders: one batch at a time (the default) and pipelined.
+@pytest.mark.parametrize("pipeline", [False, True], ids=["one-at-a-time", "pipelined"])
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(step_st, min_size=1, max_size=6))
-def test_commits_through_a_leader_equal_committing_them_one_by_one(steps: list[Any]) -> None:
+def test_commits_through_a_leader_equal_committing_them_one_by_one(
+        pipeline: bool, steps: list[Any]) -> None:
     kv = MemoryKV()
     seed(kv)
     answered: list[tuple[Transaction, CommitResult]] = []
     slow = SlowWrites(kv)
-    with running_server(slow, name="a", leader_ttl=1) as a, \
-            running_server(slow, name="b", leader_ttl=1) as b, \
+    with running_server(slow, name="a", leader_ttl=1, commit_pipeline=pipeline) as a, \
+            running_server(slow, name="b", leader_ttl=1, commit_pipeline=pipeline) as b, \
             client_for(a) as ca, client_for(b) as cb:
         stores = [RemoteStore(ca), RemoteStore(cb)]
         for n, s in enumerate(stores):

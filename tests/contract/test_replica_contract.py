@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
+from cellstate.cell import CellSnapshot
 from cellstate.invariants import placed_tasks_of
-from cellstate.kv.base import KV
+from cellstate.kv.base import KV, range_all
 from cellstate.kv.etcd import EtcdKV
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Claim
-from cellstate.replica import Replica
+from cellstate.replica import Replica, snapshot_from_kvs
 from schedulers.testing import job, machine, make_cell, txn
 
 
@@ -155,3 +157,99 @@ def test_a_store_following_a_replica_commits_without_stale_guards(kv: KV) -> Non
     stale = blind.commit(txn([Claim("j", 3, "m1")]))
     assert stale.attempts == 2 and stale.rejected[0].reason.value == "task_already_placed"
     replica.stop()
+
+
+def _as_read(snap: CellSnapshot) -> dict[str, object]:
+    """Every machine and task record with every field a reader decodes (the fields
+    left out of equality too: allocations' keys, tasks' times and histories)."""
+    out: dict[str, object] = {}
+    for mid, m in snap.machines.items():
+        out[f"machine {mid}"] = (m, m.seq, {t: (a, a.key_seq) for t, a in m.allocations.items()})
+    for tid, t in snap.tasks.items():
+        out[f"task {tid}"] = (t, t.placed_at, t.history)
+    return out
+
+
+def test_a_store_following_a_replica_hands_it_the_records_it_wrote(kv: KV) -> None:
+    """The records a store following a replica made durable are taken by the replica
+    off the watch as they are (not decoded again), and are exactly what decoding
+    would give: a fresh read at the same revision finds the same cell."""
+    from cellstate.store import CellStore
+
+    admin = make_cell(kv, [machine(f"m{i}", cpu=8) for i in range(4)],
+                      [job("j", tasks=12), job("k", tasks=4)])
+    writer = CellStore(kv, clock=lambda: 1234.56789)  # stamps below the stored precision
+    replica = Replica(kv)
+    replica.load()
+    writer.follow(replica)
+    writer.commit(txn([Claim("j", i, f"m{i % 4}") for i in range(8)]))
+    res = writer.commit_many([txn([Claim("j", i, f"m{i % 4}") for i in range(8, 12)]),
+                              txn([Claim("k", i, f"m{i}") for i in range(4)])])
+    pump_until(replica, res[-1].revision)
+    assert replica.known_taken >= 20  # 16 tasks, 4 machines (at least at their last write)
+    snap = replica.snapshot()
+    fresh = snapshot_from_kvs(replica.keys, range_all(kv, replica.keys.root,
+                                                      revision=snap.revision).kvs,
+                              snap.revision)
+    assert _as_read(snap) == _as_read(fresh)
+    assert snap.tasks["j/0"].placed_at == 1234.568
+    admin.commit(txn([Claim("j", 0, "m1")]))  # not a writer the replica follows
+    replica.stop()
+
+
+def test_a_record_expected_with_another_value_or_base_is_decoded(kv: KV) -> None:
+    """``Replica.expect`` is matched by value: a record expected with another value
+    than the watch brings, or a machine written over another revision than the one
+    the replica holds (a failed write's, say) or with other allocations, is decoded
+    from etcd's value instead."""
+    from cellstate.store import CellStore
+
+    store = make_cell(kv, [machine(f"m{i}") for i in range(4)], [job("j", tasks=4)])
+    replica = Replica(kv)
+    replica.load()
+    keys = replica.keys
+    base = {mid: m.seq for mid, m in replica.snapshot().machines.items()}
+    res = store.commit(txn([Claim("j", i, f"m{i}") for i in range(4)]))
+    stored = {x.key: x.value for x in range_all(kv, keys.root).kvs}
+    allocs = {k: v for k, v in stored.items() if k.startswith(keys.root + b"allocs/")}
+    written = CellStore(kv)
+    written.load()
+    m = written.view.machines
+    t0 = written.view.tasks["j/0"]
+    replica.expect({
+        keys.machine("m0"): (stored[keys.machine("m0")], m["m0"].with_allocations({}),
+                             allocs, base["m0"]),  # its allocation missing
+        keys.machine("m1"): (stored[keys.machine("m1")], m["m1"], allocs,
+                             base["m1"] + 1),  # written over another revision
+        keys.machine("m2"): (stored[keys.machine("m2")], m["m2"], {},
+                             base["m2"]),  # its allocation's value not the one put
+        keys.machine("m3"): (stored[keys.machine("m3")], m["m3"], allocs,
+                             base["m3"]),  # right: taken
+        keys.task_key("j/1"): (stored[keys.task_key("j/1")],
+                               attrs.evolve(t0, index=1, detail="planted"), None, 0),  # taken
+        keys.task_key("j/0"): (b'{"state":"running"}', attrs.evolve(t0, detail="x"), None, 0),
+    })
+    pump_until(replica, res.revision)
+    snap = replica.snapshot()
+    assert replica.known_taken == 2
+    for mid in ("m0", "m1", "m2"):
+        assert set(snap.machines[mid].allocations) == {f"j/{mid[1]}"}
+        assert snap.machines[mid].allocations is not m[mid].allocations  # decoded
+    assert snap.machines["m3"] == m["m3"] and snap.machines["m3"].seq == res.revision
+    assert snap.machines["m3"].allocations is m["m3"].allocations
+    assert snap.tasks["j/0"].detail == "" and snap.tasks["j/1"].detail == "planted"
+    replica.stop()
+
+
+def test_records_expected_but_never_seen_are_dropped_oldest_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's failed writes leave records the watch never brings: the replica keeps
+    at most EXPECTED_MAX of them, dropping the oldest."""
+    import cellstate.replica as replica_module
+
+    monkeypatch.setattr(replica_module, "EXPECTED_MAX", 10)
+    replica = Replica(MemoryKV())
+    for i in range(25):
+        replica.expect({b"k%02d" % i: (b"v", None, None, 0)})
+    held = list(replica._expected)
+    assert len(held) <= 10 and held[-1] == b"k24" and b"k00" not in held

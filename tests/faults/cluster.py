@@ -77,15 +77,16 @@ class FaultCell:
 
     # -- starting ---------------------------------------------------------------------
 
-    def start(self, *, markers: bool = False, driver_args: tuple[str, ...] = ()) -> None:
+    def start(self, *, markers: bool = False, driver_args: tuple[str, ...] = (),
+              server_args: tuple[str, ...] = ()) -> None:
         began = time.monotonic()
         self.etcd.start()
         ends = self.etcd.endpoints
         self.kv = EtcdKV(ends)
         # Plaintext: the load driver plays a user and a scheduler at once.
         self.procs = c = Cluster(",".join(ends), self.workdir, tls=False)
-        c.server("cellstate-a", ",".join(ends), wait=False)
-        c.server("cellstate-b", ",".join(ends[1:] + ends[:1]), wait=False)
+        c.server("cellstate-a", ",".join(ends), wait=False, extra=server_args)
+        c.server("cellstate-b", ",".join(ends[1:] + ends[:1]), wait=False, extra=server_args)
         # Clients stay with the first server that answers: both must serve before
         # any starts, or a client meant for cellstate-a may settle on cellstate-b.
         c.wait_serving("cellstate-a")

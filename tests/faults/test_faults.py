@@ -393,12 +393,14 @@ def _leader_fault(cell: FaultCell, sig: int) -> tuple[str, float, float]:
     return victim, t, led_s
 
 
-def test_sigkill_of_the_commit_leader_mid_batch(cell: FaultCell) -> None:
+@pytest.mark.parametrize("leader", ["one-at-a-time", "pipelined"])
+def test_sigkill_of_the_commit_leader_mid_batch(cell: FaultCell, leader: str) -> None:
     """The other server leads once the dead leader's lease lapses and commits go on
     through it (the clients of the dead one fail over, and the survivor's forwarded
     commits wait for the new leader): nothing acknowledged lost, nothing placed twice,
-    every invariant at every revision."""
-    cell.start()
+    every invariant at every revision. Both leaders: one batch at a time (the default)
+    and pipelined (killed with a batch decided over a write in flight, often)."""
+    cell.start(server_args=("--commit-pipeline",) if leader == "pipelined" else ())
     cell.load_for(WARM_UP)
     victim, t, led_s = _leader_fault(cell, signal.SIGKILL)
     cell.load_for(AFTER)
