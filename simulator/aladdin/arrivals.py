@@ -220,6 +220,7 @@ class ArrivalsRun:
         self.apps = list(apps)
         self.events = list(evs)
         self.h = Harness()
+        self.placed_at: dict[str, float] = {}
 
     def run(self) -> ArrivalsResult:
         h = self.h
@@ -236,7 +237,8 @@ class ArrivalsRun:
         start = self.start = h.clock.now
         submitted: dict[str, float] = {}
         tasks_of: dict[str, int] = {}
-        placed_at: dict[str, float] = {}  # task -> virtual time of its placement
+        # task -> virtual seconds from the start to its placement
+        placed_at = self.placed_at
         ended: set[str] = set()
         migrations = 0
         digest = hashlib.sha256()
