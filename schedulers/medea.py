@@ -30,7 +30,7 @@ in the dimension the task needs most, as a share of the machine: best fit), unti
 they hold its tasks ``cover`` times over, plus ``extra`` more.
 
 **Periodic batches** (``window``, seconds; 0 by default). Medea runs its ILP for
-long-running applications periodically, on what arrived since (its paper, §5). With
+long-running applications periodically, on what arrived since. With
 ``window`` set, a job is not placed when it arrives: the runtime's decision for it
 only says it waits, and every ``window`` seconds (``propose``) one run of programs
 takes every job of this instance still waiting, in submission order, in batches of
