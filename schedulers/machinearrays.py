@@ -31,6 +31,8 @@ class MachineArrays:
         for r in demands:
             dims.update(d for d, _ in r.amounts)
         self.dims = tuple(sorted(dims))
+        # Demands as vectors, made once each (read-only: callers share them).
+        self._vectors: dict[Resources, Floats] = {}
         n, k = len(self.mids), len(self.dims)
         self.cap = np.zeros((n, k))
         self.free = np.zeros((n, k))
@@ -40,11 +42,16 @@ class MachineArrays:
             m = snap.machines[mid]
             self.capacities.append(m.capacity)
             self.cap[i] = self.vector(m.capacity)
-            self.free[i] = self.cap[i] - self.vector(view.used(mid))
+            used = view.used(mid)  # one per machine: not worth keeping as a vector
+            self.free[i] = self.cap[i] - np.array([used.get(d) for d in self.dims])
             self.up[i] = m.state is MachineState.UP
 
     def vector(self, r: Resources) -> Floats:
-        return np.array([r.get(d) for d in self.dims])
+        v = self._vectors.get(r)
+        if v is None:
+            v = self._vectors[r] = np.array([r.get(d) for d in self.dims])
+            v.flags.writeable = False
+        return v
 
     def fitting(self, need: Floats) -> Ints:
         """The machines (indexes) that are up and have room for ``need`` now."""

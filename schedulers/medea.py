@@ -29,10 +29,19 @@ rules allow that have room for one of its tasks, the tightest first (least room 
 in the dimension the task needs most, as a share of the machine: best fit), until
 they hold its tasks ``cover`` times over, plus ``extra`` more.
 
+**Periodic batches** (``window``, seconds; 0 by default). Medea runs its ILP for
+long-running applications periodically, on what arrived since. With
+``window`` set, a job is not placed when it arrives: the runtime's decision for it
+only says it waits, and every ``window`` seconds (``propose``) one run of programs
+takes every job of this instance still waiting, in submission order, in batches of
+``batch`` tasks. Jobs wait for their turn without counting as failed attempts
+(``requeue_interval``). With 0, each decision's due jobs are solved at once, as
+before.
+
 Options: ``batch`` (200 tasks), ``time_limit`` (1.0 s per batch, also the
 deterministic-time limit, so a batch solved before either limit is the same every
 run), ``cover`` (2), ``extra`` (8), ``w_machines`` (1; 0 to 1, 0: machines used
-cost nothing). CP-SAT runs
+cost nothing), ``window`` (0). CP-SAT runs
 one worker (the machine is shared) and needs OR-Tools (the ``ortools`` extra).
 """
 
@@ -52,6 +61,7 @@ from cellstate.model import Claim, Job, Resources, selector_matches_labels
 from schedulers.api import CellView, Context, Plan, Policy, Unplaced
 from schedulers.machinearrays import Floats, MachineArrays
 from schedulers.placement import founds_group, waiting, why_not
+from schedulers.runtime import owner_of
 
 #: Room and demands are counted in these parts of a unit.
 SCALE = 1000
@@ -64,12 +74,13 @@ class MedeaOptions:
     cover: float = 2.0
     extra: int = 8
     w_machines: float = 1.0
+    window: float = 0.0
 
 
 _LIMITS: dict[str, tuple[float, float, bool]] = {  # option -> (lowest, highest, whole)
     "batch": (1, 100_000, True), "time_limit": (0.001, 3600, False),
     "cover": (1, 100, False), "extra": (0, 10_000, True),
-    "w_machines": (0, 1, False),
+    "w_machines": (0, 1, False), "window": (0, 86_400, False),
 }
 
 
@@ -121,11 +132,34 @@ class MedeaPolicy(Policy):
         self.batches = 0
         self.solve_seconds = 0.0
         self.statuses: dict[str, int] = {}
+        if self.opts.window > 0:
+            self.propose_interval = self.opts.window
+            self.requeue_interval = self.opts.window
 
     def schedule_job(self, ctx: Context, job: Job) -> Plan:
         return self.schedule_jobs(ctx, [job])
 
     def schedule_jobs(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
+        if self.opts.window > 0:
+            # Placed by the next periodic run (propose); until then the job waits.
+            why = f"medea: waits for the next periodic batch (every {self.opts.window:g} s)"
+            return Plan((), tuple(Unplaced(j.id, why, len(p))
+                                  for j in jobs if (p := ctx.view.pending_tasks(j))))
+        return self._run(ctx, jobs)
+
+    def propose(self, ctx: Context) -> Plan:
+        """The periodic run: every job of this instance still waiting."""
+        if self.opts.window <= 0:
+            return Plan()
+        snap = ctx.view.snap
+        members = tuple(snap.live_instances(ctx.scheduler)) or (ctx.instance,)
+        mine = [j for j in snap.jobs.values()
+                if j.scheduler == ctx.scheduler and j.id not in snap.statuses
+                and owner_of(j.id, members) == ctx.instance]
+        mine.sort(key=lambda j: (j.submitted_at, j.id))
+        return self._run(ctx, mine)
+
+    def _run(self, ctx: Context, jobs: Sequence[Job]) -> Plan:
         view = ctx.view
         cells = MachineArrays(view, [j.task_resources for j in jobs])
         claims: list[Claim] = []

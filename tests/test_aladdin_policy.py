@@ -358,6 +358,30 @@ def test_repacking_moves_only_the_tasks_the_arrival_needs_moved() -> None:
     sound(h.snapshot())
 
 
+def test_two_repacks_in_one_round_move_different_tasks() -> None:
+    """Two constrained jobs (6 and 5 cpu), each machine a 4-cpu task: M1 and M2 run
+    free tasks (and a 1-cpu one each, so that no mover fits there), M3 and M4
+    constrained ones. Each job needs one free task moved to M3 or M4. The first takes
+    M1 (first in order) by moving its 4-cpu task; that task is no longer M1's to move,
+    so the second, whose lack on M1 it would cover, moves M2's instead. Two moves of
+    two tasks, nothing refused."""
+    h = cell(("M1", 8, 8), ("M2", 8, 8), ("M3", 8, 8), ("M4", 8, 8))
+    _placed_by_hand(h, {"a": "M1", "b": "M2"})
+    _placed_by_hand_sized(h, "e", 1, 1, "M1")
+    _placed_by_hand_sized(h, "f", 1, 1, "M2")
+    _placed_by_hand(h, {"c": "M3", "d": "M4"}, anti_affinity=app("nobody"))
+    _, inst = aladdin(h)
+    h.submit([task("big1", 6, 6, max_per_machine=1).build(),
+              task("big2", 5, 5, max_per_machine=1).build()])
+    h.run(settled, max_time=30)
+    moves = _moves(h, inst)
+    assert sorted(c.job for c in moves) == ["a", "b"]
+    assert sorted(h.machines_of("big1") + h.machines_of("big2")) == ["M1", "M2"]
+    assert not [r for rec in h.committer(inst).log if rec.result is not None
+                for r in rec.result.rejected]
+    sound(h.snapshot())
+
+
 # -- the packing cost --------------------------------------------------------------------------
 
 

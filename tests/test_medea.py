@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 import pytest
 
+from cellstate.cell import CellSnapshot
 from cellstate.invariants import constraint_violations, violations
 from cellstate.model import Constraints, Reason, Requirement, SelectorOp
 from schedulers.medea import MedeaPolicy, medea_options
@@ -103,6 +104,54 @@ def test_an_affinity_group_goes_whole_to_one_machine_in_small_batches() -> None:
     assert rejected(h) == []
 
 
+def run_noting_placements(h: Harness, at: dict[str, float], max_time: float) -> None:
+    """Run until settled, noting the virtual time each job is first seen whole."""
+    def until(snap: CellSnapshot) -> bool:
+        for jid in snap.jobs:
+            if jid not in at and all(h.machines_of(jid)):
+                at[jid] = h.clock.now
+        return settled(snap)
+
+    h.run(until, max_time=max_time)
+
+
+def test_with_a_window_the_arrivals_of_the_window_are_one_program() -> None:
+    """window = 10: jobs arriving 3 s and 7 s after a periodic run wait (no claim, not
+    abandoned) and are placed together by the next run, 10 s after the first, in one
+    CP-SAT program."""
+    h = cell(("m1", 8, 8), ("m2", 8, 8))
+    policy = MedeaPolicy(window=10)
+    inst = h.add(policy, scheduler=M)
+    t0 = h.clock.now
+    inst.step()  # the first periodic run: nothing waits
+    assert inst.step() > 0
+    before = policy.batches
+    h.clock.now = t0 + 3
+    h.submit([task("A", 2, 2).build()])
+    h.run(lambda s: h.clock.now >= t0 + 7, max_time=10)
+    assert h.machines_of("A") == [""]  # waits for the window
+    h.submit([task("B", 2, 2, tasks=2).build()])
+    at: dict[str, float] = {}
+    run_noting_placements(h, at, 30)
+    assert at["A"] == at["B"] == pytest.approx(t0 + 10)
+    assert policy.batches == before + 1
+    assert not h.snapshot().statuses  # nobody abandoned while waiting
+    assert rejected(h) == []
+
+
+def test_with_a_window_a_job_that_does_not_fit_waits_until_room_comes() -> None:
+    """A job larger than the free room waits through many windows, never abandoned
+    (waiting for its turn is not failing), and is placed once a machine is added."""
+    h = cell(("m1", 4, 4))
+    h.add(MedeaPolicy(window=5), scheduler=M)
+    h.submit([task("big", 6, 6).build()])
+    h.run(lambda s: h.clock.now >= 500, max_time=600, max_steps=100_000)
+    assert h.machines_of("big") == [""] and not h.snapshot().statuses
+    h.admin.add_machines([MachineBuilder("m2").cpu(8).mem(8).build()])
+    h.run(settled, max_time=30)
+    assert h.machines_of("big") == ["m2"]
+
+
 @pytest.mark.parametrize(("options", "error"), [
     ({"batch": 0}, "option batch must be a whole number from 1"),
     ({"batch": 2.5}, "option batch must be a whole number"),
@@ -110,6 +159,7 @@ def test_an_affinity_group_goes_whole_to_one_machine_in_small_batches() -> None:
     ({"w_machines": 2}, "option w_machines must be a number from 0 to 1, got 2"),
     ({"timelimit": 1}, r"unknown option\(s\) timelimit"),
     ({"cover": True}, "option cover must be a number"),
+    ({"window": -1}, "option window must be a number from 0 to 86400, got -1"),
 ])
 def test_bad_options_are_refused_by_name(options: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):

@@ -125,9 +125,9 @@ class FlowPolicy(Policy):
         lacks the kernels), which in a short run can be longer than the run."""
         if isinstance(self.solver, FirmamentSolver) or isinstance(self._pass_solver,
                                                                   FirmamentSolver):
-            from schedulers.flow.mcf.compile import load
+            from schedulers.flow.mcf.compile import warm
 
-            load()
+            warm()
 
     def _configure(self, options: Mapping[str, Any]) -> None:
         o = Options(options, "flow scheduler", OPTIONS, FlowOptionError)

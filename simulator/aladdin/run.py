@@ -37,6 +37,7 @@ from cellstate.invariants import constraint_violations, violations
 from cellstate.model import Job, Machine, Reason
 from schedulers.api import Policy
 from schedulers.flow import FlowPolicy
+from schedulers.flow.mcf.compile import warm as warm_kernels
 from schedulers.medea import MedeaPolicy
 from schedulers.packing import FirstFitPolicy, TetrisPolicy
 from schedulers.service import ServicePolicy
@@ -121,6 +122,10 @@ class Run:
         for app in self.apps:
             h.admin.submit_job(self._job(app.job))
         policy = make_policy(self.spec)
+        if isinstance(policy, FlowPolicy):
+            # The solver's kernels load (or compile, the first time) on first use:
+            # about a second that is not placing (most of a small cell's batch).
+            warm_kernels()
         inst = h.add(policy, scheduler=self.name)
         self.log = h.committer(inst).log
         total = sum(a.job.task_count for a in self.apps)

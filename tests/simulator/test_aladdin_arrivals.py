@@ -69,6 +69,38 @@ def test_a_short_run_accounts_for_every_application() -> None:
     assert res.never <= len(ended)
 
 
+def test_the_same_run_gives_the_same_placements() -> None:
+    """The placement digest (every committed claim, in order, with its virtual time)
+    is what the results are compared by across code changes: two runs of one file
+    give the same one, and a run that placed tasks has one of its own."""
+    exp = small(hours=0.02)
+    cell = machines(exp.base)
+    apps, evs = events(exp, cell)
+    spec = next(s for s in exp.schedulers if s.name == "aladdin-4")
+    one, two = (ArrivalsRun(spec, cell, apps, evs).run() for _ in range(2))
+    assert one.placed > 0 and len(one.placements) == 64
+    assert one.placements == two.placements
+
+
+def test_medea_batches_each_window_and_moves_nothing() -> None:
+    """Medea in the arrivals run (the file's row: its programs every 10 s): every
+    application accounted for, no migrations (Medea does not move tasks), nothing
+    broken, and every task placed by a periodic run (at a multiple of 10 s from the
+    start), not as it arrived."""
+    pytest.importorskip("ortools")
+    exp = small()
+    cell = machines(exp.base)
+    apps, evs = events(exp, cell)
+    spec = next(s for s in exp.schedulers if s.name == "medea")
+    assert spec.options["window"] == 10
+    run = ArrivalsRun(spec, cell, apps, evs)
+    res = run.run()
+    assert res.applications == len(apps) and res.placed == len(run.placed_at) > 0
+    assert res.migrations == 0 and res.audit == 0
+    assert all(abs(t / 10 - round(t / 10)) < 1e-6 for t in run.placed_at.values())
+    assert any(t > 0 for t in run.placed_at.values())  # arrivals after the start too
+
+
 @pytest.mark.parametrize(("text", "error"), [
     ('base = "experiments/aladdin/alibaba_placement.toml"\nwhat = 1\n',
      "unknown field(s) what"),
@@ -95,3 +127,5 @@ def test_the_command_refuses_bad_flags(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--only names no scheduler" in capsys.readouterr().err
     assert main([str(FILE), "--out", str(tmp_path), "--hours", "0"]) == 2
     assert "--hours must be in (0, 1000]" in capsys.readouterr().err
+    assert main([str(FILE), "--out", str(tmp_path), "--scale", "1.5"]) == 2
+    assert "--scale must be in (0, 1], got 1.5" in capsys.readouterr().err

@@ -46,6 +46,15 @@ class RepackOptions:
     plans: int = 8  # plans (machine and movers) per unit whose destinations are sought
 
 
+@attrs.frozen
+class _Movable:
+    """A machine's movable tasks, their demands as vectors, and the sum of those."""
+
+    allocs: list[Allocation]
+    vec: dict[str, np.ndarray]
+    total: np.ndarray
+
+
 class Repacker:
     def __init__(self, view: CellView, cell: CellArrays, groups: MachineGroups,
                  movable: Callable[[Allocation], bool], options: RepackOptions,
@@ -60,6 +69,10 @@ class Repacker:
         # cost as the step began: an order, not a count of room, so it may lag).
         self._orders: dict[Resources, np.ndarray] = {}
         self._pack = cell.pack()
+        # Each machine's movable tasks, looked up once per step: a machine's running
+        # tasks change within the step only when repacking moves some off it (claims
+        # add only claimed tasks, which are never movable), so _commit forgets it.
+        self._movable: dict[int, _Movable | None] = {}
 
     def _order(self, demand: Resources) -> np.ndarray:
         order = self._orders.get(demand)
@@ -91,15 +104,20 @@ class Repacker:
         # moves that another machine did not need moved.
         options: list[tuple[int, int, int, list[Allocation]]] = []
         for rank, i in enumerate(order[:self.opts.walk].tolist()):
+            # The cheap tests first; each only skips the machine, so their order does
+            # not change which machines are options.
+            lacking = np.maximum(need - self.cell.free[i], 0.0)
+            if not (lacking > 1e-9).any():
+                continue  # room enough: not a repacking case (the passes saw it differently)
+            movable = self._movable_on(i)
+            if movable is None or ((movable.total + 1e-9) < lacking).any():
+                continue  # moving every movable task would not make room
             m = self.view.machine(self.cell.mids[i])
             if m is None:
                 continue
             miss = why_not(self.view, job, m, founding=unit.founding)
             if miss is not None and miss.rule is not Rule.RESOURCES:
                 continue
-            lacking = np.maximum(need - self.cell.free[i], 0.0)
-            if not (lacking > 1e-9).any():
-                continue  # room enough: not a repacking case (the passes saw it differently)
             chosen = self._movers(i, lacking)
             if chosen is not None:
                 options.append((len(chosen), rank, i, chosen))
@@ -117,6 +135,7 @@ class Repacker:
         """Claim the moves off machine ``i`` and then the unit on it."""
         job = unit.job
         mid = self.cell.mids[i]
+        self._movable.pop(i, None)  # its movers are claimed now
         for a, dest in plan:
             mover = self.view.jobs[a.job]
             index = int(a.task.rpartition("/")[2])
@@ -137,24 +156,34 @@ class Repacker:
         self.ex.placed += len(unit.indices)
         return True
 
+    def _movable_on(self, i: int) -> _Movable | None:
+        """Machine ``i``'s movable tasks (None if it has none)."""
+        if i in self._movable:
+            return self._movable[i]
+        m = self.view.machine(self.cell.mids[i])
+        if m is None:
+            return None
+        allocs = [a for a in m.allocations.values()
+                  if alloc_placed(a, self.view.gangs) and not self.view.claimed(a.task)
+                  and self.movable(a)]
+        out = None
+        if allocs:
+            vec = {a.task: self.cell.vector(a.resources) for a in allocs}
+            out = _Movable(allocs, vec, sum(vec.values(), np.zeros(len(self.cell.dims))))
+        self._movable[i] = out
+        return out
+
     def _movers(self, i: int, lacking: np.ndarray) -> list[Allocation] | None:
         """Tasks to move off machine ``i`` to free ``lacking``; None if no set of at
         most ``max_moves`` does."""
-        m = self.view.machine(self.cell.mids[i])
-        assert m is not None
+        movable = self._movable_on(i)
+        if movable is None or ((movable.total + 1e-9) < lacking).any():
+            return None
         scale = np.where(self.cell.cap[i] > 0, self.cell.cap[i], 1.0)
-        candidates = [a for a in m.allocations.values()
-                      if alloc_placed(a, self.view.gangs) and not self.view.claimed(a.task)
-                      and self.movable(a)]
-        if not candidates:
-            return None
-        vec = {a.task: self.cell.vector(a.resources) for a in candidates}
-        total = sum(vec.values(), np.zeros(len(self.cell.dims)))
-        if ((total + 1e-9) < lacking).any():
-            return None
+        vec = movable.vec
         weight = lacking / scale
-        candidates.sort(key=lambda a: (-float((np.minimum(vec[a.task], lacking) / scale)
-                                              @ weight), a.task))
+        candidates = sorted(movable.allocs, key=lambda a: (
+            -float((np.minimum(vec[a.task], lacking) / scale) @ weight), a.task))
         chosen: list[Allocation] = []
         freed = np.zeros(len(self.cell.dims))
         for a in candidates:
@@ -200,10 +229,15 @@ def movable_by(scheduler: str, view: CellView, free_job: Callable[[Job], bool],
                guarded: Callable[[str], bool]) -> Callable[[Allocation], bool]:
     """Which running allocations repacking may move: this scheduler's, of free jobs,
     not staged by a gang and not under the flapping guard."""
+    free: dict[str, bool] = {}  # job -> free_job, asked once per job (a round's view)
+
     def movable(a: Allocation) -> bool:
         if a.scheduler != scheduler or a.gang or a.evicted_by or guarded(a.task):
             return False
-        job = view.jobs.get(a.job)
-        return job is not None and free_job(job)
+        ok = free.get(a.job)
+        if ok is None:
+            job = view.jobs.get(a.job)
+            ok = free[a.job] = job is not None and free_job(job)
+        return ok
 
     return movable
