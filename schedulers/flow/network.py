@@ -249,17 +249,21 @@ class FlowNetwork:
             for owner in bare:
                 self.set_supply(owner, supply)
         counts = np.bincount(head, minlength=len(heads)).tolist()
-        index = np.zeros(len(heads), dtype=np.int64)
-        for j, key in enumerate(heads):
-            if counts[j]:
+        index: list[int] = []
+        known = self._node_index
+        for key, c in zip(heads, counts, strict=True):
+            # Heads are aggregators and machines that exist: a lookup, not _ref's call.
+            i = known.get(key) if c else 0
+            if i is None:
                 i = ref(key)
-                refs[i] += counts[j] - 1
-                index[j] = i
+                c -= 1
+            refs[i] += c
+            index.append(i)
         at = np.array(taken, dtype=np.int64)
         self._top = max(self._top, int(at.max()) + 1)
         self._arcs += total
         self._tail[at] = tails
-        self._head[at] = index[head]
+        self._head[at] = np.array(index, dtype=np.int64)[head]
         self._lower[at] = 0
         self._cap[at] = capacity
         self._cost[at] = cost
