@@ -94,7 +94,7 @@ class TaskCosts(NamedTuple):
     cluster: int
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class TaskPrices:
     """Many tasks of one job priced at once (:meth:`CostModel.task_prices`): the
     tasks priced on their own (``tasks``, in order; the others share the job's node),
@@ -113,15 +113,21 @@ class TaskPrices:
     machine_names: Sequence[str]
     rack_names: Sequence[str]
 
+    # Every task's TaskCosts, made at the first ask (a task's own arcs while it runs
+    # are made from them; most tasks of a batch start, so one pass makes them all).
+    _made: list[TaskCosts] | None = attrs.field(default=None, init=False, repr=False)
+
     def costs(self, k: int) -> TaskCosts:
         """Task ``k``'s prices as :meth:`CostModel.task_costs` gives them."""
-        a, b = int(self.start[k]), int(self.start[k + 1])
-        return TaskCosts(tuple(
-            Preference(self.machine_names[m], "", c) if m >= 0
-            else Preference("", self.rack_names[r], c)
-            for m, r, c in zip(self.machine[a:b].tolist(), self.rack[a:b].tolist(),
-                               self.cost[a:b].tolist(), strict=True)),
-            int(self.cluster[k]))
+        if self._made is None:
+            names, racks = self.machine_names, self.rack_names
+            prefs = [Preference(names[m], "", c) if m >= 0 else Preference("", racks[r], c)
+                     for m, r, c in zip(self.machine.tolist(), self.rack.tolist(),
+                                        self.cost.tolist(), strict=True)]
+            start = self.start.tolist()
+            self._made = [TaskCosts(tuple(prefs[a:b]), c) for a, b, c in
+                          zip(start, start[1:], self.cluster.tolist(), strict=False)]
+        return self._made[k]
 
     @staticmethod
     def of(priced: Sequence[tuple[int, TaskCosts]]) -> TaskPrices:
