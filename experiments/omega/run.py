@@ -105,7 +105,7 @@ LONG: dict[str, tuple[float, Keep | list[Keep]]] = {
     # (docs/results/omega.md, Fig. 14), B's does.
     "fig14_conflict_modes": (4 * 3600.0, {"cluster": ["B"], "seed": [1, 2, 3],
                                           "t_job_service": [10]}),
-    "fig9_batch_schedulers": (3600.0, {"cluster": ["B"], "seed": [1, 2, 3],
+    "fig9_batch_schedulers": (1800.0, {"cluster": ["B"], "seed": [1, 2, 3],
                                        "batch_schedulers": [1, 32], "batch_rate": [10]}),
 }
 
