@@ -36,3 +36,16 @@ def test_a_bad_flag_is_refused_before_anything_runs(script: str, flags: list[str
     assert done.returncode == 2, done.stderr
     assert error in done.stderr
     assert not out.exists()
+
+
+def test_omega_only_is_repeatable_and_runs_every_file_named() -> None:
+    # "--only a --only b" once kept only b: each occurrence must add to the list.
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--short",
+                           "--only", "fig7_two_level", "--only", "semantics", "fig8_batch_rate",
+                           "--list"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    named = [line.split(":")[0] for line in done.stdout.splitlines()
+             if not line.startswith(" ")]
+    assert named == ["fig7_two_level", "semantics", "fig8_batch_rate"]
+    # The short profile's fig7 points: clusters A, B, C at three t_job(service) values.
+    assert "fig7_two_level: 9 points" in done.stdout
