@@ -12,6 +12,7 @@ import numpy as np
 
 from schedulers.flow.mcf.solver import ALGORITHMS, FirmamentSolver
 from schedulers.flow.network import Arrays
+from schedulers.flow.solvers import SolveError
 
 
 def _network(extra: int) -> Arrays:
@@ -37,12 +38,17 @@ def warm() -> float:
         for extra in (0, 1):  # cold, then warm from the first answer
             costs.add((extra, solver.solve(_network(extra)).cost))
     if len(costs) != 2:
-        raise SystemExit(f"the solver's algorithms disagree: {sorted(costs)}")
+        # Not SystemExit: a simulation or a scheduler calls this, not only main().
+        raise SolveError(f"the solver's algorithms disagree: {sorted(costs)}")
     return time.perf_counter() - t0
 
 
 def main() -> None:
-    print(f"solver kernels compiled and cached in {warm():.1f} s")
+    try:
+        seconds = warm()
+    except SolveError as e:
+        raise SystemExit(str(e)) from None
+    print(f"solver kernels compiled and cached in {seconds:.1f} s")
 
 
 if __name__ == "__main__":
