@@ -8,7 +8,7 @@ accepts. Tasks that changed while the solver ran are dropped."""
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 import attrs
 import numpy as np
@@ -31,7 +31,7 @@ from cellstate.model import (
 from cellstate.store import CellStore
 from schedulers.api import CellView
 from schedulers.flow.costs import make_cost_model
-from schedulers.flow.extract import Extraction, arrivals, extract
+from schedulers.flow.extract import Arrival, Extraction, arrivals, extract
 from schedulers.flow.graph import ArcKind, GraphManager, Shape
 from schedulers.flow.network import Arrays, NodeKey
 from schedulers.flow.solvers import OrToolsSolver
@@ -65,7 +65,8 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
             inflow[str(head[1])] += int(flow[i])
         if tail[0] == "W" and net.kind[i] == ArcKind.UNSCHEDULED:
             waiting_supply += int(net.supply[net.tail[i]])
-    units, _, _ = arrivals(gm, net, flow)
+    units, unscheduled, preempted = arrivals(gm, net, flow)
+    assert (units, unscheduled, preempted) == _handed_on_in_order(gm, net, flow)
     assert Counter(a.machine for a in units) == +inflow
     assert all(a.source[0] in ("W", "G") for a in units)
     back_home = sum(1 for a in units if a.source[0] == "G" and a.source[1] == a.machine)
@@ -129,6 +130,38 @@ def check_exact(snap: CellSnapshot, gm: GraphManager, net: Arrays,
                 used[dim] = used.get(dim, 0.0) + sign * amount
         for dim, amount in used.items():
             assert amount <= m.capacity.get(dim) + 1e-9, f"{mid} over in {dim}"
+
+
+def _handed_on_in_order(gm: GraphManager, net: Arrays, flow: npt.NDArray[np.int64]
+                        ) -> tuple[list[Arrival], dict[str, int], dict[NodeKey, int]]:
+    """What ``arrivals`` promises, unit by unit: arcs taken in layer order (out of
+    sources, then cluster to rack, then into machines), then by index; each aggregator
+    a queue, first in first out."""
+    layer = {int(ArcKind.TO_RACK): 1, int(ArcKind.INTO_MACHINE): 2}
+    key = gm.net.node_key
+    order = sorted(range(len(flow)), key=lambda i: (layer.get(int(net.kind[i]), 0), i))
+    queues: dict[NodeKey, deque[NodeKey]] = {}
+    out: list[Arrival] = []
+    unscheduled: dict[str, int] = {}
+    preempted: dict[NodeKey, int] = {}
+    for i in order:
+        f, kind = int(flow[i]), int(net.kind[i])
+        tail, head = key(int(net.tail[i])), key(int(net.head[i]))
+        if f == 0 or kind in (ArcKind.STAY, ArcKind.TO_SINK, ArcKind.LEAVE_UNSCHEDULED):
+            continue
+        if kind == ArcKind.UNSCHEDULED:
+            unscheduled[str(tail[1])] = unscheduled.get(str(tail[1]), 0) + f
+            continue
+        if kind == ArcKind.PREEMPT:
+            preempted[tail] = preempted.get(tail, 0) + f
+            continue
+        units = ([tail] * f if tail[0] in ("W", "G")
+                 else [queues[tail].popleft() for _ in range(f)])
+        if head[0] == "M":
+            out.extend(Arrival(src, str(head[1])) for src in units)
+        else:
+            queues.setdefault(head, deque()).extend(units)
+    return out, unscheduled, preempted
 
 
 def _group_node(gm: GraphManager, mid: str, tid: str) -> NodeKey:

@@ -93,7 +93,17 @@ class RandomNet:
             for _ in range(3):
                 self.add_random()
 
-    def arrays(self) -> Arrays:
+    def arrays(self, every_slot: bool = False) -> Arrays:
+        """The arcs that can carry flow; ``every_slot``: every slot up to the highest
+        at its own index, free and capacity-0 ones included, as
+        ``FlowNetwork.arrays(compact=False)`` gives them."""
+        if every_slot:
+            rows = np.array([self.arcs.get(s, [0, 0, 0, 0, 0]) for s in range(self.top)],
+                            dtype=np.int64).reshape(-1, 5)
+            return Arrays(self.n, self.supply.copy(), rows[:, 0].copy(), rows[:, 1].copy(),
+                          rows[:, 2].copy(), rows[:, 3].copy(), rows[:, 4].copy(),
+                          np.zeros(self.top, dtype=np.int8),
+                          np.arange(self.top, dtype=np.int64))
         slots = np.array(sorted(s for s, a in self.arcs.items() if a[3] > 0), dtype=np.int64)
         rows = np.array([self.arcs[int(s)] for s in slots], dtype=np.int64).reshape(-1, 5)
         return Arrays(self.n, self.supply.copy(), rows[:, 0].copy(), rows[:, 1].copy(),
@@ -121,6 +131,45 @@ def test_warm_solves_match_ortools(seed: int, nodes: int, rounds: int) -> None:
             got = s.solve(arrays)
             check_flow(arrays, got)
             assert got.cost == want, (a, s.last)
+        net.change()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), rounds=st.integers(2, 8))
+def test_a_star_built_from_the_last_one_lists_every_half_arc_once(
+        seed: int, nodes: int, rounds: int) -> None:
+    """Given every slot at its own index, a warm solve builds its forward star from
+    the previous round's: each node lists exactly its half-arcs, out-arcs first, and
+    the answer is still optimal."""
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes)
+    solver = FirmamentSolver("auto")
+    solved = False  # the previous round was solved: its star is kept
+    for r in range(rounds):
+        arrays = net.arrays(every_slot=True)
+        try:
+            want = OrToolsSolver().solve(net.arrays()).cost
+        except SolveError:
+            with pytest.raises(SolveError):
+                solver.solve(arrays)
+            net.change()
+            solved = False
+            continue
+        got = solver.solve(arrays)
+        check_flow(arrays, got)
+        assert got.cost == want
+        assert solver.last is not None and solver.last.kept_star == solved
+        solved = True
+        star = solver._star
+        assert star is not None
+        n, m = arrays.nodes, len(arrays.tail)
+        want_lists = forward_star(n, arrays.tail, arrays.head)
+        for v in range(n):
+            listed = star.adj[star.start[v]:star.start[v + 1]].tolist()
+            assert sorted(listed) == sorted(want_lists[v]), (r, v)
+            odd = [h & 1 for h in listed]
+            assert odd == sorted(odd), (r, v)  # out-arcs (even) before in-arcs
+        assert star.m == m
         net.change()
 
 
@@ -304,10 +353,12 @@ def test_prepare_builds_the_start_the_solvers_expect(seed: int, nodes: int, warm
     x, cap, e = (np.empty(k, dtype=np.int64) for k in (m, m, n))
     start, adj = np.empty(n + 1, dtype=np.int64), np.empty(2 * m, dtype=np.int32)
     de, fpos, bpos, best = (np.empty(n, dtype=np.int64) for _ in range(4))
-    bad, reused, _, _, cmax, smax = K.prepare(
+    bad, reused, _, _, cmax, smax, _ = K.prepare(
         n, new.supply, new.tail, new.head, new.lower, new.capacity, new.cost, new.arcs,
         ends, flows, n, warm, True, True, pi, x, cap, e, start, adj,
-        np.empty(n, dtype=np.bool_), de, fpos, bpos, best, np.empty(m, dtype=np.int64))
+        np.empty(n, dtype=np.bool_), de, fpos, bpos, best, np.empty(m, dtype=np.int64),
+        False, 0, 0, start[:0], adj[:0], np.empty(m, dtype=np.bool_),
+        np.empty(m, dtype=np.int64))
     assert bad == -1 and cmax == int(np.abs(new.cost).max()) and smax == int(new.arcs.max())
     assert (cap == new.capacity - new.lower).all() and (x >= 0).all() and (x <= cap).all()
     flow = x + new.lower

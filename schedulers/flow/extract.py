@@ -36,7 +36,9 @@ from cellstate.model import (
     PLACEABLE,
     Allocation,
     Claim,
+    Job,
     Machine,
+    MachineState,
     Resources,
     TaskState,
     split_task_id,
@@ -50,6 +52,12 @@ from schedulers.placement import calm, founds_group, why_not
 _LAYER = np.zeros(max(ArcKind) + 1, dtype=np.int8)
 _LAYER[ArcKind.TO_RACK] = 1
 _LAYER[ArcKind.INTO_MACHINE] = 2
+_FROM_SOURCE = np.zeros(max(ArcKind) + 1, dtype=bool)
+_FROM_SOURCE[[ArcKind.TO_CLUSTER, ArcKind.PREFERENCE, ArcKind.MIGRATE]] = True
+_FROM_AGGREGATOR = np.zeros(max(ArcKind) + 1, dtype=bool)
+_FROM_AGGREGATOR[[ArcKind.TO_RACK, ArcKind.INTO_MACHINE]] = True
+_MOVING = _FROM_SOURCE | _FROM_AGGREGATOR
+_MOVING[[ArcKind.UNSCHEDULED, ArcKind.PREEMPT]] = True
 
 
 class Arrival(NamedTuple):
@@ -75,34 +83,73 @@ class Extraction:
 def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
              ) -> tuple[list[Arrival], dict[str, int], dict[NodeKey, int]]:
     """Every unit that arrives on a machine (not counting units that stay), the units
-    left unscheduled per job, and the units preempted per group node."""
-    moving = ((flow > 0) & (net.kind != ArcKind.STAY) & (net.kind != ArcKind.TO_SINK)
-              & (net.kind != ArcKind.LEAVE_UNSCHEDULED))
-    idx = np.flatnonzero(moving)
-    idx = idx[np.argsort(_LAYER[net.kind[idx]], kind="stable")]
-    queues: dict[NodeKey, deque[list[Any]]] = {}
-    out: list[Arrival] = []
-    unscheduled: dict[str, int] = {}
-    preempted: dict[NodeKey, int] = {}
+    left unscheduled per job, and the units preempted per group node.
+
+    Units are handed on through each aggregator first in, first out, arcs taken in
+    layer order then by index: the k-th unit to leave an aggregator is the k-th to
+    enter it. That pairing is done on arrays, aggregators fed only by sources (the
+    cluster aggregators) first, then those they feed (racks)."""
+    kinds = net.kind
+    carrying = np.flatnonzero((flow > 0) & _MOVING.take(kinds))
+    ck = kinds[carrying]
     key = graph.net.node_key
-    for i in idx.tolist():
-        f = int(flow[i])
-        kind = int(net.kind[i])
-        tail, head = key(int(net.tail[i])), key(int(net.head[i]))
-        if kind == ArcKind.UNSCHEDULED:
-            jid = str(tail[1])
-            unscheduled[jid] = unscheduled.get(jid, 0) + f
-            continue
-        if kind == ArcKind.PREEMPT:
-            preempted[tail] = preempted.get(tail, 0) + f
-            continue
-        units: list[list[Any]] = ([[tail, f]] if tail[0] in ("W", "G")
-                                  else _take(queues[tail], f))
-        if head[0] == "M":
-            mid = str(head[1])
-            out.extend(Arrival(src, mid) for src, n in units for _ in range(n))
-        else:
-            queues.setdefault(head, deque()).extend(units)
+    unscheduled: dict[str, int] = {}
+    for i in carrying[ck == ArcKind.UNSCHEDULED].tolist():
+        jid = str(key(int(net.tail[i]))[1])
+        unscheduled[jid] = unscheduled.get(jid, 0) + int(flow[i])
+    preempted: dict[NodeKey, int] = {}
+    for i in carrying[ck == ArcKind.PREEMPT].tolist():
+        tail = key(int(net.tail[i]))
+        preempted[tail] = preempted.get(tail, 0) + int(flow[i])
+    # Units leaving their source (a W or G node): to an aggregator or a machine.
+    first = carrying[_FROM_SOURCE[ck]]
+    units = np.repeat(first, flow[first])
+    src = net.tail[units]
+    at = net.head[units]
+    order = units  # arc index: the order units entered their aggregator within a layer
+    layer = np.zeros(len(units), dtype=np.int8)
+    onward = carrying[_FROM_AGGREGATOR[ck]]
+    if onward.size:
+        # Aggregators: tails of onward arcs. Cluster aggregators are those a TO_RACK
+        # arc leaves or a source feeds through TO_CLUSTER / MIGRATE.
+        agg_tail = net.tail[onward]
+        cluster = np.zeros(net.nodes, dtype=bool)
+        cluster[net.tail[onward[kinds[onward] == ArcKind.TO_RACK]]] = True
+        fed = first[(kinds[first] == ArcKind.TO_CLUSTER) | (kinds[first] == ArcKind.MIGRATE)]
+        cluster[net.head[fed]] = True
+        is_agg = np.zeros(net.nodes, dtype=bool)
+        is_agg[agg_tail] = True
+        for level in (True, False):  # cluster aggregators, then the rest (racks)
+            outs = onward[cluster[agg_tail] == level]
+            if not outs.size:
+                continue
+            outs = outs[np.lexsort((outs, _LAYER[kinds[outs]], net.tail[outs]))]
+            out_units = np.repeat(outs, flow[outs])
+            here = is_agg[at] & (cluster[at] == level)
+            pick = np.flatnonzero(here)
+            pick = pick[np.lexsort((order[pick], layer[pick], at[pick]))]
+            if len(pick) != len(out_units):
+                raise ValueError("flow not conserved at an aggregator")
+            moved_src = src[pick]
+            moved_at = net.head[out_units]
+            keep = ~here
+            src = np.concatenate([src[keep], moved_src])
+            at = np.concatenate([at[keep], moved_at])
+            order = np.concatenate([order[keep], out_units])
+            layer = np.concatenate([layer[keep], _LAYER[kinds[out_units]]])
+    # In the order units reached their machine: by the delivering arc's layer and
+    # index, one arc's units in the order they left the aggregator (a stable sort).
+    final = np.lexsort((order, layer))
+    names: dict[int, Any] = {}
+    out: list[Arrival] = []
+    for s_i, m_i in zip(src[final].tolist(), at[final].tolist(), strict=True):
+        skey = names.get(s_i)
+        if skey is None:
+            skey = names[s_i] = key(s_i)
+        mkey = names.get(m_i)
+        if mkey is None:
+            mkey = names[m_i] = key(m_i)
+        out.append(Arrival(skey, str(mkey[1])))
     return out, unscheduled, preempted
 
 
@@ -140,6 +187,12 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         return p
 
     def take(src: NodeKey) -> tuple[str, int] | None:
+        if src[0] == "W" and len(src) == 3:  # a task's own node: that task (once)
+            jid, i = str(src[1]), int(str(src[2]))
+            if _still_waiting(latest, view, jid, i):
+                return jid, i
+            ex.stale += 1
+            return None
         p = pool(src)
         while p:
             jid, i = p.popleft()
@@ -192,11 +245,11 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         if a.source[0] == "W":
             # Spill: the next cheapest machines the flow left room on for this shape.
             spare = spare or Spare(graph, net, flow)
-            job = graph.jobs.get(jid)
-            if job is not None and any(
+            entry = graph.jobs.get(jid)
+            if entry is not None and any(
                     _place(ex, view, used, Arrival(a.source, mid), jid, i, victims,
                            final=False, evict=False)
-                    for mid in spare.machines(job.shape)):
+                    for mid in spare.machines(entry.shape)):
                 ex.spilled += 1
                 continue
         _place(ex, view, used, a, jid, i, victims, final=True)
@@ -277,6 +330,18 @@ class _Used:
         # No job with an anti-affinity rule: the fit rules need not read each
         # machine's jobs (asked once for the whole extraction).
         self.calm = calm(view)
+        self._plain: dict[str, bool] = {}
+
+    def plain(self, job: Job) -> bool:
+        """Whether only room can keep a task of ``job`` off a machine that is up: no
+        selector, tasks-per-machine, affinity or anti-affinity rule of its own, and no
+        job in the view with an anti-affinity rule."""
+        p = self._plain.get(job.id)
+        if p is None:
+            c = job.constraints
+            p = self._plain[job.id] = self.calm and not (
+                c.machine_selector or c.max_per_machine or c.affinity or c.anti_affinity)
+        return p
 
     def of(self, m: Machine) -> Resources | None:
         mid = m.id
@@ -319,6 +384,16 @@ def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, in
     if job is None or m is None:
         ex.stale += 1
         return True
+    if not origin and used.plain(job) and m.state is MachineState.UP:
+        # Nothing but room can keep it off (no constraint of its own, none of any
+        # neighbour's): the resource rule alone, on the count the view keeps.
+        u = used.of(m)
+        if u is not None and u.exceeding_with(job.task_resources, m.capacity) is None:
+            claim = view.claim(job, index, a.machine)
+            used.claimed(claim, job.task_resources)
+            ex.claims.append(claim)
+            ex.placed += 1
+            return True
     # The first claim of an affinity group the view has none of founds it (the store's
     # rule); without it the repair step would refuse what the store accepts.
     founding = founds_group(view, job)

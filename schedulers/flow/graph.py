@@ -51,6 +51,7 @@ from cellstate.model import (
     split_task_id,
     sum_resources,
     task_id,
+    trusted_resources,
 )
 from schedulers.flow.costs import (
     CostModel,
@@ -262,8 +263,24 @@ class MachineEntry:
         if avail is not self.avail or outside is None:
             outside = self.machine.capacity - self.avail
             self.outside_of = (self.avail, outside)
-        amounts = dict(outside.amounts)
-        for r, n in self._by_shape().items():
+        counts = self._by_shape()
+        a = outside.amounts
+        if len(a) == 2 and not counts:
+            if abs(a[0][1]) > 1e-9 and abs(a[1][1]) > 1e-9:
+                return outside
+        elif len(counts) == 1:
+            # One shape over two dimensions, none outside or the same two (the usual
+            # machine): the sums below without the dict.
+            ((r, n),) = counts.items()
+            b = r.amounts
+            if len(b) == 2 and (not a or (len(a) == 2 and b[0][0] == a[0][0]
+                                          and b[1][0] == a[1][0])):
+                s0 = (a[0][1] if a else 0.0) + b[0][1] * n
+                s1 = (a[1][1] if a else 0.0) + b[1][1] * n
+                if abs(s0) > 1e-9 and abs(s1) > 1e-9:
+                    return trusted_resources(((b[0][0], s0), (b[1][0], s1)))
+        amounts = dict(a)
+        for r, n in counts.items():
             for dim, amount in r.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) + amount * n
         return Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))

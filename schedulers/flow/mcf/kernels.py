@@ -68,6 +68,45 @@ def _place(n, tail, head, start, fpos, bpos, adj):  # type: ignore[no-untyped-de
 
 
 @njit(cache=True, nogil=True)
+def _restar(n, old_n, tail, head, same, old_start, old_adj,  # type: ignore[no-untyped-def]
+            ins, nins, start, fpos, bpos, adj):
+    """``_place`` from the previous round's star (``old_start``, ``old_adj``, nodes
+    ``old_n``): each node's half-arcs whose arc is the same (``same[a]``: same index,
+    same ends) are copied in their old order, then the ``nins`` arcs of ``ins`` (every
+    other arc) are placed after them as ``_place`` places arcs. The old star is read
+    node by node and the new one written in order, so only the changed arcs cost a
+    scattered write; each node's forward half-arcs still come before its backward
+    ones. ``start``/``fpos`` hold degrees as for ``_place``."""
+    for v in range(n):
+        start[v + 1] += start[v]
+    for v in range(n):
+        bpos[v] = start[v] + fpos[v]
+        fpos[v] = start[v]
+    for v in range(min(n, old_n)):
+        f = fpos[v]
+        b = bpos[v]
+        for k in range(old_start[v], old_start[v + 1]):
+            hh = old_adj[k]
+            if same[hh >> 1]:
+                if hh & 1 == 0:
+                    adj[f] = hh
+                    f += 1
+                else:
+                    adj[b] = hh
+                    b += 1
+        fpos[v] = f
+        bpos[v] = b
+    for i in range(nins):
+        a = ins[i]
+        t = tail[a]
+        h = head[a]
+        adj[fpos[t]] = 2 * a
+        fpos[t] += 1
+        adj[bpos[h]] = 2 * a + 1
+        bpos[h] += 1
+
+
+@njit(cache=True, nogil=True)
 def _optimal_arc(a, t, h, cap, cost, x, pi, de):  # type: ignore[no-untyped-def]
     """make_optimal for one arc, its excess changes into ``de``; returns units moved."""
     r = cost[a] - pi[t] + pi[h]
@@ -86,7 +125,8 @@ def _optimal_arc(a, t, h, cap, cost, x, pi, de):  # type: ignore[no-untyped-def]
 @njit(cache=True, nogil=True)
 def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-untyped-def]
             slots, prev_ends, prev_flow, old_nodes, warm, optimal, has_lower,
-            pi, x, cap, e, start, adj, seen, de, fpos, bpos, best, fresh):
+            pi, x, cap, e, start, adj, seen, de, fpos, bpos, best, fresh,
+            star, old_n, old_m, old_start, old_adj, same, ins):
     """Everything a solve needs before its algorithm runs, in two passes over the arcs
     (the starting flow, prices for new nodes, the reduced-cost repair and the forward
     star, fused so that each arc array is read about once).
@@ -104,9 +144,15 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
     bounds when cold, shifted), ``e`` (excesses), ``start``/``adj`` (``_place``);
     warm, the prices of the nodes with no reused arc in ``pi``; with ``optimal``, the
     flow made reduced-cost optimal (as ``make_optimal``). ``seen``, ``de``, ``fpos``,
-    ``bpos``, ``best`` (n) and ``fresh`` (m) are scratch. Returns (bad arc or -1,
-    reused arcs, positive excess before the optimality repair, units that repair
-    moved, max |cost|, max slot).
+    ``bpos``, ``best`` (n) and ``fresh`` (m) are scratch.
+
+    ``star``: the previous round's star (``old_start``, ``old_adj`` over ``old_n``
+    nodes and ``old_m`` arcs) was built with every arc at the index of its slot, and
+    the new one is built from it (``_restar``): an arc that kept its slot, its ends
+    and its index keeps its place; ``same`` (max(m, old_m)) and ``ins`` (m) are
+    scratch. Returns (bad arc or -1, reused arcs, positive excess before the
+    optimality repair, units that repair moved, max |cost|, max slot, whether every
+    arc sits at the index of its slot).
     """
     m = tail.shape[0]
     for v in range(n):
@@ -122,6 +168,8 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
     cmax = 0
     smax = -1
     nfresh = 0
+    nins = 0
+    ident = 0
     ns = prev_ends.shape[0]
     for a in range(m):
         t = tail[a]
@@ -167,8 +215,16 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
         if warm and not old:
             fresh[nfresh] = a
             nfresh += 1
+        if s == a:
+            ident += 1
+        if star:
+            kept = old and s == a
+            same[a] = kept
+            if not kept:
+                ins[nins] = a
+                nins += 1
     if bad >= 0:
-        return bad, reused, 0, 0, cmax, smax
+        return bad, reused, 0, 0, cmax, smax, ident == m
     if warm:
         _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_nodes, best, bpos)
         if optimal:
@@ -180,8 +236,14 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
         if e[v] > 0:
             imbalance += e[v]
         e[v] += de[v]
-    _place(n, tail, head, start, fpos, bpos, adj)
-    return bad, reused, imbalance, moved, cmax, smax
+    if star:
+        for a in range(m, old_m):
+            same[a] = False
+        _restar(n, old_n, tail, head, same, old_start, old_adj, ins, nins, start, fpos,
+                bpos, adj)
+    else:
+        _place(n, tail, head, start, fpos, bpos, adj)
+    return bad, reused, imbalance, moved, cmax, smax, ident == m
 
 
 @njit(cache=True, nogil=True)

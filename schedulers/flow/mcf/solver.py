@@ -94,6 +94,7 @@ class SolveStats:
     phases: int  # cost scaling's refine phases
     global_updates: int  # cost scaling's global price updates
     ops: int  # arcs looked at, both algorithms
+    kept_star: bool = False  # the forward star was built from the previous round's
 
 
 @attrs.define
@@ -159,6 +160,7 @@ class FirmamentSolver:
         self._ends_of: I64 = np.empty(0, dtype=np.int64)  # per slot: tail << 31 | head
         self._flow_of: I64 = np.empty(0, dtype=np.int64)
         self._pi: I64 | None = None
+        self._star: _Star | None = None
         self._buf = _Buffers()
 
     # -- the solve ---------------------------------------------------------------------
@@ -193,16 +195,32 @@ class FirmamentSolver:
         has_lower = bool(lower.any())
         x, e = b.i64("x", m), b.i64("e", n)
         cap = b.i64("cap", m) if has_lower else capacity
-        start = b.i64("start", n + 1)
-        # Half-arc numbers in 32 bits when they fit: half the forward star's memory.
-        adj = b.i32("adj", 2 * m) if 2 * m < 2**31 else b.i64("adj", 2 * m)
-        bad, reused, imbalance, moved, cmax, smax = K.prepare(
+        # The forward star is built from the previous round's (module doc), in the
+        # other of two buffers; half-arc numbers in 32 bits when they fit (half the
+        # memory).
+        kept, self._star = self._star, None
+        side = 1 - kept.side if kept is not None else 0
+        start = b.i64(f"start{side}", n + 1)
+        wide = 2 * m >= 2**31
+        adj = b.i64(f"adj{side}", 2 * m) if wide else b.i32(f"adj{side}", 2 * m)
+        star = warm and kept is not None and kept.wide == wide
+        if star:
+            assert kept is not None
+            old_n, old_m, old_start, old_adj = kept.n, kept.m, kept.start, kept.adj
+        else:
+            old_n, old_m, old_start, old_adj = 0, 0, start[:0], adj[:0]
+        bad, reused, imbalance, moved, cmax, smax, ident = K.prepare(
             n, supply, tail, head, lower, capacity, cost, slots,
             self._ends_of, self._flow_of, old, warm, optimal, has_lower,
             pi, x, cap, e, start, adj, b.bools("seen", n), b.i64("de", n),
-            b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m))
+            b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m),
+            star, old_n, old_m, old_start, old_adj, b.bools("same", max(m, old_m)),
+            b.i64("ins", m))
         if bad >= 0:
             raise SolveError("firmament: an arc's lower bound exceeds its capacity")
+        # Kept once the solve has finished: the next star is built from it and from
+        # the ends finish keeps, which must be of the same round.
+        built = _Star(side, n, m, wide, start, adj) if self.warm and ident else None
         g = _Graph(n, start, adj, tail, head, cap, cost)
         relax_run = cs_run = None
         fallback = False
@@ -255,10 +273,11 @@ class FirmamentSolver:
                                                         strict=True))
         if self.warm:  # only differences of prices matter: keep them near zero
             self._pi = winner.pi - (int(winner.pi.max()) if n else 0)
+            self._star = built
         if relax_run is not None:
             imbalance += relax_run.moved
         self.last = self._stats(winner is cs_run, warm, wall, relax_run, cs_run,
-                                int(imbalance), int(reused), fallback)
+                                int(imbalance), int(reused), fallback, star)
         return Solution(flow, int(total))
 
     # -- the algorithms ----------------------------------------------------------------
@@ -357,7 +376,7 @@ class FirmamentSolver:
     @staticmethod
     def _stats(cs_won: bool, warm: bool, wall: float, relax_run: _Run | None,
                cs_run: _Run | None, imbalance: int, reused: int,
-               fallback: bool) -> SolveStats:
+               fallback: bool, kept_star: bool) -> SolveStats:
         zero = np.zeros(K.NSTATS, dtype=np.int64)
         rs = relax_run.stats if relax_run is not None else zero
         cs = cs_run.stats if cs_run is not None else zero
@@ -370,7 +389,7 @@ class FirmamentSolver:
             augmentations=int(rs[K.ST_AUGMENT]), price_rises=int(rs[K.ST_RISE]),
             pushes=int(cs[K.ST_PUSH]), relabels=int(cs[K.ST_RELABEL]),
             phases=int(cs[K.ST_PHASES]), global_updates=int(cs[K.ST_UPDATES]),
-            ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]))
+            ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]), kept_star=kept_star)
 
 
 class _Buffers:
@@ -396,6 +415,19 @@ class _Buffers:
 
     def bools(self, name: str, size: int) -> npt.NDArray[np.bool_]:
         return cast(npt.NDArray[np.bool_], self._get(name, size, np.bool_))
+
+
+@attrs.frozen
+class _Star:
+    """The forward star a solve built (its arcs each at the index of its slot), in
+    buffer ``side`` of two: the next solve builds its own from it in the other."""
+
+    side: int
+    n: int
+    m: int
+    wide: bool  # half-arcs in int64
+    start: I64
+    adj: npt.NDArray[np.int32] | I64
 
 
 @attrs.frozen
