@@ -549,11 +549,8 @@ class GraphManager:
                 # Position 0: the unscheduled arc (see _job_arcs).
                 if self.net.slots_of(("W", jid)) is not None:
                     self.net.set_cost(("W", jid), 0, self.model.unscheduled(job, waited))
-                for i in e.task_nodes:
-                    tc = self._task_costs(e, i)
-                    assert tc is not None
-                    self.net.set_cost(("W", jid, i), 0,
-                                      self.model.task_unscheduled(job, tc, waited))
+                if e.task_nodes:
+                    self._wait_costs(e, waited)
         self._runs.write(self.net, self.model, now)
         self.net.set_supply(SINK, 0)
         self.net.set_supply(SINK, -self.net.total_supply)
@@ -1019,6 +1016,32 @@ class GraphManager:
         if tc is not None:
             self._task_jobs.add(e.job.id)
         return tc
+
+    def _wait_costs(self, e: JobEntry, waited: float) -> None:
+        """The unscheduled arcs (position 0) of the job's task nodes at ``waited``:
+        those priced in a batch and never asked for on their own, per batch as arrays
+        (``CostModel.tasks_unscheduled``), the others one by one."""
+        job = e.job
+        batches: dict[int, tuple[TaskPrices, list[int], list[int]]] = {}
+        # The default prices a batch task by task: no gain over asking per node.
+        arrays = type(self.model).tasks_unscheduled is not CostModel.tasks_unscheduled
+        for i in e.task_nodes:
+            row = e.prices.get(i) if arrays and i not in e.costs else None
+            if row is None:
+                tc = self._task_costs(e, i)
+                assert tc is not None
+                self.net.set_cost(("W", job.id, i), 0,
+                                  self.model.task_unscheduled(job, tc, waited))
+                continue
+            b = batches.get(id(row[0]))
+            if b is None:
+                b = batches[id(row[0])] = (row[0], [], [])
+            b[1].append(row[1])
+            b[2].append(self.net.slots_of(("W", job.id, i))[0])  # type: ignore[index]
+        for tp, rows, slots in batches.values():
+            cost = self.model.tasks_unscheduled(job, tp, waited)
+            self.net.write_costs(np.array(slots, dtype=np.int64),
+                                 cost[np.array(rows, dtype=np.int64)])
 
     def _price_waiting(self, e: JobEntry) -> None:
         """Prices the job's waiting tasks not priced yet, all at once."""
