@@ -1151,6 +1151,31 @@ class Claim:
         return attrs.evolve(self, machine=machine, seen_seq=seq, fallbacks=())
 
 
+assert tuple(f.name for f in attrs.fields(Claim)) == (
+    "job", "index", "machine", "seen_seq", "evict", "resources", "fallbacks", "moves_from",
+    "task"), "update trusted_claim for Claim's new fields"
+(_set_c_job, _set_c_index, _set_c_machine, _set_c_seen_seq, _set_c_evict, _set_c_resources,
+ _set_c_fallbacks, _set_c_moves_from, _set_c_task) = (
+    Claim.__dict__[f.name].__set__ for f in attrs.fields(Claim))
+
+
+def trusted_claim(job: str, index: int, machine: str, seen_seq: int) -> Claim:
+    """``Claim(job, index, machine, seen_seq)`` of trusted fields (no eviction,
+    fallback or move), built through the slots as :func:`trusted_allocation` builds
+    an allocation: a flow round makes a claim per arrival."""
+    c = _new_object(Claim)
+    _set_c_job(c, job)
+    _set_c_index(c, index)
+    _set_c_machine(c, machine)
+    _set_c_seen_seq(c, seen_seq)
+    _set_c_evict(c, ())
+    _set_c_resources(c, None)
+    _set_c_fallbacks(c, ())
+    _set_c_moves_from(c, "")
+    _set_c_task(c, f"{job}/{index}")
+    return c
+
+
 @attrs.frozen(slots=True)
 class Transaction:
     scheduler: str

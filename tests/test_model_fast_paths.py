@@ -79,3 +79,11 @@ def test_a_claim_names_its_task_and_a_copy_names_its_own() -> None:
     assert c.task == "j/3" == cellstate.model.task_id("j", 3)
     assert attrs.evolve(c, index=4).task == "j/4"
     assert c == Claim("j", 3, "m1") and "task" not in repr(c)
+
+
+def test_a_trusted_claim_is_the_claim_attrs_would_build() -> None:
+    built, trusted = Claim("j", 3, "m1", 7), cellstate.model.trusted_claim("j", 3, "m1", 7)
+    assert [getattr(trusted, f.name) for f in attrs.fields(Claim)] == [
+        getattr(built, f.name) for f in attrs.fields(Claim)]
+    assert trusted == built and repr(trusted) == repr(built) and hash(trusted) == hash(built)
+    assert attrs.evolve(trusted, index=4).task == "j/4"
