@@ -287,12 +287,13 @@ def _price_fresh(n, tail, head, cost, pi, seen, fresh,  # type: ignore[no-untype
 
 @njit(cache=True, nogil=True)
 def finish(x, lower, cost, slots, tail, head,  # type: ignore[no-untyped-def]
-           ends_of, flow_of, keep):
+           ends_of, flow_of, keep, ident):
     """The returned flow (x plus lower bounds, a new array; ``lower`` empty: none),
     its cost (and whether the int64 sum is exact: False when sum |flow * cost| may
     pass 2^62), and, with
     ``keep``, each arc's ends (tail << 31 | head) and flow by slot for the next warm
-    start (slots not live this round get -1)."""
+    start (slots not live this round get -1). ``ident``: every arc is at the index
+    of its slot."""
     m = x.shape[0]
     flow = np.empty(m, dtype=np.int64)
     total = 0
@@ -304,7 +305,12 @@ def finish(x, lower, cost, slots, tail, head,  # type: ignore[no-untyped-def]
         total += f * cost[a]
         bound += abs(float(f) * float(cost[a]))
     if keep:
-        ends_of[:] = -1
+        # Slots no arc holds this round get -1: with every arc at the index of its
+        # slot (``ident``, the graph manager's arrays), those past the last arc.
+        if ident:
+            ends_of[m:] = -1
+        else:
+            ends_of[:] = -1
         for a in range(m):
             s = slots[a]
             ends_of[s] = (tail[a] << 31) | head[a]

@@ -267,7 +267,7 @@ class FirmamentSolver:
         flow, total, exact = K.finish(winner.x, lower if has_lower else lower[:0], cost,
                                       slots, tail, head,
                                       self._ends_of, self._flow_of,
-                                      self.warm)
+                                      self.warm, bool(ident))
         if not exact:
             total = sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(),
                                                         strict=True))
