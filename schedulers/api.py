@@ -44,6 +44,7 @@ from cellstate.model import (
     task_id,
     task_precedence,
     trusted_allocation,
+    trusted_claim,
 )
 
 
@@ -214,8 +215,7 @@ class CellView:
         m = self.snap.machines[mid]
         alts = (tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
                 if fallbacks else ())
-        c = Claim(job.id, index, mid, m.seq, tuple(evict), fallbacks=alts,
-                  moves_from=moves_from)
+        c = trusted_claim(job.id, index, mid, m.seq, tuple(evict), alts, moves_from)
         self._add(c, job)
         self._claims.append(c)
         return c
