@@ -178,8 +178,33 @@ def end_tasks(
     event frees them). Returns the change and the tasks it releases. ``reads=False``
     leaves the change's reads empty, for a caller that applies it to the very state
     it was decided on (the simulator) and so has no guards to build."""
+    e = ended_tasks(cell, tids, outcome, placed_at, at)
+    records: dict[Ref, object] = {(_TASK, i): t for i, t in e.tasks.items()}
+    records.update(((_MACHINE, i), m) for i, m in e.machines.items())
+    refs: set[Ref] = set()
+    if reads:
+        for mid in e.machines:
+            refs |= _machine_reads(cell.machines[mid])
+    return Change(frozenset(refs), records, removed=e.removed), list(e.tasks)
+
+
+@attrs.frozen
+class Ended:
+    """What :func:`ended_tasks` decided: the new records of the tasks released (in the
+    order named) and of their machines, and what each scheduler no longer holds."""
+
+    tasks: dict[str, TaskRecord]
+    machines: dict[str, Machine]
+    removed: dict[str, Resources]
+
+
+def ended_tasks(cell: CellReader, tids: Iterable[str], outcome: TaskState,
+                placed_at: int | None = None, at: float = 0.0) -> Ended:
+    """The decision of :func:`end_tasks` as records by id, without the change built
+    around it: a writer that applies them to the very state they were decided on (the
+    simulator, for every job's end) needs no guards and no (kind, id) keys."""
     by_machine: dict[str, list[str]] = {}
-    records: dict[Ref, object] = {}
+    out: dict[str, TaskRecord] = {}
     removed: dict[str, Resources] = {}
     tasks, machines = cell.tasks, cell.machines
     for tid in tids:
@@ -188,7 +213,7 @@ def end_tasks(
             continue
         if placed_at is not None and rec.revision != placed_at:
             continue
-        if (_TASK, tid) in records:
+        if tid in out:
             continue  # named twice: it ends once
         mid = rec.machine
         a = machines[mid].allocations[tid]
@@ -197,18 +222,12 @@ def end_tasks(
             by_machine[mid] = [tid]
         else:
             gone.append(tid)
-        records[(_TASK, tid)] = trusted_task_record(
+        out[tid] = trusted_task_record(
             rec.job, rec.index, outcome, mid, rec.scheduler, "", rec.placed_at,
             with_event(rec, trusted_task_event(at, outcome, mid)))
         removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
-    refs: set[Ref] = set()
-    for mid, gone in by_machine.items():
-        m = machines[mid]
-        if reads:
-            refs |= _machine_reads(m)
-        records[(_MACHINE, mid)] = _without(m, gone)
-    released = [i for (kind, i) in records if kind is _TASK]
-    return Change(frozenset(refs), records, removed=removed), released
+    return Ended(out, {mid: _without(machines[mid], gone) for mid, gone in by_machine.items()},
+                 removed)
 
 
 def _without(m: Machine, gone: Sequence[str]) -> Machine:

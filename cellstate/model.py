@@ -1151,6 +1151,7 @@ class Claim:
         return attrs.evolve(self, machine=machine, seen_seq=seq, fallbacks=())
 
 
+# A claim is built for every task a policy places: as the records above, slot by slot.
 assert tuple(f.name for f in attrs.fields(Claim)) == (
     "job", "index", "machine", "seen_seq", "evict", "resources", "fallbacks", "moves_from",
     "task"), "update trusted_claim for Claim's new fields"
@@ -1159,19 +1160,21 @@ assert tuple(f.name for f in attrs.fields(Claim)) == (
     Claim.__dict__[f.name].__set__ for f in attrs.fields(Claim))
 
 
-def trusted_claim(job: str, index: int, machine: str, seen_seq: int) -> Claim:
-    """``Claim(job, index, machine, seen_seq)`` of trusted fields (no eviction,
-    fallback or move), built through the slots as :func:`trusted_allocation` builds
-    an allocation: a flow round makes a claim per arrival."""
+def trusted_claim(job: str, index: int, machine: str, seen_seq: int,
+                  evict: tuple[str, ...], fallbacks: tuple[Fallback, ...],
+                  moves_from: str) -> Claim:
+    """``Claim(job, index, machine, seen_seq, evict, fallbacks=..., moves_from=...)``
+    of trusted fields (a policy's view builds them from the cell's own records; the
+    store checks every claim it is sent all the same), ``resources`` None."""
     c = _new_object(Claim)
     _set_c_job(c, job)
     _set_c_index(c, index)
     _set_c_machine(c, machine)
     _set_c_seen_seq(c, seen_seq)
-    _set_c_evict(c, ())
+    _set_c_evict(c, evict)
     _set_c_resources(c, None)
-    _set_c_fallbacks(c, ())
-    _set_c_moves_from(c, "")
+    _set_c_fallbacks(c, fallbacks)
+    _set_c_moves_from(c, moves_from)
     _set_c_task(c, f"{job}/{index}")
     return c
 

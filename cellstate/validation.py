@@ -405,6 +405,8 @@ class _Work:
         self.read_statuses: set[str] = set()
         self.claim_reads: set[str] = set()  # machines read by the claim being decided
         self.founders: frozenset[str] = frozenset()  # claims that found affinity groups
+        # Jobs whose claims passed the job checks (exists, this scheduler's, no status).
+        self.jobs_passed: dict[str, Job] = {}
         self.limits = cell.config.limits_for(txn.scheduler)
         # The job and machine of the claim that just passed its checks, for _apply.
         self.taking: tuple[Job, Machine] | None = None
@@ -700,23 +702,12 @@ def _unclaimed(cell: CellReader, job: Job, claimed: set[int], reads: set[str]) -
 
 def _check_claim(w: _Work, claim: Claim) -> Rejection | str:
     """The claim's rejection, or the machine it takes."""
-    txn = w.txn
-    w.read_jobs.add(claim.job)
-    job = w.cell.jobs.get(claim.job)
+    job = w.jobs_passed.get(claim.job)
     if job is None:
-        return _reject(claim, Reason.INVALID, f"unknown job {claim.job!r}")
-    if job.scheduler != txn.scheduler:
-        return _reject(
-            claim,
-            Reason.INVALID,
-            f"job {job.id!r} belongs to scheduler {job.scheduler!r}, not {txn.scheduler!r}",
-        )
-    w.read_statuses.add(claim.job)
-    status = w.cell.statuses.get(claim.job)
-    if status is not None:
-        return _reject(
-            claim, Reason.JOB_ENDED, f"job {job.id!r} was {status.state.value}: {status.reason}"
-        )
+        rejection_or_job = _check_job(w, claim)
+        if isinstance(rejection_or_job, Rejection):
+            return rejection_or_job
+        job = rejection_or_job
     if claim.index >= job.task_count:
         return _reject(
             claim,
@@ -745,6 +736,32 @@ def _check_claim(w: _Work, claim: Claim) -> Rejection | str:
     first = failed[0]
     tried = "; ".join(r.detail for r in failed[1:])
     return attrs.evolve(first, detail=f"{first.detail}; fallbacks: {tried}")
+
+
+def _check_job(w: _Work, claim: Claim) -> Job | Rejection:
+    """Check 1's job part: the claim's job exists, is the transaction's scheduler's
+    and has no status. Reads the job and its status; a job that passes is kept in
+    ``w.jobs_passed``, so its other claims (read the same records, which do not change
+    during the decision) skip this."""
+    txn = w.txn
+    w.read_jobs.add(claim.job)
+    job = w.cell.jobs.get(claim.job)
+    if job is None:
+        return _reject(claim, Reason.INVALID, f"unknown job {claim.job!r}")
+    if job.scheduler != txn.scheduler:
+        return _reject(
+            claim,
+            Reason.INVALID,
+            f"job {job.id!r} belongs to scheduler {job.scheduler!r}, not {txn.scheduler!r}",
+        )
+    w.read_statuses.add(claim.job)
+    status = w.cell.statuses.get(claim.job)
+    if status is not None:
+        return _reject(
+            claim, Reason.JOB_ENDED, f"job {job.id!r} was {status.state.value}: {status.reason}"
+        )
+    w.jobs_passed[claim.job] = job
+    return job
 
 
 def _check_machine(w: _Work, claim: Claim, job: Job, mid: str, seen_seq: int
@@ -917,7 +934,9 @@ def _apply(w: _Work, claim: Claim) -> None:
     job, m = w.taking
     if claim.moves_from:
         _leave(w, claim)
-    allocs = _without_void_holds(w, m)
+    # Read once: a property, asked three times below.
+    tagged = m.has_tags
+    allocs = _without_void_holds(w, m) if tagged else dict(m.allocations)
     settled = m.settled_used
     for victim in claim.evict:
         a = allocs[victim]
@@ -945,18 +964,18 @@ def _apply(w: _Work, claim: Claim) -> None:
     if not w.gang:
         settled = settled + job.task_resources
     # Tagged once staging (the hold is), untagged if the machine was and stays so.
-    tags = True if w.gang else (None if m.has_tags else False)
+    tags = True if w.gang else (None if tagged else False)
     # The jobs here, when the fit rules have listed them (a policy's next look at the
     # machine asks again); victims, and holds of aborted gangs dropped above, may take
     # a job away: then they are listed anew.
-    jobs = None if claim.evict or m.has_tags else m.known_job_ids()
+    jobs = None if claim.evict or tagged else m.known_job_ids()
     if jobs is not None and job.id not in jobs:
         jobs = jobs | {job.id}
     # Calm stays calm with one more task of a job that keeps no one off (the fit rules
     # read the job's spec, so it is known).
     calm = m.calm and not job.constraints.anti_affinity
     new = w.machines[m.id] = m.with_allocations(allocs, settled, tags, jobs, calm)
-    if not m.has_tags:  # else void holds may have gone too: no list of what changed
+    if not tagged:  # else void holds may have gone too: no list of what changed
         set_diff(new, m, (claim.task, *claim.evict))
     # A move starts the task again on its new machine (its agent there starts it), so
     # its run starts now too.

@@ -213,13 +213,9 @@ class CellView:
         ``mid`` no longer fits when it commits (at most ``MAX_FALLBACKS``).
         ``moves_from``: the machine the task runs on now, which it leaves."""
         m = self.snap.machines[mid]
-        if evict or fallbacks or moves_from:
-            alts = (tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
-                    if fallbacks else ())
-            c = Claim(job.id, index, mid, m.seq, tuple(evict), fallbacks=alts,
-                      moves_from=moves_from)
-        else:
-            c = trusted_claim(job.id, index, mid, m.seq)
+        alts = (tuple(Fallback(f, self.snap.machines[f].seq) for f in fallbacks)
+                if fallbacks else ())
+        c = trusted_claim(job.id, index, mid, m.seq, tuple(evict), alts, moves_from)
         self._add(c, job)
         self._claims.append(c)
         return c

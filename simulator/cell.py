@@ -38,6 +38,7 @@ from cellstate.model import (
     MachineState,
     Resources,
     SchedulerRecord,
+    TaskRecord,
     TaskState,
     Transaction,
     UsageRecord,
@@ -221,11 +222,10 @@ class SimCell:
         """End running tasks (one write for all of them) and free their holds. Tasks
         that no longer run (preempted meanwhile) are skipped, and with ``placed_at``
         also tasks placed again since that revision; returns those released."""
-        change, released = decisions.end_tasks(self._snap, tids, outcome, placed_at,
-                                               reads=False, at=self.clock())
-        if released:
-            self._apply(change, fresh=True)
-        return released
+        e = decisions.ended_tasks(self._snap, tids, outcome, placed_at, at=self.clock())
+        if e.tasks:
+            self._apply_end(e)
+        return list(e.tasks)
 
     def forget_job(self, job_id: str) -> None:
         """Drop a job that is over (its tasks ended, or it was abandoned with none
@@ -295,10 +295,12 @@ class SimCell:
         snap = self._snap
         rev = snap.revision + 1
         machines, tasks = snap.machines, snap.tasks
+        # As _stamp, with the setters of the known record types (two per task placed).
         for m in d.machines.values():
-            _stamp(m, rev)
+            _set_seq(m, rev)
+            _set_diff(m, None)
         for t in d.tasks.values():
-            _stamp(t, rev)
+            _set_revision(t, rev)
         if d.machines:
             machine_table = machines.mutate()
             machine_table.update(d.machines)
@@ -321,6 +323,39 @@ class SimCell:
         self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, tasks, snap.gangs,
                                    usage, snap.statuses, snap.instances, snap.schedulers,
                                    snap.agents), changes)
+        return rev
+
+    def _apply_end(self, e: decisions.Ended) -> int:
+        """Write tasks that ended at the next revision: what ``_apply(end_tasks(...),
+        fresh=True)`` writes, in the same order (the tasks, then their machines),
+        without building the change first (a job's tasks end in one write)."""
+        snap = self._snap
+        rev = snap.revision + 1
+        for t in e.tasks.values():
+            _set_revision(t, rev)
+        task_table = snap.tasks.mutate()
+        task_table.update(e.tasks)
+        machines = snap.machines
+        if e.machines:
+            for m in e.machines.values():
+                _set_seq(m, rev)
+                _set_diff(m, None)
+            machine_table = machines.mutate()
+            machine_table.update(e.machines)
+            machines = machine_table.finish()
+            self._stale.update(e.machines)
+        changes: Changes = [(_TASK, tid) for tid in e.tasks]
+        changes += [(_MACHINE, mid) for mid in e.machines]
+        self._count_usage({}, e.removed)
+        usage = snap.usage
+        if self._limited:
+            counted = self._usage_records(snap, {}, e.removed, rev)
+            if counted:
+                usage = usage.update(counted)
+                changes += [(_USAGE, s) for s in counted]
+        self._publish(CellSnapshot(rev, snap.config, machines, snap.jobs, task_table.finish(),
+                                   snap.gangs, usage, snap.statuses, snap.instances,
+                                   snap.schedulers, snap.agents), changes)
         return rev
 
     def _usage_records(self, snap: CellSnapshot, added: Mapping[str, Resources],
@@ -411,6 +446,9 @@ def _claims_writes(ds: Sequence[Decision]) -> decisions.Change:
 
 _NOTHING = Resources()
 _set_slot = object.__setattr__
+_set_seq = Machine.__dict__["seq"].__set__
+_set_diff = Machine.__dict__["diff"].__set__
+_set_revision = TaskRecord.__dict__["revision"].__set__
 
 
 def _stamp(record: Any, revision: int) -> Any:

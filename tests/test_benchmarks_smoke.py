@@ -39,7 +39,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "server_restart.py": ("--machines", "50", "--jobs", "5", "--rounds", "1"),
     "service_throughput.py": ("--quick", "--seconds", "0.5", "--sync-seconds", "0.5",
                               "--processes", "1", "--machines", "50", "--no-fsync"),
-    "simulator_speed.py": ("--hours", "0.05"),
+    "simulator_speed.py": ("--hours", "0.05", "--task-cost-hours", "0.05", "--repeat", "1"),
     "soak.py": ("--minutes", "0.1", "--sample", "2", "--machines", "50", "--no-fsync"),
     "split_cells.py": ("--ranges", "1,2", "--commits", "200"),
     "status_calls.py": ("--machines", "50", "--tasks", "1000", "--placed", "100",

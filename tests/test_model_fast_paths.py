@@ -82,7 +82,8 @@ def test_a_claim_names_its_task_and_a_copy_names_its_own() -> None:
 
 
 def test_a_trusted_claim_is_the_claim_attrs_would_build() -> None:
-    built, trusted = Claim("j", 3, "m1", 7), cellstate.model.trusted_claim("j", 3, "m1", 7)
+    built = Claim("j", 3, "m1", 7, ("j/1",), moves_from="m0")
+    trusted = cellstate.model.trusted_claim("j", 3, "m1", 7, ("j/1",), (), "m0")
     assert [getattr(trusted, f.name) for f in attrs.fields(Claim)] == [
         getattr(built, f.name) for f in attrs.fields(Claim)]
     assert trusted == built and repr(trusted) == repr(built) and hash(trusted) == hash(built)
