@@ -44,8 +44,6 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     """One round, in this process (the code on ``sys.path``: this tree or a baseline)."""
     # The packages first, from the child's path (PYTHONPATH: this tree or a baseline):
     # the commit benchmark imported after them puts this tree's root on sys.path.
-    import attrs
-
     from cellstate.api.leader import GroupCommitter
     from cellstate.gc_tuning import tune_for_large_heap
     from cellstate.kv.etcd import EtcdKV
@@ -65,10 +63,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         kv = EtcdKV([etcd.endpoint])
         setup_cell(kv, "core", MACHINES, args.clients)
         replica = Replica(kv, "core").start()
-        options: dict[str, Any] = {"per_machine_writes": "always" if pipelined else "never"}
-        if "concurrent_writes" in attrs.fields_dict(StoreOptions):  # not in older trees
-            options["concurrent_writes"] = not pipelined
-        store = CellStore(kv, "core", options=StoreOptions(**options))
+        store = CellStore(kv, "core", options=StoreOptions(
+            per_machine_writes="always" if pipelined else "never"))
         store.follow(replica)
         committer = GroupCommitter(store, pipeline=pipelined).start()
         mids = sorted(replica.snapshot().machines)

@@ -233,12 +233,10 @@ class CellStateService(pb_grpc.CellStateServicer):
         # of about 100 machines fits one request (a flat one holds about 80 claims at
         # --max-txn-ops=256: three puts each) and a machine an outside writer (an
         # agent, a submit) changed costs only its own claims a second decision.
-        # Otherwise only this handle writes claims: a batch is decided at once and its
-        # flat Txns (about 80 claims each) go to etcd together, not one after another.
+        # Otherwise only this handle writes claims: one flat Txn per group.
         pipeline = self.config.commit_pipeline
         store = CellStore(self.kv, self.config.cell, options=StoreOptions(
-            per_machine_writes="always" if pipeline else "never",
-            concurrent_writes=not pipeline), clock=self.clock)
+            per_machine_writes="always" if pipeline else "never"), clock=self.clock)
         store.follow(self.replica)
         store.fence(self.election.key, token)
         with self._lead_lock:

@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
@@ -106,12 +105,6 @@ class StoreOptions:
     # While guards keep failing, read the claimed machines again (what changed) before
     # the first write of a group (see ClaimCommits._commit_group).
     refresh_when_contended: bool = True
-    # Incremental commits of many claims (the commit leader's batches): decide them all
-    # at once and send their writes as several flat etcd transactions at the same time,
-    # split by the machines and tasks the claims connect, so that each transaction
-    # writes keys no other one reads or writes (ClaimCommits._write_concurrently),
-    # rather than one transaction after another.
-    concurrent_writes: bool = False
 
 
 @attrs.frozen
@@ -178,7 +171,6 @@ class StoreBase:
         # A followed replica's ``expect``: told the records of every write this handle
         # made durable, so that the replica need not decode them off the watch again.
         self._expect: Callable[[dict[bytes, Expected]], None] | None = None
-        self._writers: ThreadPoolExecutor | None = None  # concurrent_writes' senders
 
     def _now(self) -> float:
         """The time a decision stamps on the records it writes (``placed_at``, history

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
@@ -39,7 +38,6 @@ from cellstate.model import (
 from cellstate.store.base import (
     _ALLOC_BYTES,
     _MACHINE_BYTES,
-    _OP_BYTES,
     _RESERVED_OPS,
     StoreBase,
     _Prepared,
@@ -134,11 +132,6 @@ class ClaimCommits(StoreBase):
         (one nested transaction per machine) a gang gets a group of its own, written
         as one plain etcd transaction: its claims cannot commit machine by machine."""
         nested = self._contended()
-        if (self.options.concurrent_writes and not nested
-                and all(t.mode is TxnMode.INCREMENTAL for t in txns)):
-            # Decided as one group, written as several transactions at once (see
-            # _write_concurrently); a group that cannot be is halved (_split).
-            return [_Group([(i, list(t.claims)) for i, t in enumerate(txns)])]
         steps: list[_Group | _Staged] = []
         parts: list[tuple[int, list[Claim]]] = []
         budget = self._budget(nested)
@@ -230,14 +223,10 @@ class ClaimCommits(StoreBase):
             decisions = validate_many(self.view, subs, shape_checked=True,
                                       seq_rewrites=[outs[i].rewrites for i, _ in parts],
                                       at=self._now())
-            incremental = all(t.mode is TxnMode.INCREMENTAL for t in subs)
-            contended = self._contended()
-            if incremental and (contended or self.options.concurrent_writes):
+            if all(t.mode is TxnMode.INCREMENTAL for t in subs) and self._contended():
                 split = self._components(parts, decisions)
                 if split is not None:
-                    write = (self._write_components if contended
-                             else self._write_concurrently)
-                    left = write(split, parts, decisions, outs)
+                    left = self._write_components(split, parts, decisions, outs)
                     if left is not None:
                         if not left:
                             return []
@@ -409,152 +398,6 @@ class ClaimCommits(StoreBase):
                     res.revision)
         return [(i, [c for c in cs if (j, c.task) in left])
                 for j, (i, cs) in enumerate(parts) if any((j, c.task) in left for c in cs)]
-
-    def _write_concurrently(
-        self,
-        split: tuple[dict[bytes, int], list[_Component]],
-        parts: list[tuple[int, list[Claim]]],
-        decisions: Sequence[Decision],
-        outs: list[_Outcome],
-    ) -> list[tuple[int, list[Claim]]] | None:
-        """Send the components' writes packed into as few flat etcd transactions as
-        etcd's limits allow, all at once, each guarded by the shared records and by
-        its own components' records, and settle the claims of those that passed.
-
-        No two of these transactions write a key another one reads or writes (the
-        components share none; the shared records are only read), so each holds or
-        fails on its own, whatever order etcd applies them in, and a guard each names
-        is the revision the view holds now, as a transaction sent alone would. A claim
-        is settled at the revision of the transaction that wrote it; one whose
-        transaction failed its guards is left to decide again once the guarded
-        records are read. Returns the parts left, or None when a component would not
-        fit a transaction of its own (the caller splits the group)."""
-        shared, comps = split
-        limit = self.kv.max_txn_ops
-        max_bytes = min(self.options.max_txn_bytes, self.kv.max_request_bytes)
-        k = self.keys
-        config = {k.config: shared[k.config]}
-        fence = self._fence is not None
-
-        def jobs_of(comp: _Component) -> dict[bytes, int]:
-            # The shared guards a component's claims rely on: their jobs' specs and
-            # statuses (each transaction carries those of its own claims) and the config.
-            out: dict[bytes, int] = {}
-            for _, c in comp.claims:
-                for key in (k.job(c.job), k.status(c.job)):
-                    out[key] = shared[key]
-            return out
-
-        def guard_bytes(guards: Mapping[bytes, int]) -> int:
-            return sum(2 * (len(key) + _OP_BYTES) for key in guards)
-
-        packs: list[tuple[dict[bytes, int], list[tuple[_Component, _Prepared]]]] = []
-        cur: list[tuple[_Component, _Prepared]] = []
-        cur_shared = dict(config)
-        compares, puts, size = 1 + fence, 0, guard_bytes(config)
-        for comp in comps:
-            assert comp.write is not None
-            p = self._prepare(comp.write)
-            own = jobs_of(comp)
-            g, o = len(p.write.guards), len(p.ops)
-            if (1 + fence + len(own) + g > limit or o > limit
-                    or guard_bytes(config) + guard_bytes(own) + p.size > max_bytes):
-                return None
-            more = {key: rev for key, rev in own.items() if key not in cur_shared}
-            if cur and (compares + len(more) + g > limit or puts + o > limit
-                        or size + guard_bytes(more) + p.size > max_bytes):
-                packs.append((cur_shared, cur))
-                cur, cur_shared = [], dict(config)
-                compares, puts, size = 1 + fence, 0, guard_bytes(config)
-                more = own
-            cur.append((comp, p))
-            cur_shared.update(more)
-            compares += len(more) + g
-            puts += o
-            size += guard_bytes(more) + p.size
-        if cur:
-            packs.append((cur_shared, cur))
-        guard = Compare.mod_revision_is
-        requests: list[tuple[list[Compare], list[Op]]] = []
-        for pack_shared, pack in packs:
-            cmp = [guard(key, rev) for key, rev in pack_shared.items()]
-            if self._fence is not None:
-                cmp.append(self._fence)
-            ops: list[Op] = []
-            for _, p in pack:
-                cmp.extend([guard(key, rev) for key, rev in p.write.guards.items()])
-                ops.extend(p.ops)
-            requests.append((cmp, ops))
-        before = {mid: self.view.machines[mid].seq for d in decisions for mid in d.machines}
-        self._expect_write([(p.write.records, p.write.guards) for _, pack in packs
-                            for _, p in pack], [op for _, ops in requests for op in ops])
-        results, error = self._send_all(requests)
-        failed = False
-        left: set[tuple[int, str]] = set()
-        # Settled in revision order: a transaction's result carries the latest.
-        order = sorted(range(len(packs)), key=lambda n: (
-            results[n].revision if results[n] is not None else 0))  # type: ignore[union-attr]
-        for n in order:
-            res = results[n]
-            if res is None:
-                continue  # not known whether it was written: the error is raised below
-            if not res.succeeded:
-                failed = True
-                for comp, _ in packs[n][1]:
-                    left.update((j, c.task) for j, c in comp.claims)
-                continue
-            for comp, _ in packs[n][1]:
-                assert comp.write is not None
-                for key, record in comp.write.records.items():
-                    self.view.put_record(key, _with_revision(record, res.revision),
-                                         res.revision)
-                for j, c in comp.claims:
-                    i, d = parts[j][0], decisions[j]
-                    if c.task in d.accepted_by_task:
-                        outs[i].settle((d.accepted_by_task[c.task],), (), c.evict,
-                                       res.revision)
-                    else:
-                        outs[i].settle((), (d.rejection_of(c.task),), (), res.revision)
-                for j in {j for j, _ in comp.claims}:
-                    outs[parts[j][0]].rewrote(
-                        {m: before[m] for m in decisions[j].machines if m in comp.machines},
-                        res.revision)
-        if error is not None:
-            raise error
-        self._note_conflict(failed)
-        if failed:
-            self._check_fence()
-            # Learn what changed under the failed transactions' guards (a read-only
-            # request: they rarely fail, see _try_write), then decide those again.
-            self._fetch([key for n in order if results[n] is not None
-                         and not results[n].succeeded  # type: ignore[union-attr]
-                         for key in (*packs[n][0], *(g for _, p in packs[n][1]
-                                                     for g in p.write.guards))])
-        return [(i, [c for c in cs if (j, c.task) in left])
-                for j, (i, cs) in enumerate(parts) if any((j, c.task) in left for c in cs)]
-
-    def _send_all(self, requests: list[tuple[list[Compare], list[Op]]]
-                  ) -> tuple[list[TxnResult | None], BaseException | None]:
-        """Send every request at once (the last from this thread); each one's result,
-        None where it raised, and the first error raised."""
-        if len(requests) > 1 and self._writers is None:
-            self._writers = ThreadPoolExecutor(8, thread_name_prefix="store-write")
-        futures = [self._writers.submit(self.kv.txn, cmp, ops)  # type: ignore[union-attr]
-                   for cmp, ops in requests[:-1]]
-        results: list[TxnResult | None] = []
-        error: BaseException | None = None
-        try:
-            last: TxnResult | None = self.kv.txn(*requests[-1])
-        except Exception as e:
-            last, error = None, e
-        for f in futures:
-            try:
-                results.append(f.result())
-            except Exception as e:
-                results.append(None)
-                error = error or e
-        results.append(last)
-        return results, error
 
     def _write_decision(
         self, p: _Prepared, parts: Sequence[tuple[int, list[Claim]]],

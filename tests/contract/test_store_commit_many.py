@@ -27,15 +27,11 @@ from cellstate.store import CellStore, StoreOptions
 from cellstate.validation import TransactionError
 from schedulers.testing import job, machine, make_cell
 
-# StoreOptions.per_machine_writes, or "concurrent": flat writes sent at once
-# (StoreOptions.concurrent_writes, the commit leader's way).
-WRITES = ["never", "always", "concurrent"]
+WRITES = ["never", "always"]  # StoreOptions.per_machine_writes
 
 
 def _store(kv: KV, cell: str, writes: str) -> CellStore:
-    options = (StoreOptions(per_machine_writes="never", concurrent_writes=True)
-               if writes == "concurrent" else StoreOptions(per_machine_writes=writes))
-    store = CellStore(kv, cell, options=options)
+    store = CellStore(kv, cell, options=StoreOptions(per_machine_writes=writes))
     store.load()
     return store
 
@@ -217,36 +213,3 @@ def test_claims_whose_fallbacks_make_the_write_too_large_are_split(kv: KV, write
     assert res.ok and res.placed_on() == {f"j/{i}": f"e{i}" for i in range(n)}
     assert len(res.fell_back) == n and res.attempts > 1
     assert violations(admin.read_snapshot()) == []
-
-
-def test_writes_sent_at_once_each_hold_or_fail_alone(kv: KV) -> None:
-    """A batch too large for one etcd transaction goes out as several at once; the one
-    whose guard finds a machine changed behind the store's back fails alone: its claims
-    are decided again over the fresh records (a second attempt), the others' are not."""
-    n = 100  # one claim a machine, three puts a claim: more than one transaction holds
-    admin = make_cell(kv, [machine(f"m{i}", cpu=2) for i in range(n)],
-                      [job(f"j{i}", cpu=2) for i in range(n)]
-                      + [job("rival", cpu=1, scheduler="svc")])
-    store = _store(kv, "default", "concurrent")
-    before = admin.read_snapshot().revision
-    assert admin.commit(Transaction("svc", (Claim("rival", 0, "m7"),))).ok  # store is stale
-    txns = [Transaction("batch", (Claim(f"j{i}", 0, f"m{i}"),), job=f"j{i}") for i in range(n)]
-    results = store.commit_many(txns)
-    assert all(len(r.committed) + len(r.rejected) == 1 for r in results)
-    # j7 no longer fits m7 (the rival took half of it): refused, decided on the fresh m7.
-    assert [i for i, r in enumerate(results) if not r.ok] == [7]
-    assert results[7].rejected[0].reason is Reason.INSUFFICIENT_RESOURCES
-    # Only the claims of the transaction holding m7 were decided again, and written
-    # after every other transaction.
-    again = {i for i, r in enumerate(results) if r.attempts == 2}
-    assert 7 in again and len(again) < n
-    assert all(r.attempts == 1 for i, r in enumerate(results) if i not in again)
-    assert (min(results[i].revision for i in again - {7})
-            > max(r.revision for i, r in enumerate(results) if i not in again))
-    writes = {r.revision for i, r in enumerate(results) if i != 7}
-    assert len(writes) > 1  # several etcd transactions
-    after = admin.read_snapshot()
-    assert after.revision - before == 1 + len(writes)  # the rival's, and those
-    assert sorted(after.machines["m7"].allocations) == ["rival/0"]
-    assert sum(len(m.allocations) for m in after.machines.values()) == n
-    assert violations(after) == []
