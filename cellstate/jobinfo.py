@@ -143,12 +143,13 @@ class StatusView:
 class StatusIndex:
     """Per-job task-state counts and machine totals kept from a replica's change sets.
 
-    The counts follow the replica when read (``view``): that costs O(the records
-    changed since the last read), as if followed batch by batch: a task's state as users see it depends
-    on its own record, its gang's record, and (for a gang's evictions) its allocation
-    on its machine, so a changed gang record re-reads only the tasks and machines that
-    name that gang (kept in two small indexes). Create it before the replica starts;
-    it rebuilds itself in O(records) on every (re)load."""
+    The counts follow the replica's batches when read (``view``), at a cost of O(the
+    records changed since the last read), as if followed batch by batch: a task's
+    state as users see it depends on its own record, its gang's record, and (for a
+    gang's evictions) its allocation on its machine, so a changed gang record re-reads
+    only the tasks and machines that name that gang (kept in two small indexes).
+    Create it before the replica starts; it rebuilds itself in O(records) on every
+    (re)load, as the replica applies it."""
 
     def __init__(self, replica: Any) -> None:
         self._lock = threading.Lock()
@@ -168,7 +169,6 @@ class StatusIndex:
         # commit leader's server about a tenth of its CPU (service_throughput.py).
         self._latest = self._prev
         self._pending: set[tuple[KeyKind, str]] = set()
-        self._reload = False
         replica.on_changes(self._changed)
         self._changed(replica.snapshot(), None)
 
@@ -195,10 +195,13 @@ class StatusIndex:
 
     def _changed(self, snap: CellSnapshot, changed: list[tuple[KeyKind, str]] | None) -> None:
         with self._lock:
-            if changed is None:  # a (re)load: counted again from the whole snapshot
-                self._reload = True
+            if changed is None:
+                # A (re)load: counted again from the whole snapshot, here (rare), so
+                # that a status call never pays for a rebuild.
                 self._pending.clear()
-            elif not self._reload:
+                self._rebuild(snap)
+                self._publish(snap)
+            elif changed:
                 self._pending.update(changed)
             self._latest = snap
             self._advanced.notify_all()
@@ -208,12 +211,12 @@ class StatusIndex:
         snap = self._latest
         if snap is self._view.snap:
             return
-        if self._reload:
-            self._rebuild(snap)
-            self._reload = False
-        elif self._pending:
+        if self._pending:
             self._apply(snap, list(self._pending))
-        self._pending.clear()
+            self._pending.clear()
+        self._publish(snap)
+
+    def _publish(self, snap: CellSnapshot) -> None:
         self._prev = snap
         self._view = StatusView(snap, self._counts, self._machine_totals(len(snap.machines)))
 
