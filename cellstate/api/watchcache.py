@@ -164,7 +164,7 @@ class WatchCache:
                     else:
                         records[k] = kv
             else:
-                records.update(changes)
+                records.update(changes)  # type: ignore[arg-type]  # no None among them
             self._revision = max(self._revision, revision)
             batch = _Batch(revision, changes)
             if len(self._history) == self._history.maxlen:
