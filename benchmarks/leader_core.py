@@ -45,6 +45,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     # The packages first, from the child's path (PYTHONPATH: this tree or a baseline):
     # the commit benchmark imported after them puts this tree's root on sys.path.
     from cellstate.api.leader import GroupCommitter
+    from cellstate.gc_tuning import tune_for_large_heap
     from cellstate.kv.etcd import EtcdKV
     from cellstate.model import Claim, Detection, Transaction, TxnMode
     from cellstate.replica import Replica
@@ -67,6 +68,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         store.follow(replica)
         committer = GroupCommitter(store, pipeline=pipelined).start()
         mids = sorted(replica.snapshot().machines)
+        tune_for_large_heap()  # as `omega server` does once its cell is loaded
         deadline = time.monotonic() + args.seconds
         counts = [0] * args.clients
         errors: list[BaseException] = []

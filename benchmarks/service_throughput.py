@@ -389,7 +389,10 @@ class Server:
         self.child = Child(f"server-{cell}", omega(
             "-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
             "--insecure", *extra),
-            log_dir / f"server-{cell}.log", env={"PYTHONPATH": tree} if tree else None)
+            log_dir / f"server-{cell}.log",
+            # PYTHONSAFEPATH: ``python -m`` puts the working directory first on sys.path
+            # otherwise, and run from this checkout's root that is this tree's code.
+            env={"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"} if tree else None)
         try:
             wait_until_serving(self.address, timeout=60, alive=self.child.running)
         except Exception:

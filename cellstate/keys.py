@@ -70,10 +70,14 @@ _KINDS: dict[str, KeyKind] = {k.value: k for k in KeyKind}
 class Keyspace:
     cell: str = "default"
     root: bytes = attrs.field(init=False)
+    _prefixes: dict[KeyKind, bytes] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_name(self.cell, "cell name")
         object.__setattr__(self, "root", f"/omega/{self.cell}/".encode())
+        # Every kind's prefix, made once: key() runs for each record a commit touches.
+        object.__setattr__(self, "_prefixes", {
+            k: self.root + str(k.value).encode() + b"/" for k in KeyKind})
 
     @property
     def end(self) -> bytes:
@@ -131,10 +135,10 @@ class Keyspace:
         """The key of the record of ``kind`` with id ``ident`` (any kind)."""
         if kind is KeyKind.CONFIG:
             return self.config
-        return self.prefix(kind) + ident.encode()
+        return self._prefixes[kind] + ident.encode()
 
     def prefix(self, kind: KeyKind) -> bytes:
-        return self.root + str(kind.value).encode() + b"/"
+        return self._prefixes[kind]
 
     def classify(self, key: bytes) -> tuple[KeyKind, str] | None:
         """The kind of record at ``key`` and its id (task ids are ``job/index``), or

@@ -260,6 +260,15 @@ class _Flight:
 # request are what the leader's rate scales with.
 HOLD_SHARE = 0.5
 
+# One batch at a time (not pipelined), N schedulers each waiting on its own commit
+# split into two alternating halves: those answered come back while the others' batch
+# is written, and each batch holds about N/2 commits. A batch taken with fewer waiting
+# than came in the last cycle (its batch and those queued behind it: the "siblings",
+# as PostgreSQL's commit_siblings) waits for them up to this share of the latest
+# batch's time, so that one etcd request (one fsync, one watch event to apply) serves
+# them all. Waiting when none would come costs at most that share in latency.
+SIBLING_HOLD_SHARE = 0.5
+
 # Placeholder revisions of the records of a write in flight (``CellStore.stage``):
 # above any revision etcd will reach.
 MARK_BASE = 1 << 62
@@ -302,6 +311,11 @@ class GroupCommitter:
         self._marks = 0
         self._durable: dict[int, int] = {}  # the mark of the latest request settled -> revision
         self._round_trip = 0.0  # seconds, a moving average of the requests'
+        # The plain way's sibling hold (SIBLING_HOLD_SHARE): requests seen in the last
+        # cycle and the latest batch's seconds (a moving average).
+        self._siblings = 0
+        self._batch_s = 0.0
+        self.held_s = 0.0  # seconds batches waited for siblings, added up
         self.requests = 0  # pipelined etcd requests returned
         self.etcd_s = 0.0  # seconds they were out, added up (one at a time)
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="group-commit-send")
@@ -333,7 +347,8 @@ class GroupCommitter:
         return (f"{self.commits} commits ({self.transactions} transactions) in "
                 f"{self.batches} batches ({per:.1f} commits a batch, {self.overlapped} "
                 f"decided while another was in flight, {self.redone} decided again), busy "
-                f"{self.busy_s:.1f} s of {up:.1f} s; pipelined etcd requests out "
+                f"{self.busy_s:.1f} s of {up:.1f} s, waited for siblings {self.held_s:.1f} s; "
+                f"pipelined etcd requests out "
                 f"{self.etcd_s:.1f} s ({self.requests} requests, "
                 f"{1000 * self.etcd_s / max(1, self.requests):.1f} ms each)")
 
@@ -364,6 +379,13 @@ class GroupCommitter:
                 while (self._closed is None and not flight.future.done()
                        and (left := until - time.monotonic()) > 0):
                     self._cond.wait(left)
+            elif self._queue and len(self._queue) < self._siblings:
+                began = time.monotonic()
+                until = began + SIBLING_HOLD_SHARE * self._batch_s
+                while (self._closed is None and len(self._queue) < self._siblings
+                       and not self._full() and (left := until - time.monotonic()) > 0):
+                    self._cond.wait(left)
+                self.held_s += time.monotonic() - began
             if self._closed is not None:
                 return None
             batch: list[_Request] = []
@@ -379,6 +401,14 @@ class GroupCommitter:
                 claims += n
             self.in_flight = len(batch) + (len(flight.batch) if flight is not None else 0)
             return batch
+
+    def _full(self) -> bool:
+        """Whether the queue holds a whole batch (the caps). Under ``_cond``."""
+        txns = claims = 0
+        for req in self._queue:
+            txns += len(req.txns)
+            claims += sum(len(t.claims) for t in req.txns)
+        return txns >= self.max_txns or claims >= self.max_claims
 
     def _run(self) -> None:
         flight: _Flight | None = None
@@ -507,7 +537,13 @@ class GroupCommitter:
             self.busy_s += time.monotonic() - began
             self._answer(batch, error=e)
             return
-        self.busy_s += time.monotonic() - began
+        took = time.monotonic() - began
+        self.busy_s += took
+        self._batch_s = took if not self._batch_s else 0.8 * self._batch_s + 0.2 * took
+        with self._cond:
+            # This cycle's requests: the batch (its callers commit again once answered)
+            # and those that queued while it was written.
+            self._siblings = len(batch) + len(self._queue)
         self._answer(batch, results)
 
     def _answer(self, batch: list[_Request], results: list[CommitResult] | None = None,

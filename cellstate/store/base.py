@@ -253,18 +253,22 @@ class StoreBase:
             changed, self._follow_changed = self._follow_changed, set()
         if snap is None:
             return
-        k = self.keys
+        key = self.keys.key
+        view = self.view
+        put, revision = view.put_record, snap.revision
+        tables = {kind: getattr(snap, RECORDS[kind].table) for kind in _VIEWED}
         for kind, ident in changed:
             if kind is KeyKind.CONFIG:
-                self.view.put_record(k.config, snap.config, snap.revision)
+                put(self.keys.config, snap.config, revision)
                 continue
-            if kind not in _VIEWED:
+            table = tables.get(kind)
+            if table is None:
                 continue  # instances, agents...: no decision reads them
-            rec = getattr(snap, RECORDS[kind].table).get(ident)
+            rec = table.get(ident)
             if rec is None:
-                self.view.observe(k.key(kind, ident), None, snap.revision)
+                view.observe(key(kind, ident), None, revision)
             else:
-                self.view.put_record(k.key(kind, ident), rec, snap.revision)
+                put(key(kind, ident), rec, revision)
 
     # -- reading ---------------------------------------------------------------------
 

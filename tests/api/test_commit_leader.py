@@ -227,6 +227,41 @@ class GatedKV:
         return getattr(self._inner, name)
 
 
+def test_a_batch_waits_for_the_commits_of_its_last_cycle(kv: KV) -> None:
+    """Sibling hold: three schedulers' commits came in the last cycle (one in the
+    batch, two queued behind it); the next batch, taken with two waiting, waits for the
+    third (the first scheduler's next commit) and writes all three together, instead
+    of leaving it to a batch of its own."""
+    seed_cell(kv, machines=4)
+    committer = GroupCommitter(CellStore(kv)).start()
+    results: list[Any] = []
+
+    def scheduler(indexes: Sequence[int]) -> None:
+        for i in indexes:
+            results.extend(committer.commit([Transaction("batch", (Claim("j", i, f"m{i}"),))]))
+
+    try:
+        threads = [threading.Thread(target=scheduler, args=([0, 3],))]
+        with held(committer):
+            threads[0].start()
+            wait_for("the first commit taken", lambda: committer.in_flight == 1)
+            threads += [threading.Thread(target=scheduler, args=([i],)) for i in (1, 2)]
+            for t in threads[1:]:
+                t.start()
+            wait_for("two commits queued", lambda: queued(committer) == 2)
+            # The first batch's time bounds the hold (half of it): make it long, so
+            # that the first scheduler's next commit comes well within it.
+            time.sleep(2.0)
+        for t in threads:
+            t.join(timeout=30)
+        assert len(results) == 4 and all(r.ok for r in results)
+        assert committer.batches == 2 and committer.commits == 4  # [j/0], [j/1 j/2 j/3]
+        assert committer.held_s > 0
+    finally:
+        committer.close()
+    assert violations(CellStore(kv).read_snapshot()) == []
+
+
 def test_a_batch_decided_over_a_write_that_fails_is_decided_again(kv: KV) -> None:
     """The next batch is decided over the state the write in flight will make; when
     that write fails (an outside writer changed its machine meanwhile), the batch is
