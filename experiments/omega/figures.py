@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -498,7 +499,10 @@ def timing(out: Path, names: Sequence[str]) -> list[str]:
             rates.get(str(r.point.get("cluster", "")), [anywhere])) for r in full.runs)
         total_here += cpu
         total_full += full_cpu
-        rows.append(f"| {name} | {len(done)} x {float(done[0]['horizon_s']):.0f} s | "
+        # Points of one file may run at different lengths (run.py's LONG, Fig. 8).
+        lengths = Counter(float(r["horizon_s"]) for r in done)
+        here = " + ".join(f"{n} x {h:.0f} s" for h, n in sorted(lengths.items()))
+        rows.append(f"| {name} | {here} | "
                     f"{cpu:.0f} | {statistics.fmean(pre):.1f} | {len(full.runs)} x "
                     f"{full.runs[0].config.horizon:.0f} s | {full_cpu / 3600:,.1f}"
                     f"{'' if split else '*'} |")
