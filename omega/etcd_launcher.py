@@ -718,6 +718,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ports=(args.port, free_ports(1)[0]) if args.port else None,
     )
     signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background of a non-interactive shell (``... &``), which
+        # leaves SIGINT ignored: "until Ctrl-C" must still hold (kill -INT).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.start()
         print(f"etcd {server.version} serving at {server.endpoint} (data: {server.data_dir})")

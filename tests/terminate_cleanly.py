@@ -53,6 +53,13 @@ class _Guard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        # A run started in the background of a non-interactive shell (``cmd &``)
+        # inherits SIGINT ignored, and so would every process a test starts: an xdist
+        # worker could not interrupt its test, nor a test stop an etcd launcher or a
+        # child run with it. Ctrl-C is the run's own business again.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Only where nobody else chose a handler (an embedding runner may have its own), and
     # only from the main thread (the only one Python lets install a handler).
     if (threading.current_thread() is threading.main_thread()

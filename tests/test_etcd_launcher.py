@@ -227,7 +227,10 @@ def test_forgotten_server_is_stopped_at_exit() -> None:
             _kill(pid)
 
 
-def test_cli_runs_until_interrupted() -> None:
+@pytest.mark.parametrize("started_ignoring_sigint", [False, True])
+def test_cli_runs_until_interrupted(started_ignoring_sigint: bool) -> None:
+    """Also when started with SIGINT ignored, as a non-interactive shell starts a
+    background job (``python -m omega.etcd_launcher &``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "omega.etcd_launcher", "--unsafe-no-fsync"],
@@ -236,6 +239,8 @@ def test_cli_runs_until_interrupted() -> None:
         text=True,
         env=env,
         cwd=ROOT,
+        preexec_fn=((lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                    if started_ignoring_sigint else None),
     )
     try:
         assert proc.stdout is not None
