@@ -153,20 +153,6 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
     return out, unscheduled, preempted
 
 
-def _take(q: deque[list[Any]], f: int) -> list[list[Any]]:
-    out = []
-    while f:
-        unit = q[0]
-        if unit[1] <= f:
-            out.append(q.popleft())
-            f -= unit[1]
-        else:
-            out.append([unit[0], f])
-            unit[1] -= f
-            f = 0
-    return out
-
-
 def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
             latest: CellSnapshot | None = None) -> Extraction:
     """Claims for everything the flow changes (see the module docstring)."""
@@ -384,20 +370,18 @@ def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, in
     if job is None or m is None:
         ex.stale += 1
         return True
-    if not origin and used.plain(job) and m.state is MachineState.UP:
+    u = used.of(m)
+    if (not origin and used.plain(job) and m.state is MachineState.UP and u is not None
+            and u.exceeding_with(job.task_resources, m.capacity) is None):
         # Nothing but room can keep it off (no constraint of its own, none of any
-        # neighbour's): the resource rule alone, on the count the view keeps.
-        u = used.of(m)
-        if u is not None and u.exceeding_with(job.task_resources, m.capacity) is None:
-            claim = view.claim(job, index, a.machine)
-            used.claimed(claim, job.task_resources)
-            ex.claims.append(claim)
-            ex.placed += 1
-            return True
-    # The first claim of an affinity group the view has none of founds it (the store's
-    # rule); without it the repair step would refuse what the store accepts.
-    founding = founds_group(view, job)
-    miss = why_not(view, job, m, founding=founding, used=used.of(m), calm=used.calm)
+        # neighbour's), and there is room: the resource rule alone, on the count the
+        # view keeps.
+        miss, founding = None, False
+    else:
+        # The first claim of an affinity group the view has none of founds it (the
+        # store's rule); without it the repair step would refuse what the store accepts.
+        founding = founds_group(view, job)
+        miss = why_not(view, job, m, founding=founding, used=u, calm=used.calm)
     chosen: list[Allocation] = []
     if miss is not None and miss.rule is Rule.RESOURCES and job.precedence > 0 and evict:
         # Evict the fewest preempted tasks (lowest precedence first) that make room.
