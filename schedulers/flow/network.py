@@ -12,6 +12,13 @@ edits one arc of an owner and leaves the others stale. Where only an owner's num
 change (capacities, costs, lower bounds; not which nodes its arcs join), they may be
 written in place for many arcs at once from arrays (:meth:`write`): the network keeps
 only each owner's structure, so nothing it holds goes stale when numbers change.
+
+Every change is stamped with a version number that rises with each change: a slot
+with the version of the last change to the arc it holds (made, dropped, new numbers),
+a node index with the version at which it was given to its key. A solver that keeps
+state by slot and index from solve to solve (``FirmamentSolver``) reads the slots and
+nodes newer than its last solve from them, and so its set-up costs what changed, not
+the whole network.
 """
 
 from __future__ import annotations
@@ -55,6 +62,14 @@ class Arrays(NamedTuple):
     cost: npt.NDArray[np.int64]
     kind: npt.NDArray[np.int8]
     arcs: npt.NDArray[np.int64]
+    #: With ``arcs`` the identity (every slot at its own index), the network's change
+    #: stamps (module doc): per slot, the version of its last change; per node, the
+    #: version at which its index was given to its key; the network's version now and
+    #: the network itself (stamps of two networks do not compare). None: not given.
+    arc_version: npt.NDArray[np.int64] | None = None
+    node_born: npt.NDArray[np.int64] | None = None
+    version: int = 0
+    source: object = None
 
 
 class NetworkError(ValueError):
@@ -68,6 +83,8 @@ class FlowNetwork:
         self._node_refs: list[int] = []  # arcs touching the node, plus 1 while it has supply
         self._free_nodes: list[int] = []
         self._supply = np.zeros(64, dtype=np.int64)
+        self._born = np.zeros(64, dtype=np.int64)  # per node index: version given
+        self._version = 0  # rises with every change (module doc)
         n = 256
         self._tail = np.zeros(n, dtype=np.int64)
         self._head = np.zeros(n, dtype=np.int64)
@@ -76,6 +93,7 @@ class FlowNetwork:
         self._cost = np.zeros(n, dtype=np.int64)
         self._kind = np.zeros(n, dtype=np.int8)
         self._live = np.zeros(n, dtype=bool)
+        self._changed = np.zeros(n, dtype=np.int64)  # per slot: version of its last change
         self._free_arcs: list[int] = list(range(n - 1, -1, -1))
         self._top = 0  # one past the highest slot ever used (free slots go lowest first)
         self._arcs = 0  # live arcs
@@ -102,8 +120,11 @@ class FlowNetwork:
                 self._node_refs.append(0)
                 if i >= len(self._supply):
                     self._supply = np.concatenate([self._supply, np.zeros_like(self._supply)])
+                    self._born = np.concatenate([self._born, np.zeros_like(self._born)])
             self._node_index[key] = i
             self._supply[i] = 0
+            self._version += 1
+            self._born[i] = self._version
         self._node_refs[i] += 1
         return i
 
@@ -166,6 +187,8 @@ class FlowNetwork:
             lower, cap, cost = self._lower, self._cap, self._cost
             for s, a in zip(owned, wanted, strict=True):
                 lower[s], cap[s], cost[s] = a.lower, a.capacity, a.cost
+            self._version += 1
+            self._changed[owned] = self._version
             return list(owned)
         self.drop(owner)
         if not wanted:
@@ -187,6 +210,8 @@ class FlowNetwork:
             cost[s] = a.cost
             kind[s] = a.kind
             live[s] = True
+        self._version += 1
+        self._changed[slots] = self._version
         self._owned[owner] = slots
         self._structure[owner] = structure
         return slots
@@ -269,6 +294,8 @@ class FlowNetwork:
         self._cost[at] = cost
         self._kind[at] = kind
         self._live[at] = True
+        self._version += 1
+        self._changed[at] = self._version
 
     def _structure_of(self, owner: Owner) -> tuple[tuple[NodeKey, NodeKey, int], ...] | None:
         st = self._structure.get(owner)
@@ -301,6 +328,8 @@ class FlowNetwork:
         self._cap[slots] = capacity
         self._cost[slots] = cost
         self._lower[slots] = low
+        self._version += 1
+        self._changed[slots] = self._version
 
     def write_costs(self, slots: npt.NDArray[np.int64], cost: npt.NDArray[np.int64]) -> None:
         """New costs for many live arcs at once (all else stays): costs that move with
@@ -313,6 +342,8 @@ class FlowNetwork:
             raise NetworkError(f"arc at slot {int(slots[i])}: no live arc, or its cost "
                                f"{int(cost[i])} is outside +-{MAX_COST}")
         self._cost[slots] = cost
+        self._version += 1
+        self._changed[slots] = self._version
 
     @staticmethod
     def _check(owner: Owner, a: Arc) -> None:
@@ -325,7 +356,9 @@ class FlowNetwork:
 
     def drop(self, owner: Owner) -> None:
         self._structure.pop(owner, None)
+        self._version += 1
         for s in self._owned.pop(owner, ()):
+            self._changed[s] = self._version
             self._live[s] = False
             # A dead slot carries nothing (arrays(compact=False) hands it on).
             self._cap[s] = self._lower[s] = 0
@@ -358,10 +391,13 @@ class FlowNetwork:
         if not -MAX_COST <= cost <= MAX_COST:
             raise NetworkError(f"cost {cost} is outside +-{MAX_COST}")
         self._cost[slots[position]] = cost
+        self._version += 1
+        self._changed[slots[position]] = self._version
 
     def _grow(self) -> None:
         n = len(self._tail)
-        for name in ("_tail", "_head", "_lower", "_cap", "_cost", "_kind", "_live"):
+        for name in ("_tail", "_head", "_lower", "_cap", "_cost", "_kind", "_live",
+                     "_changed"):
             a = getattr(self, name)
             setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
         self._free_arcs.extend(range(2 * n - 1, n - 1, -1))
@@ -389,7 +425,8 @@ class FlowNetwork:
             top = self._top
             return Arrays(n, self._supply[:n].copy(), self._tail[:top], self._head[:top],
                           self._lower[:top], self._cap[:top], self._cost[:top],
-                          self._kind[:top], self._identity(top))
+                          self._kind[:top], self._identity(top), self._changed[:top],
+                          self._born[:n], self._version, self)
         slots = np.flatnonzero(self._live & (self._cap > 0))
         return Arrays(n, self._supply[:n].copy(), self._tail[slots], self._head[slots],
                       self._lower[slots], self._cap[slots], self._cost[slots],

@@ -247,6 +247,111 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
 
 
 @njit(cache=True, nogil=True)
+def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def]
+                    tail, head, capacity, cost, dirty, born, since, ends_of, x, e, pi,
+                    deg, outdeg, same, optimal, start, adj, old_start, old_adj, seen,
+                    de, fpos, bpos, best, fresh, ins):
+    """``prepare`` from the previous solve's state, looking only at what changed: the
+    slots ``dirty`` (each once) whose arcs changed since that solve and the nodes
+    ``born`` after it (``since``), with every arc at the index of its slot and no
+    lower bounds (the graph manager's arrays; the caller checks).
+
+    Kept from the previous solve, each updated here where it changed: ``x`` (flow
+    per slot), ``ends_of`` (ends per slot), ``e`` (zero everywhere after a solve;
+    ``old_supply`` is what it was made with), ``deg`` and ``outdeg`` (half-arcs and
+    out-arcs per node, every slot counted as ``_place`` counts it), ``same`` (True
+    for every slot; False only inside this call) and the star ``old_start``/``old_adj``
+    over ``old_n`` nodes. A changed arc between the same nodes (neither born since)
+    keeps its flow clipped into its capacity and is made reduced-cost optimal;
+    another starts empty, and a node born since is priced from its arcs as
+    ``prepare`` prices new nodes. The new star is ``_restar``'s from the old one.
+    Returns as ``prepare`` does (bad is always -1: there are no lower bounds)."""
+    m = tail.shape[0]
+    for v in range(old_n, n):
+        e[v] = 0
+        old_supply[v] = 0
+        deg[v] = 0
+        outdeg[v] = 0
+    for v in range(n):
+        d = supply[v] - old_supply[v]
+        if d != 0:
+            e[v] += d
+            old_supply[v] = supply[v]
+        de[v] = 0
+        seen[v] = born[v] <= since
+    moved = 0
+    cmax = 0
+    nfresh = 0
+    nins = 0
+    for i in range(dirty.shape[0]):
+        a = dirty[i]
+        f = 0
+        old = ends_of[a]
+        if old >= 0:
+            t0 = old >> 31
+            h0 = old & 0x7FFFFFFF
+            f = x[a]
+            e[t0] += f
+            e[h0] -= f
+            deg[t0] -= 1
+            deg[h0] -= 1
+            outdeg[t0] -= 1
+        t = tail[a]
+        h = head[a]
+        deg[t] += 1
+        deg[h] += 1
+        outdeg[t] += 1
+        ends = (t << 31) | h
+        c = capacity[a]
+        cmax = max(cmax, abs(cost[a]))
+        if old == ends and seen[t] and seen[h]:
+            f = min(max(f, 0), c)
+            x[a] = f
+            if optimal:
+                moved += _optimal_arc(a, t, h, capacity, cost, x, pi, de)
+        else:
+            f = 0
+            x[a] = 0
+            fresh[nfresh] = a
+            nfresh += 1
+            same[a] = False
+            ins[nins] = a
+            nins += 1
+        e[t] -= f
+        e[h] += f
+        ends_of[a] = ends
+    _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_n, best, bpos)
+    if optimal:
+        for i in range(nfresh):
+            a = fresh[i]
+            moved += _optimal_arc(a, tail[a], head[a], capacity, cost, x, pi, de)
+    imbalance = 0
+    start[0] = 0
+    for v in range(n):
+        if e[v] > 0:
+            imbalance += e[v]
+        e[v] += de[v]
+        start[v + 1] = deg[v]
+        fpos[v] = outdeg[v]
+    _restar(n, old_n, tail, head, same, old_start, old_adj, ins, nins, start, fpos,
+            bpos, adj)
+    for i in range(nins):
+        same[ins[i]] = True
+    return -1, m - nfresh, imbalance, moved, cmax, m - 1, True
+
+
+@njit(cache=True, nogil=True)
+def flow_cost(x, cost):  # type: ignore[no-untyped-def]
+    """sum(x * cost), and whether the int64 sum is exact (as ``finish``)."""
+    total = 0
+    bound = 0.0
+    for a in range(x.shape[0]):
+        total += x[a] * cost[a]
+        bound += abs(float(x[a]) * float(cost[a]))
+    return total, bound < 2.0**62
+
+
+@njit(cache=True, nogil=True)
 def _price_fresh(n, tail, head, cost, pi, seen, fresh,  # type: ignore[no-untyped-def]
                  nfresh, old_nodes, best_out, best_in):
     """The new nodes' prices (``prepare``), from the arcs that are not reused only

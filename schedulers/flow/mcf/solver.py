@@ -19,8 +19,12 @@ only what the changes broke:
 
 Both start from one fused set-up pass (``kernels.prepare``: warm flow, new nodes'
 prices, the repair, the forward star) and end with one (``kernels.finish``: flow,
-cost, the per-slot state), into arrays kept from solve to solve: at 1M arcs a warm
-round is mostly this fixed O(n + m) work.
+cost, the per-slot state), into arrays kept from solve to solve. Given the graph
+manager's arrays (every arc at its slot's index, no lower bounds, the network's
+change stamps: ``Arrays.arc_version``), the set-up looks only at the slots and nodes
+that changed since the last solve (``kernels.prepare_changes``): the flow, excesses,
+degrees and per-slot ends are kept as they were left, so a round's set-up costs its
+changes and one copy of the star, not a pass over every arc's numbers.
 
 Stale state is never wrong, only slow: any flow and prices are a valid start for
 both algorithms. Prices of nodes with no reused arc (new tasks, reused indexes) are
@@ -95,6 +99,7 @@ class SolveStats:
     global_updates: int  # cost scaling's global price updates
     ops: int  # arcs looked at, both algorithms
     kept_star: bool = False  # the forward star was built from the previous round's
+    changes_only: bool = False  # set up from the changed slots alone (prepare_changes)
 
 
 @attrs.define
@@ -111,6 +116,19 @@ class _Run:
     scratch: I64 | None = None  # relaxation's (7 n), reused between solves; None: new
     cpu: float = 0.0
     error: str = ""
+    exact: bool = True  # its prices make the flow reduced-cost optimal
+
+
+@attrs.define
+class _Kept:
+    """What a set-up from the changes alone needs of the last solve besides the flow
+    (in the solver's kept ``x``) and its ends (``_ends_of``)."""
+
+    source: object  # the network the arrays came from
+    version: int  # its version then
+    n: int
+    m: int
+    cmax: int  # an upper bound on max |cost| (costs that left are not taken out)
 
 
 class FirmamentSolver:
@@ -161,6 +179,8 @@ class FirmamentSolver:
         self._flow_of: I64 = np.empty(0, dtype=np.int64)
         self._pi: I64 | None = None
         self._star: _Star | None = None
+        self._kept: _Kept | None = None
+        self._flow_in_x = False  # the last solve left its flow per slot in x only
         self._buf = _Buffers()
 
     # -- the solve ---------------------------------------------------------------------
@@ -192,9 +212,6 @@ class FirmamentSolver:
             old = min(n, len(self._pi))
             pi[:old] = self._pi[:old]
         b = self._buf
-        has_lower = bool(lower.any())
-        x, e = b.i64("x", m), b.i64("e", n)
-        cap = b.i64("cap", m) if has_lower else capacity
         # The forward star is built from the previous round's (module doc), in the
         # other of two buffers; half-arc numbers in 32 bits when they fit (half the
         # memory).
@@ -204,18 +221,40 @@ class FirmamentSolver:
         wide = 2 * m >= 2**31
         adj = b.i64(f"adj{side}", 2 * m) if wide else b.i32(f"adj{side}", 2 * m)
         star = warm and kept is not None and kept.wide == wide
+        dirty = self._changed_slots(net, star, n, m)
+        changes = dirty is not None
+        has_lower = not changes and bool(lower.any())
+        x, e = b.kept_i64("x", m), b.kept_i64("e", n)
+        cap = b.i64("cap", m) if has_lower else capacity
         if star:
             assert kept is not None
             old_n, old_m, old_start, old_adj = kept.n, kept.m, kept.start, kept.adj
         else:
             old_n, old_m, old_start, old_adj = 0, 0, start[:0], adj[:0]
-        bad, reused, imbalance, moved, cmax, smax, ident = K.prepare(
-            n, supply, tail, head, lower, capacity, cost, slots,
-            self._ends_of, self._flow_of, old, warm, optimal, has_lower,
-            pi, x, cap, e, start, adj, b.bools("seen", n), b.i64("de", n),
-            b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m),
-            star, old_n, old_m, old_start, old_adj, b.bools("same", max(m, old_m)),
-            b.i64("ins", m))
+        if changes:
+            assert dirty is not None and self._kept is not None and net.node_born is not None
+            self._grow_slots(m)
+            bad, reused, imbalance, moved, cmax, smax, ident = K.prepare_changes(
+                n, old_n, supply, b.kept_i64("supply", n), tail, head, capacity, cost,
+                dirty, net.node_born, self._kept.version, self._ends_of, x, e, pi,
+                b.kept_i64("deg", n), b.kept_i64("outdeg", n), b.kept_true(m), optimal,
+                start, adj, old_start, old_adj, b.bools("seen", n), b.i64("de", n),
+                b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n),
+                b.i64("fresh", len(dirty)), b.i64("ins", len(dirty)))
+            cmax = max(int(cmax), self._kept.cmax)
+        else:
+            # The flow per slot of the last solve: in x where it was set up from its
+            # changes (x is by slot then; read before written at each index).
+            prev_flow = self._flow_of
+            if self._flow_in_x:
+                prev_flow = x if net.arc_version is not None else x.copy()
+            bad, reused, imbalance, moved, cmax, smax, ident = K.prepare(
+                n, supply, tail, head, lower, capacity, cost, slots,
+                self._ends_of, prev_flow, old, warm, optimal, has_lower,
+                pi, x, cap, e, start, adj, b.bools("seen", n), b.i64("de", n),
+                b.i64("fpos", n), b.i64("bpos", n), b.i64("best", n), b.i64("fresh", m),
+                star, old_n, old_m, old_start, old_adj, b.bools("same", max(m, old_m)),
+                b.i64("ins", m))
         if bad >= 0:
             raise SolveError("firmament: an arc's lower bound exceeds its capacity")
         # Kept once the solve has finished: the next star is built from it and from
@@ -262,23 +301,64 @@ class FirmamentSolver:
                 raise SolveError(f"firmament: infeasible network ({run.error})")
         if winner.status != K.DONE:  # pragma: no cover - every path above finishes
             raise SolveError(f"firmament: no solution (status {winner.status})")
-        if self.warm:
-            self._grow_slots(int(smax) + 1)
-        flow, total, exact = K.finish(winner.x, lower if has_lower else lower[:0], cost,
-                                      slots, tail, head,
-                                      self._ends_of, self._flow_of,
-                                      self.warm, bool(ident))
+        if winner.x is not x:  # a racer's copy: the kept state is in x
+            x[:] = winner.x
+            e[:] = 0
+        if changes:
+            flow = x.copy()
+            total, exact = K.flow_cost(x, cost)
+        else:
+            if self.warm:
+                self._grow_slots(int(smax) + 1)
+            flow, total, exact = K.finish(x, lower if has_lower else lower[:0], cost,
+                                          slots, tail, head,
+                                          self._ends_of, self._flow_of,
+                                          self.warm, bool(ident))
         if not exact:
             total = sum(int(f) * int(c) for f, c in zip(flow.tolist(), cost.tolist(),
                                                         strict=True))
         if self.warm:  # only differences of prices matter: keep them near zero
             self._pi = winner.pi - (int(winner.pi.max()) if n else 0)
             self._star = built
+            self._keep(net, n, m, int(cmax), changes, has_lower, bool(ident),
+                       winner.exact and built is not None, start, tail, supply)
         if relax_run is not None:
             imbalance += relax_run.moved
         self.last = self._stats(winner is cs_run, warm, wall, relax_run, cs_run,
-                                int(imbalance), int(reused), fallback, star)
+                                int(imbalance), int(reused), fallback, star, changes)
         return Solution(flow, int(total))
+
+    def _changed_slots(self, net: Arrays, star: bool, n: int, m: int) -> I64 | None:
+        """The slots changed since the last solve, if this one can be set up from them
+        alone (module doc; ``star``: the last solve's star is at hand); None: set up
+        from every arc."""
+        k = self._kept
+        if (not star or k is None or net.arc_version is None or net.source is not k.source
+                or n < k.n or m < k.m):
+            return None
+        dirty = np.flatnonzero(net.arc_version > k.version)
+        if net.lower[dirty].any():
+            return None
+        return dirty
+
+    def _keep(self, net: Arrays, n: int, m: int, cmax: int, changes: bool,
+              has_lower: bool, ident: bool, exact: bool, start: I64, tail: I64,
+              supply: I64) -> None:
+        """What the next solve needs to be set up from its changes alone, or None where
+        it cannot be: arrays without change stamps or with lower bounds, prices that do
+        not make the flow reduced-cost optimal (unchanged arcs are not looked at)."""
+        self._flow_in_x = changes
+        if net.arc_version is None or has_lower or not ident or not exact:
+            self._kept = None
+            return
+        if not changes:  # counted from scratch; kept up to date by prepare_changes
+            b = self._buf
+            b.kept_i64("deg", n)[:] = np.diff(start[:n + 1])
+            b.kept_i64("outdeg", n)[:] = np.bincount(tail, minlength=n)[:n]
+            b.kept_i64("supply", n)[:] = supply
+            b.kept_true(m)
+            self._flow_in_x = True
+        self._kept = _Kept(net.source, net.version, n, m, cmax)
 
     # -- the algorithms ----------------------------------------------------------------
 
@@ -325,6 +405,7 @@ class FirmamentSolver:
             if not K.exact_prices(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                   run.x, run.pi, 50 * (g.n + 1)):
                 run.pi[:] = 0  # not settled: the next warm start uses zero prices
+                run.exact = False
         run.cpu += time.thread_time() - t0
 
     def _race(self, g: _Graph, relax_run: _Run, cs_run: _Run, warm: bool) -> _Run:
@@ -367,16 +448,21 @@ class FirmamentSolver:
                 f"or smaller costs")
 
     def _grow_slots(self, size: int) -> None:
-        """The per-slot arrays cover ``size`` slots (grown by a quarter beyond it)."""
-        if len(self._ends_of) < size:
+        """The per-slot arrays cover ``size`` slots (grown by a quarter beyond it,
+        keeping what they hold: a set-up from the changes reads the ends kept)."""
+        have = len(self._ends_of)
+        if have < size:
             size += size // 4
-            self._ends_of = np.full(size, -1, dtype=np.int64)
-            self._flow_of = np.zeros(size, dtype=np.int64)
+            ends = np.full(size, -1, dtype=np.int64)
+            ends[:have] = self._ends_of
+            flow = np.zeros(size, dtype=np.int64)
+            flow[:have] = self._flow_of
+            self._ends_of, self._flow_of = ends, flow
 
     @staticmethod
     def _stats(cs_won: bool, warm: bool, wall: float, relax_run: _Run | None,
                cs_run: _Run | None, imbalance: int, reused: int,
-               fallback: bool, kept_star: bool) -> SolveStats:
+               fallback: bool, kept_star: bool, changes_only: bool) -> SolveStats:
         zero = np.zeros(K.NSTATS, dtype=np.int64)
         rs = relax_run.stats if relax_run is not None else zero
         cs = cs_run.stats if cs_run is not None else zero
@@ -389,7 +475,8 @@ class FirmamentSolver:
             augmentations=int(rs[K.ST_AUGMENT]), price_rises=int(rs[K.ST_RISE]),
             pushes=int(cs[K.ST_PUSH]), relabels=int(cs[K.ST_RELABEL]),
             phases=int(cs[K.ST_PHASES]), global_updates=int(cs[K.ST_UPDATES]),
-            ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]), kept_star=kept_star)
+            ops=int(rs[K.ST_OPS] + cs[K.ST_OPS]), kept_star=kept_star,
+            changes_only=changes_only)
 
 
 class _Buffers:
@@ -409,6 +496,22 @@ class _Buffers:
 
     def i64(self, name: str, size: int) -> I64:
         return cast(I64, self._get(name, size, np.int64))
+
+    def kept_i64(self, name: str, size: int) -> I64:
+        """As ``i64``, but its contents are kept from call to call (grown with zeros)."""
+        have = self._arrays.get(name)
+        if have is not None and len(have) < size:
+            grown = np.zeros(size + size // 4 + 16, dtype=np.int64)
+            grown[:len(have)] = have
+            self._arrays[name] = grown
+        return self.i64(name, size)
+
+    def kept_true(self, size: int) -> npt.NDArray[np.bool_]:
+        """A bool per slot, True: ``prepare_changes`` puts back what it clears."""
+        have = self._arrays.get("keep")
+        if have is None or len(have) < size:
+            self._arrays["keep"] = np.ones(size + size // 4 + 16, dtype=np.bool_)
+        return self.bools("keep", size)
 
     def i32(self, name: str, size: int) -> npt.NDArray[np.int32]:
         return cast(npt.NDArray[np.int32], self._get(name, size, np.int32))
