@@ -80,6 +80,7 @@ for _p in (_HERE.parent, _HERE):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from _leader_floor import FLOORS, STAGES_ENV  # noqa: E402
 from commit_throughput import (  # noqa: E402
     MACHINE_CPU,
     MACHINE_MEM,
@@ -126,7 +127,11 @@ from omega.etcd_launcher import (  # noqa: E402
 from omega.proc import Child, omega  # noqa: E402
 
 PROCESS_COUNTS = (1, 2, 4)
-PATHS = ("raw", "direct", "leader", "pipe", "no-lead")
+DEFAULT_PATHS = ("raw", "direct", "leader", "pipe", "no-lead")
+# The leader's floor (benchmarks/_leader_floor.py): a server whose Commit does only
+# what any leader must, raw etcd's minimal transaction group-committed; and stages of
+# the real handler put back one by one.
+PATHS = (*DEFAULT_PATHS, *FLOORS)
 # Issue 35's goals, with GOAL_PROCESSES scheduler processes sharing the machines: the
 # service with its commit leader reaches GOAL_OVER_RAW of raw etcd's minimal transaction
 # and GOAL_OVER_DIRECT times the direct committers' rate, at most GOAL_TXNS etcd Txns a
@@ -381,18 +386,25 @@ class Server:
     """``omega server`` for one cell, as a child process that dies with us."""
 
     def __init__(self, etcd: str, cell: str, log_dir: Path, *extra: str,
-                 tree: str | None = None) -> None:
+                 tree: str | None = None, floor: str | None = None) -> None:
         port = free_ports(1)[0]
         self.address = f"127.0.0.1:{port}"
         # -v: the leader logs its batches when it stops (--keep-logs shows them).
         # ``tree``: the server's code from another checkout (--baseline).
-        self.child = Child(f"server-{cell}", omega(
-            "-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
-            "--insecure", *extra),
+        # ``floor``: the server with the floor's Commit (benchmarks/_leader_floor.py).
+        args = ("-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
+                "--insecure", *extra)
+        command = (omega(*args) if floor is None else
+                   [sys.executable, str(_HERE / "_leader_floor.py"), floor, *args])
+        # The floor's server writes its stages' CPU here when it exits.
+        self.stages = log_dir / f"stages-{cell}.json" if floor is not None else None
+        env = ({"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"} if tree else
+               {STAGES_ENV: str(self.stages)} if self.stages is not None else None)
+        self.child = Child(f"server-{cell}", command,
             log_dir / f"server-{cell}.log",
             # PYTHONSAFEPATH: ``python -m`` puts the working directory first on sys.path
             # otherwise, and run from this checkout's root that is this tree's code.
-            env={"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"} if tree else None)
+            env=env)
         try:
             wait_until_serving(self.address, timeout=60, alive=self.child.running)
         except Exception:
@@ -409,6 +421,14 @@ class Server:
         if code not in (0, -signal.SIGTERM):
             print(f"warning: server exited with {code}:\n{self.child.log_tail()}",
                   file=sys.stderr)
+
+    def stage_cpu(self) -> dict[str, float]:
+        """After ``stop``: the floor's server's CPU seconds per stage of a commit
+        (benchmarks/_leader_floor.py), {} for a plain server."""
+        if self.stages is None or not self.stages.exists():
+            return {}
+        doc = json.loads(self.stages.read_text())
+        return {k: float(v) for k, v in doc["seconds"].items()}
 
 
 # -- etcd's own counters -------------------------------------------------------------------
@@ -679,11 +699,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fsync", action="store_true",
                     help="run etcd with --unsafe-no-fsync (default: fsync on, as in production)")
     ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
-    ap.add_argument("--paths", default=",".join(PATHS),
-                    help=f"rounds per process count, in order (default {','.join(PATHS)}): "
-                    "raw etcd, direct committers, the service with its commit leader (one "
-                    "batch at a time, the default), that leader pipelined "
-                    "(--commit-pipeline), the service without one (--no-commit-leader)")
+    ap.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                    help=f"rounds per process count, in order (default "
+                    f"{','.join(DEFAULT_PATHS)}): raw etcd, direct committers, the service "
+                    "with its commit leader (one batch at a time, the default), that leader "
+                    "pipelined (--commit-pipeline), the service without one "
+                    f"(--no-commit-leader); also {', '.join(FLOORS)}: the leader's floor "
+                    "(benchmarks/_leader_floor.py)")
     ap.add_argument("--processes", default=",".join(map(str, PROCESS_COUNTS)),
                     help="scheduler process counts, comma-separated (default 1,2,4)")
     ap.add_argument("--machines", type=int, default=MACHINES)
@@ -720,10 +742,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = [p for p in paths if p.removesuffix("@base") not in PATHS
                or (p.endswith("@base") and (p in ("raw@base", "direct@base")
+                                            or p.removesuffix("@base") in FLOORS
                                             or not args.baseline))]
     if unknown or not paths:
         ap.error(f"--paths: {', '.join(unknown) or 'none given'}: each one of "
-                 f"{', '.join(PATHS)} (or a server path with @base, given --baseline)")
+                 f"{', '.join(PATHS)} (or leader, pipe, no-lead with @base, given "
+                 "--baseline)")
     if args.baseline and not (Path(args.baseline) / "cellstate" / "api" / "server.py").is_file():
         ap.error(f"--baseline {args.baseline}: not a checkout of this repository "
                  "(no cellstate/api/server.py)")
@@ -860,9 +884,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "pipe": ("--commit-pipeline",),
                              # The baseline's default may differ: say which leader.
                              "leader": ("--no-commit-pipeline",) if from_baseline else (),
-                             }[kind]
+                             "leader-timed": (),
+                             }.get(kind, ("--no-commit-leader",))  # the floors commit alone
                     server = Server(etcd.endpoint, cell, log_dir, *extra,
-                                    tree=args.baseline if from_baseline else None)
+                                    tree=args.baseline if from_baseline else None,
+                                    floor=kind if kind in FLOORS else None)
                     meter.pids.append(server.pid)
                     jobs = [("service", {"cell": cell, "committer": i, "batch": args.batch,
                                          "seed": seeds[i], "address": server.address}, 0.0)
@@ -873,6 +899,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fig = timed(jobs, server)
                     meter.pids.remove(server.pid)
                     server.stop()
+                    stages = server.stage_cpu()
+                    if stages:
+                        fig["stage_cpu_ms_per_commit"] = {
+                            k: round(1e3 * v / max(1, fig["commits"]), 2)
+                            for k, v in sorted(stages.items(), key=lambda kv: -kv[1])}
                     server = None
                 if cell:
                     drop_cell(cell)
@@ -883,6 +914,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                / max(1e-9, base["direct"]["placements_per_s"])
                                if "direct" in base and path not in ("raw", "direct") else None)
                 emit(row(path, n, fig, over_raw, over_direct))
+                if fig.get("stage_cpu_ms_per_commit"):
+                    emit("  server stages, CPU ms per commit (inclusive): " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in fig["stage_cpu_ms_per_commit"].items()))
                 if args.pyspy and fig.get("server_threads_cpu_s"):
                     emit("  server CPU s by thread: " + ", ".join(
                         f"{k} {v:.2f}" for k, v in fig["server_threads_cpu_s"].items() if v))
