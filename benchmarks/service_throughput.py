@@ -648,7 +648,7 @@ class PySpy:
             # (without it, threads blocked in C (gRPC, locks) count as busy, and
             # --nonblocking under load caught almost no samples).
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", "100", "--format", "raw", "--output", str(out), "--gil"],
+             "--rate", "250", "--format", "raw", "--output", str(out), "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self) -> bool:
@@ -917,7 +917,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if fig.get("stage_cpu_ms_per_commit"):
                     emit("  server stages, CPU ms per commit (inclusive): " + ", ".join(
                         f"{k} {v:.2f}" for k, v in fig["stage_cpu_ms_per_commit"].items()))
-                if args.pyspy and fig.get("server_threads_cpu_s"):
+                if ((args.pyspy or path in FLOORS)
+                        and fig.get("server_threads_cpu_s")):
                     emit("  server CPU s by thread: " + ", ".join(
                         f"{k} {v:.2f}" for k, v in fig["server_threads_cpu_s"].items() if v))
                 out["rounds"].append({"path": path, "processes": n, "over_raw": over_raw,
