@@ -120,6 +120,7 @@ from cellstate.model import (  # noqa: E402
 from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
 from omega.etcd_launcher import (  # noqa: E402
+    DEFAULT_MAX_TXN_OPS,
     UNSAFE_VERSIONS,
     LocalEtcd,
     free_ports,
@@ -699,6 +700,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fsync", action="store_true",
                     help="run etcd with --unsafe-no-fsync (default: fsync on, as in production)")
     ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
+    ap.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS,
+                    help="etcd's --max-txn-ops (ops per Txn; every client learns it from "
+                    f"etcd; default {DEFAULT_MAX_TXN_OPS})")
     ap.add_argument("--paths", default=",".join(DEFAULT_PATHS),
                     help=f"rounds per process count, in order (default "
                     f"{','.join(DEFAULT_PATHS)}): raw etcd, direct committers, the service "
@@ -753,6 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "(no cellstate/api/server.py)")
     if args.sync_rate <= 0 or args.batch < 1:
         ap.error("--sync-rate and --batch must be positive")
+    if not 16 <= args.max_txn_ops <= 100_000:
+        ap.error(f"--max-txn-ops: {args.max_txn_ops} is not between 16 and 100000")
     if args.pyspy:
         os.makedirs(args.pyspy, exist_ok=True)
 
@@ -767,7 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "seconds": args.seconds, "batch": args.batch, "machines": args.machines,
-        "fsync": not args.no_fsync, "sync_rate": args.sync_rate,
+        "fsync": not args.no_fsync, "max_txn_ops": args.max_txn_ops,
+        "sync_rate": args.sync_rate,
         "sync_seconds": args.sync_seconds, "direct_follow": args.direct_follow,
         "rounds": [], "sync": {},
     }
@@ -788,7 +795,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cell_no = iter(range(1_000_000))
     started = time.monotonic()
     try:
-        etcd = LocalEtcd(unsafe_no_fsync=args.no_fsync, quiet_version_warning=True)
+        etcd = LocalEtcd(unsafe_no_fsync=args.no_fsync, quiet_version_warning=True,
+                         max_txn_ops=args.max_txn_ops)
         etcd.start()
         out["etcd_version"] = etcd.version
         kv = EtcdKV([etcd.endpoint])
@@ -806,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "learn others' writes from failed guards (no replica), the server's follow "
                 "its replica"))
         emit(f"host: {os.cpu_count()} cores, Python {platform.python_version()}; etcd "
-             f"{etcd.version}, fsync {'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}; "
+             f"{etcd.version}, fsync {'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}, "
+             f"--max-txn-ops={args.max_txn_ops}; "
              "server: one `omega server` process (4 store handles)")
         if etcd.version in UNSAFE_VERSIONS:
             emit(f"note: etcd {etcd.version} is fine for a benchmark, not for production")
