@@ -4,7 +4,8 @@ to the store, and how fast a commit reaches another process's synced copy.
 
     python benchmarks/service_throughput.py [--quick] [--seconds N] [--no-fsync]
         [--batch B] [--processes 1,2,4] [--sync-rate R] [--json out.json]
-        [--sync-seconds S] [--direct-follow] [--py-spy DIR]
+        [--sync-seconds S] [--direct-follow] [--py-spy DIR] [--paths P,...]
+        [--baseline DIR] [--max-txn-ops N]
 
 One etcd (``LocalEtcd``) serves the whole run. For each number of scheduler processes
 N (1, 2, 4 by default), two rounds run back to back on the same worker processes:
@@ -37,6 +38,11 @@ clock for every process on this host. Through the service the follower is a
 over an etcd watch with the committer writing through its own ``CellStore``. A
 follower can see a commit before the committer has its reply, so single samples can be
 negative. Goal: p99 under 10 ms through the service.
+
+``--paths`` also takes the leader's floor (``benchmarks/_leader_floor.py``: ``floor``,
+``floor-codec``, ``floor-records``, ``floor-proxy``, servers whose Commit does only what
+any leader must, and ``leader-timed``, the real leader with its stages timed): under
+each floor's row, its server's CPU per commit by stage and by thread.
 
 The machine is shared: the load average and the CPU share of processes outside the
 benchmark (``other%``, from /proc) are printed before the run and for every round; the
