@@ -29,20 +29,21 @@ benchmark's schedulers read, health, its replica following the cell). Commit:
 
 In every mode the thread CPU time (``time.thread_time``: running, not waiting) spent
 inside each stage's function is added up, inclusive of what it calls, and written at
-exit as JSON to the file ``$OMEGA_FLOOR_STAGES`` names (when set), with the number of
-Commit calls: ``commit`` (the gRPC handler: the wire to the model and back, checks,
+exit as JSON to the file ``$OMEGA_FLOOR_STAGES`` names (when set), with how often each
+was called: ``commit`` (the gRPC handler: the wire to the model and back, checks,
 handing over to the committer), ``codec-in``/``codec-out`` (the request to
 transactions, the results to the reply), ``batch`` (the committer's whole work per
 batch), ``validate`` (``validate_many``), ``records`` (the decision's records and
 guards, and their encoding: ``_decision_write``, ``_prepare``), ``etcd-client`` (the
 Txn request built, sent and its answer read: ``EtcdKV.txn``), ``write`` (the store's
 write with the etcd client call: the compares, the replica told what to expect, the
-written records put in the working view), ``catch-up`` (the working view brought up to
-the replica and fetched where it lacks records, ``_ensure_loaded``; ``follow``: its
-part that takes the replica's changes, ``_catch_up``), ``replica`` (each watch response applied to the
-replica: ``Replica._handle``; of it ``replica-apply``, the records applied to the replica's
-maps, with ``replica-machines``, its machines', and ``replica-publish``, the listeners
-told), ``replica-pump`` (the same with the watch read).
+written records put in the working view), ``catch-up`` (the working view brought up
+to the replica and fetched where it lacks records, ``_ensure_loaded``; ``follow``: its
+part that takes the replica's changes, ``_catch_up``), ``replica`` (each watch
+response applied to the replica: ``Replica._handle``; of it ``replica-apply``, the
+records applied to the replica's maps, with ``replica-machines``, its machines', and
+``replica-publish``, the listeners told), ``replica-pump`` (the same with the watch
+read).
 
 The keys written live under ``/omega-floor/<cell>/``, outside the cell: the server's
 replica never sees them (what the leader's replica spends applying its writes is not
