@@ -55,7 +55,7 @@ def transaction_from(msg: pb.Transaction, where: str = "transaction") -> Transac
         raise WireError(f"{where}.mode: {msg.mode} is not a known mode")
     if msg.detection not in _DETECTIONS:
         raise WireError(f"{where}.detection: {msg.detection} is not a known detection")
-    claims = []
+    claims: list[Claim] = []
     append = claims.append
     for i, c in enumerate(msg.claims):
         wire_fallbacks = c.fallbacks
