@@ -36,14 +36,14 @@ transactions, the results to the reply), ``batch`` (the committer's whole work p
 batch), ``validate`` (``validate_many``), ``records`` (the decision's records and
 guards, and their encoding: ``_decision_write``, ``_prepare``), ``etcd-client`` (the
 Txn request built, sent and its answer read: ``EtcdKV.txn``), ``write`` (the store's
-write with the etcd client call: the compares, the replica told what to expect, the
-written records put in the working view), ``catch-up`` (the working view brought up
-to the replica and fetched where it lacks records, ``_ensure_loaded``; ``follow``: its
-part that takes the replica's changes, ``_catch_up``), ``replica`` (each watch
-response applied to the replica: ``Replica._handle``; of it ``replica-apply``, the
-records applied to the replica's maps, with ``replica-machines``, its machines', and
-``replica-publish``, the listeners told), ``replica-pump`` (the same with the watch
-read).
+write with the etcd client call: the compares, the replica told what to expect
+(``expect``), the written records put in the working view), ``catch-up`` (the working
+view brought up to the replica and fetched where it lacks records,
+``_ensure_loaded``; ``follow``: its part that takes the replica's changes,
+``_catch_up``), ``replica`` (each watch response applied to the replica:
+``Replica._handle``; of it ``replica-apply``, the records applied to the replica's
+maps, with ``replica-machines``, its machines', and ``replica-publish``, the listeners
+told), ``replica-pump`` (the same with the watch read).
 
 The keys written live under ``/omega-floor/<cell>/``, outside the cell: the server's
 replica never sees them (what the leader's replica spends applying its writes is not
@@ -236,6 +236,7 @@ def time_stages(clock: StageClock) -> None:
             (store_base.StoreBase, "_prepare", "records"),
             (EtcdKV, "txn", "etcd-client"),
             (store_base.StoreBase, "_try_write", "write"),
+            (store_base.StoreBase, "_expect_write", "expect"),
             (store_base.StoreBase, "_ensure_loaded", "catch-up"),
             (store_base.StoreBase, "_catch_up", "follow"),
             (replica_mod.Replica, "_handle", "replica"),
