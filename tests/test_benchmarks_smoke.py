@@ -114,6 +114,9 @@ def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: 
     # The floors run this checkout's wrapper: not from a baseline.
     proc = _service_throughput(tmp_path, "--paths", "floor@base", "--baseline", str(ROOT))
     assert proc.returncode == 2 and "--paths: floor@base" in proc.stderr, proc.stderr
+    proc = _service_throughput(tmp_path, "--max-txn-ops", "4")
+    assert proc.returncode == 2 and "--max-txn-ops: 4 is not between" in proc.stderr, (
+        proc.stderr)
 
 
 def test_leader_core_refuses_unknown_modes_and_baselines(tmp_path: Path) -> None:
