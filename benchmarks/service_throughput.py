@@ -4,7 +4,8 @@ to the store, and how fast a commit reaches another process's synced copy.
 
     python benchmarks/service_throughput.py [--quick] [--seconds N] [--no-fsync]
         [--batch B] [--processes 1,2,4] [--sync-rate R] [--json out.json]
-        [--sync-seconds S] [--direct-follow] [--py-spy DIR]
+        [--sync-seconds S] [--direct-follow] [--py-spy DIR] [--paths P,...]
+        [--baseline DIR] [--max-txn-ops N]
 
 One etcd (``LocalEtcd``) serves the whole run. For each number of scheduler processes
 N (1, 2, 4 by default), two rounds run back to back on the same worker processes:
@@ -37,6 +38,11 @@ clock for every process on this host. Through the service the follower is a
 over an etcd watch with the committer writing through its own ``CellStore``. A
 follower can see a commit before the committer has its reply, so single samples can be
 negative. Goal: p99 under 10 ms through the service.
+
+``--paths`` also takes the leader's floor (``benchmarks/_leader_floor.py``: ``floor``,
+``floor-codec``, ``floor-records``, ``floor-proxy``, servers whose Commit does only what
+any leader must, and ``leader-timed``, the real leader with its stages timed): under
+each floor's row, its server's CPU per commit by stage and by thread.
 
 The machine is shared: the load average and the CPU share of processes outside the
 benchmark (``other%``, from /proc) are printed before the run and for every round; the
@@ -80,6 +86,7 @@ for _p in (_HERE.parent, _HERE):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from _leader_floor import FLOORS, STAGES_ENV  # noqa: E402
 from commit_throughput import (  # noqa: E402
     MACHINE_CPU,
     MACHINE_MEM,
@@ -119,6 +126,7 @@ from cellstate.model import (  # noqa: E402
 from cellstate.replica import Replica  # noqa: E402
 from cellstate.store import CellStore  # noqa: E402
 from omega.etcd_launcher import (  # noqa: E402
+    DEFAULT_MAX_TXN_OPS,
     UNSAFE_VERSIONS,
     LocalEtcd,
     free_ports,
@@ -126,7 +134,11 @@ from omega.etcd_launcher import (  # noqa: E402
 from omega.proc import Child, omega  # noqa: E402
 
 PROCESS_COUNTS = (1, 2, 4)
-PATHS = ("raw", "direct", "leader", "pipe", "no-lead")
+DEFAULT_PATHS = ("raw", "direct", "leader", "pipe", "no-lead")
+# The leader's floor (benchmarks/_leader_floor.py): a server whose Commit does only
+# what any leader must, raw etcd's minimal transaction group-committed; and stages of
+# the real handler put back one by one.
+PATHS = (*DEFAULT_PATHS, *FLOORS)
 # Issue 35's goals, with GOAL_PROCESSES scheduler processes sharing the machines: the
 # service with its commit leader reaches GOAL_OVER_RAW of raw etcd's minimal transaction
 # and GOAL_OVER_DIRECT times the direct committers' rate, at most GOAL_TXNS etcd Txns a
@@ -381,18 +393,25 @@ class Server:
     """``omega server`` for one cell, as a child process that dies with us."""
 
     def __init__(self, etcd: str, cell: str, log_dir: Path, *extra: str,
-                 tree: str | None = None) -> None:
+                 tree: str | None = None, floor: str | None = None) -> None:
         port = free_ports(1)[0]
         self.address = f"127.0.0.1:{port}"
         # -v: the leader logs its batches when it stops (--keep-logs shows them).
         # ``tree``: the server's code from another checkout (--baseline).
-        self.child = Child(f"server-{cell}", omega(
-            "-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
-            "--insecure", *extra),
+        # ``floor``: the server with the floor's Commit (benchmarks/_leader_floor.py).
+        args = ("-v", "server", "--etcd", etcd, "--listen", self.address, "--cell", cell,
+                "--insecure", *extra)
+        command = (omega(*args) if floor is None else
+                   [sys.executable, str(_HERE / "_leader_floor.py"), floor, *args])
+        # The floor's server writes its stages' CPU here when it exits.
+        self.stages = log_dir / f"stages-{cell}.json" if floor is not None else None
+        env = ({"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"} if tree else
+               {STAGES_ENV: str(self.stages)} if self.stages is not None else None)
+        self.child = Child(f"server-{cell}", command,
             log_dir / f"server-{cell}.log",
             # PYTHONSAFEPATH: ``python -m`` puts the working directory first on sys.path
             # otherwise, and run from this checkout's root that is this tree's code.
-            env={"PYTHONPATH": tree, "PYTHONSAFEPATH": "1"} if tree else None)
+            env=env)
         try:
             wait_until_serving(self.address, timeout=60, alive=self.child.running)
         except Exception:
@@ -409,6 +428,14 @@ class Server:
         if code not in (0, -signal.SIGTERM):
             print(f"warning: server exited with {code}:\n{self.child.log_tail()}",
                   file=sys.stderr)
+
+    def stage_cpu(self) -> dict[str, float]:
+        """After ``stop``: the floor's server's CPU seconds per stage of a commit
+        (benchmarks/_leader_floor.py), {} for a plain server."""
+        if self.stages is None or not self.stages.exists():
+            return {}
+        doc = json.loads(self.stages.read_text())
+        return {k: float(v) for k, v in doc["seconds"].items()}
 
 
 # -- etcd's own counters -------------------------------------------------------------------
@@ -628,7 +655,7 @@ class PySpy:
             # (without it, threads blocked in C (gRPC, locks) count as busy, and
             # --nonblocking under load caught almost no samples).
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", "100", "--format", "raw", "--output", str(out), "--gil"],
+             "--rate", "250", "--format", "raw", "--output", str(out), "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self) -> bool:
@@ -679,11 +706,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fsync", action="store_true",
                     help="run etcd with --unsafe-no-fsync (default: fsync on, as in production)")
     ap.add_argument("--batch", type=int, default=50, help="claims per transaction (B)")
-    ap.add_argument("--paths", default=",".join(PATHS),
-                    help=f"rounds per process count, in order (default {','.join(PATHS)}): "
-                    "raw etcd, direct committers, the service with its commit leader (one "
-                    "batch at a time, the default), that leader pipelined "
-                    "(--commit-pipeline), the service without one (--no-commit-leader)")
+    ap.add_argument("--max-txn-ops", type=int, default=DEFAULT_MAX_TXN_OPS,
+                    help="etcd's --max-txn-ops (ops per Txn; every client learns it from "
+                    f"etcd; default {DEFAULT_MAX_TXN_OPS})")
+    ap.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                    help=f"rounds per process count, in order (default "
+                    f"{','.join(DEFAULT_PATHS)}): raw etcd, direct committers, the service "
+                    "with its commit leader (one batch at a time, the default), that leader "
+                    "pipelined (--commit-pipeline), the service without one "
+                    f"(--no-commit-leader); also {', '.join(FLOORS)}: the leader's floor "
+                    "(benchmarks/_leader_floor.py)")
     ap.add_argument("--processes", default=",".join(map(str, PROCESS_COUNTS)),
                     help="scheduler process counts, comma-separated (default 1,2,4)")
     ap.add_argument("--machines", type=int, default=MACHINES)
@@ -720,15 +752,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = [p for p in paths if p.removesuffix("@base") not in PATHS
                or (p.endswith("@base") and (p in ("raw@base", "direct@base")
+                                            or p.removesuffix("@base") in FLOORS
                                             or not args.baseline))]
     if unknown or not paths:
         ap.error(f"--paths: {', '.join(unknown) or 'none given'}: each one of "
-                 f"{', '.join(PATHS)} (or a server path with @base, given --baseline)")
+                 f"{', '.join(PATHS)} (or leader, pipe, no-lead with @base, given "
+                 "--baseline)")
     if args.baseline and not (Path(args.baseline) / "cellstate" / "api" / "server.py").is_file():
         ap.error(f"--baseline {args.baseline}: not a checkout of this repository "
                  "(no cellstate/api/server.py)")
     if args.sync_rate <= 0 or args.batch < 1:
         ap.error("--sync-rate and --batch must be positive")
+    if not 16 <= args.max_txn_ops <= 100_000:
+        ap.error(f"--max-txn-ops: {args.max_txn_ops} is not between 16 and 100000")
     if args.pyspy:
         os.makedirs(args.pyspy, exist_ok=True)
 
@@ -743,7 +779,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "seconds": args.seconds, "batch": args.batch, "machines": args.machines,
-        "fsync": not args.no_fsync, "sync_rate": args.sync_rate,
+        "fsync": not args.no_fsync, "max_txn_ops": args.max_txn_ops,
+        "sync_rate": args.sync_rate,
         "sync_seconds": args.sync_seconds, "direct_follow": args.direct_follow,
         "rounds": [], "sync": {},
     }
@@ -764,7 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cell_no = iter(range(1_000_000))
     started = time.monotonic()
     try:
-        etcd = LocalEtcd(unsafe_no_fsync=args.no_fsync, quiet_version_warning=True)
+        etcd = LocalEtcd(unsafe_no_fsync=args.no_fsync, quiet_version_warning=True,
+                         max_txn_ops=args.max_txn_ops)
         etcd.start()
         out["etcd_version"] = etcd.version
         kv = EtcdKV([etcd.endpoint])
@@ -782,7 +820,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "learn others' writes from failed guards (no replica), the server's follow "
                 "its replica"))
         emit(f"host: {os.cpu_count()} cores, Python {platform.python_version()}; etcd "
-             f"{etcd.version}, fsync {'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}; "
+             f"{etcd.version}, fsync {'OFF (--unsafe-no-fsync)' if args.no_fsync else 'on'}, "
+             f"--max-txn-ops={args.max_txn_ops}; "
              "server: one `omega server` process (4 store handles)")
         if etcd.version in UNSAFE_VERSIONS:
             emit(f"note: etcd {etcd.version} is fine for a benchmark, not for production")
@@ -860,9 +899,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "pipe": ("--commit-pipeline",),
                              # The baseline's default may differ: say which leader.
                              "leader": ("--no-commit-pipeline",) if from_baseline else (),
-                             }[kind]
+                             "leader-timed": (),
+                             }.get(kind, ("--no-commit-leader",))  # the floors commit alone
                     server = Server(etcd.endpoint, cell, log_dir, *extra,
-                                    tree=args.baseline if from_baseline else None)
+                                    tree=args.baseline if from_baseline else None,
+                                    floor=kind if kind in FLOORS else None)
                     meter.pids.append(server.pid)
                     jobs = [("service", {"cell": cell, "committer": i, "batch": args.batch,
                                          "seed": seeds[i], "address": server.address}, 0.0)
@@ -873,6 +914,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fig = timed(jobs, server)
                     meter.pids.remove(server.pid)
                     server.stop()
+                    stages = server.stage_cpu()
+                    if stages:
+                        fig["stage_cpu_ms_per_commit"] = {
+                            k: round(1e3 * v / max(1, fig["commits"]), 2)
+                            for k, v in sorted(stages.items(), key=lambda kv: -kv[1])}
                     server = None
                 if cell:
                     drop_cell(cell)
@@ -883,7 +929,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                / max(1e-9, base["direct"]["placements_per_s"])
                                if "direct" in base and path not in ("raw", "direct") else None)
                 emit(row(path, n, fig, over_raw, over_direct))
-                if args.pyspy and fig.get("server_threads_cpu_s"):
+                if fig.get("stage_cpu_ms_per_commit"):
+                    emit("  server stages, CPU ms per commit (inclusive): " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in fig["stage_cpu_ms_per_commit"].items()))
+                if ((args.pyspy or path in FLOORS)
+                        and fig.get("server_threads_cpu_s")):
                     emit("  server CPU s by thread: " + ", ".join(
                         f"{k} {v:.2f}" for k, v in fig["server_threads_cpu_s"].items() if v))
                 out["rounds"].append({"path": path, "processes": n, "over_raw": over_raw,

@@ -85,12 +85,37 @@ def test_service_throughput_runs_a_server_from_a_baseline_checkout(tmp_path: Pat
     assert "leader" in rows and "leader@base" in rows, proc.stdout[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_service_throughput_runs_the_leaders_floor_and_its_stages(tmp_path: Path) -> None:
+    # Every path through benchmarks/_leader_floor.py, at the smallest size: each
+    # commits (a floor that answered nothing would place nothing) and reports the
+    # CPU of its stages (written by the floor's server as it exits).
+    floors = ("floor", "floor-codec", "floor-records", "floor-proxy", "leader-timed")
+    proc = _service_throughput(tmp_path, *SMOKE["service_throughput.py"],
+                               "--paths", ",".join(floors))
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
+            if line.strip() and line.split()[0] in floors}
+    assert set(rows) == set(floors), proc.stdout[-3000:]
+    assert all(float(r[2]) > 0 for r in rows.values()), proc.stdout[-3000:]  # place/s
+    stages = [line for line in proc.stdout.splitlines() if "server stages" in line]
+    assert len(stages) == len(floors), proc.stdout[-3000:]
+    assert any("validate" in line for line in stages), stages  # the real leader's
+
+
 def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: Path) -> None:
     proc = _service_throughput(tmp_path, "--paths", "leader@base")
     assert proc.returncode == 2 and "--paths: leader@base" in proc.stderr, proc.stderr
     proc = _service_throughput(tmp_path, "--paths", "leader@base", "--baseline",
                                str(tmp_path))
     assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
+        proc.stderr)
+    # The floors run this checkout's wrapper: not from a baseline.
+    proc = _service_throughput(tmp_path, "--paths", "floor@base", "--baseline", str(ROOT))
+    assert proc.returncode == 2 and "--paths: floor@base" in proc.stderr, proc.stderr
+    proc = _service_throughput(tmp_path, "--max-txn-ops", "4")
+    assert proc.returncode == 2 and "--max-txn-ops: 4 is not between" in proc.stderr, (
         proc.stderr)
 
 
