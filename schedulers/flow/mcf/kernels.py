@@ -247,6 +247,21 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
 
 
 @njit(cache=True, nogil=True)
+def changed_slots(version, since, lower, out):  # type: ignore[no-untyped-def]
+    """The slots whose ``version`` is past ``since`` into ``out``, in order; returns
+    their count, or -1 if one of them has a lower bound (``prepare_changes`` takes
+    none)."""
+    k = 0
+    for a in range(version.shape[0]):
+        if version[a] > since:
+            if lower[a] != 0:
+                return -1
+            out[k] = a
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
 def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def]
                     tail, head, capacity, cost, dirty, born, since, ends_of, x, e, pi,
                     deg, outdeg, same, optimal, start, adj, old_start, old_adj, seen,
@@ -285,9 +300,24 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
     nins = 0
     for i in range(dirty.shape[0]):
         a = dirty[i]
-        f = 0
+        t = tail[a]
+        h = head[a]
+        ends = (t << 31) | h
         old = ends_of[a]
-        if old >= 0:
+        cmax = max(cmax, abs(cost[a]))
+        if old == ends and seen[t] and seen[h]:
+            # The same arc with new numbers (most often a cost that moves with time):
+            # its flow clipped into its capacity, then made optimal for its cost.
+            f = x[a]
+            c = min(max(f, 0), capacity[a])
+            if c != f:
+                x[a] = c
+                e[t] += f - c
+                e[h] -= f - c
+            if optimal:
+                moved += _optimal_arc(a, t, h, capacity, cost, x, pi, de)
+            continue
+        if old >= 0:  # the slot's last arc leaves with its flow
             t0 = old >> 31
             h0 = old & 0x7FFFFFFF
             f = x[a]
@@ -296,29 +326,15 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
             deg[t0] -= 1
             deg[h0] -= 1
             outdeg[t0] -= 1
-        t = tail[a]
-        h = head[a]
         deg[t] += 1
         deg[h] += 1
         outdeg[t] += 1
-        ends = (t << 31) | h
-        c = capacity[a]
-        cmax = max(cmax, abs(cost[a]))
-        if old == ends and seen[t] and seen[h]:
-            f = min(max(f, 0), c)
-            x[a] = f
-            if optimal:
-                moved += _optimal_arc(a, t, h, capacity, cost, x, pi, de)
-        else:
-            f = 0
-            x[a] = 0
-            fresh[nfresh] = a
-            nfresh += 1
-            same[a] = False
-            ins[nins] = a
-            nins += 1
-        e[t] -= f
-        e[h] += f
+        x[a] = 0
+        fresh[nfresh] = a
+        nfresh += 1
+        same[a] = False
+        ins[nins] = a
+        nins += 1
         ends_of[a] = ends
     _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_n, best, bpos)
     if optimal:

@@ -36,10 +36,12 @@ How the two are combined (``algorithm``):
   first to finish sets a shared abort flag that the other checks every few thousand
   arcs. Firmament does this (§6.1).
 * ``"auto"`` (default): relaxation with a work budget of ``relax_budget`` times
-  (nodes + arcs) arc scans (``warm_budget`` on a warm start: a usual warm round
-  needs under a fifth of one, and where it needs more a warm cost scaling finishes
-  in about one pass's time), and (warm) of ``big_trees`` trees that each cost over
-  ``big_tree`` times (nodes + arcs); past either, cost scaling carries on from
+  (nodes + arcs) arc scans (``warm_budget``, 1, on a warm start: a usual warm round
+  needs under a fifth of one, and a contended one spends all of it before cost
+  scaling finishes in a few passes' time: at 4, a 90%-full round of 1.1 M arcs
+  spent 106-110 ms in relaxation before handing over, at 1 37-43 ms), and (warm)
+  of ``big_trees`` trees that each cost over ``big_tree`` times (nodes + arcs);
+  past either, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
   start like any other). This avoids relaxation's bad cases (contention: §4.3,
   Fig. 8-9: in a full cluster every new task's tree spans the network before each
@@ -154,7 +156,7 @@ class FirmamentSolver:
     slot_arrays: ClassVar[bool] = True
 
     def __init__(self, algorithm: Algorithm = "auto", *, warm: bool = True,
-                 relax_budget: float = 30.0, warm_budget: float = 4.0, alpha: int = 8,
+                 relax_budget: float = 30.0, warm_budget: float = 1.0, alpha: int = 8,
                  warm_phases: int = 20, global_update: float = 0.3,
                  big_tree: float = 0.125, big_trees: int = 4) -> None:
         if algorithm not in ALGORITHMS:
@@ -290,7 +292,8 @@ class FirmamentSolver:
             if relax_run.status == K.BUDGET:
                 fallback = True
                 cs_run = _Run(relax_run.x, relax_run.e, relax_run.pi)
-                self._cost_scaling(g, cs_run, True, _NO_BUDGET, np.zeros(1, np.int64))
+                self._cost_scaling(g, cs_run, True, _NO_BUDGET, np.zeros(1, np.int64),
+                                   optimal=True)
                 winner = cs_run
         else:
             relax_run = _Run(x.copy(), e.copy(), pi.copy())
@@ -336,10 +339,11 @@ class FirmamentSolver:
         if (not star or k is None or net.arc_version is None or net.source is not k.source
                 or n < k.n or m < k.m):
             return None
-        dirty = np.flatnonzero(net.arc_version > k.version)
-        if net.lower[dirty].any():
-            return None
-        return dirty
+        out = self._buf.i64("dirty", m)
+        count = K.changed_slots(np.ascontiguousarray(net.arc_version, dtype=np.int64),
+                                k.version, np.ascontiguousarray(net.lower, dtype=np.int64),
+                                out)
+        return out[:count] if count >= 0 else None
 
     def _keep(self, net: Arrays, n: int, m: int, cmax: int, changes: bool,
               has_lower: bool, ident: bool, exact: bool, start: I64, tail: I64,
@@ -378,7 +382,9 @@ class FirmamentSolver:
         run.cpu += time.thread_time() - t0
 
     def _cost_scaling(self, g: _Graph, run: _Run, warm: bool, budget: int,
-                      abort: I64) -> None:
+                      abort: I64, optimal: bool = False) -> None:
+        """``optimal``: the flow is reduced-cost optimal already (relaxation's state),
+        so its violation is 0 without a pass over the arcs to find it."""
         t0 = time.thread_time()
         scale = g.n + 1
         limit = _RANGE // (4 * scale)
@@ -391,7 +397,8 @@ class FirmamentSolver:
             # The flow is already V-optimal (V: its largest violation), but an excess
             # needs ε near the price gaps it must cross, or two nodes relabel each
             # other up by ε at a time; so ε starts at V or max cost over alpha^k.
-            violation = int(K.max_violation(g.tail, g.head, g.cap, g.cost, run.x, p, scale))
+            violation = 0 if optimal else int(
+                K.max_violation(g.tail, g.head, g.cap, g.cost, run.x, p, scale))
             eps = max(violation, eps // self.alpha ** self.warm_phases, 1)
         run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                     run.x, run.e, p, scale, eps, self.alpha, budget,
