@@ -226,11 +226,8 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
     if bad >= 0:
         return bad, reused, 0, 0, cmax, smax, ident == m
     if warm:
-        _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_nodes, best, bpos)
-        if optimal:
-            for i in range(nfresh):
-                a = fresh[i]
-                moved += _optimal_arc(a, tail[a], head[a], cap, cost, x, pi, de)
+        moved += _fresh_arcs(n, tail, head, cap, cost, x, pi, de, seen, fresh, nfresh,
+                             old_nodes, best, bpos, optimal)
     imbalance = 0
     for v in range(n):
         if e[v] > 0:
@@ -336,11 +333,8 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
         ins[nins] = a
         nins += 1
         ends_of[a] = ends
-    _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_n, best, bpos)
-    if optimal:
-        for i in range(nfresh):
-            a = fresh[i]
-            moved += _optimal_arc(a, tail[a], head[a], capacity, cost, x, pi, de)
+    moved += _fresh_arcs(n, tail, head, capacity, cost, x, pi, de, seen, fresh, nfresh,
+                         old_n, best, bpos, optimal)
     imbalance = 0
     start[0] = 0
     for v in range(n):
@@ -365,6 +359,21 @@ def flow_cost(x, cost):  # type: ignore[no-untyped-def]
         total += x[a] * cost[a]
         bound += abs(float(x[a]) * float(cost[a]))
     return total, bound < 2.0**62
+
+
+@njit(cache=True, nogil=True)
+def _fresh_arcs(n, tail, head, cap, cost, x, pi, de,  # type: ignore[no-untyped-def]
+                seen, fresh, nfresh, old_nodes, best, bpos, optimal):
+    """The set-up's last step for the arcs that start empty (``fresh``): the new
+    nodes priced from them, then (``optimal``) each made reduced-cost optimal, its
+    excess changes into ``de``; returns the units moved."""
+    _price_fresh(n, tail, head, cost, pi, seen, fresh, nfresh, old_nodes, best, bpos)
+    moved = 0
+    if optimal:
+        for i in range(nfresh):
+            a = fresh[i]
+            moved += _optimal_arc(a, tail[a], head[a], cap, cost, x, pi, de)
+    return moved
 
 
 @njit(cache=True, nogil=True)
