@@ -91,8 +91,13 @@ def _start_agent(server: CellStateServer, tmp_path: Path, state_dir: Path) -> Ch
 
 
 def _run_command(store: CellStore, command: tuple[str, ...]) -> None:
-    _wait("the agent's machines", lambda: AGENT in store.read_snapshot().agents)
-    mid = min(m.id for m in store.read_snapshot().machines.values() if m.agent == AGENT)
+    def machines() -> list[str]:
+        return sorted(m.id for m in store.read_snapshot().machines.values()
+                      if m.agent == AGENT)
+
+    # The agent's record and its machines' are separate writes: wait for the machines.
+    _wait("the agent's machines", lambda: bool(machines()))
+    mid = machines()[0]
     store.submit_job(attrs.evolve(job("cmd"), command=command))
     assert store.commit(txn([Claim("cmd", 0, mid)])).ok
 
