@@ -49,3 +49,25 @@ def test_omega_only_is_repeatable_and_runs_every_file_named() -> None:
     assert named == ["fig7_two_level", "semantics", "fig8_batch_rate"]
     # The short profile's fig7 points: clusters A, B, C at three t_job(service) values.
     assert "fig7_two_level: 9 points" in done.stdout
+
+
+def test_omega_day_profile_runs_only_the_files_it_names_at_a_day() -> None:
+    # --day: a day of the points --long runs shorter (Fig. 14), the other files skipped.
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--day",
+                           "--only", "fig8_batch_rate", "fig14_conflict_modes", "--list"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    named = [line.split(":")[0] for line in done.stdout.splitlines()
+             if not line.startswith(" ")]
+    assert named == ["fig14_conflict_modes"]
+    points = [line for line in done.stdout.splitlines() if line.startswith(" ")]
+    assert len(points) == 4  # the four conflict modes, one seed
+    assert all(line.endswith("horizon 86400 s") for line in points)
+
+
+def test_omega_profiles_are_exclusive() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--day",
+                           "--long", "--list"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2
+    assert "argument --long: not allowed with argument --day" in done.stderr
