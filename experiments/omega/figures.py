@@ -419,7 +419,7 @@ def tables(out: Path) -> Path:
     lines += ["## CPU time", "", "| experiment | runs here | CPU s here | prefill CPU s "
               "per run | runs at paper length | CPU hours at paper length |",
               "| --- | --- | --- | --- | --- | --- |",
-              *timing(out, [n for n in FILE_ORDER])]
+              *timing(out, [n for n in FILE_ORDER]), *_partial(out, FILE_ORDER)]
     path = out / "tables.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -508,6 +508,38 @@ def timing(out: Path, names: Sequence[str]) -> list[str]:
                     f"{'' if split else '*'} |")
     rows.append(f"| total | | {total_here:.0f} | | | {total_full / 3600:,.0f} |")
     return rows
+
+
+def _partial(out: Path, names: Sequence[str]) -> list[str]:
+    """A note under the CPU table naming the files whose runs here leave out values of
+    an axis of the paper's set: their estimate takes every point at the cost of the
+    points run, which says little where the cost moves with that axis."""
+    from simulator.experiment import load
+
+    parts = []
+    for name in names:
+        runs = _load(out, name)
+        if runs is None:
+            continue
+        full = load(Path(__file__).resolve().parent / f"{name}.toml")
+        left = []
+        for a in full.axes:
+            if a.name == "seed":
+                continue
+            every = list(dict.fromkeys(r.point[a.name] for r in full.runs))
+            here = [v for v in every if any(r["point"].get(a.name) == v for r in runs)]
+            if len(here) < len(every):
+                left.append(f"{a.name} {', '.join(str(v) for v in here)} of {len(every)}")
+        if left:
+            parts.append(f"{name} ({'; '.join(left)})")
+    if not parts:
+        return []
+    return ["", "The paper-length estimate counts a point not run here at the mean CPU "
+            "per simulated second of its cluster's runs here (of the file's runs here for "
+            "a cluster not run). Where the runs here leave out values that the cost moves "
+            "with, it follows the points run, not the paper's set (a saturated batch rate "
+            "costs several times 1x per simulated second); values run here of each such "
+            "axis: " + ", ".join(parts) + "."]
 
 
 def make_all(out: Path) -> list[Path]:

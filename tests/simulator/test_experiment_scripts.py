@@ -72,3 +72,24 @@ def test_omega_profiles_are_exclusive() -> None:
                           cwd=ROOT)
     assert done.returncode == 2
     assert "argument --long: not allowed with argument --day" in done.stderr
+
+
+def test_omega_tables_name_the_axes_the_cpu_estimate_did_not_see(tmp_path: Path) -> None:
+    # The paper-length CPU estimate counts the points not run at the cost of those run:
+    # the table's note must name each axis whose values the runs leave out.
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("omega_figures",
+                                                  ROOT / "experiments/omega/figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    runs = [{"point": {"cluster": "B", "seed": 1, "batch_rate": r}, "metrics": {}}
+            for r in (1, 6)]
+    (tmp_path / "fig8_batch_rate").mkdir()
+    (tmp_path / "fig8_batch_rate/results.json").write_text(json.dumps({"runs": runs}))
+    assert figures._partial(tmp_path / "nothing", figures.FILE_ORDER) == []
+    note = " ".join(figures._partial(tmp_path, figures.FILE_ORDER))
+    assert "fig8_batch_rate (cluster B of 3; batch_rate 1, 6 of 11)" in note
+    assert "seed" not in note.split("axis:")[1]
