@@ -3,9 +3,11 @@ why, before they run or write anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,22 +76,38 @@ def test_omega_profiles_are_exclusive() -> None:
     assert "argument --long: not allowed with argument --day" in done.stderr
 
 
-def test_omega_tables_name_the_axes_the_cpu_estimate_did_not_see(tmp_path: Path) -> None:
-    # The paper-length CPU estimate counts the points not run at the cost of those run:
-    # the table's note must name each axis whose values the runs leave out.
-    import importlib.util
-    import json
-
+def _figures() -> Any:
     spec = importlib.util.spec_from_file_location("omega_figures",
                                                   ROOT / "experiments/omega/figures.py")
     assert spec is not None and spec.loader is not None
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
-    runs = [{"point": {"cluster": "B", "seed": 1, "batch_rate": r}, "metrics": {}}
-            for r in (1, 6)]
-    (tmp_path / "fig8_batch_rate").mkdir()
-    (tmp_path / "fig8_batch_rate/results.json").write_text(json.dumps({"runs": runs}))
-    assert figures._partial(tmp_path / "nothing", figures.FILE_ORDER) == []
-    note = " ".join(figures._partial(tmp_path, figures.FILE_ORDER))
-    assert "fig8_batch_rate (cluster B of 3; batch_rate 1, 6 of 11)" in note
-    assert "seed" not in note.split("axis:")[1]
+    return figures
+
+
+def _timing(out: Path, rows: list[str]) -> None:
+    (out / "fig8_batch_rate").mkdir(parents=True)
+    (out / "fig8_batch_rate/timing.csv").write_text(
+        "cluster,seed,batch_rate,horizon_s,cpu_s,prefill_cpu_s\n" + "".join(
+            r + "\n" for r in rows))
+
+
+def test_omega_cpu_estimate_prices_each_point_by_its_own_runs_first(tmp_path: Path) -> None:
+    # A long profile that ran only B at 1x must not price Fig. 8's saturated rates at
+    # 1x's cost: a point's own runs here first, then its runs in the reference profile,
+    # then its cluster's mean there.
+    figures = _figures()
+    rates = [1, 2, 2.5, 3, 4, 5, 6, 7, 8, 9.5, 10]
+    _timing(tmp_path / "long", ["B,1,1,1000,11,1"])  # 0.01 CPU s per simulated s
+    _timing(tmp_path / "short", [f"{c},1,{r},1000,{r},0" for c in "ABC" for r in rates
+                                 if (c, r) != ("C", 9.5)])  # r / 1000 per simulated s
+    rows = figures.timing(tmp_path / "long", ["fig8_batch_rate"], tmp_path / "short")
+    c_mean = sum(r for r in rates if r != 9.5) / 10 / 1000
+    per_seed = 0.01 + sum(r / 1000 for c in "ABC" for r in rates
+                          if (c, r) not in (("B", 1), ("C", 9.5))) + c_mean
+    hours = (99 * 1.0 + 604800 * 3 * per_seed) / 3600
+    row = next(r for r in rows if r.startswith("| fig8_batch_rate |"))
+    assert row.endswith(f"| 99 x 604800 s | {hours:,.1f} |"), (row, hours)
+    assert rows[-1].endswith("priced by a mean, not by their point's own runs: "
+                             "fig8_batch_rate 3 of 99.")
+    assert "else in ../short/" in rows[-1]
