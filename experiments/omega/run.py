@@ -98,9 +98,10 @@ LONG: dict[str, Profile | list[Profile]] = {
     # Fig. 5/6: single and multi-path, first at the t_job where single path saturates
     # and multi-path shows head-of-line blocking, then the saturated values (cheap: few
     # decisions), then the fast one (multi-path at 0.1 s is single path at 0.1 s: every
-    # job decides in 0.1 s; the short profile's numbers are the same).
+    # job decides in 0.1 s; the short profile's numbers are the same), then single
+    # path's last unsaturated values (between 0.1 s and 3 s it saturates).
     "fig5_6_single_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job": t})
-                           for t in ([10], [100, 30, 3], [0.1])],
+                           for t in ([10], [100, 30, 3], [0.1], [1, 0.01])],
     "fig5_6_multi_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
                           for t in ([10], [100, 30])],
     # Fig. 8: cluster B at 1x for the paper's week; at B's saturation multiple (6x) for
