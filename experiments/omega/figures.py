@@ -568,8 +568,7 @@ def timing(out: Path, names: Sequence[str], reference: Path | None = None) -> li
     rows.append(f"| total | | {total_here:.0f} | | | {total_full / 3600:,.0f} |")
     source = "" if reference is None else (
         f", else in {os.path.relpath(reference, out)}/ (another profile's runs of the "
-        f"same point), else "
-        f"at the mean of its cluster's runs there")
+        "same point), else at the mean of its cluster's runs there")
     rows += ["", "Each run at paper length is priced at the CPU per simulated second "
              f"measured for its point here{source}, else at the mean of its cluster's "
              "runs here (of the file's runs here for a cluster not run)."
