@@ -125,15 +125,11 @@ LONG: dict[str, Profile | list[Profile]] = {
                                        "batch_schedulers": [1, 32], "batch_rate": [10]}),
 }
 
-# A day of points that LONG runs shorter with more seeds: Fig. 14 with seed 1 (LONG: 4
-# hours, 3 seeds), the three modes its two claims compare (coarse against fine under
-# incremental commits, gang against incremental under fine detection); coarse/gang,
-# in neither, saturates the batch scheduler and would cost as much as the other three.
-# Its own OUT (docs/results/omega-long/day): the same points at two lengths in one
-# file would be taken for seeds of one point.
+# A day of points that LONG runs shorter with more seeds: Fig. 14's four modes with
+# seed 1 (LONG: 4 hours, 3 seeds). Its own OUT (docs/results/omega-long/day): the same
+# points at two lengths in one file would be taken for seeds of one point.
 DAY: dict[str, Profile | list[Profile]] = {
-    "fig14_conflict_modes": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [10],
-                                    "variant": ["Coarse/Incr.", "Fine/Gang", "Fine/Incr."]}),
+    "fig14_conflict_modes": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [10]}),
 }
 
 

@@ -63,8 +63,7 @@ def test_omega_day_profile_runs_only_the_files_it_names_at_a_day() -> None:
              if not line.startswith(" ")]
     assert named == ["fig14_conflict_modes"]
     points = [line for line in done.stdout.splitlines() if line.startswith(" ")]
-    assert len(points) == 3  # the three modes the claims compare, one seed
-    assert not [line for line in points if "Coarse/Gang" in line]
+    assert len(points) == 4  # the four conflict modes, one seed
     assert all(line.endswith("horizon 86400 s") for line in points)
 
 
