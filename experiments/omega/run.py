@@ -99,11 +99,12 @@ LONG: dict[str, Profile | list[Profile]] = {
     # and multi-path shows head-of-line blocking, then the saturated values (cheap: few
     # decisions), then the fast one (multi-path at 0.1 s is single path at 0.1 s: every
     # job decides in 0.1 s; the short profile's numbers are the same), then single
-    # path's last unsaturated values (between 0.1 s and 3 s it saturates).
+    # path's last unsaturated values (between 0.1 s and 3 s it saturates) and
+    # multi-path's below 10 s.
     "fig5_6_single_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job": t})
                            for t in ([10], [100, 30, 3], [0.1], [1, 0.01])],
     "fig5_6_multi_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
-                          for t in ([10], [100, 30])],
+                          for t in ([10], [100, 30], [3, 1])],
     # Fig. 8: cluster B at 1x for the paper's week; at B's saturation multiple (6x) for
     # 3 hours, what the budget allowed (a saturated point costs about 6 times the CPU
     # of 1x per simulated second; 10x: Fig. 9's one scheduler); cluster C (the paper's
