@@ -5,6 +5,8 @@
     python experiments/omega/run.py --short --jobs 2    # what this session ran
     python experiments/omega/run.py --long --jobs 1 --out docs/results/omega-long
                                                         # each claim at a day or a week
+    python experiments/omega/run.py --day --jobs 1 --out docs/results/omega-long/day
+                                                        # a day of what LONG has shorter
     python experiments/omega/run.py --scheduler tcp://HOST:8786   # on a Dask cluster
 
 The points run on Dask (simulator/sweep.py): an embedded local cluster of --jobs
@@ -15,7 +17,8 @@ goes to OUT/<name>/ (results.json, results.csv, and timing.csv: the CPU seconds 
 run took, for estimating the full length), then figures.py draws the paper's figures,
 three clusters to a plot, from all of them.
 ``--short`` keeps the points, seeds and length listed in SHORT below, ``--long`` those
-of LONG (a day or a week of each figure's main claim); ``--only NAME`` (repeatable)
+of LONG (a day or a week of each figure's main claim), ``--day`` those of DAY (a day
+of points LONG runs shorter with more seeds); ``--only NAME`` (repeatable)
 runs the named files only (the figures are drawn from whatever data OUT holds);
 ``--list`` prints what would run.
 """
@@ -95,16 +98,20 @@ LONG: dict[str, Profile | list[Profile]] = {
     # Fig. 5/6: single and multi-path, first at the t_job where single path saturates
     # and multi-path shows head-of-line blocking, then the saturated values (cheap: few
     # decisions), then the fast one (multi-path at 0.1 s is single path at 0.1 s: every
-    # job decides in 0.1 s; the short profile's numbers are the same).
+    # job decides in 0.1 s; the short profile's numbers are the same), then single
+    # path's last unsaturated values (between 0.1 s and 3 s it saturates) and
+    # multi-path's below 10 s.
     "fig5_6_single_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job": t})
-                           for t in ([10], [100, 30, 3], [0.1])],
+                           for t in ([10], [100, 30, 3], [0.1], [1, 0.01])],
     "fig5_6_multi_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
-                          for t in ([10], [100, 30])],
+                          for t in ([10], [100, 30], [3, 1])],
     # Fig. 8: cluster B at 1x for the paper's week; at B's saturation multiple (6x) for
     # 3 hours, what the budget allowed (a saturated point costs about 6 times the CPU
-    # of 1x per simulated second; 10x: Fig. 9's one scheduler).
+    # of 1x per simulated second; 10x: Fig. 9's one scheduler); cluster C (the paper's
+    # 9.5x) at 1x for the week.
     "fig8_batch_rate": [(_WEEK, {"cluster": ["B"], "seed": [1], "batch_rate": [1]}),
-                        (3 * 3600.0, {"cluster": ["B"], "seed": [1], "batch_rate": [6]})],
+                        (3 * 3600.0, {"cluster": ["B"], "seed": [1], "batch_rate": [6]}),
+                        (_WEEK, {"cluster": ["C"], "seed": [1], "batch_rate": [1]})],
     # Fig. 7c: abandoned jobs at a slow service scheduler (the paper's ~200 a day at
     # 100 s; a day of two-level on B costs about 1,000 CPU s, so 10 s waits its turn).
     "fig7_two_level": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [100]}),
@@ -117,6 +124,13 @@ LONG: dict[str, Profile | list[Profile]] = {
                                           "t_job_service": [10]}),
     "fig9_batch_schedulers": (1800.0, {"cluster": ["B"], "seed": [1, 2, 3],
                                        "batch_schedulers": [1, 32], "batch_rate": [10]}),
+}
+
+# A day of points that LONG runs shorter with more seeds: Fig. 14's four modes with
+# seed 1 (LONG: 4 hours, 3 seeds). Its own OUT (docs/results/omega-long/day): the same
+# points at two lengths in one file would be taken for seeds of one point.
+DAY: dict[str, Profile | list[Profile]] = {
+    "fig14_conflict_modes": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [10]}),
 }
 
 
@@ -165,10 +179,11 @@ def selected(args: argparse.Namespace) -> list[Experiment]:
     exps = []
     for name in dict.fromkeys(args.only or FILES):
         exp = load(HERE / f"{name}.toml")
-        if args.long:
-            if name not in LONG:
+        if args.long or args.day:
+            profile = LONG if args.long else DAY
+            if name not in profile:
                 continue
-            entry = LONG[name]
+            entry = profile[name]
             parts = [shorten(exp, *p) for p in (entry if isinstance(entry, list) else [entry])]
             exp = attrs.evolve(exp, runs=tuple(r for part in parts for r in part.runs))
         elif args.short:
@@ -188,6 +203,9 @@ def main() -> None:
     length.add_argument("--long", action="store_true",
                         help="the long profile (LONG): each figure's main claim, a day or "
                         "a week; files it has no entry for are skipped")
+    length.add_argument("--day", action="store_true",
+                        help="the day profile (DAY): a day of points --long runs shorter; "
+                        "files it has no entry for are skipped")
     add_cluster_arguments(p)
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/omega")
     # extend: "--only a --only b" and "--only a b" both run a and b (argparse's default

@@ -3,9 +3,11 @@ why, before they run or write anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +51,62 @@ def test_omega_only_is_repeatable_and_runs_every_file_named() -> None:
     assert named == ["fig7_two_level", "semantics", "fig8_batch_rate"]
     # The short profile's fig7 points: clusters A, B, C at three t_job(service) values.
     assert "fig7_two_level: 9 points" in done.stdout
+
+
+def test_omega_day_profile_runs_only_the_files_it_names_at_a_day() -> None:
+    # --day: a day of the points --long runs shorter (Fig. 14), the other files skipped.
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--day",
+                           "--only", "fig8_batch_rate", "fig14_conflict_modes", "--list"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    named = [line.split(":")[0] for line in done.stdout.splitlines()
+             if not line.startswith(" ")]
+    assert named == ["fig14_conflict_modes"]
+    points = [line for line in done.stdout.splitlines() if line.startswith(" ")]
+    assert len(points) == 4  # the four conflict modes, one seed
+    assert all(line.endswith("horizon 86400 s") for line in points)
+
+
+def test_omega_profiles_are_exclusive() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--day",
+                           "--long", "--list"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2
+    assert "argument --long: not allowed with argument --day" in done.stderr
+
+
+def _figures() -> Any:
+    spec = importlib.util.spec_from_file_location("omega_figures",
+                                                  ROOT / "experiments/omega/figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    return figures
+
+
+def _timing(out: Path, rows: list[str]) -> None:
+    (out / "fig8_batch_rate").mkdir(parents=True)
+    (out / "fig8_batch_rate/timing.csv").write_text(
+        "cluster,seed,batch_rate,horizon_s,cpu_s,prefill_cpu_s\n" + "".join(
+            r + "\n" for r in rows))
+
+
+def test_omega_cpu_estimate_prices_each_point_by_its_own_runs_first(tmp_path: Path) -> None:
+    # A long profile that ran only B at 1x must not price Fig. 8's saturated rates at
+    # 1x's cost: a point's own runs here first, then its runs in the reference profile,
+    # then its cluster's mean there.
+    figures = _figures()
+    rates = [1, 2, 2.5, 3, 4, 5, 6, 7, 8, 9.5, 10]
+    _timing(tmp_path / "long", ["B,1,1,1000,11,1"])  # 0.01 CPU s per simulated s
+    _timing(tmp_path / "short", [f"{c},1,{r},1000,{r},0" for c in "ABC" for r in rates
+                                 if (c, r) != ("C", 9.5)])  # r / 1000 per simulated s
+    rows = figures.timing(tmp_path / "long", ["fig8_batch_rate"], tmp_path / "short")
+    c_mean = sum(r for r in rates if r != 9.5) / 10 / 1000
+    per_seed = 0.01 + sum(r / 1000 for c in "ABC" for r in rates
+                          if (c, r) not in (("B", 1), ("C", 9.5))) + c_mean
+    hours = (99 * 1.0 + 604800 * 3 * per_seed) / 3600
+    row = next(r for r in rows if r.startswith("| fig8_batch_rate |"))
+    assert row.endswith(f"| 99 x 604800 s | {hours:,.1f} |"), (row, hours)
+    assert rows[-1].endswith("priced by a mean, not by their point's own runs: "
+                             "fig8_batch_rate 3 of 99.")
+    assert "else in ../short/" in rows[-1]
