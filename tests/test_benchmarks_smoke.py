@@ -129,3 +129,26 @@ def test_leader_core_refuses_unknown_modes_and_baselines(tmp_path: Path) -> None
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a checkout of this repository" in proc.stderr, (
         proc.stderr)
+
+
+def test_service_goals_are_judged_on_every_leader_round() -> None:
+    """A run with several leader rounds is judged on their median, each shown (it was
+    judged on the first round alone)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("service_throughput",
+                                                  BENCHMARKS / "service_throughput.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    verdict = bench.goal_verdict
+    # The first round alone would pass; the median of the three does not.
+    assert verdict([2.5, 1.4, 1.6], 2.0, True) == (
+        "2.50, 1.40, 1.60 (median 1.60; 1 of 3 rounds pass) -> MISS")
+    assert verdict([0.9, 1.2, 0.8], 1.1, False).endswith("(median 0.90; 2 of 3 rounds "
+                                                          "pass) -> PASS")
+    assert verdict([None, None], 1.0, True) == "- -> not measured"
