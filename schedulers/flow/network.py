@@ -187,8 +187,7 @@ class FlowNetwork:
             lower, cap, cost = self._lower, self._cap, self._cost
             for s, a in zip(owned, wanted, strict=True):
                 lower[s], cap[s], cost[s] = a.lower, a.capacity, a.cost
-            self._version += 1
-            self._changed[owned] = self._version
+            self._stamp(owned)
             return list(owned)
         self.drop(owner)
         if not wanted:
@@ -210,8 +209,7 @@ class FlowNetwork:
             cost[s] = a.cost
             kind[s] = a.kind
             live[s] = True
-        self._version += 1
-        self._changed[slots] = self._version
+        self._stamp(slots)
         self._owned[owner] = slots
         self._structure[owner] = structure
         return slots
@@ -294,8 +292,7 @@ class FlowNetwork:
         self._cost[at] = cost
         self._kind[at] = kind
         self._live[at] = True
-        self._version += 1
-        self._changed[at] = self._version
+        self._stamp(at)
 
     def _structure_of(self, owner: Owner) -> tuple[tuple[NodeKey, NodeKey, int], ...] | None:
         st = self._structure.get(owner)
@@ -328,8 +325,7 @@ class FlowNetwork:
         self._cap[slots] = capacity
         self._cost[slots] = cost
         self._lower[slots] = low
-        self._version += 1
-        self._changed[slots] = self._version
+        self._stamp(slots)
 
     def write_costs(self, slots: npt.NDArray[np.int64], cost: npt.NDArray[np.int64]) -> None:
         """New costs for many live arcs at once (all else stays): costs that move with
@@ -342,8 +338,7 @@ class FlowNetwork:
             raise NetworkError(f"arc at slot {int(slots[i])}: no live arc, or its cost "
                                f"{int(cost[i])} is outside +-{MAX_COST}")
         self._cost[slots] = cost
-        self._version += 1
-        self._changed[slots] = self._version
+        self._stamp(slots)
 
     @staticmethod
     def _check(owner: Owner, a: Arc) -> None:
@@ -356,9 +351,9 @@ class FlowNetwork:
 
     def drop(self, owner: Owner) -> None:
         self._structure.pop(owner, None)
-        self._version += 1
-        for s in self._owned.pop(owner, ()):
-            self._changed[s] = self._version
+        owned = self._owned.pop(owner, [])  # a list: () would index every slot
+        self._stamp(owned)
+        for s in owned:
             self._live[s] = False
             # A dead slot carries nothing (arrays(compact=False) hands it on).
             self._cap[s] = self._lower[s] = 0
@@ -391,8 +386,12 @@ class FlowNetwork:
         if not -MAX_COST <= cost <= MAX_COST:
             raise NetworkError(f"cost {cost} is outside +-{MAX_COST}")
         self._cost[slots[position]] = cost
+        self._stamp(slots[position])
+
+    def _stamp(self, slots: Sequence[int] | npt.NDArray[np.int64] | int) -> None:
+        """One change to the arcs at ``slots``: its version on each (module doc)."""
         self._version += 1
-        self._changed[slots[position]] = self._version
+        self._changed[slots] = self._version
 
     def _grow(self) -> None:
         n = len(self._tail)
