@@ -33,6 +33,7 @@ import attrs
 import pytest
 
 from cellstate.cell import CellSnapshot, task_view
+from cellstate.keys import KeyKind
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import (
     Block,
@@ -643,3 +644,36 @@ def test_the_random_cells_have_tasks_of_their_own_to_check() -> None:
                 kinds.update("rack" if name.startswith("rack:") else "machine"
                              for name in prefs(gm, owner))
     assert kinds == {"W", "G", "rack", "machine"}
+
+
+def test_jobs_arriving_together_get_the_task_nodes_they_get_arriving_one_by_one() -> None:
+    """A round's arriving jobs are priced and given their task nodes together (one
+    pass for all): each task's arcs are those of its own input and its own shape, as
+    when each job arrives in a round of its own, and as its prices say."""
+    machines = [node(f"m{i}", f"r{i % 3}", cpu=4) for i in range(9)]
+    small = reader("a", (Block(4.0, ("m0", "m4")),), (Block(1.0, ("m1",)), Block(3.0, ("m2",))))
+    big = attrs.evolve(reader("b", (Block(2.0, ("m3", "m5", "m7")),), (Block(5.0, ("m8",)),)),
+                       task_resources=Resources.of(cpu=2, mem=1))
+    third = reader("c", (Block(1.0, ("m6",)),), submitted=NOW - 30)
+    model = quincy(machine_threshold=0.2, rack_threshold=0.2)
+    together, _ = network(cell(machines, [small, big, third]), model)
+    apart = GraphManager(model, FLOW, move_guard=60.0)
+    store = cell(machines, [])
+    assert apart.update(store.read_snapshot(), None, NOW).full
+    for j in (small, big, third):
+        store.submit_job(j)
+        # Only the job changed: an update of its own, not a rebuild.
+        assert not apart.update(store.read_snapshot(), {(KeyKind.JOB, j.id)}, NOW).full
+    assert together.net.canonical() == apart.net.canonical()
+    racks = Racks({m.id: m.rack for m in machines})
+    for j in (small, big, third):
+        for i in range(j.task_count):
+            tc = model.task_costs(j, i, racks)
+            assert tc is not None
+            want = {("M", p.machine) if p.machine else ("R", shape_of(j), p.rack): p.cost
+                    for p in tc.preferences}
+            got = {together.net.arc(s).head: together.net.arc(s).cost
+                   for s in together.net.arcs_of(("W", j.id, i))
+                   if together.net.arc(s).kind == ArcKind.PREFERENCE}
+            assert got == want, (j.id, i)
+            assert want  # every task here prefers somewhere

@@ -4,6 +4,7 @@ inputs and options, and the default that any other model inherits."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -101,3 +102,34 @@ def test_the_default_packs_whatever_task_costs_answers() -> None:
     assert np.array_equal(prices.start, [0, 2, 4, 6])
     empty = TaskPrices.of([])
     assert empty.tasks == [] and empty.start.tolist() == [0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_cases(), min_size=1, max_size=4))
+def test_many_jobs_priced_together_get_each_job_s_own_prices(
+        cases: list[tuple[QuincyCostModel, Racks, Job, list[int]]]) -> None:
+    # One model and layout (the first case's); each job its own input and tasks.
+    model, layout = cases[0][0], cases[0][1]
+    asked = [(attrs.evolve(job, id=f"j{k}"), indices)
+             for k, (_, _, job, indices) in enumerate(cases)]
+    together = model.jobs_task_prices(asked, layout)
+    assert len(together) == len(asked)
+    assert len({id(jp.prices) for jp in together}) == 1  # one pass for all of them
+    for (job, indices), jp in zip(asked, together, strict=True):
+        alone = model.task_prices(job, indices, layout)
+        assert jp.tasks == alone.tasks
+        assert [jp.prices.costs(jp.first + k) for k in range(len(jp.tasks))] == [
+            alone.costs(k) for k in range(len(alone.tasks))]
+        assert model.tasks_unscheduled(job, jp.prices, 3.0)[
+            jp.first:jp.first + len(jp.tasks)].tolist() == model.tasks_unscheduled(
+                job, alone, 3.0).tolist()
+
+
+def test_a_model_that_prices_tasks_its_own_way_is_asked_job_by_job() -> None:
+    layout = Racks({"a": "r0", "b": "r1"})
+    jobs = [(_job([(Block(1.0, ("a",)),)], 1), [0]), (_job([(Block(2.0, ("b",)),)], 1), [0])]
+    got = _Odd().jobs_task_prices(jobs, layout)
+    assert [jp.first for jp in got] == [0, 0]
+    assert got[0].prices is not got[1].prices
+    assert [jp.prices.costs(0) for jp in got] == [_Odd().task_costs(j, 0, layout)
+                                                 for j, _ in jobs]

@@ -96,8 +96,9 @@ class TaskCosts(NamedTuple):
 
 @attrs.define(eq=False)
 class TaskPrices:
-    """Many tasks of one job priced at once (:meth:`CostModel.task_prices`): the
-    tasks priced on their own (``tasks``, in order; the others share the job's node),
+    """Many tasks priced at once (:meth:`CostModel.task_prices`, of one job; or
+    :meth:`CostModel.jobs_task_prices`, of several): the tasks priced on their own
+    (``tasks``, their indexes in their jobs, in order; the others share their job's node),
     and for task ``k`` of them its cluster arc ``cluster[k]`` and its preferences at
     ``start[k]:start[k + 1]`` of the preference arrays: each a machine (an index into
     ``machine_names``) or a rack (into ``rack_names``; the other index -1), with its
@@ -153,6 +154,15 @@ class TaskPrices:
             np.array(start, dtype=np.int64), np.array(mi, dtype=np.int64),
             np.array(ri, dtype=np.int64), np.array(cost, dtype=np.int64),
             list(machines), list(racks))
+
+
+class JobPrices(NamedTuple):
+    """A job's tasks priced on their own (``tasks``) in a :class:`TaskPrices` that
+    may hold other jobs' too: task ``tasks[k]`` is its row ``first + k``."""
+
+    prices: TaskPrices
+    first: int
+    tasks: list[int]
 
 
 class Preference(NamedTuple):
@@ -308,6 +318,18 @@ class CostModel:
         priced = [(i, tc) for i in indices
                   if (tc := self.task_costs(job, i, racks)) is not None]
         return TaskPrices.of(priced)
+
+    def jobs_task_prices(self, asked: Sequence[tuple[Job, Sequence[int]]], racks: Racks
+                         ) -> list[JobPrices]:
+        """:meth:`task_prices` of many jobs (a round's arrivals) at once, one
+        :class:`JobPrices` per job asked; by default job by job. A model may price them
+        all in one :class:`TaskPrices` (Quincy does: one pass of array operations
+        instead of one per job)."""
+        out = []
+        for job, indices in asked:
+            tp = self.task_prices(job, indices, racks)
+            out.append(JobPrices(tp, 0, tp.tasks))
+        return out
 
     def task_unscheduled(self, job: Job, costs: TaskCosts, waited: float) -> int:
         """Cost of leaving a task with its own node waiting (``waited`` seconds so
@@ -572,10 +594,23 @@ class QuincyCostModel(_MovesTasks):
         floats :meth:`_Data.of_blocks` makes), each rack's worst machine and the
         thresholds applied per row, and the preferences ordered as
         :meth:`_task_prices` orders them (most data first, then by name)."""
-        if not _own_methods(self, QuincyCostModel, "task_costs", "_task_data",
-                            "_task_prices", "_price", "_cost"):
+        if not self._arrays_price():
             return super().task_prices(job, indices, racks)
-        own = [i for i in indices if i < len(job.task_input)]
+        return self.jobs_task_prices([(job, indices)], racks)[0].prices
+
+    def _arrays_price(self) -> bool:
+        """Whether this model prices tasks as Quincy's own methods do (a subclass that
+        changes one of them is asked task by task)."""
+        return _own_methods(self, QuincyCostModel, "task_costs", "_task_data",
+                            "_task_prices", "_price", "_cost")
+
+    def jobs_task_prices(self, asked: Sequence[tuple[Job, Sequence[int]]], racks: Racks
+                         ) -> list[JobPrices]:
+        """Every job's tasks in one :class:`TaskPrices`: a task's prices depend on
+        its own blocks and the options only, so many jobs' rows go through the array
+        operations together (a round's 15 jobs of 100 tasks: one pass, not 15)."""
+        if not self._arrays_price():
+            return super().jobs_task_prices(asked, racks)
         ix = racks.index()
         position = ix.position
         task: list[int] = []
@@ -583,24 +618,32 @@ class QuincyCostModel(_MovesTasks):
         machine: list[int] = []
         size: list[float] = []
         totals: list[float] = []
+        tasks: list[int] = []
+        out: list[tuple[int, list[int]]] = []
         nb = 0
-        for k, i in enumerate(own):
-            total = 0.0
-            for b in job.task_input[i]:
-                total += b.size
-                for mid in b.on:
-                    j = position.get(mid)
-                    if j is not None:  # else not in the cell: read from elsewhere
-                        task.append(k)
-                        block.append(nb)
-                        machine.append(j)
-                        size.append(b.size)
-                nb += 1
-            totals.append(total)
-        return _price_rows(self.options, own, np.array(totals, dtype=np.float64),
-                           np.array(task, dtype=np.int64), np.array(block, dtype=np.int64),
-                           np.array(machine, dtype=np.int64),
-                           np.array(size, dtype=np.float64), ix)
+        for job, indices in asked:
+            own = [i for i in indices if i < len(job.task_input)]
+            out.append((len(tasks), own))
+            for i in own:
+                k = len(tasks)
+                tasks.append(i)
+                total = 0.0
+                for b in job.task_input[i]:
+                    total += b.size
+                    for mid in b.on:
+                        j = position.get(mid)
+                        if j is not None:  # else not in the cell: read from elsewhere
+                            task.append(k)
+                            block.append(nb)
+                            machine.append(j)
+                            size.append(b.size)
+                    nb += 1
+                totals.append(total)
+        tp = _price_rows(self.options, tasks, np.array(totals, dtype=np.float64),
+                         np.array(task, dtype=np.int64), np.array(block, dtype=np.int64),
+                         np.array(machine, dtype=np.int64),
+                         np.array(size, dtype=np.float64), ix)
+        return [JobPrices(tp, first, own) for first, own in out]
 
     def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float
                           ) -> npt.NDArray[np.int64]:

@@ -134,6 +134,17 @@ class JobEntry:
     task_nodes: set[int] = attrs.field(factory=set)
 
 
+class _NewNodes(NamedTuple):
+    """Task nodes to add (:meth:`GraphManager._add_task_nodes`): the waiting tasks
+    ``tasks`` of a job, priced at ``rows`` of ``prices``, waited ``waited`` seconds."""
+
+    entry: JobEntry
+    prices: TaskPrices
+    rows: list[int]
+    tasks: list[int]
+    waited: float
+
+
 @attrs.frozen(cache_hash=True)
 class GroupKey:
     """What makes running tasks on one machine interchangeable for the network: the
@@ -533,14 +544,19 @@ class GraphManager:
         w_slot, w_cap, w_cost, w_lower = self._writes
         self.net.write(*(np.array(w, dtype=np.int64) for w in (w_slot, w_cap, w_cost, w_lower)))
         self._writes = ([], [], [], [])
+        # A round's arriving jobs priced, and their task nodes added, all together: one
+        # pass of array operations each, not one per job.
+        self._price_waiting([self.jobs[j] for j in sorted(rearc) if j in self.jobs])
+        fresh: list[_NewNodes] = []
         for jid in sorted(rearc):
-            self._job_arcs(jid, now, jid in full)
+            self._job_arcs(jid, now, jid in full, fresh)
             # Every job whose waiting tasks changed is in rearc: the others keep theirs.
             e = self.jobs.get(jid)
             if e is not None and e.waiting:
                 self._waiting_jobs.add(jid)
             else:
                 self._waiting_jobs.discard(jid)
+        self._add_task_nodes(fresh)
         for jid in self._waiting_jobs:
             if jid not in rearc:
                 e = self.jobs[jid]
@@ -1043,21 +1059,27 @@ class GraphManager:
             self.net.write_costs(np.array(slots, dtype=np.int64),
                                  cost[np.array(rows, dtype=np.int64)])
 
-    def _price_waiting(self, e: JobEntry) -> None:
-        """Prices the job's waiting tasks not priced yet, all at once."""
-        if not e.job.task_input:
+    def _price_waiting(self, entries: list[JobEntry]) -> None:
+        """Prices the jobs' waiting tasks not priced yet, all at once."""
+        asked: list[tuple[JobEntry, list[int]]] = []
+        for e in entries:
+            if e.job.task_input:
+                todo = [i for i in sorted(e.waiting)
+                        if i not in e.costs and i not in e.prices]
+                if todo:
+                    asked.append((e, todo))
+        if not asked:
             return
-        todo = [i for i in sorted(e.waiting) if i not in e.costs and i not in e.prices]
-        if not todo:
-            return
-        tp = self.model.task_prices(e.job, todo, self._layout)
-        for k, i in enumerate(tp.tasks):
-            e.prices[i] = (tp, k)
-        for i in todo:
-            if i not in e.prices:
-                e.costs[i] = None
-        if tp.tasks:
-            self._task_jobs.add(e.job.id)
+        priced = self.model.jobs_task_prices([(e.job, todo) for e, todo in asked],
+                                             self._layout)
+        for (e, todo), (tp, first, tasks) in zip(asked, priced, strict=True):
+            for k, i in enumerate(tasks):
+                e.prices[i] = (tp, first + k)
+            for i in todo:
+                if i not in e.prices:
+                    e.costs[i] = None
+            if tasks:
+                self._task_jobs.add(e.job.id)
 
     @staticmethod
     def _own(e: JobEntry, index: int) -> bool:
@@ -1167,9 +1189,11 @@ class GraphManager:
         self.net.set_arcs(("E", s), [Arc(("E", s), ("R", s, rack), MAX_CAPACITY, 0, 0,
                                           ArcKind.TO_RACK) for rack in sorted(self._rack_set)])
 
-    def _job_arcs(self, jid: str, now: float, reload: bool = True) -> None:
+    def _job_arcs(self, jid: str, now: float, reload: bool, fresh: list[_NewNodes]) -> None:
         """``reload`` False: only the job's waiting tasks changed (nodes of tasks priced
-        on their own are then added and dropped, not made again)."""
+        on their own are then added and dropped, not made again). The job's waiting
+        tasks are priced already (:meth:`_price_waiting`); the nodes of those with
+        none yet go into ``fresh``, for :meth:`_add_task_nodes`."""
         e = self.jobs.get(jid)
         if e is None:
             return
@@ -1181,9 +1205,8 @@ class GraphManager:
         # The job's unscheduled aggregator: every unit of the job may end there.
         self.net.set_arcs(u, [Arc(u, SINK, job.task_count, 0, 0, ArcKind.LEAVE_UNSCHEDULED)])
         waited = max(now - job.submitted_at, 0.0)
-        self._price_waiting(e)
         shared = [i for i in sorted(e.waiting) if not self._own(e, i)]
-        self._task_nodes(e, waited, reload)
+        self._task_nodes(e, waited, reload, fresh)
         k = len(shared)
         w: NodeKey = ("W", jid)
         self.net.set_supply(w, k)
@@ -1213,10 +1236,11 @@ class GraphManager:
             self._pref_in.setdefault(mid, set()).add(jid)
         self.net.set_arcs(w, arcs)
 
-    def _task_nodes(self, e: JobEntry, waited: float, reload: bool) -> None:
+    def _task_nodes(self, e: JobEntry, waited: float, reload: bool,
+                    fresh: list[_NewNodes]) -> None:
         """The nodes of a job's waiting tasks priced on their own: one per task, with
         supply 1, its own preferences, the cluster aggregator and the job's
-        unscheduled aggregator."""
+        unscheduled aggregator (those it has no node for yet: into ``fresh``)."""
         jid, job = e.job.id, e.job
         want = {i for i in e.waiting if self._own(e, i)}
         for i in sorted(e.task_nodes - want):
@@ -1254,43 +1278,79 @@ class GraphManager:
             tp = TaskPrices.of(alone)
             batches[id(tp)] = (tp, list(range(len(alone))), [i for i, _ in alone])
         for tp, rows, tasks in batches.values():
-            self._add_task_nodes(e, tp, np.array(rows, dtype=np.int64), tasks, waited)
+            fresh.append(_NewNodes(e, tp, rows, tasks, waited))
         e.task_nodes = want
 
-    def _add_task_nodes(self, e: JobEntry, tp: TaskPrices, rows: npt.NDArray[np.int64],
-                        tasks: list[int], waited: float) -> None:
-        """New task nodes for ``tasks`` (at ``rows`` of ``tp``), written into the
-        network's arrays at once: per task the unscheduled arc (position 0), the arc
-        to the cluster aggregator, then its preferences to machines its shape could
-        ever fit and to racks of the cell (as :meth:`_preference_targets` keeps)."""
-        jid, job, shape = e.job.id, e.job, e.shape
+    def _add_task_nodes(self, fresh: list[_NewNodes]) -> None:
+        """New task nodes, written into the network's arrays at once (one
+        :meth:`FlowNetwork.add_fans` per :class:`TaskPrices`, whatever the number of
+        jobs in it): per task the unscheduled arc (position 0) to its job's
+        aggregator, the arc to its shape's cluster aggregator, then its preferences to
+        machines its shape could ever fit and to racks of the cell (as
+        :meth:`_preference_targets` keeps)."""
+        by_prices: dict[int, list[_NewNodes]] = {}
+        for part in fresh:
+            by_prices.setdefault(id(part.prices), []).append(part)
+        for parts in by_prices.values():
+            self._add_fans_of(parts)
+
+    def _add_fans_of(self, parts: list[_NewNodes]) -> None:
+        tp = parts[0].prices
+        heads: list[NodeKey] = []
+        shapes: dict[Shape, int] = {}
+        for p in parts:
+            shapes.setdefault(p.entry.shape, len(shapes))
+        order = list(shapes)
+        # Heads 0..: the jobs' unscheduled aggregators, then the shapes' cluster ones.
+        heads.extend(("U", p.entry.job.id) for p in parts)
+        heads.extend(("E", shape) for shape in order)
+        sizes = [len(p.rows) for p in parts]
+        rows = np.array([r for p in parts for r in p.rows], dtype=np.int64)
         n = len(rows)
-        unscheduled = self.model.tasks_unscheduled(job, tp, waited)[rows]
+        u_head = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)
+        e_head = np.repeat(np.array([len(parts) + shapes[p.entry.shape] for p in parts],
+                                    dtype=np.int64), sizes)
+        unscheduled = np.concatenate([
+            self.model.tasks_unscheduled(p.entry.job, tp, p.waited)[np.asarray(p.rows)]
+            for p in parts]) if n else np.zeros(0, dtype=np.int64)
+        shape_id = np.repeat(np.array([shapes[p.entry.shape] for p in parts],
+                                      dtype=np.int64), sizes)
         lens = tp.start[rows + 1] - tp.start[rows]
         before = np.cumsum(lens) - lens
         owner = np.repeat(np.arange(n, dtype=np.int64), lens)
         at = np.arange(len(owner), dtype=np.int64) - np.repeat(before, lens) \
             + np.repeat(tp.start[rows], lens)
         machine, rack, cost = tp.machine[at], tp.rack[at], tp.cost[at]
-        heads: list[NodeKey] = [("U", jid), ("E", shape)]
         head = np.full(len(at), -1, dtype=np.int64)
+        # Machines and racks per (shape, machine) and (shape, rack): whether a shape
+        # could ever run on a machine, and a shape's rack aggregators, are the shape's.
         to_m = np.flatnonzero(machine >= 0)
-        ms, inv = np.unique(machine[to_m], return_inverse=True)
-        names = tp.machine_names
-        could = self._could_many(shape, tp, ms)
-        where = np.full(len(ms), -1, dtype=np.int64)
+        nm = max(len(tp.machine_names), 1)
+        pairs, inv = np.unique(shape_id[owner[to_m]] * nm + machine[to_m],
+                               return_inverse=True)
+        could = np.zeros(len(pairs), dtype=bool)
+        cut = np.searchsorted(pairs, np.arange(len(order) + 1, dtype=np.int64) * nm)
+        for k, shape in enumerate(order):
+            a, b = int(cut[k]), int(cut[k + 1])
+            if a < b:
+                could[a:b] = self._could_many(shape, tp, pairs[a:b] - k * nm)
+        where = np.full(len(pairs), -1, dtype=np.int64)
         where[could] = np.arange(int(could.sum())) + len(heads)
         head[to_m] = where[inv]
-        heads.extend(("M", names[j]) for j in ms[could].tolist())
+        names = tp.machine_names
+        heads.extend(("M", names[j]) for j in (pairs[could] % nm).tolist())
         if self.model.uses_racks:
             to_r = np.flatnonzero(machine < 0)
-            rs, inv = np.unique(rack[to_r], return_inverse=True)
-            ok = [j for j in rs.tolist() if tp.rack_names[j] in self._rack_set]
-            where = np.full(len(rs), -1, dtype=np.int64)
-            where[np.searchsorted(rs, np.array(ok, dtype=np.int64))] = \
-                np.arange(len(ok)) + len(heads)
+            nr = max(len(tp.rack_names), 1)
+            rpairs, inv = np.unique(shape_id[owner[to_r]] * nr + rack[to_r],
+                                    return_inverse=True)
+            ok = np.array([tp.rack_names[j % nr] in self._rack_set for j in rpairs.tolist()],
+                          dtype=bool)
+            where = np.full(len(rpairs), -1, dtype=np.int64)
+            where[ok] = np.arange(int(ok.sum())) + len(heads)
             head[to_r] = where[inv]
-            heads.extend(("R", shape, tp.rack_names[j]) for j in ok)
+            heads.extend(("R", order[j // nr], tp.rack_names[j % nr])
+                         for j in rpairs[ok].tolist())
         keep = np.flatnonzero(head >= 0)
         owner = owner[keep]
         per = 2 + np.bincount(owner, minlength=n)
@@ -1300,15 +1360,15 @@ class GraphManager:
         arc_cost = np.empty(total, dtype=np.int64)
         arc_kind = np.empty(total, dtype=np.int8)
         first = start[:-1]
-        arc_head[first], arc_cost[first], arc_kind[first] = 0, unscheduled, \
+        arc_head[first], arc_cost[first], arc_kind[first] = u_head, unscheduled, \
             ArcKind.UNSCHEDULED
-        arc_head[first + 1], arc_cost[first + 1], arc_kind[first + 1] = 1, \
+        arc_head[first + 1], arc_cost[first + 1], arc_kind[first + 1] = e_head, \
             tp.cluster[rows], ArcKind.TO_CLUSTER
         pos = (start[owner] + 2 + np.arange(len(owner))
                - np.searchsorted(owner, owner))  # owner ascends: each task's rows in order
         arc_head[pos], arc_cost[pos], arc_kind[pos] = head[keep], cost[keep], \
             ArcKind.PREFERENCE
-        owners: list[NodeKey] = [("W", jid, i) for i in tasks]
+        owners: list[NodeKey] = [("W", p.entry.job.id, i) for p in parts for i in p.tasks]
         self.net.add_fans(owners, start, heads, arc_head, np.ones(total, dtype=np.int64),
                           arc_cost, arc_kind, supply=1)
 
