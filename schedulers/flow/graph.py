@@ -272,7 +272,9 @@ class MachineEntry:
         outside the network (capacity less ``avail``) and the re-offered ones."""
         avail, outside = self.outside_of
         if avail is not self.avail or outside is None:
-            outside = self.machine.capacity - self.avail
+            # Most machines hold nothing outside the network: no subtraction then.
+            cap = self.machine.capacity
+            outside = _NOTHING if self.avail == cap else cap - self.avail
             self.outside_of = (self.avail, outside)
         counts = self._by_shape()
         a = outside.amounts
@@ -295,6 +297,9 @@ class MachineEntry:
             for dim, amount in r.amounts:
                 amounts[dim] = amounts.get(dim, 0.0) + amount * n
         return Resources(tuple(sorted((d, a) for d, a in amounts.items() if abs(a) > 1e-9)))
+
+
+_NOTHING = Resources()
 
 
 def _same_record(a: Machine, b: Machine) -> bool:
