@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -147,16 +147,13 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
     # In the order units reached their machine: by the delivering arc's layer and
     # index, one arc's units in the order they left the aggregator (a stable sort).
     final = np.lexsort((order, layer))
-    names: dict[int, Any] = {}
-    out: list[Arrival] = []
-    for s_i, m_i in zip(src[final].tolist(), at[final].tolist(), strict=True):
-        skey = names.get(s_i)
-        if skey is None:
-            skey = names[s_i] = key(s_i)
-        mkey = names.get(m_i)
-        if mkey is None:
-            mkey = names[m_i] = key(m_i)
-        out.append(Arrival(skey, str(mkey[1])))
+    srcs, ats = src[final].tolist(), at[final].tolist()
+    sources = {i: key(i) for i in set(srcs)}
+    machines = {i: str(key(i)[1]) for i in set(ats)}
+    # tuple.__new__: what Arrival(...) does, without a Python call per unit.
+    new = tuple.__new__
+    out = [new(Arrival, (sources[s_i], machines[m_i]))
+           for s_i, m_i in zip(srcs, ats, strict=True)]
     return out, unscheduled, preempted
 
 
