@@ -84,3 +84,53 @@ def test_the_ahead_of_time_compile_solves_with_every_algorithm_and_they_agree(
 
     aot.main()
     assert "solver kernels compiled and cached" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_add_fans_gives_the_slots_indexes_and_stamps_set_arcs_gives(seed: int) -> None:
+    """A round's task nodes added at once (``FlowNetwork.add_fans``, into heads that
+    exist) make the network, node indexes, slots and change stamps that ``set_arcs``
+    and ``set_supply`` make owner after owner, also where freed node indexes and slots
+    are reused."""
+    rng = random.Random(seed)
+    nets = [FlowNetwork(), FlowNetwork()]
+    machines = [("M", f"m{i}") for i in range(6)]
+    heads = [("U", "j"), *machines]
+    for fn in nets:  # the heads exist (aggregators and machines), as add_fans asks
+        for h in heads:
+            fn.set_arcs(h, [Arc(h, ("S",), 9, 0, 0, ArcKind.TO_SINK)])
+    history = [(("T", f"old{t}"), rng.sample(machines, 2)) for t in range(rng.randint(2, 8))]
+    gone = {o for o, _ in history if rng.random() < 0.5} | {history[0][0], history[1][0]}
+    for fn in nets:  # the same history: nodes made, then some dropped
+        for owner, held in history:
+            fn.set_arcs(owner, [Arc(owner, h, 1, 3, 0, ArcKind.PREFERENCE) for h in held])
+            fn.set_supply(owner, 1)
+        for owner in sorted(gone):
+            fn.drop(owner)
+            fn.set_supply(owner, 0)
+    owners = [("T", f"new{t}") for t in range(rng.randint(1, 7))]
+    versions = [fn.arrays(compact=False).version for fn in nets]
+    fans = [[(rng.randrange(len(heads)), rng.randint(0, 5)) for _ in range(rng.randint(1, 4))]
+            for _ in owners]
+    start = np.array([0, *np.cumsum([len(f) for f in fans])], dtype=np.int64)
+    flat = [a for f in fans for a in f]
+    nets[0].add_fans(owners, start, heads, np.array([h for h, _ in flat], dtype=np.int64),
+                     np.ones(len(flat), dtype=np.int64),
+                     np.array([c for _, c in flat], dtype=np.int64),
+                     np.full(len(flat), ArcKind.PREFERENCE, dtype=np.int8), supply=1)
+    for owner, fan in zip(owners, fans, strict=True):
+        nets[1].set_arcs(owner, [Arc(owner, heads[h], 1, c, 0, ArcKind.PREFERENCE)
+                                 for h, c in fan])
+        nets[1].set_supply(owner, 1)
+    a, b = (fn.arrays(compact=False) for fn in nets)
+    for field in ("supply", "tail", "head", "capacity", "cost", "kind"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert a.nodes == b.nodes
+    # Stamps: the same slots changed, the same nodes born, since before the adding
+    # (add_fans stamps them with one version, set_arcs with one per owner).
+    assert a.arc_version is not None and b.arc_version is not None
+    assert a.node_born is not None and b.node_born is not None
+    assert np.array_equal(a.arc_version > versions[0], b.arc_version > versions[1])
+    assert np.array_equal(a.node_born > versions[0], b.node_born > versions[1])
+    assert [nets[0].node_index(o) for o in owners] == [nets[1].node_index(o) for o in owners]
+    assert nets[0].canonical() == nets[1].canonical()

@@ -24,6 +24,7 @@ the whole network.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
@@ -127,6 +128,33 @@ class FlowNetwork:
             self._born[i] = self._version
         self._node_refs[i] += 1
         return i
+
+    def _new_nodes(self, keys: Sequence[NodeKey], refs: list[int]) -> list[int]:
+        """Indexes for ``keys``, none of them a node yet, each with ``refs`` references:
+        the indexes and stamps :meth:`_ref` gives them one after another, in bulk."""
+        k = len(keys)
+        free = self._free_nodes
+        r = min(k, len(free))
+        got = free[len(free) - r:]
+        got.reverse()  # _ref pops from the end
+        del free[len(free) - r:]
+        node_keys, node_refs = self._node_keys, self._node_refs
+        for i, key, c in zip(got, keys[:r], refs[:r], strict=True):
+            node_keys[i] = key
+            node_refs[i] = c
+        base = len(node_keys)
+        got.extend(range(base, base + k - r))
+        node_keys.extend(keys[r:])
+        node_refs.extend(refs[r:])
+        while len(self._supply) < len(node_keys):
+            self._supply = np.concatenate([self._supply, np.zeros_like(self._supply)])
+            self._born = np.concatenate([self._born, np.zeros_like(self._born)])
+        at = np.array(got, dtype=np.int64)
+        self._supply[at] = 0
+        self._born[at] = np.arange(self._version + 1, self._version + k + 1, dtype=np.int64)
+        self._version += k
+        self._node_index.update(zip(keys, got, strict=True))
+        return got
 
     def _unref(self, i: int) -> None:
         self._node_refs[i] -= 1
@@ -250,20 +278,30 @@ class FlowNetwork:
         nodes: list[int] = []
         bare: list[Owner] = []  # no arcs: its supply the slow way
         supplies = self._supplies
-        for k, owner in enumerate(owners):
-            a, b = ends[k], ends[k + 1]
-            if a == b:
-                bare.append(owner)
-                nodes.append(-1)
-                continue
-            t = ref(owner)
-            refs[t] += b - a - 1
-            nodes.append(t)
-            owned[owner] = taken[a:b]
-            # Its structure is read back from the arrays if it is ever set again.
+        counts_of = np.diff(start).tolist()
+        if all(counts_of) and self._node_index.keys().isdisjoint(owners):
+            # The usual case (a round's new task nodes, each with arcs, none a node
+            # yet): their indexes given in bulk, as _ref would give them one by one.
+            plus = 1 if supply else 0
+            nodes = self._new_nodes(owners, [c + plus for c in counts_of])
+            owned.update(zip(owners, [taken[a:b] for a, b in pairwise(ends)], strict=True))
             if supply:
-                refs[t] += 1
-                supplies[owner] = supply
+                supplies.update(dict.fromkeys(owners, supply))
+        else:
+            for k, owner in enumerate(owners):
+                a, b = ends[k], ends[k + 1]
+                if a == b:
+                    bare.append(owner)
+                    nodes.append(-1)
+                    continue
+                t = ref(owner)
+                refs[t] += b - a - 1
+                nodes.append(t)
+                owned[owner] = taken[a:b]
+                # Its structure is read back from the arrays if it is ever set again.
+                if supply:
+                    refs[t] += 1
+                    supplies[owner] = supply
         tails = np.repeat(np.array(nodes, dtype=np.int64), np.diff(start))
         if supply:
             with_arcs = [t for t in nodes if t >= 0]
