@@ -45,6 +45,53 @@ NSTATS = 7
 
 _CHECK = 4095  # look at the abort flag every 4,096 arcs
 _LOOK = 64  # relaxation looks ahead from joining nodes of at most this degree
+_WIDE = 256  # nodes of more half-arcs skip their in-arcs while none carries flow
+
+
+# -- in-arcs without flow ---------------------------------------------------------------
+# An aggregator's half-arcs are mostly backward ones (the cluster aggregator X has one
+# in-arc per task, ~150,000, and 300 out-arcs), and a backward half-arc is residual
+# only while its arc carries flow: in a full cluster none of X's does (tasks go to
+# their preferred machines or to their job's unscheduled aggregator). So every scan
+# of such a node's adjacency that wants residual half-arcs (a relaxation tree, a
+# price rise, a relabel, a Dijkstra) stops after its forward half-arcs while the node
+# has no in-arc with flow. ``flows[v]`` counts v's in-arcs with flow (-1: not
+# counted yet; counted on the first scan that needs it, then kept up to date where
+# the kernel moves flow), ``back[v]`` is where v's backward half-arcs begin.
+
+
+@njit(cache=True, nogil=True)
+def _reach(u, start, adj, x, flows, back):  # type: ignore[no-untyped-def]
+    """The end of u's half-arcs that can be residual (see above)."""
+    end = start[u + 1]
+    if end - start[u] <= _WIDE:
+        return end
+    c = flows[u]
+    if c < 0:
+        lo = start[u]  # the first backward half-arc: forward ones are listed first
+        hi = end
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if adj[mid] & 1 == 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        back[u] = lo
+        c = 0
+        for k in range(lo, end):
+            if x[adj[k] >> 1] > 0:
+                c += 1
+        flows[u] = c
+    return back[u] if c == 0 else end
+
+
+@njit(cache=True, nogil=True)
+def _moved(a, before, after, head, flows):  # type: ignore[no-untyped-def]
+    """Keep ``flows`` counted after arc a's flow went from ``before`` to ``after``."""
+    if (before == 0) != (after == 0):
+        v = head[a]
+        if flows[v] >= 0:
+            flows[v] += 1 if after > 0 else -1
 
 
 @njit(cache=True, nogil=True)
@@ -477,7 +524,7 @@ def max_violation(tail, head, cap, cost, x, p, scale):  # type: ignore[no-untype
 
 
 @njit(cache=True, nogil=True)
-def _augment(s, w, pred, tail, head, cap, x, e):  # type: ignore[no-untyped-def]
+def _augment(s, w, pred, tail, head, cap, x, e, flows):  # type: ignore[no-untyped-def]
     """Send min(e[s], -e[w], path residual) along the tree path s -> w."""
     d = min(e[s], -e[w])
     v = w
@@ -494,12 +541,14 @@ def _augment(s, w, pred, tail, head, cap, x, e):  # type: ignore[no-untyped-def]
     while v != s:
         h = pred[v]
         a = h >> 1
+        before = x[a]
         if h & 1 == 0:
             x[a] += d
             v = tail[a]
         else:
             x[a] -= d
             v = head[a]
+        _moved(a, before, x[a], head, flows)
     e[s] -= d
     e[w] += d
 
@@ -538,9 +587,12 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     stack = ws[4 * n:5 * n]
     queue = ws[5 * n:6 * n]
     inq = ws[6 * n:7 * n]
+    flows = ws[7 * n:8 * n]
+    back = ws[8 * n:9 * n]
     mark[:] = 0
     pred[:] = -1
     inq[:] = 0
+    flows[:] = -1
     qh = 0
     qn = 0
     for v in range(n):
@@ -589,7 +641,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                 u = stack[top - 1]
                 found = -1
                 k = cur[u]
-                end = start[u + 1]
+                end = _reach(u, start, adj, x, flows, back)
                 while k < end:
                     h = adj[k]
                     k += 1
@@ -647,8 +699,14 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                     if abort[0] != 0:
                         stats[ST_OPS] = ops
                         return ABORTED
+                    if ops > budget:
+                        # Past the budget inside a tree: drop the tree (nothing has
+                        # changed yet), so one tree spanning a full cluster cannot
+                        # overrun the budget many times over.
+                        stats[ST_OPS] = ops
+                        return BUDGET
             if target >= 0:
-                _augment(s, target, pred, tail, head, cap, x, e)
+                _augment(s, target, pred, tail, head, cap, x, e, flows)
                 stats[ST_AUGMENT] += 1
             else:
                 # S cannot grow: raise its prices by the smallest positive reduced cost
@@ -656,7 +714,8 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                 delta = INF
                 for i in range(size):
                     u = tree[i]
-                    for k in range(start[u], start[u + 1]):
+                    end = _reach(u, start, adj, x, flows, back)
+                    for k in range(start[u], end):
                         h = adj[k]
                         a = h >> 1
                         if h & 1 == 0:
@@ -671,7 +730,7 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                             rc = c - pi[u] + pi[w]
                             if rc < delta:
                                 delta = rc
-                    ops += start[u + 1] - start[u]
+                    ops += end - start[u]
                 if delta == INF:
                     stats[ST_OPS] = ops
                     return INFEASIBLE
@@ -1045,17 +1104,52 @@ def cost_scaling(n, start, adj, tail, head, cap, cost, x, e, p,  # type: ignore[
 
 @njit(cache=True, nogil=True)
 def exact_prices(n, start, adj, tail, head, cap, cost, x, pi, limit):  # type: ignore[no-untyped-def]
-    """Price refine: lower prices until every residual half-arc has reduced cost
-    >= 0, by label correcting (no negative cycle exists when the flow is optimal).
-    Turns cost scaling's ε-optimal prices (divided by the scale) into prices that
-    satisfy reduced-cost optimality exactly, as relaxation and the next warm start
-    need. Returns False if ``limit`` node scans did not settle it."""
+    """Price refine: move prices until every residual half-arc has reduced cost >= 0,
+    by label correcting (no negative cycle exists when the flow is optimal). Turns
+    cost scaling's ε-optimal prices (divided by the scale) into prices that satisfy
+    reduced-cost optimality exactly, as relaxation and the next warm start need.
+
+    A violated half-arc u -> w can be mended by lowering u or by raising w, and the
+    two can differ by orders of magnitude: after a round that cost scaling finished
+    for relaxation (a large job arriving on a full cluster), its global updates have
+    raised nearly every price by about the same amount, and lowering the tails of the
+    few hundred violated half-arcs spreads back over ~126,000 nodes (3.6 M arcs looked
+    at), where raising their heads stops after ~200 nodes. So prices are raised first
+    (forward label correcting from the violated half-arcs' heads), within ``n + 1``
+    node scans; if that does not settle, they are put back and lowered (backward from
+    the tails), within ``limit`` node scans. Returns False if that did not settle."""
     queue = np.empty(n, dtype=np.int64)
-    inq = np.ones(n, dtype=np.bool_)
-    for v in range(n):
-        queue[v] = v
+    inq = np.zeros(n, dtype=np.bool_)
+    flows = np.full(n, -1, dtype=np.int64)
+    back = np.empty(n, dtype=np.int64)
+    keep = pi.copy()
+    if _refine(n, start, adj, tail, head, cap, cost, x, pi, n + 1, True, queue, inq,
+               flows, back):
+        return True
+    pi[:] = keep
+    inq[:] = False
+    return _refine(n, start, adj, tail, head, cap, cost, x, pi, limit, False, queue, inq,
+                   flows, back)
+
+
+@njit(cache=True, nogil=True)
+def _refine(n, start, adj, tail, head, cap, cost, x, pi, limit,  # type: ignore[no-untyped-def]
+            up, queue, inq, flows, back):
+    """``exact_prices`` in one direction: ``up`` raises heads, else lowers tails.
+    ``inq`` is all False on entry; ``flows`` (-1) and ``back`` serve ``_reach``."""
+    qn = 0
+    for a in range(tail.shape[0]):
+        r = cost[a] - pi[tail[a]] + pi[head[a]]
+        v = -1
+        if r < 0 and x[a] < cap[a]:
+            v = head[a] if up else tail[a]
+        elif r > 0 and x[a] > 0:
+            v = tail[a] if up else head[a]
+        if v >= 0 and not inq[v]:
+            queue[qn] = v
+            qn += 1
+            inq[v] = True
     qh = 0
-    qn = n
     scans = 0
     while qn > 0:
         scans += 1
@@ -1065,21 +1159,52 @@ def exact_prices(n, start, adj, tail, head, cap, cost, x, pi, limit):  # type: i
         qh = (qh + 1) % n
         qn -= 1
         inq[v] = False
-        best = pi[v]
-        for k in range(start[v], start[v + 1]):
-            h = adj[k]
-            a = h >> 1
-            if h & 1 == 0:
-                if x[a] < cap[a]:
-                    best = min(best, cost[a] + pi[head[a]])
-            elif x[a] > 0:
-                best = min(best, -cost[a] + pi[tail[a]])
-        if best < pi[v]:
-            pi[v] = best
+        if up:
+            # The least price that every residual half-arc into v allows.
+            best = pi[v]
             for k in range(start[v], start[v + 1]):
                 h = adj[k]
                 a = h >> 1
-                # The reverse of half-arc h goes into v.
+                if h & 1 == 0:
+                    if x[a] > 0:
+                        best = max(best, pi[head[a]] + cost[a])
+                elif x[a] < cap[a]:
+                    best = max(best, pi[tail[a]] - cost[a])
+            if best == pi[v]:
+                continue
+            pi[v] = best
+            # Residual half-arcs out of v may be violated now.
+            for k in range(start[v], _reach(v, start, adj, x, flows, back)):
+                h = adj[k]
+                a = h >> 1
+                if h & 1 == 0:
+                    u = head[a]
+                    ok = x[a] < cap[a] and cost[a] - pi[v] + pi[u] < 0
+                else:
+                    u = tail[a]
+                    ok = x[a] > 0 and -cost[a] - pi[v] + pi[u] < 0
+                if ok and not inq[u]:
+                    queue[(qh + qn) % n] = u
+                    qn += 1
+                    inq[u] = True
+        else:
+            # The greatest price that every residual half-arc out of v allows.
+            best = pi[v]
+            for k in range(start[v], _reach(v, start, adj, x, flows, back)):
+                h = adj[k]
+                a = h >> 1
+                if h & 1 == 0:
+                    if x[a] < cap[a]:
+                        best = min(best, cost[a] + pi[head[a]])
+                elif x[a] > 0:
+                    best = min(best, -cost[a] + pi[tail[a]])
+            if best == pi[v]:
+                continue
+            pi[v] = best
+            # Residual half-arcs into v may be violated now.
+            for k in range(start[v], start[v + 1]):
+                h = adj[k]
+                a = h >> 1
                 if h & 1 == 0:
                     u = head[a]
                     ok = x[a] > 0 and -cost[a] - pi[u] + pi[v] < 0
