@@ -436,9 +436,11 @@ class FullCell:
     running tasks keep a continuation arc to their machine. Tasks end and arrive
     round after round, slots and node indexes reused as FlowNetwork reuses them."""
 
-    def __init__(self, rng: np.random.Generator, machines: int, slots: int) -> None:
+    def __init__(self, rng: np.random.Generator, machines: int, slots: int,
+                 x_cost: int = 25) -> None:
         self.rng = rng
         self.machines, self.slots = machines, slots
+        self.x_cost = x_cost
         self.sink, self.x, self.u = 0, 1, 2  # one unscheduled aggregator
         self.first = 3 + machines  # task nodes from here
         self.tasks: dict[int, tuple[int, int, int]] = {}  # node: (wait, pref, machine)
@@ -479,7 +481,7 @@ class FullCell:
         for v, (wait, pref, machine) in sorted(self.tasks.items()):
             supply[v] = 1
             arcs.append((v, self.u, 1, wait))
-            arcs.append((v, self.x, 1, 25))
+            arcs.append((v, self.x, 1, self.x_cost))
             arcs.append((v, 3 + pref, 1, 5))
             if machine >= 0:
                 arcs.append((v, 3 + machine, 1, 0))
@@ -542,3 +544,59 @@ def test_auto_hands_a_warm_round_over_past_its_warm_budget() -> None:
         cell.advance(want.flow, net)
         cell.arrive(15)
     assert handed == [False, True, True]
+
+
+@pytest.mark.parametrize(("seed", "x_cost"), [(5, 25), (6, 25), (7, 70)])
+def test_wide_aggregators_resolved_warm_match_ortools(seed: int, x_cost: int) -> None:
+    """X and U with more half-arcs than ``kernels._WIDE``, so scans skip their in-arcs
+    while none carries flow (kernels: in-arcs without flow), and count them as flow
+    comes and goes: through X when it is cheap (25), never when waiting is cheaper
+    (70). Every algorithm matches OR-Tools round after round, and relaxation hands
+    over to cost scaling in some (the relabels and the price refine see them too)."""
+    from schedulers.flow.mcf import kernels as K
+
+    cell = FullCell(np.random.default_rng(seed), machines=40, slots=4, x_cost=x_cost)
+    cell.arrive(300)
+    solvers = {a: FirmamentSolver(a) for a in ALGORITHMS}
+    stingy = FirmamentSolver("auto", warm_budget=0.0)  # every warm round handed over
+    for _ in range(5):
+        net = cell.arrays()
+        assert min(int((net.head == v).sum()) for v in (cell.x, cell.u)) > K._WIDE
+        want = OrToolsSolver().solve(net)
+        for a, s in [*solvers.items(), ("stingy", stingy)]:
+            got = s.solve(net)
+            check_flow(net, got)
+            assert got.cost == want.cost, (a, s.last)
+        cell.advance(want.flow, net)
+        cell.arrive(int(cell.rng.integers(20, 80)))
+    assert stingy.last is not None and stingy.last.fallback
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), up=st.booleans())
+def test_price_refine_makes_any_prices_exact_for_an_optimal_flow(seed: int, nodes: int,
+                                                                 up: bool) -> None:
+    """``exact_prices`` from random prices (cost scaling's are ε-optimal, these are
+    worse) for an optimal flow: both of its directions (``up_limit`` 0 skips raising)
+    end with every residual half-arc of reduced cost >= 0."""
+    from schedulers.flow.mcf import kernels as K
+
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes).arrays()
+    try:
+        flow = OrToolsSolver().solve(net).flow
+    except SolveError:
+        return
+    n, m = net.nodes, len(net.tail)
+    tail, head, cost = net.tail, net.head, net.cost
+    cap = net.capacity - net.lower
+    x = flow - net.lower
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    pi = rng.integers(-100, 100, n).astype(np.int64)
+    assert K.exact_prices(n, start, adj, tail, head, cap, cost, x, pi, 50 * (n + 1),
+                          n + 1 if up else 0)
+    rc = cost - pi[tail] + pi[head]
+    assert (rc[x < cap] >= 0).all() and (rc[x > 0] <= 0).all()

@@ -272,7 +272,9 @@ class FirmamentSolver:
             if not cs_ok:
                 raise SolveError(self._range_message(n, cmax))
             cs_run = _Run(x, e, pi)
-            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64))
+            # The set-up made the start reduced-cost optimal (``optimal``).
+            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64),
+                               optimal=optimal)
             winner = cs_run
         elif algorithm == "relax":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
@@ -383,13 +385,15 @@ class FirmamentSolver:
 
     def _cost_scaling(self, g: _Graph, run: _Run, warm: bool, budget: int,
                       abort: I64, optimal: bool = False) -> None:
-        """``optimal``: the flow is reduced-cost optimal already (relaxation's state),
-        so its violation is 0 without a pass over the arcs to find it."""
+        """``optimal``: the flow is reduced-cost optimal for ``run.pi`` already
+        (relaxation's state, or the set-up's), so its violation is 0 without a pass
+        over the arcs to find it, and the first refine has nothing to saturate."""
         t0 = time.thread_time()
         scale = g.n + 1
         limit = _RANGE // (4 * scale)
         if int(np.abs(run.pi).max(initial=0)) > limit:
             run.pi[:] = 0  # stale prices too far apart to scale: start from zero
+            optimal = False
         p = run.pi * scale
         cmax = int(np.abs(g.cost).max(initial=0))
         eps = max(1, cmax * scale // self.alpha)
@@ -403,14 +407,15 @@ class FirmamentSolver:
         run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                     run.x, run.e, p, scale, eps, self.alpha, budget,
                                     abort, run.stats,
-                                    int(self.global_update * (g.n + len(g.tail))))
+                                    int(self.global_update * (g.n + len(g.tail))),
+                                    optimal)
         if run.status == K.INFEASIBLE:
             run.error = "cost scaling: a node's price passed the feasibility bound"
         if run.status == K.DONE:
             # Price refine: ε-optimal scaled prices -> exact reduced-cost optimality.
             run.pi = p // scale
             if not K.exact_prices(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
-                                  run.x, run.pi, 50 * (g.n + 1)):
+                                  run.x, run.pi, 50 * (g.n + 1), g.n + 1):
                 run.pi[:] = 0  # not settled: the next warm start uses zero prices
                 run.exact = False
         run.cpu += time.thread_time() - t0
