@@ -600,3 +600,41 @@ def test_price_refine_makes_any_prices_exact_for_an_optimal_flow(seed: int, node
                           n + 1 if up else 0)
     rc = cost - pi[tail] + pi[head]
     assert (rc[x < cap] >= 0).all() and (rc[x > 0] <= 0).all()
+
+
+def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
+    """The budget binds inside a tree too: the one unit of a long chain of balanced
+    arcs needs a tree of ~9,000 arc scans, so with no budget relaxation drops it
+    unchanged (the kernel: BUDGET, flow and prices as they were) and cost scaling
+    routes the unit (the solver: handed over with no augmentation or rise)."""
+    from schedulers.flow.mcf import kernels as K
+
+    length = 3000
+    tail = np.arange(length, dtype=np.int64)
+    head = tail + 1
+    m, n = length, length + 1
+    supply = np.zeros(n, dtype=np.int64)
+    supply[0], supply[length] = 1, -1
+    net = Arrays(n, supply, tail, head, np.zeros(m, dtype=np.int64),
+                 np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                 np.zeros(m, dtype=np.int8), np.arange(m, dtype=np.int64))
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    for budget, status in ((0, K.BUDGET), (10 * (n + m), K.DONE)):
+        x, e, pi = np.zeros(m, dtype=np.int64), supply.copy(), np.zeros(n, dtype=np.int64)
+        stats = np.zeros(K.NSTATS, dtype=np.int64)
+        got = K.relax(n, start, adj, tail, head, net.capacity, net.cost, x, e, pi, budget,
+                      np.zeros(1, dtype=np.int64), stats, 2**62, 2**62,
+                      np.empty(9 * n, dtype=np.int64))
+        assert got == status
+        assert x.sum() == (0 if status == K.BUDGET else m)
+        assert not pi.any() and stats[K.ST_RISE] == 0
+    solver = FirmamentSolver("auto", relax_budget=0.0)
+    sol = solver.solve(net)
+    check_flow(net, sol)
+    assert sol.cost == 0 and sol.flow.sum() == m
+    last = solver.last
+    assert last is not None and last.fallback
+    assert last.augmentations == 0 and last.price_rises == 0

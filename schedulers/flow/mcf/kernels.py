@@ -578,7 +578,10 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     before each (small) rise, and relaxation needs thousands of them (Fig. 8). So
     besides the work ``budget`` it stops (``BUDGET``) after ``max_big`` trees (ending
     in an augmentation or a rise) that cost at least ``big`` arc scans each, for cost
-    scaling to carry on.
+    scaling to carry on. The budget is looked at inside a tree as well (a tree that
+    passes it is dropped, nothing having changed): one tree of a 3,000-task job on a
+    90%-full cell cost 1.7 M arc scans, more than the whole budget, for one rise.
+    ``ws`` (9n) is scratch.
     """
     mark = ws[0:n]
     pred = ws[n:2 * n]

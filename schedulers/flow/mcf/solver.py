@@ -39,19 +39,29 @@ How the two are combined (``algorithm``):
   (nodes + arcs) arc scans (``warm_budget``, 1, on a warm start: a usual warm round
   needs under a fifth of one, and a contended one spends all of it before cost
   scaling finishes in a few passes' time: at 4, a 90%-full round of 1.1 M arcs
-  spent 106-110 ms in relaxation before handing over, at 1 37-43 ms), and (warm)
+  spent 106-110 ms in relaxation before handing over, at 1 37-43 ms; the budget
+  is checked inside a tree too, which is then dropped: one tree of a large job on a
+  full cluster cost 1.7 M arc scans past it), and (warm)
   of ``big_trees`` trees that each cost over ``big_tree`` times (nodes + arcs);
   past either, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
-  start like any other). This avoids relaxation's bad cases (contention: §4.3,
-  Fig. 8-9: in a full cluster every new task's tree spans the network before each
-  small price rise) without paying for a second thread every round.
+  start like any other: its first refine has nothing to saturate). This avoids
+  relaxation's bad cases (contention: §4.3, Fig. 8-9: in a full cluster every new
+  task's tree spans the network before each small price rise) without paying for
+  a second thread every round.
 * ``"relax"``, ``"cost-scaling"``: one algorithm only.
 
 The warm state is the winner's: relaxation's prices satisfy reduced-cost
 optimality; cost scaling's are ε-optimal in scaled costs, so they are divided by
-the scale and lowered by label correcting until they satisfy it exactly ("price
-refine", §6.3), so the next warm start is valid for either algorithm.
+the scale and moved by label correcting until they satisfy it exactly ("price
+refine", §6.3; ``kernels.exact_prices``: the heads of violated arcs raised first,
+which after a large job's round touches ~200 nodes where lowering the tails
+touched ~126,000), so the next warm start is valid for either algorithm.
+
+Aggregators (the cluster aggregator X has an in-arc per task) would make every
+scan of their adjacency cost a pass over the tasks; but an in-arc is residual
+backwards only while it carries flow, and X's carry none in a full cluster, so the
+kernels skip a wide node's in-arcs while none of them carries flow (``_reach``).
 
 Integer range: cost scaling multiplies costs by n+1 and its prices grow to about
 n (n+1) max|cost|. It refuses (``SolveError``) when 4 (n+1)^2 max|cost| passes
