@@ -404,10 +404,11 @@ def test_global_update_keeps_eps_optimality_and_opens_a_path(seed: int, nodes: i
     for v, lst in enumerate(forward_star(n, tail, head)):
         start[v + 1] = start[v] + len(lst)
         adj[start[v]:start[v + 1]] = lst
-    dist, bnext, bprev = (np.empty(n, dtype=np.int64) for _ in range(3))
+    dist, state = (np.empty(n, dtype=np.int64) for _ in range(2))
     width = int(rng.integers(1, n + 2))  # Dijkstra's window of buckets
+    entries = int(rng.integers(n + 1, 3 * n + 2))  # few: buckets rebuilt when out
     ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e, p, 1, eps, 2**60,
-                          dist, bnext, bprev, np.empty(width, dtype=np.int64))
+                          dist, state, np.empty(width, dtype=np.int64), entries)
     if ops < 0:  # an excess with no residual path to a deficit: OR-Tools agrees
         with pytest.raises(SolveError):
             OrToolsSolver().solve(net)
@@ -638,3 +639,56 @@ def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
     last = solver.last
     assert last is not None and last.fallback
     assert last.augmentations == 0 and last.price_rises == 0
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_global_update_prices_are_the_distances_with_few_bucket_entries(seed: int) -> None:
+    """The update's prices are p + min(dist, D) ε (dist: each node's distance to a
+    deficit over residual half-arcs of length floor(rc / ε) + 1, D: the farthest
+    excess), checked against a plain Dijkstra, with n + 1 bucket entries (they run
+    out and the buckets are rebuilt several times on this cell) and with plenty."""
+    import heapq
+
+    from schedulers.flow.mcf import kernels as K
+
+    cell = FullCell(np.random.default_rng(seed), machines=40, slots=4)
+    cell.arrive(300)
+    net = cell.arrays()
+    n, m = net.nodes, len(net.tail)
+    tail, head, cap, cost = net.tail, net.head, net.capacity, net.cost
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    rng = np.random.default_rng(seed)
+    x = np.zeros(m, dtype=np.int64)
+    e = net.supply[:n].copy()
+    p0 = rng.integers(-50, 50, n).astype(np.int64)
+    eps = 3
+    into: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # v: (u, length u -> v)
+    for a in range(m):
+        t, h = int(tail[a]), int(head[a])
+        if x[a] < cap[a]:
+            into[h].append((t, max(0, (int(cost[a]) - int(p0[t]) + int(p0[h])) // eps + 1)))
+        if x[a] > 0:
+            into[t].append((h, max(0, (-int(cost[a]) - int(p0[h]) + int(p0[t])) // eps + 1)))
+    dist = [2**62] * n
+    heap = [(0, v) for v in range(n) if e[v] < 0]
+    for _, v in heap:
+        dist[v] = 0
+    while heap:
+        d, v = heapq.heappop(heap)
+        if d == dist[v]:
+            for u, ln in into[v]:
+                if d + ln < dist[u]:
+                    dist[u] = d + ln
+                    heapq.heappush(heap, (d + ln, u))
+    top = max(dist[v] for v in range(n) if e[v] > 0)
+    want = p0 + np.minimum(np.array(dist, dtype=np.int64), top) * eps
+    for entries in (n + 1, 3 * n + 1):
+        p = p0.copy()
+        ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e.copy(), p, 1, eps,
+                              2**60, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+                              np.empty(n + 1, dtype=np.int64), entries)
+        assert ops > 0
+        assert np.array_equal(p, want)
