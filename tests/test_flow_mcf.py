@@ -404,10 +404,11 @@ def test_global_update_keeps_eps_optimality_and_opens_a_path(seed: int, nodes: i
     for v, lst in enumerate(forward_star(n, tail, head)):
         start[v + 1] = start[v] + len(lst)
         adj[start[v]:start[v + 1]] = lst
-    dist, bnext, bprev = (np.empty(n, dtype=np.int64) for _ in range(3))
+    dist, state = (np.empty(n, dtype=np.int64) for _ in range(2))
     width = int(rng.integers(1, n + 2))  # Dijkstra's window of buckets
+    entries = int(rng.integers(n + 1, 3 * n + 2))  # few: buckets rebuilt when out
     ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e, p, 1, eps, 2**60,
-                          dist, bnext, bprev, np.empty(width, dtype=np.int64))
+                          dist, state, np.empty(width, dtype=np.int64), entries)
     if ops < 0:  # an excess with no residual path to a deficit: OR-Tools agrees
         with pytest.raises(SolveError):
             OrToolsSolver().solve(net)
@@ -436,9 +437,11 @@ class FullCell:
     running tasks keep a continuation arc to their machine. Tasks end and arrive
     round after round, slots and node indexes reused as FlowNetwork reuses them."""
 
-    def __init__(self, rng: np.random.Generator, machines: int, slots: int) -> None:
+    def __init__(self, rng: np.random.Generator, machines: int, slots: int,
+                 x_cost: int = 25) -> None:
         self.rng = rng
         self.machines, self.slots = machines, slots
+        self.x_cost = x_cost
         self.sink, self.x, self.u = 0, 1, 2  # one unscheduled aggregator
         self.first = 3 + machines  # task nodes from here
         self.tasks: dict[int, tuple[int, int, int]] = {}  # node: (wait, pref, machine)
@@ -479,7 +482,7 @@ class FullCell:
         for v, (wait, pref, machine) in sorted(self.tasks.items()):
             supply[v] = 1
             arcs.append((v, self.u, 1, wait))
-            arcs.append((v, self.x, 1, 25))
+            arcs.append((v, self.x, 1, self.x_cost))
             arcs.append((v, 3 + pref, 1, 5))
             if machine >= 0:
                 arcs.append((v, 3 + machine, 1, 0))
@@ -542,3 +545,150 @@ def test_auto_hands_a_warm_round_over_past_its_warm_budget() -> None:
         cell.advance(want.flow, net)
         cell.arrive(15)
     assert handed == [False, True, True]
+
+
+@pytest.mark.parametrize(("seed", "x_cost"), [(5, 25), (6, 25), (7, 70)])
+def test_wide_aggregators_resolved_warm_match_ortools(seed: int, x_cost: int) -> None:
+    """X and U with more half-arcs than ``kernels._WIDE``, so scans skip their in-arcs
+    while none carries flow (kernels: in-arcs without flow), and count them as flow
+    comes and goes: through X when it is cheap (25), never when waiting is cheaper
+    (70). Every algorithm matches OR-Tools round after round, and relaxation hands
+    over to cost scaling in some (the relabels and the price refine see them too)."""
+    from schedulers.flow.mcf import kernels as K
+
+    cell = FullCell(np.random.default_rng(seed), machines=40, slots=4, x_cost=x_cost)
+    cell.arrive(300)
+    solvers = {a: FirmamentSolver(a) for a in ALGORITHMS}
+    stingy = FirmamentSolver("auto", warm_budget=0.0)  # every warm round handed over
+    for _ in range(5):
+        net = cell.arrays()
+        assert min(int((net.head == v).sum()) for v in (cell.x, cell.u)) > K._WIDE
+        want = OrToolsSolver().solve(net)
+        for a, s in [*solvers.items(), ("stingy", stingy)]:
+            got = s.solve(net)
+            check_flow(net, got)
+            assert got.cost == want.cost, (a, s.last)
+        cell.advance(want.flow, net)
+        cell.arrive(int(cell.rng.integers(20, 80)))
+    assert stingy.last is not None and stingy.last.fallback
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), up=st.booleans())
+def test_price_refine_makes_any_prices_exact_for_an_optimal_flow(seed: int, nodes: int,
+                                                                 up: bool) -> None:
+    """``exact_prices`` from random prices (cost scaling's are ε-optimal, these are
+    worse) for an optimal flow: both of its directions (``up_limit`` 0 skips raising)
+    end with every residual half-arc of reduced cost >= 0."""
+    from schedulers.flow.mcf import kernels as K
+
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes).arrays()
+    try:
+        flow = OrToolsSolver().solve(net).flow
+    except SolveError:
+        return
+    n, m = net.nodes, len(net.tail)
+    tail, head, cost = net.tail, net.head, net.cost
+    cap = net.capacity - net.lower
+    x = flow - net.lower
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    pi = rng.integers(-100, 100, n).astype(np.int64)
+    assert K.exact_prices(n, start, adj, tail, head, cap, cost, x, pi, 50 * (n + 1),
+                          n + 1 if up else 0)
+    rc = cost - pi[tail] + pi[head]
+    assert (rc[x < cap] >= 0).all() and (rc[x > 0] <= 0).all()
+
+
+def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
+    """The budget binds inside a tree too: the one unit of a long chain of balanced
+    arcs needs a tree of ~9,000 arc scans, so with no budget relaxation drops it
+    unchanged (the kernel: BUDGET, flow and prices as they were) and cost scaling
+    routes the unit (the solver: handed over with no augmentation or rise)."""
+    from schedulers.flow.mcf import kernels as K
+
+    length = 3000
+    tail = np.arange(length, dtype=np.int64)
+    head = tail + 1
+    m, n = length, length + 1
+    supply = np.zeros(n, dtype=np.int64)
+    supply[0], supply[length] = 1, -1
+    net = Arrays(n, supply, tail, head, np.zeros(m, dtype=np.int64),
+                 np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                 np.zeros(m, dtype=np.int8), np.arange(m, dtype=np.int64))
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    for budget, status in ((0, K.BUDGET), (10 * (n + m), K.DONE)):
+        x, e, pi = np.zeros(m, dtype=np.int64), supply.copy(), np.zeros(n, dtype=np.int64)
+        stats = np.zeros(K.NSTATS, dtype=np.int64)
+        got = K.relax(n, start, adj, tail, head, net.capacity, net.cost, x, e, pi, budget,
+                      np.zeros(1, dtype=np.int64), stats, 2**62, 2**62,
+                      np.empty(9 * n, dtype=np.int64))
+        assert got == status
+        assert x.sum() == (0 if status == K.BUDGET else m)
+        assert not pi.any() and stats[K.ST_RISE] == 0
+    solver = FirmamentSolver("auto", relax_budget=0.0)
+    sol = solver.solve(net)
+    check_flow(net, sol)
+    assert sol.cost == 0 and sol.flow.sum() == m
+    last = solver.last
+    assert last is not None and last.fallback
+    assert last.augmentations == 0 and last.price_rises == 0
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_global_update_prices_are_the_distances_with_few_bucket_entries(seed: int) -> None:
+    """The update's prices are p + min(dist, D) ε (dist: each node's distance to a
+    deficit over residual half-arcs of length floor(rc / ε) + 1, D: the farthest
+    excess), checked against a plain Dijkstra, with n + 1 bucket entries (they run
+    out and the buckets are rebuilt several times on this cell) and with plenty."""
+    import heapq
+
+    from schedulers.flow.mcf import kernels as K
+
+    cell = FullCell(np.random.default_rng(seed), machines=40, slots=4)
+    cell.arrive(300)
+    net = cell.arrays()
+    n, m = net.nodes, len(net.tail)
+    tail, head, cap, cost = net.tail, net.head, net.capacity, net.cost
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    rng = np.random.default_rng(seed)
+    x = np.zeros(m, dtype=np.int64)
+    e = net.supply[:n].copy()
+    p0 = rng.integers(-50, 50, n).astype(np.int64)
+    eps = 3
+    into: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # v: (u, length u -> v)
+    for a in range(m):
+        t, h = int(tail[a]), int(head[a])
+        if x[a] < cap[a]:
+            into[h].append((t, max(0, (int(cost[a]) - int(p0[t]) + int(p0[h])) // eps + 1)))
+        if x[a] > 0:
+            into[t].append((h, max(0, (-int(cost[a]) - int(p0[h]) + int(p0[t])) // eps + 1)))
+    dist = [2**62] * n
+    heap = [(0, v) for v in range(n) if e[v] < 0]
+    for _, v in heap:
+        dist[v] = 0
+    while heap:
+        d, v = heapq.heappop(heap)
+        if d == dist[v]:
+            for u, ln in into[v]:
+                if d + ln < dist[u]:
+                    dist[u] = d + ln
+                    heapq.heappush(heap, (d + ln, u))
+    top = max(dist[v] for v in range(n) if e[v] > 0)
+    want = p0 + np.minimum(np.array(dist, dtype=np.int64), top) * eps
+    for entries in (n + 1, 3 * n + 1):
+        p = p0.copy()
+        ops = K.global_update(n, start, adj, tail, head, cap, cost, x, e.copy(), p, 1, eps,
+                              2**60, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+                              np.empty(n + 1, dtype=np.int64), entries)
+        assert ops > 0
+        assert np.array_equal(p, want)

@@ -39,19 +39,29 @@ How the two are combined (``algorithm``):
   (nodes + arcs) arc scans (``warm_budget``, 1, on a warm start: a usual warm round
   needs under a fifth of one, and a contended one spends all of it before cost
   scaling finishes in a few passes' time: at 4, a 90%-full round of 1.1 M arcs
-  spent 106-110 ms in relaxation before handing over, at 1 37-43 ms), and (warm)
+  spent 106-110 ms in relaxation before handing over, at 1 37-43 ms; the budget
+  is checked inside a tree too, which is then dropped: one tree of a large job on a
+  full cluster cost 1.7 M arc scans past it), and (warm)
   of ``big_trees`` trees that each cost over ``big_tree`` times (nodes + arcs);
   past either, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
-  start like any other). This avoids relaxation's bad cases (contention: §4.3,
-  Fig. 8-9: in a full cluster every new task's tree spans the network before each
-  small price rise) without paying for a second thread every round.
+  start like any other: its first refine has nothing to saturate). This avoids
+  relaxation's bad cases (contention: §4.3, Fig. 8-9: in a full cluster every new
+  task's tree spans the network before each small price rise) without paying for
+  a second thread every round.
 * ``"relax"``, ``"cost-scaling"``: one algorithm only.
 
 The warm state is the winner's: relaxation's prices satisfy reduced-cost
 optimality; cost scaling's are ε-optimal in scaled costs, so they are divided by
-the scale and lowered by label correcting until they satisfy it exactly ("price
-refine", §6.3), so the next warm start is valid for either algorithm.
+the scale and moved by label correcting until they satisfy it exactly ("price
+refine", §6.3; ``kernels.exact_prices``: the heads of violated arcs raised first,
+which after a large job's round touches ~200 nodes where lowering the tails
+touched ~126,000), so the next warm start is valid for either algorithm.
+
+Aggregators (the cluster aggregator X has an in-arc per task) would make every
+scan of their adjacency cost a pass over the tasks; but an in-arc is residual
+backwards only while it carries flow, and X's carry none in a full cluster, so the
+kernels skip a wide node's in-arcs while none of them carries flow (``_reach``).
 
 Integer range: cost scaling multiplies costs by n+1 and its prices grow to about
 n (n+1) max|cost|. It refuses (``SolveError``) when 4 (n+1)^2 max|cost| passes
@@ -115,7 +125,7 @@ class _Run:
     status: int = K.DONE
     moved: int = 0  # units make_optimal moved (relaxation's repair)
     optimal: bool = False  # x is reduced-cost optimal already (prepare made it so)
-    scratch: I64 | None = None  # relaxation's (7 n), reused between solves; None: new
+    scratch: I64 | None = None  # relaxation's (9 n), reused between solves; None: new
     cpu: float = 0.0
     error: str = ""
     exact: bool = True  # its prices make the flow reduced-cost optimal
@@ -272,16 +282,18 @@ class FirmamentSolver:
             if not cs_ok:
                 raise SolveError(self._range_message(n, cmax))
             cs_run = _Run(x, e, pi)
-            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64))
+            # The set-up made the start reduced-cost optimal (``optimal``).
+            self._cost_scaling(g, cs_run, warm, _NO_BUDGET, np.zeros(1, np.int64),
+                               optimal=optimal)
             winner = cs_run
         elif algorithm == "relax":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
-                             scratch=b.i64("relax", 7 * n))
+                             scratch=b.i64("relax", 9 * n))
             self._relax(g, relax_run, _NO_BUDGET, np.zeros(1, np.int64))
             winner = relax_run
         elif algorithm == "auto":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
-                             scratch=b.i64("relax", 7 * n))
+                             scratch=b.i64("relax", 9 * n))
             budget = int((self.warm_budget if warm else self.relax_budget) * (n + m))
             # The big-tree rule is for warm rounds: from scratch, the first trees of
             # a full cluster span it before prices settle, and relaxation is still
@@ -371,7 +383,7 @@ class FirmamentSolver:
         t0 = time.thread_time()
         if not run.optimal:
             run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
-        ws = np.empty(7 * g.n, dtype=np.int64) if run.scratch is None else run.scratch
+        ws = np.empty(9 * g.n, dtype=np.int64) if run.scratch is None else run.scratch
         K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
                 4 * (g.n + len(g.tail)), ws)
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
@@ -383,13 +395,15 @@ class FirmamentSolver:
 
     def _cost_scaling(self, g: _Graph, run: _Run, warm: bool, budget: int,
                       abort: I64, optimal: bool = False) -> None:
-        """``optimal``: the flow is reduced-cost optimal already (relaxation's state),
-        so its violation is 0 without a pass over the arcs to find it."""
+        """``optimal``: the flow is reduced-cost optimal for ``run.pi`` already
+        (relaxation's state, or the set-up's), so its violation is 0 without a pass
+        over the arcs to find it, and the first refine has nothing to saturate."""
         t0 = time.thread_time()
         scale = g.n + 1
         limit = _RANGE // (4 * scale)
         if int(np.abs(run.pi).max(initial=0)) > limit:
             run.pi[:] = 0  # stale prices too far apart to scale: start from zero
+            optimal = False
         p = run.pi * scale
         cmax = int(np.abs(g.cost).max(initial=0))
         eps = max(1, cmax * scale // self.alpha)
@@ -403,14 +417,15 @@ class FirmamentSolver:
         run.status = K.cost_scaling(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
                                     run.x, run.e, p, scale, eps, self.alpha, budget,
                                     abort, run.stats,
-                                    int(self.global_update * (g.n + len(g.tail))))
+                                    int(self.global_update * (g.n + len(g.tail))),
+                                    optimal)
         if run.status == K.INFEASIBLE:
             run.error = "cost scaling: a node's price passed the feasibility bound"
         if run.status == K.DONE:
             # Price refine: ε-optimal scaled prices -> exact reduced-cost optimality.
             run.pi = p // scale
             if not K.exact_prices(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
-                                  run.x, run.pi, 50 * (g.n + 1)):
+                                  run.x, run.pi, 50 * (g.n + 1), g.n + 1):
                 run.pi[:] = 0  # not settled: the next warm start uses zero prices
                 run.exact = False
         run.cpu += time.thread_time() - t0
