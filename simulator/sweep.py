@@ -66,10 +66,16 @@ class Outcome:
         return not self.failed
 
 
+def config_digest(exp: Experiment, index: int) -> str:
+    """16 hex digits of the run's point and whole configuration (seed included)."""
+    run = exp.runs[index]
+    return hashlib.sha256(repr((run.point, run.config)).encode()).hexdigest()[:16]
+
+
 def point_file(exp: Experiment, index: int) -> str:
     """``<axis values>-<digest>.json``: readable, and unique per run configuration."""
     run = exp.runs[index]
-    digest = hashlib.sha256(repr((run.point, run.config)).encode()).hexdigest()[:16]
+    digest = config_digest(exp, index)
     label = "_".join(f"{k}={v}" for k, v in run.point.items()) or "run"
     label = re.sub(r"[^A-Za-z0-9=._-]+", "-", label)[:80]
     return f"{label}-s{run.config.seed}-{digest}.json"

@@ -509,7 +509,7 @@ class Costs:
 
 def _key(point: Any) -> tuple[tuple[str, str], ...]:
     """A point's axis values but the seed, as timing.csv writes them (strings)."""
-    skip = {"seed", "horizon_s", "cpu_s", "prefill_cpu_s"}
+    skip = {"seed", "horizon_s", "cpu_s", "prefill_cpu_s", "config"}
     return tuple(sorted((k, str(v)) for k, v in point.items() if k not in skip))
 
 

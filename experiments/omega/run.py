@@ -12,22 +12,23 @@
 The points run on Dask (simulator/sweep.py): an embedded local cluster of --jobs
 worker processes (default one per CPU), or the cluster whose scheduler --scheduler
 names. Each finished point is kept in OUT/<name>/points/, so running the same command
-again after it was stopped runs only what is missing. Each experiment file's data
-goes to OUT/<name>/ (results.json, results.csv, and timing.csv: the CPU seconds each
-run took, for estimating the full length), then figures.py draws the paper's figures,
-three clusters to a plot, from all of them.
+again after it was stopped runs only what is missing. Each experiment file's data goes
+to OUT/<name>/ (results.json, results.csv, and timing.csv: the CPU seconds each run
+took, for estimating the full length, and its configuration's digest), then
+figures.py draws the paper's figures, three clusters to a plot, from all of them.
+points/ is not committed: in a clone, the points that OUT's results.json and
+timing.csv hold are taken from them (a run with more seeds runs only the new ones),
+and ``--no-run`` draws from results.json alone.
 ``--short`` keeps the points, seeds and length listed in SHORT below, ``--long`` those
 of LONG (a day or a week of each figure's main claim), ``--day`` those of DAY (a day
-of points LONG runs shorter with more seeds); ``--only NAME`` (repeatable)
-runs the named files only (the figures are drawn from whatever data OUT holds);
-``--list`` prints what would run.
+of points LONG runs shorter); ``--seeds`` replaces the profile's seeds; ``--only NAME``
+(repeatable) runs the named files only (the figures are drawn from whatever data OUT
+holds); ``--list`` prints what would run.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.cli import add_cluster_arguments, cluster_argument_error  # noqa: E402
 from simulator.experiment import Experiment, load  # noqa: E402
-from simulator.output import write_data  # noqa: E402
-from simulator.point import TimedResult  # noqa: E402
 from simulator.sweep import SweepError, cluster, run_sweep  # noqa: E402
+from simulator.timed_data import restore_points, write_timed  # noqa: E402
 
 # In the order they run (the most telling first, for runs cut short).
 FILES = ("fig8_batch_rate", "fig7_two_level", "semantics", "fig5_6_single_path",
@@ -126,11 +126,12 @@ LONG: dict[str, Profile | list[Profile]] = {
                                        "batch_schedulers": [1, 32], "batch_rate": [10]}),
 }
 
-# A day of points that LONG runs shorter with more seeds: Fig. 14's four modes with
-# seed 1 (LONG: 4 hours, 3 seeds). Its own OUT (docs/results/omega-long/day): the same
-# points at two lengths in one file would be taken for seeds of one point.
+# A day of points that LONG runs shorter: Fig. 14's four modes with LONG's 3 seeds
+# (LONG: 4 hours). Its own OUT (docs/results/omega-long/day): the same points at two
+# lengths in one file would be taken for seeds of one point.
 DAY: dict[str, Profile | list[Profile]] = {
-    "fig14_conflict_modes": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [10]}),
+    "fig14_conflict_modes": (_DAY, {"cluster": ["B"], "seed": [1, 2, 3],
+                                    "t_job_service": [10]}),
 }
 
 
@@ -149,9 +150,25 @@ def shorten(exp: Experiment, horizon: float, keep: Keep | list[Keep]) -> Experim
     return attrs.evolve(exp, runs=tuple(runs))
 
 
+def with_seeds(keep: Keep | list[Keep], seeds: list[int]) -> list[Keep]:
+    """The tables with ``seeds`` in place of theirs (a point's file does not depend on
+    which other seeds run, so seeds run apart fill one OUT as if run together)."""
+    tables = keep if isinstance(keep, list) else [keep]
+    return [{**t, "seed": list(seeds)} for t in tables]
+
+
 def run(exp: Experiment, out: Path, client: Any) -> bool:
     """The experiment's points on the client's cluster, then its data files; False if
-    a point failed (the others are kept in OUT/<name>/points for the next run)."""
+    a point failed (the others are kept in OUT/<name>/points for the next run). Points
+    that OUT/<name>'s data files hold but points/ does not (a clone: points/ is not
+    committed) are taken from the data files, not run again."""
+    restored = restore_points(exp, out / exp.name)
+    if restored.points:
+        unchecked = (f"; {restored.unchecked} from a timing.csv without configuration "
+                     "digests, taken as made from the experiment file as it is now"
+                     if restored.unchecked else "")
+        print(f"{exp.name}: {restored.points} points taken from results.json and "
+              f"timing.csv{unchecked}", file=sys.stderr)
     outcome = run_sweep(exp, out / exp.name, client)
     for f in outcome.failed:
         print(f"{exp.name}: point {f.point} failed: {f.error}", file=sys.stderr)
@@ -159,18 +176,6 @@ def run(exp: Experiment, out: Path, client: Any) -> bool:
         return False
     write_timed(exp, [r for r in outcome.results if r is not None], out / exp.name)
     return True
-
-
-def write_timed(exp: Experiment, results: list[TimedResult], dest: Path) -> None:
-    write_data(exp, [r.result for r in results], dest)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    axes = [a.name for a in exp.axes]
-    w.writerow([*axes, "horizon_s", "cpu_s", "prefill_cpu_s"])
-    for r, spec in zip(results, exp.runs, strict=True):
-        w.writerow([*(r.result.point.get(a) for a in axes), spec.config.horizon,
-                    f"{r.cpu_s:.1f}", f"{r.prefill_cpu_s:.1f}"])
-    (dest / "timing.csv").write_text(buf.getvalue(), encoding="utf-8")
 
 
 def selected(args: argparse.Namespace) -> list[Experiment]:
@@ -184,16 +189,30 @@ def selected(args: argparse.Namespace) -> list[Experiment]:
             if name not in profile:
                 continue
             entry = profile[name]
-            parts = [shorten(exp, *p) for p in (entry if isinstance(entry, list) else [entry])]
+            entries = entry if isinstance(entry, list) else [entry]
+            if args.seeds:
+                entries = [(h, with_seeds(k, args.seeds)) for h, k in entries]
+            parts = [shorten(exp, *p) for p in entries]
             exp = attrs.evolve(exp, runs=tuple(r for part in parts for r in part.runs))
         elif args.short:
             horizon, keep = SHORT[name]
             if args.seeds:
-                tables = keep if isinstance(keep, list) else [keep]
-                keep = [{**t, "seed": list(args.seeds)} for t in tables]
+                keep = with_seeds(keep, args.seeds)
             exp = shorten(exp, horizon, keep)
         exps.append(exp)
     return exps
+
+
+def no_data(out: Path, names: list[str] | tuple[str, ...]) -> str | None:
+    """Why --no-run has nothing to draw in OUT, or None: the figures are drawn from
+    each file's OUT/<name>/results.json alone (committed; points/ is not needed)."""
+    if any((out / name / "results.json").exists() for name in names):
+        return None
+    where = "does not exist" if not out.is_dir() else "holds no <name>/results.json"
+    unfinished = [n for n in names if (out / n / "points").is_dir()]
+    hint = (f" ({', '.join(unfinished)}: points/ of a sweep not finished; run without "
+            "--no-run to finish it)" if unfinished else "; run without --no-run first")
+    return f"argument --no-run: nothing to draw: {out} {where}{hint}"
 
 
 def main() -> None:
@@ -217,7 +236,7 @@ def main() -> None:
                    help="print the experiments and points that would run, and stop")
     p.add_argument("--no-run", action="store_true", help="only draw the figures")
     p.add_argument("--seeds", type=int, nargs="*",
-                   help="with --short: these seeds instead of the profile's")
+                   help="these seeds instead of the profile's (--short, --long or --day)")
     args = p.parse_args()
     if (wrong := cluster_argument_error(args)) is not None:
         p.error(wrong)
@@ -227,7 +246,10 @@ def main() -> None:
             for r in exp.runs:
                 print(f"  {r.point} horizon {r.config.horizon:g} s")
         return
-    if not args.no_run:
+    if args.no_run:
+        if (missing := no_data(args.out, args.only or FILES)) is not None:
+            p.error(missing)
+    else:
         exps = selected(args)
         try:
             with cluster(args.scheduler, args.jobs) as client:

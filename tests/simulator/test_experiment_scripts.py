@@ -4,6 +4,7 @@ why, before they run or write anything."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_omega_day_profile_runs_only_the_files_it_names_at_a_day() -> None:
              if not line.startswith(" ")]
     assert named == ["fig14_conflict_modes"]
     points = [line for line in done.stdout.splitlines() if line.startswith(" ")]
-    assert len(points) == 4  # the four conflict modes, one seed
+    assert len(points) == 12  # the four conflict modes, three seeds
     assert all(line.endswith("horizon 86400 s") for line in points)
 
 
@@ -110,3 +111,48 @@ def test_omega_cpu_estimate_prices_each_point_by_its_own_runs_first(tmp_path: Pa
     assert rows[-1].endswith("priced by a mean, not by their point's own runs: "
                              "fig8_batch_rate 3 of 99.")
     assert "else in ../short/" in rows[-1]
+
+
+def _section(tables: Path, name: str) -> list[str]:
+    lines = tables.read_text(encoding="utf-8").splitlines()
+    start = lines.index(f"## {name}")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    return lines[start:end]
+
+
+def test_omega_no_run_draws_from_committed_results_without_points(tmp_path: Path) -> None:
+    # A clone has results.json, results.csv and timing.csv, not points/ (gitignored).
+    committed = ROOT / "docs/results/omega-long/day"
+    out = tmp_path / "day"
+    shutil.copytree(committed, out)
+    for points in out.glob("*/points"):
+        shutil.rmtree(points)
+    for drawn in [*out.glob("*.png"), out / "tables.md"]:
+        drawn.unlink()
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--day",
+                           "--no-run", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert (out / "fig14_conflict_modes.png").stat().st_size > 0
+    assert not list(out.glob("*/points"))
+    assert (_section(out / "tables.md", "fig14_conflict_modes")
+            == _section(committed / "tables.md", "fig14_conflict_modes"))
+
+
+@pytest.mark.parametrize(("make", "error"), [
+    (None, "does not exist; run without --no-run first"),
+    ("fig14_conflict_modes/points",
+     "holds no <name>/results.json (fig14_conflict_modes: points/ of a sweep not finished; "
+     "run without --no-run to finish it)"),
+])
+def test_omega_no_run_without_results_says_so(make: str | None, error: str,
+                                               tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    if make is not None:
+        (out / make).mkdir(parents=True)
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/omega/run.py"), "--no-run",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2
+    assert f"argument --no-run: nothing to draw: {out} {error}" in done.stderr
+    assert make is not None or not out.exists()
