@@ -102,10 +102,30 @@ class Timing:
     arcs: int = 0
     ortools: float = 0.0  # OR-Tools from scratch on the same network (0: not run)
     algorithm: str = ""  # what solved it (FirmamentSolver.last)
+    gc: float = 0.0  # CPU in the cyclic collector during update, solve and extraction
 
     @property
     def total(self) -> float:
         return self.update + self.solve + self.extract + self.commit
+
+
+class GcClock:
+    """CPU seconds spent in the cyclic garbage collector (gc.callbacks), so a round's
+    times can say how much of them was a collection that happened to fall there."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._at = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._at = time.process_time()
+        else:
+            self.spent += time.process_time() - self._at
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._tick)
 
 
 class Cell:
@@ -224,6 +244,7 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
     changes = cell.take_changes()
     snap = cell.replica.snapshot()
     w0 = time.perf_counter()
+    clock = GcClock()
     t0 = time.process_time()
     graph.update(snap, changes, now)
     t1 = time.process_time()
@@ -234,6 +255,7 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
         t.algorithm = f"{solver.last.algorithm}{'' if solver.last.warm else ' cold'}"
     if compare:
         w_or = time.perf_counter()
+        gc_before = clock.spent
         o0 = time.process_time()
         # OR-Tools gets the network as it takes it best: live arcs that can carry
         # flow only (gathering them is not counted).
@@ -244,10 +266,12 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
         # The extraction is timed from here on: the comparison is not the round's.
         skipped = time.process_time() - t2
         t0, t1, t2 = t0 + skipped, t1 + skipped, t2 + skipped
+        clock.spent = gc_before  # a collection during the comparison is not the round's
     view = CellView(snap, SCHED)
     ex = extract(graph, net, sol.flow, view, snap)
     graph.note_moved(ex.moved, now)
     t3 = time.process_time()
+    clock.close()
     by_job: dict[str, list[Claim]] = {}
     for c in ex.claims:
         by_job.setdefault(c.job, []).append(c)
@@ -262,6 +286,7 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
         for tid in res.evicted:
             cell.running.pop(tid, None)
     t.update, t.solve, t.extract, t.commit = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+    t.gc = clock.spent
     t.placed, t.moved = ex.placed, ex.migrated + ex.preempted
     t.nodes, t.arcs = graph.net.node_count, graph.net.arc_count
     return t
@@ -324,7 +349,9 @@ def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
           f"between {_ms(med('between'))} ms, between + decision {_ms(work)} ms")
     print(f"{'':<34}         (upd "
           f"{_ms(med('update'))} solve {_ms(med('solve'))} ext {_ms(med('extract'))} commit "
-          f"{_ms(med('commit'))}; {warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
+          f"{_ms(med('commit'))}; garbage collector in upd + solve + ext, per round: "
+          f"{', '.join(f'{1000 * t.gc:.0f}' for t in warm)} ms; "
+          f"{warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
           f"{statistics.median(t.placed for t in warm):.0f}, moved "
           f"{statistics.median(t.moved for t in warm):.0f}) median of {len(warm)}")
     if warm[0].ortools:
@@ -343,7 +370,7 @@ def first_bigjob(t: Timing) -> None:
     decide = t.update + t.solve + t.extract
     line = (f"{'':<34} first round alone (one job, 90%): decision {_ms(decide)} ms "
             f"(upd {_ms(t.update)} solve {_ms(t.solve)} ext {_ms(t.extract)}; "
-            f"{t.algorithm})")
+            f"{t.algorithm}; of it the garbage collector {1000 * t.gc:.0f} ms)")
     if t.ortools:
         line += (f"; OR-Tools {_ms(t.ortools)} ms: {t.ortools / max(t.solve, 1e-9):.1f}x "
                  f"our solve, {t.ortools / max(decide, 1e-9):.1f}x our whole decision")
