@@ -120,9 +120,12 @@ def test_many_jobs_priced_together_get_each_job_s_own_prices(
         assert jp.tasks == alone.tasks
         assert [jp.prices.costs(jp.first + k) for k in range(len(jp.tasks))] == [
             alone.costs(k) for k in range(len(alone.tasks))]
-        assert model.tasks_unscheduled(job, jp.prices, 3.0)[
-            jp.first:jp.first + len(jp.tasks)].tolist() == model.tasks_unscheduled(
-                job, alone, 3.0).tolist()
+        mine = np.arange(jp.first, jp.first + len(jp.tasks), dtype=np.int64)
+        assert model.tasks_unscheduled(job, jp.prices, 3.0, mine).tolist() == \
+            model.tasks_unscheduled(job, alone, 3.0).tolist()
+        # Asked for the job's rows only, the default (task by task) agrees.
+        assert CostModel.tasks_unscheduled(model, job, jp.prices, 3.0, mine).tolist() == \
+            model.tasks_unscheduled(job, alone, 3.0).tolist()
 
 
 def test_a_model_that_prices_tasks_its_own_way_is_asked_job_by_job() -> None:

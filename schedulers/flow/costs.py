@@ -336,11 +336,15 @@ class CostModel:
         far)."""
         return self.unscheduled(job, waited)
 
-    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float
+    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float,
+                          rows: npt.NDArray[np.int64] | None = None
                           ) -> npt.NDArray[np.int64]:
-        """:meth:`task_unscheduled` for every task of ``prices``, as an array."""
-        return np.array([self.task_unscheduled(job, prices.costs(k), waited)
-                         for k in range(len(prices.tasks))], dtype=np.int64)
+        """:meth:`task_unscheduled` for the tasks of ``prices`` at ``rows`` (None:
+        every one), as an array. Only ``job``'s rows are asked for: a table priced for
+        many jobs at once (:meth:`jobs_task_prices`) holds the others' too."""
+        at = range(len(prices.tasks)) if rows is None else rows.tolist()
+        return np.array([self.task_unscheduled(job, prices.costs(k), waited) for k in at],
+                        dtype=np.int64)
 
     def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
         """Cost of a task with its own node running on ``machine`` (Quincy's d*: the
@@ -645,11 +649,13 @@ class QuincyCostModel(_MovesTasks):
                          np.array(size, dtype=np.float64), ix)
         return [JobPrices(tp, first, own) for first, own in out]
 
-    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float
+    def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float,
+                          rows: npt.NDArray[np.int64] | None = None
                           ) -> npt.NDArray[np.int64]:
         if not _own_methods(self, QuincyCostModel, "task_unscheduled", "_waiting"):
-            return super().tasks_unscheduled(job, prices, waited)
-        return prices.cluster + self._waiting(waited, job.precedence)
+            return super().tasks_unscheduled(job, prices, waited, rows)
+        cluster = prices.cluster if rows is None else prices.cluster[rows]
+        return cluster + self._waiting(waited, job.precedence)
 
     def transfer(self, job: Job, index: int, machine: str, racks: Racks) -> int:
         if index >= len(job.task_input):

@@ -1060,9 +1060,8 @@ class GraphManager:
             b[1].append(row[1])
             b[2].append(self.net.slots_of(("W", job.id, i))[0])  # type: ignore[index]
         for tp, rows, slots in batches.values():
-            cost = self.model.tasks_unscheduled(job, tp, waited)
-            self.net.write_costs(np.array(slots, dtype=np.int64),
-                                 cost[np.array(rows, dtype=np.int64)])
+            self.net.write_costs(np.array(slots, dtype=np.int64), self.model.tasks_unscheduled(
+                job, tp, waited, np.array(rows, dtype=np.int64)))
 
     def _price_waiting(self, entries: list[JobEntry]) -> None:
         """Prices the jobs' waiting tasks not priced yet, all at once."""
@@ -1316,7 +1315,8 @@ class GraphManager:
         e_head = np.repeat(np.array([len(parts) + shapes[p.entry.shape] for p in parts],
                                     dtype=np.int64), sizes)
         unscheduled = np.concatenate([
-            self.model.tasks_unscheduled(p.entry.job, tp, p.waited)[np.asarray(p.rows)]
+            self.model.tasks_unscheduled(p.entry.job, tp, p.waited,
+                                         np.array(p.rows, dtype=np.int64))
             for p in parts]) if n else np.zeros(0, dtype=np.int64)
         shape_id = np.repeat(np.array([shapes[p.entry.shape] for p in parts],
                                       dtype=np.int64), sizes)
