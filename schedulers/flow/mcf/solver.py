@@ -88,6 +88,7 @@ ALGORITHMS: tuple[Algorithm, ...] = ("auto", "race", "relax", "cost-scaling")
 
 I64 = npt.NDArray[np.int64]
 _NO_BUDGET = 2**62
+_RELAX_SCRATCH = 9  # int64 words per node that relax and drain work in
 _RANGE = 2**62
 
 
@@ -125,7 +126,7 @@ class _Run:
     status: int = K.DONE
     moved: int = 0  # units make_optimal moved (relaxation's repair)
     optimal: bool = False  # x is reduced-cost optimal already (prepare made it so)
-    scratch: I64 | None = None  # relaxation's (9 n), reused between solves; None: new
+    scratch: I64 | None = None  # relaxation's (_RELAX_SCRATCH n), reused; None: new
     cpu: float = 0.0
     error: str = ""
     exact: bool = True  # its prices make the flow reduced-cost optimal
@@ -288,12 +289,12 @@ class FirmamentSolver:
             winner = cs_run
         elif algorithm == "relax":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
-                             scratch=b.i64("relax", 9 * n))
+                             scratch=b.i64("relax", _RELAX_SCRATCH * n))
             self._relax(g, relax_run, _NO_BUDGET, np.zeros(1, np.int64))
             winner = relax_run
         elif algorithm == "auto":
             relax_run = _Run(x, e, pi, optimal=optimal, moved=moved,
-                             scratch=b.i64("relax", 9 * n))
+                             scratch=b.i64("relax", _RELAX_SCRATCH * n))
             budget = int((self.warm_budget if warm else self.relax_budget) * (n + m))
             # The big-tree rule is for warm rounds: from scratch, the first trees of
             # a full cluster span it before prices settle, and relaxation is still
@@ -383,7 +384,7 @@ class FirmamentSolver:
         t0 = time.thread_time()
         if not run.optimal:
             run.moved = K.make_optimal(g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi)
-        ws = np.empty(9 * g.n, dtype=np.int64) if run.scratch is None else run.scratch
+        ws = np.empty(_RELAX_SCRATCH * g.n, dtype=np.int64) if run.scratch is None else run.scratch
         K.drain(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost, run.x, run.e, run.pi,
                 4 * (g.n + len(g.tail)), ws)
         run.status = K.relax(g.n, g.start, g.adj, g.tail, g.head, g.cap, g.cost,
