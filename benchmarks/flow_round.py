@@ -26,9 +26,16 @@ OR-Tools from scratch, as rounds were before: the baseline the per-task round is
 to (at most 2x), in the same run.
 
 Scenario ``bigjob``: at 90% slot use, each incremental round one job of 3,000 tasks
-arrives as 1% of the running tasks end (load-spreading; with ``--bigjob-policy
-quincy-task``, Quincy with per-task nodes), so the cell fills by about 1% a round; the
-first round, one job on the 90% cell, is also printed on its own.
+arrives in place of the 1,500 tasks (load-spreading; with ``--bigjob-policy
+quincy-task``, Quincy with per-task nodes). ``steady``: 1% of the running tasks and
+1,500 more end, so the cell stays where the usual rounds keep it (about 90%);
+``rising``: only 1% ends, so the cell fills by about 1% a round (91-95% over five
+rounds: Fig. 8's range as well as Fig. 9's). The first round, one job on the 90% cell,
+is also printed on its own.
+
+The process collects garbage as a scheduler process does (``RoundCollector``: never
+inside a round, after it once enough young objects accumulated); the CPU of those
+collections is printed per round as ``between rounds``.
 
 Everything is in one process over the memory store (the store's real validation and
 commit code; no etcd), with the replica feeding change sets as in a scheduler process.
@@ -39,6 +46,7 @@ processes' share of the cores stays out), and the whole round in wall time too.
                                     [--policies quincy-task,quincy,load-spread]
                                     [--rounds 5] [--no-bigjob] [--no-absorb]
                                     [--bigjob-policy load-spread]
+                                    [--bigjob-fill steady,rising]
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from collections.abc import Sequence
 import attrs
 
 from cellstate.cell import CellSnapshot
-from cellstate.gc_tuning import tune_for_large_heap
+from cellstate.gc_tuning import RoundCollector
 from cellstate.keys import KeyKind
 from cellstate.kv.memory import MemoryKV
 from cellstate.model import Block, Claim, Job, Machine, Resources, TaskState, Transaction
@@ -71,6 +79,7 @@ SLOTS = 12
 RACK = 40
 SCHED = "flow"
 TASK = Resources.of(cpu=1, mem=4)
+BIGJOB = 3000  # tasks of the big job (Fig. 9: relaxation degrades past ~3,000)
 
 #: Firmament (seed 003): relaxation's average runtime at 12,500 machines, Quincy policy,
 #: about 50% slot use (Fig. 7, §4.2); where relaxation struggles: past ~93% use (Fig. 8)
@@ -103,6 +112,7 @@ class Timing:
     ortools: float = 0.0  # OR-Tools from scratch on the same network (0: not run)
     algorithm: str = ""  # what solved it (FirmamentSolver.last)
     gc: float = 0.0  # CPU in the cyclic collector during update, solve and extraction
+    collect: float = 0.0  # CPU of the process's collections between rounds (before this)
 
     @property
     def total(self) -> float:
@@ -216,10 +226,11 @@ class Cell:
         for res in self.store.commit_many(txns):
             assert res.ok, res.rejected[:1]
 
-    def end(self, fraction: float) -> None:
-        """End a fraction of the running tasks."""
+    def end(self, fraction: float, more: int = 0) -> None:
+        """End a fraction of the running tasks and ``more`` besides."""
         tasks = sorted(self.running)
-        for tid in self.rng.sample(tasks, round(fraction * len(tasks))):
+        count = min(round(fraction * len(tasks)) + more, len(tasks))
+        for tid in self.rng.sample(tasks, count):
             self.store.release_task(tid, TaskState.FINISHED, self.running.pop(tid))
 
     def arrive(self, tasks: int, per_job: int, now: float) -> None:
@@ -292,20 +303,30 @@ def round_(cell: Cell, graph: GraphManager, now: float, solver: Solver,
     return t
 
 
-def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
-             between: bool, seed: int = 7, algorithm: str = "auto"
-             ) -> tuple[Timing, list[Timing]]:
+def collect(collector: RoundCollector) -> float:
+    """The scheduler process's collection after a step (schedulers/process.py: never
+    inside one); CPU seconds."""
+    t0 = time.process_time()
+    collector.between(idle=True)
+    return time.process_time() - t0
+
+
+def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: str,
+             between: bool, collector: RoundCollector, seed: int = 7,
+             algorithm: str = "auto") -> tuple[Timing, list[Timing]]:
+    """``bigjob``: "" (the usual arrivals), "steady" or "rising" (module doc)."""
     # The cells of earlier scenarios are garbage in reference cycles (a replica and its
-    # callbacks) that the tuned collector would keep for a long while: left there, they
-    # made later scenarios' solves up to twice as slow as in a process of their own.
-    gc.collect()
+    # callbacks), frozen by the collector's passes: left there, they made later
+    # scenarios' solves up to twice as slow as in a process of their own.
+    collector.full()
     rng = random.Random(seed)
     cell = Cell(machines, policy, rng)
     now = 1000.0
     cell.fill(use, now)
+    collector.full()  # as a scheduler process does after loading the cell
     arrive = min(1500, round(0.01 * use * SLOTS * machines * 10))
     if bigjob:
-        cell.store.submit_job(cell.job(3000, now))
+        cell.store.submit_job(cell.job(BIGJOB, now))
     else:
         for _ in range(max(arrive // 100, 1)):
             cell.store.submit_job(cell.job(100, now))
@@ -318,15 +339,18 @@ def scenario(machines: int, use: float, policy: str, rounds: int, bigjob: bool,
     warm = []
     for _ in range(rounds):
         now += 1.0
+        collected = collect(collector)
         spent = absorb(cell, graph, now) if between else 0.0  # the last round's commits
-        cell.end(0.01)
+        collected += collect(collector)
+        cell.end(0.01, BIGJOB - arrive if bigjob == "steady" else 0)
         spent += absorb(cell, graph, now) if between else 0.0
+        collected += collect(collector)
         if bigjob:
-            cell.store.submit_job(cell.job(3000, now))
+            cell.store.submit_job(cell.job(BIGJOB, now))
         else:
             cell.arrive(arrive, 100, now)
         t = round_(cell, graph, now, solver, compare)
-        t.between = spent
+        t.between, t.collect = spent, collected
         warm.append(t)
     return cold, warm
 
@@ -350,7 +374,8 @@ def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
     print(f"{'':<34}         (upd "
           f"{_ms(med('update'))} solve {_ms(med('solve'))} ext {_ms(med('extract'))} commit "
           f"{_ms(med('commit'))}; garbage collector in upd + solve + ext, per round: "
-          f"{', '.join(f'{1000 * t.gc:.0f}' for t in warm)} ms; "
+          f"{', '.join(f'{1000 * t.gc:.0f}' for t in warm)} ms, between rounds "
+          f"{', '.join(f'{1000 * t.collect:.0f}' for t in warm)} ms; "
           f"{warm[-1].nodes} nodes {warm[-1].arcs} arcs, placed "
           f"{statistics.median(t.placed for t in warm):.0f}, moved "
           f"{statistics.median(t.moved for t in warm):.0f}) median of {len(warm)}")
@@ -365,8 +390,7 @@ def report(name: str, cold: Timing, warm: Sequence[Timing]) -> None:
 
 def first_bigjob(t: Timing) -> None:
     """The first incremental round of the big-job scenario on its own: one 3,000-task
-    job arriving at 90% (each later round adds another, and 1% ends, so the median's
-    rounds run at 91-95% of the slots: Fig. 8's range as well as Fig. 9's)."""
+    job arriving at 90%."""
     decide = t.update + t.solve + t.extract
     line = (f"{'':<34} first round alone (one job, 90%): decision {_ms(decide)} ms "
             f"(upd {_ms(t.update)} solve {_ms(t.solve)} ext {_ms(t.extract)}; "
@@ -400,6 +424,14 @@ def goals(done: dict[tuple[str, int, float], list[Timing]], machines: int, use: 
     print(line)
 
 
+def _fills(text: str) -> str:
+    for fill in text.split(","):
+        if fill not in ("steady", "rising"):
+            raise argparse.ArgumentTypeError(
+                f"{fill!r} is not a big-job fill (steady or rising)")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machines", default="1250,12500")
@@ -412,29 +444,40 @@ def main() -> None:
                     choices=["load-spread", "quincy-task"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-bigjob", action="store_true")
+    ap.add_argument("--bigjob-fill", default="steady,rising", type=_fills,
+                    help="the big-job scenarios to run: steady, rising (module doc)")
     ap.add_argument("--no-absorb", action="store_true",
                     help="no update between rounds: each round takes every change")
     args = ap.parse_args()
     between = not args.no_absorb
-    tune_for_large_heap()
+    # As a scheduler process's (schedulers/process.py): no collection inside a round,
+    # the young garbage collected after it; full passes only between scenarios.
+    collector = RoundCollector(full_every=float("inf"))
+    collector.start()
     print(f"load average {os.getloadavg()[0]:.2f}; times in CPU ms of this process; "
           f"changes taken in between rounds: {'yes' if between else 'no'}")
     done: dict[tuple[str, int, float], list[Timing]] = {}
     for machines in (int(x) for x in args.machines.split(",")):
         for policy in args.policies.split(","):
             for use in (float(x) for x in args.use.split(",")):
-                cold, warm = scenario(machines, use, policy, args.rounds, False, between,
-                                      algorithm=args.algorithm)
+                cold, warm = scenario(machines, use, policy, args.rounds, "", between,
+                                      collector, algorithm=args.algorithm)
                 report(f"{policy} {machines} machines {use:.0%}", cold, warm)
                 done[(policy, machines, use)] = warm
             print(f"{'':<34} peer: {PEER.get(policy, '')}")
         for use in (float(x) for x in args.use.split(",")):
             goals(done, machines, use)
-        if not args.no_bigjob:
-            cold, warm = scenario(machines, 0.9, args.bigjob_policy, args.rounds, True,
-                                  between, algorithm=args.algorithm)
-            report(f"bigjob 3000 tasks {machines} machines {args.bigjob_policy}", cold, warm)
+        for fill in ([] if args.no_bigjob else args.bigjob_fill.split(",")):
+            cold, warm = scenario(machines, 0.9, args.bigjob_policy, args.rounds, fill,
+                                  between, collector, algorithm=args.algorithm)
+            report(f"bigjob {BIGJOB} tasks {machines} machines {args.bigjob_policy} {fill}",
+                   cold, warm)
             first_bigjob(warm[0])
+            if warm[0].ortools:
+                decision = statistics.median(t.update + t.solve + t.extract for t in warm)
+                ort = statistics.median(t.ortools for t in warm)
+                print(f"goals bigjob {fill} {machines} machines: OR-Tools from scratch / our "
+                      f"round {ort / decision:.1f}x (goal >= 10x)")
             print(f"{'':<34} peer: {PEER['bigjob']}")
     print(f"load average {os.getloadavg()[0]:.2f}")
 

@@ -43,7 +43,7 @@ from cellstate.api.config import ConfigError, _Section, addresses
 from cellstate.api.metrics import serving
 from cellstate.api.tls import TlsFiles
 from cellstate.errors import AlreadyExistsError, KVError, StoreError
-from cellstate.gc_tuning import tune_for_large_heap
+from cellstate.gc_tuning import RoundCollector
 from cellstate.model import Detection, ModelError, TxnMode, check_name
 from cellstate.replica import Replica
 from schedulers.api import Policy
@@ -180,9 +180,10 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
     policy = make_policy(registry, config)  # bad names and options fail before connecting
     client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
+    collector = RoundCollector()
     try:
         replica.start()
-        tune_for_large_heap()  # after the load: the cell is what to keep out of its sight
+        collector.start()  # after the load: the cell is what to keep out of its sight
         store = RemoteStore(client)
         rng = random.Random(config.seed) if config.seed is not None else random.Random()
         inst = SchedulerInstance(policy, store, replica, scheduler=config.name,
@@ -200,7 +201,7 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
         why.start()
         try:
             with serving(config.metrics, SchedulerCollector(inst, replica)):
-                inst.run(stop)
+                inst.run(stop, collector)
         finally:
             stop.set()
             reporter.join(timeout=5)
@@ -212,6 +213,7 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
                             config.name, config.instance, e)
         return inst
     finally:
+        collector.stop()
         replica.stop()
         client.close()
 

@@ -53,6 +53,7 @@ import attrs
 from cellstate import admission
 from cellstate.cell import CellSnapshot, task_state
 from cellstate.errors import KVError, LeaseNotFoundError, StoreError, TransactionError
+from cellstate.gc_tuning import RoundCollector
 from cellstate.keys import KeyKind
 from cellstate.model import (
     PLACEABLE,
@@ -847,9 +848,10 @@ class SchedulerInstance:
 
     # -- threaded driver -----------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, collector: RoundCollector | None = None) -> None:
         """Step until ``stop`` is set (for processes and threaded tests), renewing the
-        lease from a thread of its own meanwhile."""
+        lease from a thread of its own meanwhile. With a ``collector`` (a scheduler
+        process's), garbage is collected between steps, never inside a decision."""
         done = threading.Event()
         renewer = threading.Thread(target=self._renew, args=(done,), daemon=True,
                                    name=f"lease-{self.scheduler}-{self.instance}")
@@ -865,6 +867,8 @@ class SchedulerInstance:
                 except Exception:  # a plugin's bug: keep the instance (and its lease) alive
                     log.exception("%s/%s: step raised", self.scheduler, self.instance)
                     delay = self.config.retry_delay
+                if collector is not None:
+                    collector.between(idle=delay > 0)
                 if delay > 0:
                     self._sleep(delay, stop)
         finally:
