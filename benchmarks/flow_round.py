@@ -73,6 +73,7 @@ from schedulers.flow.costs import make_cost_model
 from schedulers.flow.extract import extract
 from schedulers.flow.graph import GraphManager
 from schedulers.flow.mcf import FirmamentSolver
+from schedulers.flow.mcf.compile import warm as warm_kernels
 from schedulers.flow.solvers import OrToolsSolver, Solver
 
 SLOTS = 12
@@ -454,6 +455,7 @@ def main() -> None:
     # the young garbage collected after it; full passes only between scenarios.
     collector = RoundCollector(full_every=float("inf"))
     collector.start()
+    warm_kernels()  # as a flow scheduler does at start (FlowPolicy.warm_up)
     print(f"load average {os.getloadavg()[0]:.2f}; times in CPU ms of this process; "
           f"changes taken in between rounds: {'yes' if between else 'no'}")
     done: dict[tuple[str, int, float], list[Timing]] = {}

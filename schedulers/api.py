@@ -327,6 +327,11 @@ class Policy:
         takes nothing."""
         return False
 
+    def warm_up(self) -> None:
+        """Called once before the first decision (a scheduler process, a simulation):
+        load or build now what the first decision would otherwise pay for (compiled
+        kernels, tables), so that no decision carries it. The default does nothing."""
+
     def report(self) -> Mapping[str, float | int]:
         """The policy's own metrics, by name (numbers only; a few dozen at most): the
         runtime reports them under ``policy`` beside its own every few seconds.

@@ -178,6 +178,7 @@ def run_scheduler(config: SchedulerProcessConfig, stop: threading.Event,
     scheduler's other instances at once) before returning."""
     registry = registry or Registry.from_entry_points()
     policy = make_policy(registry, config)  # bad names and options fail before connecting
+    policy.warm_up()  # e.g. the flow solver's kernels: loaded here, not in the first round
     client = CellClient(config.cellstate, tls=config.tls)
     replica = remote_replica(client, config.cell)
     collector = RoundCollector()

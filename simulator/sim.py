@@ -206,7 +206,7 @@ class Simulation:
                 timer = time.process_time if spec.measured_clock == "cpu" else time.perf_counter
                 if isinstance(policy, FlowPolicy):
                     policy.timer = timer
-                    policy.warm_up()  # not charged to the first round
+                policy.warm_up()  # not charged to the first round
                 inst = SchedulerInstance(
                     policy, self.cell, source, scheduler=spec.name,
                     instance=name, clock=self.loop.clock,

@@ -4,22 +4,29 @@ option stops it before it connects, with a message that names what is wrong."""
 
 from __future__ import annotations
 
+import gc
 import re
 import shlex
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from cellstate.errors import AlreadyExistsError
+from cellstate.invariants import placed_tasks_of
 from cellstate.kv.memory import MemoryKV
-from cellstate.model import InstanceRecord
+from cellstate.model import InstanceRecord, Job
 from cellstate.store import CellStore
 from omega.cli import build_parser, main, option_value, scheduler_process_config
+from schedulers.api import Context, Plan
+from schedulers.batch import BatchPolicy
 from schedulers.flow import FlowPolicy
 from schedulers.process import SchedulerProcessConfig, make_policy, run_scheduler
 from schedulers.registry import Registry
+from schedulers.testing import job, machine
 from tests.api.service_fixture import running_server
 
 # Nothing listens on port 1: a process that tried to connect would not exit with 2
@@ -223,3 +230,56 @@ def test_a_live_instance_under_the_same_id_is_an_error_once_its_lease_should_hav
     assert "instance flow/f0 is already running" in str(err.value)
     assert "did not lapse within 4 s, so another live process runs this instance id" in str(
         err.value)
+
+
+class _Watched(BatchPolicy):
+    """Batch placement noting, per decision, whether warm_up ran before it and whether
+    the cyclic collector could run inside it."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.warmed = False
+        self.seen: list[tuple[bool, bool]] = []
+
+    def warm_up(self) -> None:
+        self.warmed = True
+
+    def schedule_job(self, ctx: Context, job: Job) -> Plan:
+        self.seen.append((self.warmed, gc.isenabled()))
+        return super().schedule_job(ctx, job)
+
+
+def test_a_scheduler_process_warms_its_policy_up_and_never_collects_inside_a_decision(
+        ) -> None:
+    """run_scheduler, as `omega scheduler` runs it: the policy's warm_up before its
+    first decision, automatic garbage collection off in every decision (collected
+    between steps: cellstate.gc_tuning.RoundCollector), and as it was afterwards."""
+    kv = MemoryKV()
+    admin = CellStore(kv)
+    admin.add_machines([machine(f"m{i}", cpu=8) for i in range(4)])
+    policy = _Watched()
+    registry = Registry()
+    registry.register("watched", lambda **options: policy)
+    was = gc.isenabled()
+    stop = threading.Event()
+    with running_server(kv) as server:
+        config = _config("watched", "--name", "batch", "--instance", "w0",
+                         "--cellstate", f"127.0.0.1:{server.port}")
+        runner = threading.Thread(target=run_scheduler, args=(config, stop, registry),
+                                  daemon=True)
+        runner.start()
+        try:
+            now = time.time()
+            for i in range(3):
+                admin.submit_job(attrs.evolve(job(f"b{i}", tasks=2), submitted_at=now))
+            deadline = time.monotonic() + 60  # a bound for failure, not a measurement
+            while not all(placed_tasks_of(admin.read_snapshot(), f"b{i}") == 2
+                          for i in range(3)):
+                assert time.monotonic() < deadline, "jobs not placed within 60 s"
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            runner.join(timeout=30)
+    assert not runner.is_alive()
+    assert len(policy.seen) >= 3 and policy.seen == [(True, False)] * len(policy.seen)
+    assert gc.isenabled() == was
