@@ -607,7 +607,8 @@ def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
     """The budget binds inside a tree too: the one unit of a long chain of balanced
     arcs needs a tree of ~9,000 arc scans, so with no budget relaxation drops it
     unchanged (the kernel: BUDGET, flow and prices as they were) and cost scaling
-    routes the unit (the solver: handed over with no augmentation or rise)."""
+    routes the unit (the solver: handed over with no augmentation or rise). So does a
+    tree that alone passes half of max_big big trees' scans, whatever the budget left."""
     from schedulers.flow.mcf import kernels as K
 
     length = 3000
@@ -632,6 +633,18 @@ def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
         assert got == status
         assert x.sum() == (0 if status == K.BUDGET else m)
         assert not pi.any() and stats[K.ST_RISE] == 0
+    # A budget to spare, but one tree as dear as half of max_big big ones: dropped.
+    for big, max_big, status in ((1000, 8, K.BUDGET), (1000, 32, K.DONE),
+                                 (2**62, 4, K.DONE)):
+        x, e, pi = np.zeros(m, dtype=np.int64), supply.copy(), np.zeros(n, dtype=np.int64)
+        stats = np.zeros(K.NSTATS, dtype=np.int64)
+        got = K.relax(n, start, adj, tail, head, net.capacity, net.cost, x, e, pi,
+                      10 * (n + m), np.zeros(1, dtype=np.int64), stats, big, max_big,
+                      np.empty(9 * n, dtype=np.int64))
+        assert got == status, (big, max_big)
+        assert x.sum() == (0 if status == K.BUDGET else m)
+        assert stats[K.ST_OPS] < (big * max_big // 2 + 2 * K._CHECK if status == K.BUDGET
+                                  else 10 * (n + m))
     solver = FirmamentSolver("auto", relax_budget=0.0)
     sol = solver.solve(net)
     check_flow(net, sol)

@@ -596,6 +596,8 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
     pred[:] = -1
     inq[:] = 0
     flows[:] = -1
+    half = max(max_big // 2, 1)
+    giant = big * half if big < INF // half else INF
     qh = 0
     qn = 0
     for v in range(n):
@@ -702,10 +704,14 @@ def relax(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-unt
                     if abort[0] != 0:
                         stats[ST_OPS] = ops
                         return ABORTED
-                    if ops > budget:
+                    if ops > budget or ops - began > giant:
                         # Past the budget inside a tree: drop the tree (nothing has
                         # changed yet), so one tree spanning a full cluster cannot
-                        # overrun the budget many times over.
+                        # overrun the budget many times over. One tree as dear as
+                        # half of ``max_big`` big ones is dropped at once: after a
+                        # 3,000-task job's arrival on a 90% cell the last units' tree
+                        # spans the network, and half the budget went on one that
+                        # never ended (650,000 arc scans, 20-25 ms).
                         stats[ST_OPS] = ops
                         return BUDGET
             if target >= 0:

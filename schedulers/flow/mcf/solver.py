@@ -41,9 +41,9 @@ How the two are combined (``algorithm``):
   scaling finishes in a few passes' time: at 4, a 90%-full round of 1.1 M arcs
   spent 106-110 ms in relaxation before handing over, at 1 37-43 ms; the budget
   is checked inside a tree too, which is then dropped: one tree of a large job on a
-  full cluster cost 1.7 M arc scans past it), and (warm)
-  of ``big_trees`` trees that each cost over ``big_tree`` times (nodes + arcs);
-  past either, cost scaling carries on from
+  full cluster cost 1.7 M arc scans past it), and (warm) of ``big_trees`` trees
+  that each cost over ``big_tree`` times (nodes + arcs), or one tree that passes
+  half of them together (dropped); past any of these, cost scaling carries on from
   relaxation's state (it is consistent and reduced-cost optimal, so it is a warm
   start like any other: its first refine has nothing to saturate). This avoids
   relaxation's bad cases (contention: §4.3, Fig. 8-9: in a full cluster every new
@@ -153,7 +153,7 @@ class FirmamentSolver:
     (``warm_budget`` when warm-started);
     ``big_tree``, ``big_trees``: warm, it also hands over after ``big_trees`` trees
     that cost ``big_tree`` times (nodes + arcs) arc scans or more each (a full
-    cluster).
+    cluster), or in one tree that passes half of them together.
     ``alpha``: cost scaling's ε divisor per phase. ``warm_phases``: a warm cost
     scaling starts at the from-scratch first ε divided by alpha this many more times
     (or at the flow's largest violation, if that is larger); the default, 20, means
