@@ -250,17 +250,29 @@ def test_listing_into_a_closed_pipe(live: CellStateServer, command: str) -> None
     assert _into_closed_pipe(command, "--cellstate", _at(live)) == (PIPE_CLOSED, "")
 
 
+@pytest.fixture(scope="module")
+def completion_scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """What `omega completion bash` and `omega completion zsh` print, in files: made
+    once for the module's cases (an `omega` process costs a second or two here)."""
+    folder = tmp_path_factory.mktemp("completion")
+    scripts = {}
+    for shell in ("bash", "zsh"):
+        scripts[shell] = folder / f"omega.{shell}"
+        scripts[shell].write_text(subprocess.run(
+            omega("completion", shell), capture_output=True, text=True, check=True,
+            timeout=60).stdout)
+    return scripts
+
+
 @pytest.mark.parametrize(("words", "offered"), [
     (["omega", "su"], "submit"),
     (["omega", "--json", "jo"], "jobs"),
     (["omega", "jobs", "--st"], "--status"),
     (["omega", "-o", "w"], "wide"),
 ])
-def test_bash_completion_offers_commands_and_flags(words: list[str], offered: str,
-                                                   tmp_path: Path) -> None:
-    script = tmp_path / "omega.bash"
-    script.write_text(subprocess.run(omega("completion", "bash"), capture_output=True,
-                                     text=True, check=True, timeout=60).stdout)
+def test_bash_completion_offers_commands_and_flags(
+        words: list[str], offered: str, completion_scripts: dict[str, Path]) -> None:
+    script = completion_scripts["bash"]
     quoted = " ".join(f"'{w}'" for w in words)
     out = subprocess.run(
         ["bash", "-c", f"source {script}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1};"
@@ -290,14 +302,13 @@ def _zsh() -> str:
     (["omega", "jobs", "--st"], "--status"),
     (["omega", "-o", "w"], "wide"),
 ])
-def test_zsh_completion_offers_commands_and_flags(words: list[str], offered: str,
-                                                  tmp_path: Path) -> None:
+def test_zsh_completion_offers_commands_and_flags(
+        words: list[str], offered: str, completion_scripts: dict[str, Path],
+        tmp_path: Path) -> None:
     """Through zsh's own bash layer, as its completion widget calls it: the words in
     ``words`` (1-based, zsh's way), and ``compgen -F`` running the script's function
     with sh emulation, the options it sets."""
-    script = tmp_path / "omega.zsh"
-    script.write_text(subprocess.run(omega("completion", "zsh"), capture_output=True,
-                                     text=True, check=True, timeout=60).stdout)
+    script = completion_scripts["zsh"]
     quoted = " ".join(f"'{w}'" for w in words)
     out = subprocess.run(
         [_zsh(), "-f", "-c", f"source {script}; words=({quoted}); CURRENT={len(words)};"
