@@ -70,6 +70,7 @@ class Extraction:
     claims: list[Claim] = attrs.field(factory=list)
     unscheduled: dict[str, int] = attrs.field(factory=dict)  # job -> units left waiting
     placed: int = 0
+    bulk: int = 0  # of those, claimed with their machine's others at once (_claim_plain)
     migrated: int = 0
     preempted: int = 0
     repaired: int = 0  # arrivals the fit rules turned back
@@ -485,6 +486,7 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
         if batch is not None and indexes:
             ex.claims.extend(view.claim_many(batch, indexes, records))
             ex.placed += len(indexes)
+            ex.bulk += len(indexes)
 
     k, mid, jid = start, "", ""
     u: Resources | None = None
