@@ -228,6 +228,8 @@ class CellView:
         are the snapshot's records (``snap.machines``), as the caller looked them up."""
         jid, need, sched = job.id, job.task_resources, self.scheduler
         overlays, extras, placed = self._overlays, self._extra, self._placed
+        # One precedence for all but a MapReduce job's extra workers (task_precedence).
+        same = job.precedence if job.mapreduce is None else None
         out = []
         last: Machine | None = None
         mid, seq = "", 0
@@ -239,7 +241,8 @@ class CellView:
                 extra = extras.setdefault(mid, {})
             c = trusted_claim(jid, index, mid, seq, (), (), "")
             tid = c.task
-            extra[tid] = trusted_allocation(tid, jid, sched, task_precedence(job, index), need)
+            extra[tid] = trusted_allocation(
+                tid, jid, sched, task_precedence(job, index) if same is None else same, need)
             placed.add(tid)
             out.append(c)
         self._claims.extend(out)

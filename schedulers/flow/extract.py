@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import attrs
 import numpy as np
@@ -166,7 +166,9 @@ def _keys(graph: GraphManager, srcs: list[int], ats: list[int]
           ) -> tuple[dict[int, NodeKey], dict[int, str]]:
     """The key of each source node and the id of each machine node named."""
     key = graph.net.node_key
-    return ({i: key(i) for i in set(srcs)}, {i: str(key(i)[1]) for i in set(ats)})
+    named = set(srcs)
+    sources = dict(zip(named, map(key, named), strict=True))
+    return sources, {i: str(key(i)[1]) for i in set(ats)}
 
 
 class _Waiting(NamedTuple):
@@ -248,7 +250,7 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
                         strict=True):
         src = sources[s_i]
         if len(src) == 3:  # a task's own node: that task (once), as take() does
-            jid, i = str(src[1]), int(str(src[2]))
+            jid, i = cast(str, src[1]), cast(int, src[2])
             if not still(jid, i):
                 ex.stale += 1
                 continue
@@ -616,7 +618,7 @@ class _Current:
         self._jobs: dict[str, bool] = {}  # job -> neither gone nor ended in latest
 
     def waiting(self, jid: str, index: int) -> bool:
-        tid = task_id(jid, index)
+        tid = f"{jid}/{index}"  # task_id
         if self._claimed(tid):
             return False  # claimed by an earlier round, not yet in the snapshot
         latest = self._latest
