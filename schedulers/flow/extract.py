@@ -420,11 +420,15 @@ class _Used:
                 self._used[mid] = u
         return u
 
-    def first(self, m: Machine) -> Resources | None:
-        """:meth:`of` for a machine not asked about yet (:meth:`known` None) whose
-        record in the view is the snapshot's (``CellView.overlaid`` False)."""
+    def counted(self, m: Machine, overlaid: Callable[[str], bool]) -> Resources | None:
+        """:meth:`known`, or else :meth:`of` where the view shows the snapshot's
+        record ``m`` (``overlaid``: ``CellView.overlaid``, asked only then); None
+        where the view shows claims on the machine or it is not counted here."""
         mid = m.id
-        if mid in self._off:
+        u = self._used.get(mid)
+        if u is not None:
+            return self.known(mid) if mid in self._added else u
+        if mid in self._off or overlaid(mid):
             return None
         u = self._graph.used_on(m)
         if u is None:
@@ -497,28 +501,24 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
     while k < n:
         if mids[k] != mid:
             mid = mids[k]
-            # As _place finds the machine and what holds it: only where the view
-            # shows the snapshot's record (no claim of this decision's on it yet).
-            u = used.known(mid)
+            # As _place finds the machine and what holds it, where the view shows
+            # the snapshot's record (no claim of this decision's on it yet).
             m = snap_get(mid)
             if m is None or m.state is not MachineState.UP:
                 break
+            u = used.counted(m, overlaid)
             if u is None:
-                if overlaid(mid):
-                    break
-                u = used.first(m)
-                if u is None:
-                    break
+                break
         if jids[k] != jid:
             jid = jids[k]
             job = jobs.get(jid)
             if job is None or not used.plain(job):
                 break
+            need = job.task_resources
         run = k + 1
         while run < n and jids[run] == jid and mids[run] == mid:
             run += 1
         assert u is not None and m is not None and job is not None
-        need = job.task_resources
         count = u.fit_times(need, m.capacity, run - k)
         if count:
             if job is not batch:
