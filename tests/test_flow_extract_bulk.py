@@ -202,3 +202,27 @@ def test_a_machine_the_view_shows_claims_on_goes_the_per_unit_way() -> None:
     ex, _ = _both(gm, net, flow, snap, store.read_snapshot(), ((c, snap.jobs["b"]),))
     assert ex.bulk == 0
     assert sum(1 for c in ex.claims if c.job == "a") == 2  # the 2 cpu b's claim leaves
+
+
+def test_claim_many_is_claim_after_claim() -> None:
+    """``CellView.claim_many`` against ``claim`` one by one, for a MapReduce job whose
+    extra workers (index 2 and up) run at the opportunistic precedence: the same
+    claims, and the view shows the same allocations, precedence included."""
+    store = make_cell(MemoryKV(), [machine("m0", cpu=8), machine("m1", cpu=8)], [])
+    job = attrs.evolve(JobBuilder("mr").mapreduce(8, 10.0, workers=2).scheduler(FLOW).build(),
+                       task_count=5)
+    store.submit_job(job)
+    snap = store.read_snapshot()
+    at = [snap.machines[mid] for mid in ("m0", "m0", "m1", "m0", "m1")]
+    many, one = CellView(snap, FLOW), CellView(snap, FLOW)
+    made = many.claim_many(job, range(5), at)
+    assert made == [one.claim(job, i, m.id) for i, m in enumerate(at)]
+    assert many.claims == one.claims
+    for mid in ("m0", "m1"):
+        a, b = many.machine(mid), one.machine(mid)
+        assert a is not None and b is not None and a.allocations == b.allocations
+        assert {t: x.precedence for t, x in a.allocations.items()} == {
+            t: x.precedence for t, x in b.allocations.items()}
+    assert len({x.precedence for m in ("m0", "m1")
+                for x in many.machine(m).allocations.values()}) == 2  # type: ignore[union-attr]
+    assert many.pending_tasks(job) == one.pending_tasks(job) == []

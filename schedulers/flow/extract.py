@@ -19,6 +19,17 @@ such an arrival tries the cheapest machines the flow left room on for its shape
 the flow are evicted only by an arrival that needs their room and has a higher
 precedence (the store's rule); others keep running. Tasks that ended, were placed by
 someone else or whose job was killed while the solver ran (``latest``) are dropped.
+
+Most arrivals need none of that: a waiting task of a job with no constraint (and no
+job in the cell with an anti-affinity rule) on a machine that is up, the network
+counted and the view shows as the snapshot does, where it fits. Those are claimed in
+bulk (:func:`_claim_plain`): per machine and job the room is asked once for the run
+of arrivals there (``Resources.fit_times``, the same float operations as asking task
+by task) and the claims are made together (``CellView.claim_many``); at the first
+arrival it cannot settle so, that arrival and the rest of its machine's take the
+per-unit path above. The claims, their order and everything counted are the same as
+checking every arrival on its own (``per_unit=True``,
+``tests/test_flow_extract_bulk.py``).
 """
 
 from __future__ import annotations
