@@ -220,29 +220,28 @@ class CellView:
         self._claims.append(c)
         return c
 
-    def claim_many(self, job: Job, indexes: Sequence[int], machines: Sequence[Machine]
-                   ) -> list[Claim]:
-        """:meth:`claim` of task ``indexes[k]`` of ``job`` on ``machines[k]``, for
+    def claim_many(self, jobs: Sequence[Job], indexes: Sequence[int],
+                   machines: Sequence[Machine]) -> list[Claim]:
+        """:meth:`claim` of task ``indexes[k]`` of ``jobs[k]`` on ``machines[k]``, for
         each k in order, none evicting, moving or with fallbacks: the same claims and
-        the same view after (a flow round places thousands of tasks). ``machines``
-        are the snapshot's records (``snap.machines``), as the caller looked them up."""
-        jid, need, sched = job.id, job.task_resources, self.scheduler
-        overlays, extras, placed = self._overlays, self._extra, self._placed
-        # One precedence for all but a MapReduce job's extra workers (task_precedence).
-        same = job.precedence if job.mapreduce is None else None
+        the same view after (a flow round places thousands of tasks). ``machines`` are
+        the snapshot's records (``snap.machines``), as the caller looked them up."""
+        sched, overlays, extras, placed = (self.scheduler, self._overlays, self._extra,
+                                           self._placed)
         out = []
         last: Machine | None = None
         mid, seq = "", 0
         extra: dict[str, Allocation] = {}
-        for index, m in zip(indexes, machines, strict=True):
+        for job, index, m in zip(jobs, indexes, machines, strict=True):
             if m is not last:
                 last, mid, seq = m, m.id, m.seq
                 overlays.pop(mid, None)
                 extra = extras.setdefault(mid, {})
+            jid = job.id
             c = trusted_claim(jid, index, mid, seq, (), (), "")
             tid = c.task
-            extra[tid] = trusted_allocation(
-                tid, jid, sched, task_precedence(job, index) if same is None else same, need)
+            extra[tid] = trusted_allocation(tid, jid, sched, task_precedence(job, index),
+                                            job.task_resources)
             placed.add(tid)
             out.append(c)
         self._claims.extend(out)

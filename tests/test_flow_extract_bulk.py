@@ -206,17 +206,22 @@ def test_a_machine_the_view_shows_claims_on_goes_the_per_unit_way() -> None:
 
 def test_claim_many_is_claim_after_claim() -> None:
     """``CellView.claim_many`` against ``claim`` one by one, for a MapReduce job whose
-    extra workers (index 2 and up) run at the opportunistic precedence: the same
-    claims, and the view shows the same allocations, precedence included."""
+    extra workers (index 2 and up) run at the opportunistic precedence, between tasks
+    of another job: the same claims, and the view shows the same allocations,
+    precedence included."""
     store = make_cell(MemoryKV(), [machine("m0", cpu=8), machine("m1", cpu=8)], [])
     job = attrs.evolve(JobBuilder("mr").mapreduce(8, 10.0, workers=2).scheduler(FLOW).build(),
                        task_count=5)
+    other = JobBuilder("other").tasks(2).precedence(3).scheduler(FLOW).build()
     store.submit_job(job)
+    store.submit_job(other)
     snap = store.read_snapshot()
-    at = [snap.machines[mid] for mid in ("m0", "m0", "m1", "m0", "m1")]
+    plan = [(job, 0, "m0"), (other, 0, "m0"), (job, 1, "m0"), (job, 2, "m1"),
+            (other, 1, "m1"), (job, 3, "m0"), (job, 4, "m1")]
+    at = [snap.machines[mid] for _, _, mid in plan]
     many, one = CellView(snap, FLOW), CellView(snap, FLOW)
-    made = many.claim_many(job, range(5), at)
-    assert made == [one.claim(job, i, m.id) for i, m in enumerate(at)]
+    made = many.claim_many([j for j, _, _ in plan], [i for _, i, _ in plan], at)
+    assert made == [one.claim(j, i, mid) for j, i, mid in plan]
     assert many.claims == one.claims
     for mid in ("m0", "m1"):
         a, b = many.machine(mid), one.machine(mid)
@@ -224,5 +229,6 @@ def test_claim_many_is_claim_after_claim() -> None:
         assert {t: x.precedence for t, x in a.allocations.items()} == {
             t: x.precedence for t, x in b.allocations.items()}
     assert len({x.precedence for m in ("m0", "m1")
-                for x in many.machine(m).allocations.values()}) == 2  # type: ignore[union-attr]
+                for x in many.machine(m).allocations.values()}) == 3  # type: ignore[union-attr]
     assert many.pending_tasks(job) == one.pending_tasks(job) == []
+    assert many.pending_tasks(other) == one.pending_tasks(other) == []

@@ -495,15 +495,9 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
     mids, jids, idxs = waiting.machines, waiting.jobs, waiting.indexes
     jobs, n = view.jobs, len(mids)
     snap_get, overlaid = view.snap.machines.get, view.overlaid
-    batch: Job | None = None
+    batch: list[Job] = []
     indexes: list[int] = []
     records: list[Machine] = []
-
-    def flush() -> None:
-        if batch is not None and indexes:
-            ex.claims.extend(view.claim_many(batch, indexes, records))
-            ex.placed += len(indexes)
-            ex.bulk += len(indexes)
 
     k, mid, jid = start, "", ""
     u: Resources | None = None
@@ -532,13 +526,12 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
         assert u is not None and m is not None and job is not None
         count = u.fit_times(need, m.capacity, run - k)
         if count:
-            if job is not batch:
-                flush()
-                batch, indexes, records = job, [], []
             if count == 1:
+                batch.append(job)
                 indexes.append(idxs[k])
                 records.append(m)
             else:
+                batch.extend([job] * count)
                 indexes.extend(idxs[k:k + count])
                 records.extend([m] * count)
             # What holds the machine now, summed only if asked again.
@@ -548,7 +541,10 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
         k += count
         if k < run:
             break
-    flush()
+    if indexes:
+        ex.claims.extend(view.claim_many(batch, indexes, records))
+        ex.placed += len(indexes)
+        ex.bulk += len(indexes)
     return k
 
 
