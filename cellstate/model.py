@@ -192,6 +192,41 @@ class Resources:
                 return name
         return None
 
+    def fit_times(self, extra: Resources, capacity: Resources, most: int) -> int:
+        """How many copies of ``extra``, added one at a time, fit within ``capacity``
+        (at most ``most``): the loop ``while u.exceeding_with(extra, capacity) is None:
+        u = u + extra`` with the same float operations, so the answer is the one a
+        caller checking copy by copy gets. A policy placing many tasks of one shape on
+        one machine asks once."""
+        n = 0
+        a, b, c = self.amounts, extra.amounts, capacity.amounts
+        if len(b) == 2 and len(c) == 2 and (
+                not a or (len(a) == 2 and a[0][0] == b[0][0] and a[1][0] == b[1][0])):
+            (n0, y0), (n1, y1) = b
+            (k0, c0), (k1, c1) = c
+            if n0 == k0 and n1 == k1:
+                # exceeding_with's and __add__'s fast paths, with the bound worked out
+                # once (the first sum from nothing is ``extra``, as __add__ returns it).
+                x0, x1 = (a[0][1], a[1][1]) if a else (0.0, 0.0)
+                if x0 >= 0.0:
+                    lim0 = c0 + _FIT_SLACK * (c0 if c0 > 1.0 else 1.0)
+                    lim1 = c1 + _FIT_SLACK * (c1 if c1 > 1.0 else 1.0)
+                    while n < most:
+                        s0, s1 = x0 + y0, x1 + y1
+                        if s0 > lim0 or s1 > lim1:
+                            return n
+                        if not (s0 and s1):
+                            break  # a zero sum: __add__'s general path, below
+                        x0, x1, n = s0, s1, n + 1
+                    if n == most:
+                        return n
+                    if n:
+                        a = ((n0, x0), (n1, x1))
+        u = _resources(a) if a is not self.amounts else self
+        while n < most and u.exceeding_with(extra, capacity) is None:
+            u, n = u + extra, n + 1
+        return n
+
     def exceeding_limit(self, limit: Resources) -> str | None:
         """Like :meth:`exceeding`, but dimensions the limit does not name are unlimited."""
         for name, cap in limit.amounts:

@@ -220,6 +220,38 @@ class CellView:
         self._claims.append(c)
         return c
 
+    def claim_many(self, jobs: Sequence[Job], indexes: Sequence[int],
+                   machines: Sequence[Machine]) -> list[Claim]:
+        """:meth:`claim` of task ``indexes[k]`` of ``jobs[k]`` on ``machines[k]``, for
+        each k in order, none evicting, moving or with fallbacks: the same claims and
+        the same view after (a flow round places thousands of tasks). ``machines`` are
+        the snapshot's records (``snap.machines``), as the caller looked them up."""
+        sched, overlays, extras, placed = (self.scheduler, self._overlays, self._extra,
+                                           self._placed)
+        out = []
+        last: Machine | None = None
+        mid, seq = "", 0
+        extra: dict[str, Allocation] = {}
+        for job, index, m in zip(jobs, indexes, machines, strict=True):
+            if m is not last:
+                last, mid, seq = m, m.id, m.seq
+                overlays.pop(mid, None)
+                extra = extras.setdefault(mid, {})
+            jid = job.id
+            c = trusted_claim(jid, index, mid, seq, (), (), "")
+            tid = c.task
+            extra[tid] = trusted_allocation(tid, jid, sched, task_precedence(job, index),
+                                            job.task_resources)
+            placed.add(tid)
+            out.append(c)
+        self._claims.extend(out)
+        return out
+
+    def overlaid(self, mid: str) -> bool:
+        """Whether the view shows machine ``mid`` other than the snapshot does: claims
+        of this scheduler's (committed since, or earlier in the decision) on it."""
+        return mid in self._extra or mid in self._gone
+
     @property
     def claims(self) -> tuple[Claim, ...]:
         return tuple(self._claims)

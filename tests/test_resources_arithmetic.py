@@ -107,3 +107,33 @@ def test_fast_results_are_ordinary_values() -> None:
     assert {a: 1}[Resources.of(cpu=2, mem=4)] == 1
     assert sum_resources([]) == Resources()
     assert Resources.of(cpu=1, mem=2) - Resources.of(cpu=1, mem=2) == Resources()
+
+
+def loop_fit_times(used: Resources, extra: Resources, cap: Resources, most: int) -> int:
+    """What ``fit_times`` promises: copies checked and added one at a time."""
+    n = 0
+    while n < most and used.exceeding_with(extra, cap) is None:
+        used, n = used + extra, n + 1
+    return n
+
+
+@settings(max_examples=600, deadline=None)
+@given(vectors(), vectors(), vectors(), st.integers(0, 12))
+def test_fit_times_is_the_copy_by_copy_loop(used: Resources, extra: Resources,
+                                            cap: Resources, most: int) -> None:
+    assert used.fit_times(extra, cap, most) == loop_fit_times(used, extra, cap, most)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([0.1, 0.2, 0.3, 1.0 / 3, 0.7, 1e-10, 2.5]),
+       st.sampled_from([0.1, 0.2, 1.0 / 3, 1.0, 1e-10]),
+       st.integers(0, 40), st.integers(1, 60))
+def test_fit_times_at_the_edge_of_the_slack(step: float, mem: float, held: int,
+                                            most: int) -> None:
+    # Capacities that k copies reach exactly, give or take a few ulps of float sums:
+    # where the slack decides, the answer is the loop's all the same.
+    used = sum_resources([Resources.of(cpu=step, mem=mem)] * held)
+    for k in (held + 1, held + 3, held + most):
+        cap = sum_resources([Resources.of(cpu=step, mem=mem)] * k)
+        extra = Resources.of(cpu=step, mem=mem)
+        assert used.fit_times(extra, cap, most) == loop_fit_times(used, extra, cap, most)

@@ -19,14 +19,24 @@ such an arrival tries the cheapest machines the flow left room on for its shape
 the flow are evicted only by an arrival that needs their room and has a higher
 precedence (the store's rule); others keep running. Tasks that ended, were placed by
 someone else or whose job was killed while the solver ran (``latest``) are dropped.
+
+Most arrivals need none of that: a waiting task of a job with no constraint (and no
+job in the cell with an anti-affinity rule) on a machine that is up, the network
+counted and the view shows as the snapshot does, where it fits. Those are claimed in
+bulk (:func:`_claim_plain`): per machine and job the room is asked once for the run
+of arrivals there (``Resources.fit_times``, the same float operations as asking task
+by task) and the claims are made together (``CellView.claim_many``); at the first
+arrival it cannot settle so, that arrival and the rest of its machine's take the
+per-unit path above. The claims, their order and everything counted are the same as
+checking every arrival on its own (``per_unit=True``,
+``tests/test_flow_extract_bulk.py``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import attrs
 import numpy as np
@@ -66,14 +76,12 @@ class Arrival(NamedTuple):
     machine: str
 
 
-_MACHINE = itemgetter(1)  # an Arrival's machine
-
-
 @attrs.define
 class Extraction:
     claims: list[Claim] = attrs.field(factory=list)
     unscheduled: dict[str, int] = attrs.field(factory=dict)  # job -> units left waiting
     placed: int = 0
+    bulk: int = 0  # of those, claimed with their machine's others at once (_claim_plain)
     migrated: int = 0
     preempted: int = 0
     repaired: int = 0  # arrivals the fit rules turned back
@@ -93,10 +101,25 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
     layer order then by index: the k-th unit to leave an aggregator is the k-th to
     enter it. That pairing is done on arrays, aggregators fed only by sources (the
     cluster aggregators) first, then those they feed (racks)."""
+    srcs, ats, unscheduled, preempted = _arrival_nodes(graph, net, flow)
+    sources, machines = _keys(graph, srcs, ats)
+    # tuple.__new__: what Arrival(...) does, without a Python call per unit.
+    new = tuple.__new__
+    out = [new(Arrival, (sources[s_i], machines[m_i]))
+           for s_i, m_i in zip(srcs, ats, strict=True)]
+    return out, unscheduled, preempted
+
+
+def _arrival_nodes(graph: GraphManager, net: Arrays, flow: np.ndarray
+                   ) -> tuple[list[int], list[int], dict[str, int], dict[NodeKey, int]]:
+    """:func:`arrivals` as node indexes: each unit's source node and machine node, in
+    the order units reach their machine."""
     kinds = net.kind
     # Flow first: few arcs carry any, and indexing by a million int8 kinds converts
     # them all to intp (5-15 ms on the 1.2 M slots of a full 12,500-machine cell).
-    carrying = np.flatnonzero(flow > 0)
+    # Nor is every carrying arc looked up: with a node per running task, most of them
+    # are the 150,000 STAY arcs, which compare as int8 in one pass.
+    carrying = np.flatnonzero((flow > 0) & (kinds != ArcKind.STAY))
     carrying = carrying[_MOVING[kinds[carrying]]]
     ck = kinds[carrying]
     key = graph.net.node_key
@@ -147,20 +170,35 @@ def arrivals(graph: GraphManager, net: Arrays, flow: np.ndarray
     # In the order units reached their machine: by the delivering arc's layer and
     # index, one arc's units in the order they left the aggregator (a stable sort).
     final = np.lexsort((order, layer))
-    srcs, ats = src[final].tolist(), at[final].tolist()
-    sources = {i: key(i) for i in set(srcs)}
-    machines = {i: str(key(i)[1]) for i in set(ats)}
-    # tuple.__new__: what Arrival(...) does, without a Python call per unit.
-    new = tuple.__new__
-    out = [new(Arrival, (sources[s_i], machines[m_i]))
-           for s_i, m_i in zip(srcs, ats, strict=True)]
-    return out, unscheduled, preempted
+    return src[final].tolist(), at[final].tolist(), unscheduled, preempted
+
+
+def _keys(graph: GraphManager, srcs: list[int], ats: list[int]
+          ) -> tuple[dict[int, NodeKey], dict[int, str]]:
+    """The key of each source node and the id of each machine node named."""
+    key = graph.net.node_key
+    named = set(srcs)
+    sources = dict(zip(named, map(key, named), strict=True))
+    return sources, {i: str(key(i)[1]) for i in set(ats)}
+
+
+class _Waiting(NamedTuple):
+    """Arrivals of waiting tasks, in the order they are claimed: by machine, each
+    machine's in the order they reached it. Parallel lists, one entry per task."""
+
+    sources: list[NodeKey]
+    machines: list[str]
+    jobs: list[str]
+    indexes: list[int]
 
 
 def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
-            latest: CellSnapshot | None = None) -> Extraction:
-    """Claims for everything the flow changes (see the module docstring)."""
-    units, unscheduled, preempted = arrivals(graph, net, flow)
+            latest: CellSnapshot | None = None, *, per_unit: bool = False) -> Extraction:
+    """Claims for everything the flow changes (see the module docstring).
+    ``per_unit``: check every arrival on its own, never a machine's together (the
+    reference :func:`_claim_plain` gives the same claims as)."""
+    srcs, ats, unscheduled, preempted = _arrival_nodes(graph, net, flow)
+    sources, machines = _keys(graph, srcs, ats)
     ex = Extraction(unscheduled=dict(unscheduled))
     pools: dict[NodeKey, deque[tuple[str, int]]] = {}
 
@@ -176,17 +214,19 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
             pools[src] = p
         return p
 
+    current = _Current(latest, view)
+
     def take(src: NodeKey) -> tuple[str, int] | None:
         if src[0] == "W" and len(src) == 3:  # a task's own node: that task (once)
             jid, i = str(src[1]), int(str(src[2]))
-            if _still_waiting(latest, view, jid, i):
+            if current.waiting(jid, i):
                 return jid, i
             ex.stale += 1
             return None
         p = pool(src)
         while p:
             jid, i = p.popleft()
-            ok = (_still_waiting(latest, view, jid, i) if src[0] == "W"
+            ok = (current.waiting(jid, i) if src[0] == "W"
                   else _still_running(latest, jid, i, str(src[1])))
             if ok:
                 return jid, i
@@ -196,17 +236,44 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     used = _Used(graph, view)
     # Migrations first: they free room that arrivals on their old machines may need;
     # what does not fit is tried once more after everything else has been claimed.
+    # Each kind by machine, stably (a sort on arrays: no Python call per unit).
+    by_id = sorted(machines, key=machines.__getitem__)
+    rank = np.zeros(net.nodes, dtype=np.int64)
+    rank[by_id] = np.arange(len(by_id))
+    waits = np.zeros(net.nodes, dtype=bool)
+    waits[[i for i, k in sources.items() if k[0] == "W"]] = True
+    src_a, at_a = np.array(srcs, dtype=np.int64), np.array(ats, dtype=np.int64)
+    ordered = np.lexsort((np.arange(len(srcs)), rank[at_a], waits[src_a]))
+    moves = int(len(srcs) - np.count_nonzero(waits[src_a]))
     bound: list[tuple[Arrival, str, int]] = []
-    # Sorted by (migration first, machine), stably: the two kinds apart, then each by
-    # machine with a key read in C (a Python key per unit is a call per arrival).
-    moving = sorted((a for a in units if a.source[0] != "W"), key=_MACHINE)
-    moving.extend(sorted((a for a in units if a.source[0] == "W"), key=_MACHINE))
-    for a in moving:
-        if a.source[0] == "G" and a.source[1] == a.machine:
+    for s_i, m_i in zip(src_a[ordered[:moves]].tolist(), at_a[ordered[:moves]].tolist(),
+                        strict=True):
+        src, mid = sources[s_i], machines[m_i]
+        if src[0] == "G" and src[1] == mid:
             continue  # left through the aggregator and came back: stays
-        got = take(a.source)
+        got = take(src)
         if got is not None:
-            bound.append((a, *got))
+            bound.append((Arrival(src, mid), *got))
+    waiting = _Waiting([], [], [], [])
+    w_src, w_mid, w_job, w_index = waiting
+    still = current.waiting
+    for s_i, m_i in zip(src_a[ordered[moves:]].tolist(), at_a[ordered[moves:]].tolist(),
+                        strict=True):
+        src = sources[s_i]
+        if len(src) == 3:  # a task's own node: that task (once), as take() does
+            jid, i = cast(str, src[1]), cast(int, src[2])
+            if not still(jid, i):
+                ex.stale += 1
+                continue
+        else:
+            got = take(src)
+            if got is None:
+                continue
+            jid, i = got
+        w_src.append(src)
+        w_mid.append(machines[m_i])
+        w_job.append(jid)
+        w_index.append(i)
     # Preempted units: what is left of their groups once the migrations took theirs.
     victims: dict[str, list[Allocation]] = {}
     snap = view.snap
@@ -226,12 +293,26 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
     # several tasks' room on the machine) may evict further re-offered tasks of lower
     # precedence there, lowest first: those neither moving nor preempted already.
     taken = {v.task for vs in victims.values() for v in vs}
-    taken.update(task_id(jid, i) for a, jid, i in bound if a.source[0] == "G")
+    taken.update(task_id(jid, i) for a, jid, i in bound)
     victims = _Victims(victims, lambda mid: _spare(graph, snap, mid, taken))
     retry: list[tuple[Arrival, str, int]] = []
     for a, jid, i in bound:
         if not _place(ex, view, used, a, jid, i, victims, final=False):
             retry.append((a, jid, i))
+    k, n = 0, len(waiting.machines)
+    while k < n:
+        if not per_unit:
+            # Claimed together for as long as they surely fit, then the rest of the
+            # machine where that stopped one by one.
+            k = _claim_plain(ex, view, used, waiting, k)
+            if k == n:
+                break
+        mid = waiting.machines[k]
+        while k < n and waiting.machines[k] == mid:
+            a, jid, i = Arrival(waiting.sources[k], mid), waiting.jobs[k], waiting.indexes[k]
+            if not _place(ex, view, used, a, jid, i, victims, final=False):
+                retry.append((a, jid, i))
+            k += 1
     spare: Spare | None = None
     for a, jid, i in retry:
         if _place(ex, view, used, a, jid, i, victims, final=False):
@@ -350,6 +431,23 @@ class _Used:
                 self._used[mid] = u
         return u
 
+    def counted(self, m: Machine, overlaid: Callable[[str], bool]) -> Resources | None:
+        """:meth:`known`, or else :meth:`of` where the view shows the snapshot's
+        record ``m`` (``overlaid``: ``CellView.overlaid``, asked only then); None
+        where the view shows claims on the machine or it is not counted here."""
+        mid = m.id
+        u = self._used.get(mid)
+        if u is not None:
+            return self.known(mid) if mid in self._added else u
+        if mid in self._off or overlaid(mid):
+            return None
+        u = self._graph.used_on(m)
+        if u is None:
+            self._off.add(mid)
+        else:
+            self._used[mid] = u
+        return u
+
     def of(self, m: Machine) -> Resources | None:
         mid = m.id
         if mid in self._off:
@@ -366,6 +464,11 @@ class _Used:
                 self._used[mid] = u
         return u
 
+    def added(self, mid: str, need: Resources, count: int) -> None:
+        """``count`` placements of ``need`` on ``mid`` (counted already, :meth:`of`),
+        none evicting or moving: what :meth:`claimed` counts of each."""
+        self._added.setdefault(mid, []).extend([need] * count)
+
     def claimed(self, c: Claim, need: Resources) -> None:
         """Count a claim just made: a placement adds to its machine; anything that
         also frees room (an eviction, a move) leaves both machines to the usual sum."""
@@ -378,6 +481,71 @@ class _Used:
         else:
             # Summed when the machine is asked about again (most are not).
             self._added.setdefault(c.machine, []).append(need)
+
+
+def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
+                 start: int) -> int:
+    """Claim the arrivals ``waiting[start:]`` in order for as long as :func:`_place`
+    would claim each with the resource rule alone, with the same claims: jobs with no
+    constraint and no neighbour's in the cell (:meth:`_Used.plain`), machines that are
+    up and counted, the room asked once per machine and job (``Resources.fit_times``)
+    and the claims made together (``CellView.claim_many``). Returns the index of the
+    first arrival it could not claim so: that one and the rest of its machine's need
+    :func:`_place`."""
+    mids, jids, idxs = waiting.machines, waiting.jobs, waiting.indexes
+    jobs, n = view.jobs, len(mids)
+    snap_get, overlaid = view.snap.machines.get, view.overlaid
+    batch: list[Job] = []
+    indexes: list[int] = []
+    records: list[Machine] = []
+
+    k, mid, jid = start, "", ""
+    u: Resources | None = None
+    m: Machine | None = None
+    job: Job | None = None
+    while k < n:
+        if mids[k] != mid:
+            mid = mids[k]
+            # As _place finds the machine and what holds it, where the view shows
+            # the snapshot's record (no claim of this decision's on it yet).
+            m = snap_get(mid)
+            if m is None or m.state is not MachineState.UP:
+                break
+            u = used.counted(m, overlaid)
+            if u is None:
+                break
+        if jids[k] != jid:
+            jid = jids[k]
+            job = jobs.get(jid)
+            if job is None or not used.plain(job):
+                break
+            need = job.task_resources
+        run = k + 1
+        while run < n and jids[run] == jid and mids[run] == mid:
+            run += 1
+        assert u is not None and m is not None and job is not None
+        count = u.fit_times(need, m.capacity, run - k)
+        if count:
+            if count == 1:
+                batch.append(job)
+                indexes.append(idxs[k])
+                records.append(m)
+            else:
+                batch.extend([job] * count)
+                indexes.extend(idxs[k:k + count])
+                records.extend([m] * count)
+            # What holds the machine now, summed only if asked again.
+            used.added(mid, need, count)
+            if count < run - k or (run < n and mids[run] == mid):
+                u = used.known(mid)
+        k += count
+        if k < run:
+            break
+    if indexes:
+        ex.claims.extend(view.claim_many(batch, indexes, records))
+        ex.placed += len(indexes)
+        ex.bulk += len(indexes)
+    return k
 
 
 def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, index: int,
@@ -446,19 +614,32 @@ def _place(ex: Extraction, view: CellView, used: _Used, a: Arrival, jid: str, in
     return True
 
 
-def _still_waiting(latest: CellSnapshot | None, view: CellView, jid: str, index: int
-                   ) -> bool:
-    if view.claimed(task_id(jid, index)):
-        return False  # claimed by an earlier round, not yet in the snapshot
-    if latest is None:
-        return True
-    if jid in latest.statuses or jid not in latest.jobs:
-        return False
-    tid = task_id(jid, index)
-    if tid not in latest.tasks:
-        return True  # no record: pending (task_view)
-    v = task_view(latest, tid)
-    return v.state in PLACEABLE and not v.reserved_by
+class _Current:
+    """Whether tasks are still as the network saw them when the solver started:
+    ``latest`` (None: not known, all are) and this decision's view, each job's own
+    record looked up once."""
+
+    def __init__(self, latest: CellSnapshot | None, view: CellView) -> None:
+        self._latest = latest
+        self._claimed = view.claimed
+        self._jobs: dict[str, bool] = {}  # job -> neither gone nor ended in latest
+
+    def waiting(self, jid: str, index: int) -> bool:
+        tid = f"{jid}/{index}"  # task_id
+        if self._claimed(tid):
+            return False  # claimed by an earlier round, not yet in the snapshot
+        latest = self._latest
+        if latest is None:
+            return True
+        ok = self._jobs.get(jid)
+        if ok is None:
+            ok = self._jobs[jid] = jid not in latest.statuses and jid in latest.jobs
+        if not ok:
+            return False
+        if tid not in latest.tasks:
+            return True  # no record: pending (task_view)
+        v = task_view(latest, tid)
+        return v.state in PLACEABLE and not v.reserved_by
 
 
 def _still_running(latest: CellSnapshot | None, jid: str, index: int, mid: str) -> bool:
