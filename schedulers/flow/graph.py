@@ -1495,8 +1495,9 @@ def _run_of(key: NodeKey) -> tuple[str, str]:
 class _Continuations:
     """The continuation arcs of running tasks with nodes of their own, as arrays: their
     slots, the model's cost of running there (``transfer``) and when each started, so
-    that the discount for time run (``CostModel.run_discounts``) is written for all of
-    them at once, every update, not task by task in Python."""
+    that the discount for time run (``CostModel.run_discounts``) is worked out for all
+    of them at once, every update, not task by task in Python, and written where it
+    moved."""
 
     def __init__(self) -> None:
         # (task, machine) -> when this scheduler first saw it running there
