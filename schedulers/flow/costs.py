@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -616,37 +618,18 @@ class QuincyCostModel(_MovesTasks):
         if not self._arrays_price():
             return super().jobs_task_prices(asked, racks)
         ix = racks.index()
-        position = ix.position
-        task: list[int] = []
-        block: list[int] = []
-        machine: list[int] = []
-        size: list[float] = []
-        totals: list[float] = []
         tasks: list[int] = []
+        inputs: list[tuple[Block, ...]] = []
         out: list[tuple[int, list[int]]] = []
-        nb = 0
         for job, indices in asked:
-            own = [i for i in indices if i < len(job.task_input)]
+            given = job.task_input
+            n = len(given)
+            own = [i for i in indices if i < n]
             out.append((len(tasks), own))
-            for i in own:
-                k = len(tasks)
-                tasks.append(i)
-                total = 0.0
-                for b in job.task_input[i]:
-                    total += b.size
-                    for mid in b.on:
-                        j = position.get(mid)
-                        if j is not None:  # else not in the cell: read from elsewhere
-                            task.append(k)
-                            block.append(nb)
-                            machine.append(j)
-                            size.append(b.size)
-                    nb += 1
-                totals.append(total)
-        tp = _price_rows(self.options, tasks, np.array(totals, dtype=np.float64),
-                         np.array(task, dtype=np.int64), np.array(block, dtype=np.int64),
-                         np.array(machine, dtype=np.int64),
-                         np.array(size, dtype=np.float64), ix)
+            tasks.extend(own)
+            inputs.extend(map(given.__getitem__, own))
+        task, block, machine, size, totals = _copies(inputs, ix.position)
+        tp = _price_rows(self.options, tasks, totals, task, block, machine, size, ix)
         return [JobPrices(tp, first, own) for first, own in out]
 
     def tasks_unscheduled(self, job: Job, prices: TaskPrices, waited: float,
@@ -760,6 +743,47 @@ class _Data(NamedTuple):
         return _Data(total, on_machine, on_rack, holders, scale)
 
 
+def _copies(inputs: Sequence[Sequence[Block]], position: Mapping[str, int]
+            ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
+                       npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The rows :func:`_price_rows` takes, for tasks whose input blocks are ``inputs``
+    (task ``k``'s at ``inputs[k]``): one row per copy of a block on a machine of the
+    cell (``position``: machine -> index; a copy elsewhere is read from elsewhere), in
+    block order and, within a block, in the order of its copies, giving the task,
+    the block (numbered across every task), the machine and the block's size; and
+    each task's total input, summed block by block from 0.0 as a Python loop would
+    (``np.bincount`` adds its weights in order). Python touches each block and copy
+    once, in C-level maps: a round's 3,000 tasks, not 9,000 appends to four lists."""
+    blocks = list(chain.from_iterable(inputs))
+    on = list(map(_ON, blocks))
+    names = list(chain.from_iterable(on))
+    where = np.fromiter(map(position.get, names, repeat(-1)), dtype=np.int64,
+                        count=len(names))
+    sizes = np.fromiter(map(_SIZE, blocks), dtype=np.float64, count=len(blocks))
+    block_task = np.repeat(np.arange(len(inputs), dtype=np.int64),
+                           np.fromiter(map(len, inputs), dtype=np.int64, count=len(inputs)))
+    # (astype: with no block at all, bincount answers int64 zeros)
+    totals = np.bincount(block_task, weights=sizes, minlength=len(inputs)).astype(np.float64)
+    copy_block = np.repeat(np.arange(len(blocks), dtype=np.int64),
+                           np.fromiter(map(len, on), dtype=np.int64, count=len(on)))
+    keep = np.flatnonzero(where >= 0)
+    block = copy_block[keep]
+    return block_task[block], block, where[keep], sizes[block], totals
+
+
+_ON = attrgetter("on")
+_SIZE = attrgetter("size")
+
+
+def _by_task_then_most(task: npt.NDArray[np.int64], amount: npt.NDArray[Any]
+                       ) -> npt.NDArray[np.int64]:
+    """The order by task, then most data first, then as given, of rows given in
+    (task, name) order: ``np.lexsort((name, -amount, task))`` as two stable sorts
+    (a three-key lexsort of a round's 9,000 rows cost a millisecond)."""
+    most = np.argsort(-amount, kind="stable")
+    return most[np.argsort(task[most], kind="stable")]
+
+
 def _price_rows(o: Mapping[str, float], tasks: list[int], total: npt.NDArray[np.float64],
                 task: npt.NDArray[np.int64], block: npt.NDArray[np.int64],
                 machine: npt.NDArray[np.int64], size: npt.NDArray[np.float64],
@@ -806,17 +830,18 @@ def _price_rows(o: Mapping[str, float], tasks: list[int], total: npt.NDArray[np.
     live = total > 0
     pick_m = live[tm_task] & (on_machine >= o["machine_threshold"] * total[tm_task])
     pm = np.flatnonzero(pick_m)
-    pm = pm[np.lexsort((tm_machine[pm], -on_machine[pm], tm_task[pm]))]
+    pm = pm[_by_task_then_most(tm_task[pm], on_machine[pm])]
     rank = np.arange(len(pm)) - np.searchsorted(tm_task[pm], tm_task[pm])
     pm = pm[rank < o["max_preferences"]]
     m_cost = np.rint(scale * (rack_cost * (here[pm] - on_machine[pm])
                               + core_cost * (total[tm_task[pm]] - here[pm])))
     pick_r = live[tr_task] & (on_rack >= o["rack_threshold"] * total[tr_task])
     pr = np.flatnonzero(pick_r)
-    pr = pr[np.lexsort((tr_rack[pr], -on_rack[pr], tr_task[pr]))]
+    pr = pr[_by_task_then_most(tr_task[pr], on_rack[pr])]
     owner = np.concatenate([tm_task[pm], tr_task[pr]])
-    kind = np.concatenate([np.zeros(len(pm), np.int64), np.ones(len(pr), np.int64)])
-    order = np.lexsort((np.arange(len(owner)), kind, owner))  # stable: keeps each sort
+    # By task, machines before racks, each in its order: a stable sort by task alone
+    # (each part ascends by task, the machines' part first).
+    order = np.argsort(owner, kind="stable")
     none = np.full(len(pr), -1, dtype=np.int64)
     return TaskPrices(
         tasks, cluster.astype(np.int64),

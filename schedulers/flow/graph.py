@@ -28,10 +28,10 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-from collections.abc import Iterable, Mapping
-from itertools import compress
-from operator import is_not
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import is_not, itemgetter
+from typing import Any, NamedTuple, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -66,6 +66,8 @@ from schedulers.flow.network import MAX_CAPACITY, Arc, FlowNetwork, NodeKey
 from schedulers.runtime import owner_of
 
 SINK: NodeKey = ("S",)
+_PRICES = itemgetter(0)  # of a JobEntry.prices row: its table
+_ROW = itemgetter(1)  # and its row there
 _T = TypeVar("_T")
 #: Most tasks of one shape counted as fitting on one machine.
 MAX_FIT = 100_000
@@ -346,6 +348,10 @@ class GraphManager:
         # Per shape, whether it could ever fit each machine of the layout (-1: not
         # known yet), by layout position (_could_many).
         self._could: dict[Shape, npt.NDArray[np.int8]] = {}
+        # Per resource dimension, each layout machine's capacity in it (NaN: not known,
+        # its entry made again since), for _could_many's first look at a shape.
+        self._capacity: dict[str, npt.NDArray[np.float64]] = {}
+        self._machine_keys: tuple[Sequence[str], list[NodeKey]] = ((), [])
         self._task_jobs: set[str] = set()  # jobs with a task priced on its own
         self._runs = _Continuations()  # running tasks with a node of their own
         self._pref_in: dict[str, set[str]] = {}  # machine -> jobs preferring it
@@ -518,6 +524,7 @@ class GraphManager:
             self._rack_set = set(self.racks.values())
             self._layout = Racks(self.racks)
             self._could = {}
+            self._capacity = {}
             # A job's arcs to racks and the cluster are priced on the layout.
             rearc.update(j for j, e in self.jobs.items() if e.job.input)
         if self.model.uses_racks:  # else a shape's aggregator has no arcs of its own
@@ -608,12 +615,22 @@ class GraphManager:
                 machines.update(old.groups)  # its tasks there are no longer re-offered
             return
         assert job is not None
-        waiting = {i for i in range(job.task_count) if self._waits(snap, task_id(jid, i))}
+        n = job.task_count
+        ids = list(map(task_id, repeat(jid, n), range(n)))
+        records = list(map(snap.tasks.get, ids))
+        if records.count(None) == n:
+            # No task has a record (a job just submitted): every one waits (_waits),
+            # and none runs anywhere.
+            waiting = set(range(n))
+            running: set[str] = set()
+        else:
+            waiting = {i for i, tid in enumerate(ids) if self._waits(snap, tid)}
+            running = {r.machine for r in records if r is not None and r.machine}
         if old is None:
             self.jobs[jid] = JobEntry(job, self._intern(shape_of(job)), waiting)
             # Tasks already running (a rebuild) are found from their machines.
             if self.built and not machines.issuperset(self.machines):
-                machines.update(self._machines_of(snap, jid, job))
+                machines.update(running)
         else:
             if old.shape != shape_of(job) or old.job.precedence != job.precedence:
                 old.shape, old.gkey = self._intern(shape_of(job)), None
@@ -622,14 +639,6 @@ class GraphManager:
                 old.costs, old.prices = {}, {}
                 machines.update(old.groups)
             old.job, old.waiting = job, waiting
-
-    def _machines_of(self, snap: CellSnapshot, jid: str, job: Job) -> set[str]:
-        out = set()
-        for i in range(job.task_count):
-            rec = snap.tasks.get(task_id(jid, i))
-            if rec is not None and rec.machine:
-                out.add(rec.machine)
-        return out
 
     def _forget_job(self, jid: str, e: JobEntry) -> None:
         self.net.drop(("W", jid))
@@ -1068,8 +1077,7 @@ class GraphManager:
         asked: list[tuple[JobEntry, list[int]]] = []
         for e in entries:
             if e.job.task_input:
-                todo = [i for i in sorted(e.waiting)
-                        if i not in e.costs and i not in e.prices]
+                todo = sorted(e.waiting - e.costs.keys() - e.prices.keys())
                 if todo:
                     asked.append((e, todo))
         if not asked:
@@ -1077,18 +1085,24 @@ class GraphManager:
         priced = self.model.jobs_task_prices([(e.job, todo) for e, todo in asked],
                                              self._layout)
         for (e, todo), (tp, first, tasks) in zip(asked, priced, strict=True):
-            for k, i in enumerate(tasks):
-                e.prices[i] = (tp, first + k)
-            for i in todo:
-                if i not in e.prices:
-                    e.costs[i] = None
+            rows = range(first, first + len(tasks))
+            e.prices.update(zip(tasks, zip(repeat(tp, len(rows)), rows, strict=True),
+                                strict=True))
+            if len(tasks) < len(todo):
+                e.costs.update(dict.fromkeys([i for i in todo if i not in e.prices]))
             if tasks:
                 self._task_jobs.add(e.job.id)
 
     @staticmethod
-    def _own(e: JobEntry, index: int) -> bool:
-        """Whether the task is priced on its own (after :meth:`_price_waiting`)."""
-        return index in e.prices or e.costs.get(index) is not None
+    def _own_of(e: JobEntry, tasks: set[int]) -> set[int]:
+        """The tasks of ``tasks`` priced on their own (after :meth:`_price_waiting`:
+        those with a row in a batch, or TaskCosts), by set operations: a job's 3,000
+        arrivals are one intersection, not 3,000 calls."""
+        own = tasks & e.prices.keys()
+        if e.costs and len(own) < len(tasks):
+            costs = e.costs
+            own |= {i for i in tasks - own if costs.get(i) is not None}
+        return own
 
     def _task_preferences(self, e: JobEntry, src: NodeKey, tc: TaskCosts, capacity: int,
                           extra: int, skip: str = "") -> list[Arc]:
@@ -1125,6 +1139,13 @@ class GraphManager:
             return ok
         return m is not None and self._could_fit(shape, m)
 
+    def _keys_of(self, names: Sequence[str]) -> list[NodeKey]:
+        """The nodes ``("M", name)`` of machines ``names`` (a price table's), made
+        once for the layout's names."""
+        if self._machine_keys[0] is not names:
+            self._machine_keys = (names, [("M", mid) for mid in names])
+        return self._machine_keys[1]
+
     def _could_many(self, shape: Shape, tp: TaskPrices, ms: npt.NDArray[np.int64]
                     ) -> npt.NDArray[np.bool_]:
         """:meth:`_could_run` for the machines ``ms`` of ``tp``; remembered per shape
@@ -1137,7 +1158,7 @@ class GraphManager:
                             dtype=bool)
         known = self._could.get(shape)
         if known is None:
-            known = self._could[shape] = np.full(len(names), -1, dtype=np.int8)
+            known = self._could[shape] = self._could_layout(shape)
         got = known[ms]
         for j in np.flatnonzero(got < 0).tolist():
             mj = int(ms[j])
@@ -1147,11 +1168,49 @@ class GraphManager:
     def _forget_could(self, mid: str) -> None:
         """A machine's entry was made again (its record changed beyond its
         allocations) or it left: what :meth:`_could_many` remembers of it goes."""
-        if self._could:
+        if self._could or self._capacity:
             i = self._layout.index().position.get(mid)
             if i is not None:
                 for known in self._could.values():
                     known[i] = -1
+                for capacity in self._capacity.values():
+                    capacity[i] = np.nan
+
+    def _could_layout(self, shape: Shape) -> npt.NDArray[np.int8]:
+        """:meth:`_could_run` for every machine of the layout at once where the shape
+        has no selector (1 or 0; -1: not known, asked machine by machine): the first
+        look at a shape costs array operations, not a call per machine its tasks'
+        input lies on (a 3,000-task job's 9,000 copies reach most of a cell)."""
+        names = self._layout.index().machines
+        out = np.full(len(names), -1, dtype=np.int8)
+        if shape.selector or not any(a > 0 for _, a in shape.resources.amounts):
+            return out  # labels to match, or nothing to fit (but a machine to exist)
+        ok = np.ones(len(names), dtype=bool)
+        unknown = np.zeros(len(names), dtype=bool)
+        for dim, amount in shape.resources.amounts:
+            if amount > 0:
+                capacity = self._capacities(dim)
+                unknown |= np.isnan(capacity)
+                # _could_fit's test, on the same floats
+                ok &= capacity + 1e-9 >= amount
+        out[ok] = 1
+        out[~ok] = 0
+        out[unknown] = -1
+        return out
+
+    def _capacities(self, dim: str) -> npt.NDArray[np.float64]:
+        """Each layout machine's capacity in ``dim`` as the snapshot has it (-inf: not
+        in the snapshot, so it fits nothing), kept until the layout changes or the
+        machine's entry is made again (:meth:`_forget_could`)."""
+        got = self._capacity.get(dim)
+        if got is None:
+            assert self._snap is not None
+            machines = self._snap.machines
+            got = self._capacity[dim] = np.array(
+                [m.capacity.get(dim) if m is not None else -np.inf
+                 for m in map(machines.get, self._layout.index().machines)],
+                dtype=np.float64)
+        return got
 
     @staticmethod
     def _could_fit(s: Shape, m: Machine) -> bool:
@@ -1209,9 +1268,9 @@ class GraphManager:
         # The job's unscheduled aggregator: every unit of the job may end there.
         self.net.set_arcs(u, [Arc(u, SINK, job.task_count, 0, 0, ArcKind.LEAVE_UNSCHEDULED)])
         waited = max(now - job.submitted_at, 0.0)
-        shared = [i for i in sorted(e.waiting) if not self._own(e, i)]
-        self._task_nodes(e, waited, reload, fresh)
-        k = len(shared)
+        want = self._own_of(e, e.waiting)
+        self._task_nodes(e, want, waited, reload, fresh)
+        k = len(e.waiting) - len(want)  # the tasks that share the job's node
         w: NodeKey = ("W", jid)
         self.net.set_supply(w, k)
         if k == 0:
@@ -1240,13 +1299,12 @@ class GraphManager:
             self._pref_in.setdefault(mid, set()).add(jid)
         self.net.set_arcs(w, arcs)
 
-    def _task_nodes(self, e: JobEntry, waited: float, reload: bool,
+    def _task_nodes(self, e: JobEntry, want: set[int], waited: float, reload: bool,
                     fresh: list[_NewNodes]) -> None:
-        """The nodes of a job's waiting tasks priced on their own: one per task, with
-        supply 1, its own preferences, the cluster aggregator and the job's
+        """The nodes of a job's waiting tasks priced on their own (``want``): one per
+        task, with supply 1, its own preferences, the cluster aggregator and the job's
         unscheduled aggregator (those it has no node for yet: into ``fresh``)."""
         jid, job = e.job.id, e.job
-        want = {i for i in e.waiting if self._own(e, i)}
         for i in sorted(e.task_nodes - want):
             self.net.drop(("W", jid, i))
             self.net.set_supply(("W", jid, i), 0)
@@ -1254,9 +1312,16 @@ class GraphManager:
         cluster: NodeKey = ("E", e.shape)
         batches: dict[int, tuple[TaskPrices, list[int], list[int]]] = {}
         alone: list[tuple[int, TaskCosts]] = []
-        for i in sorted(want):
-            if i not in e.task_nodes:
-                row = e.prices.get(i)
+        new = sorted(want - e.task_nodes)
+        got = list(map(e.prices.get, new))
+        first = got[0][0] if got and got[0] is not None else None
+        if first is not None and None not in got:
+            priced = cast(list[tuple[TaskPrices, int]], got)
+            if list(map(_PRICES, priced)).count(first) == len(priced):
+                # The usual case, a job's arrivals all priced in one table: no loop.
+                batches[id(first)] = (first, list(map(_ROW, priced)), new)
+        if not batches:
+            for i, row in zip(new, got, strict=True):
                 if row is None:  # priced one by one (while it ran)
                     tc = e.costs[i]
                     assert tc is not None
@@ -1265,7 +1330,7 @@ class GraphManager:
                     batch = batches.setdefault(id(row[0]), (row[0], [], []))
                     batch[1].append(row[1])
                     batch[2].append(i)
-                continue
+        for i in sorted(want & e.task_nodes):
             tc = self._task_costs(e, i)
             assert tc is not None
             w: NodeKey = ("W", jid, i)
@@ -1343,7 +1408,7 @@ class GraphManager:
         where[could] = np.arange(int(could.sum())) + len(heads)
         head[to_m] = where[inv]
         names = tp.machine_names
-        heads.extend(("M", names[j]) for j in (pairs[could] % nm).tolist())
+        heads.extend(map(self._keys_of(names).__getitem__, (pairs[could] % nm).tolist()))
         if self.model.uses_racks:
             to_r = np.flatnonzero(machine < 0)
             nr = max(len(tp.rack_names), 1)
@@ -1430,8 +1495,9 @@ def _run_of(key: NodeKey) -> tuple[str, str]:
 class _Continuations:
     """The continuation arcs of running tasks with nodes of their own, as arrays: their
     slots, the model's cost of running there (``transfer``) and when each started, so
-    that the discount for time run (``CostModel.run_discounts``) is written for all of
-    them at once, every update, not task by task in Python."""
+    that the discount for time run (``CostModel.run_discounts``) is worked out for all
+    of them at once, every update, not task by task in Python, and written where it
+    moved."""
 
     def __init__(self) -> None:
         # (task, machine) -> when this scheduler first saw it running there
@@ -1442,6 +1508,13 @@ class _Continuations:
         self._base = np.zeros(0, dtype=np.int64)
         self._start = np.zeros(0, dtype=np.float64)
         self._live = np.zeros(0, dtype=bool)
+        # The live entries' slot, base and start, gathered (None: gathered again at the
+        # next write): a round in which no task started or ended writes from these.
+        self._dense: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                           npt.NDArray[np.float64]] | None = None
+        # The time and the gathered entries of the last write: written again at the
+        # same time, with no task started or ended since, every cost would be the same.
+        self._written: tuple[float, object] | None = None
 
     def __len__(self) -> int:
         return len(self._at)
@@ -1464,6 +1537,7 @@ class _Continuations:
             self._at[key] = i
         self._slot[i], self._base[i], self._start[i] = slot, base, self.started[_run_of(key)]
         self._live[i] = True
+        self._dense = None
 
     def remove(self, key: NodeKey) -> None:
         self.started.pop(_run_of(key), None)
@@ -1471,6 +1545,7 @@ class _Continuations:
         if i is not None:
             self._live[i] = False
             self._free.append(i)
+            self._dense = None
 
     def prune(self) -> None:
         """Forget start times of tasks no longer running here (after a rebuild)."""
@@ -1479,7 +1554,18 @@ class _Continuations:
             del self.started[run]
 
     def write(self, net: FlowNetwork, model: CostModel, now: float) -> None:
-        live = np.flatnonzero(self._live)
-        if len(live):
-            net.write_costs(self._slot[live], self._base[live]
-                            - model.run_discounts(now - self._start[live]))
+        """The continuation arcs' costs at ``now``; only those that changed are
+        written (and so stamped as changed: a solver starting from the last round's
+        state repairs only those)."""
+        if self._dense is None:
+            live = np.flatnonzero(self._live)
+            self._dense = (self._slot[live], self._base[live], self._start[live])
+        if self._written is not None and self._written[0] == now \
+                and self._written[1] is self._dense:
+            return
+        slot, base, start = self._dense
+        if len(slot):
+            cost = base - model.run_discounts(now - start)
+            moved = np.flatnonzero(net.costs(slot) != cost)
+            net.write_costs(slot[moved], cost[moved])
+        self._written = (now, self._dense)
