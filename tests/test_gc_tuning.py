@@ -119,15 +119,21 @@ def test_young_garbage_is_collected_between_steps_once_enough_has_accumulated(
     c.stop()
 
 
+def _frozen_garbage(c: RoundCollector) -> weakref.ref[_Node]:
+    """A cycle that a young pass froze while it was alive, and garbage since."""
+    holder = [_Node()]
+    holder[0].other = holder[0]
+    ref = weakref.ref(holder[0])
+    c.between(idle=False)
+    holder.clear()
+    return ref
+
+
 def test_a_cycle_frozen_while_alive_is_freed_by_the_full_pass(collector_state: None) -> None:
     clock = _Clock()
     c = RoundCollector(young=1, full_every=600.0, clock=clock)
     c.start()
-    holder = [_Node()]
-    holder[0].other = holder[0]
-    ref = weakref.ref(holder[0])
-    c.between(idle=False)  # a young pass freezes it, alive
-    holder.clear()
+    ref = _frozen_garbage(c)
     c.between(idle=False)
     assert ref() is not None  # frozen: young passes no longer see it
     clock.now = 700.0
@@ -143,11 +149,7 @@ def test_a_never_idle_loop_still_gets_its_full_pass(collector_state: None) -> No
     clock = _Clock()
     c = RoundCollector(young=1, full_every=600.0, clock=clock)
     c.start()
-    holder = [_Node()]
-    holder[0].other = holder[0]
-    ref = weakref.ref(holder[0])
-    c.between(idle=False)
-    holder.clear()
+    ref = _frozen_garbage(c)
     clock.now = 1200.0
     c.between(idle=False)
     assert ref() is None
