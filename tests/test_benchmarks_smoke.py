@@ -29,6 +29,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "leader_core.py": ("--seconds", "0.5", "--rounds", "1", "--clients", "2", "--no-fsync"),
     "flow_round.py": ("--machines", "50", "--use", "0.5", "--policies", "quincy",
                       "--rounds", "1"),
+    "flow_extract.py": ("--machines", "400", "--calls", "1"),
     "flow_solvers.py": ("--sizes", "50", "--use", "0.5", "--policies", "quincy",
                         "--bigjob-sizes", "", "--rounds", "1", "--repeats", "1"),
     "mapreduce_propose.py": ("--machines", "100", "--jobs", "10", "--background", "0.4",
