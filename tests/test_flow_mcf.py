@@ -531,7 +531,7 @@ def test_auto_hands_a_warm_round_over_past_its_warm_budget() -> None:
     keeps ``relax_budget``."""
     cell = FullCell(np.random.default_rng(4), machines=12, slots=4)
     cell.arrive(30)
-    stingy = FirmamentSolver("auto", warm_budget=0.0)
+    stingy = FirmamentSolver("auto", warm_budget=0.0, reverse_budget=0.0)
     handed = []
     for r in range(3):
         net = cell.arrays()
@@ -559,7 +559,8 @@ def test_wide_aggregators_resolved_warm_match_ortools(seed: int, x_cost: int) ->
     cell = FullCell(np.random.default_rng(seed), machines=40, slots=4, x_cost=x_cost)
     cell.arrive(300)
     solvers = {a: FirmamentSolver(a) for a in ALGORITHMS}
-    stingy = FirmamentSolver("auto", warm_budget=0.0)  # every warm round handed over
+    # Every warm round handed over to cost scaling (no paths from the deficits first).
+    stingy = FirmamentSolver("auto", warm_budget=0.0, reverse_budget=0.0)
     for _ in range(5):
         net = cell.arrays()
         assert min(int((net.head == v).sum()) for v in (cell.x, cell.u)) > K._WIDE
@@ -645,13 +646,19 @@ def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
         assert x.sum() == (0 if status == K.BUDGET else m)
         assert stats[K.ST_OPS] < (big * max_big // 2 + 2 * K._CHECK if status == K.BUDGET
                                   else 10 * (n + m))
-    solver = FirmamentSolver("auto", relax_budget=0.0)
+    solver = FirmamentSolver("auto", relax_budget=0.0, reverse_budget=0.0)
     sol = solver.solve(net)
     check_flow(net, sol)
     assert sol.cost == 0 and sol.flow.sum() == m
     last = solver.last
     assert last is not None and last.fallback
     assert last.augmentations == 0 and last.price_rises == 0
+    # With paths from the deficits allowed the chain's length, they route the unit.
+    solver = FirmamentSolver("auto", relax_budget=0.0, reverse_budget=2.0)
+    sol = solver.solve(net)
+    check_flow(net, sol)
+    assert sol.cost == 0 and solver.last is not None
+    assert not solver.last.fallback and solver.last.reverse_paths == 1
 
 
 @pytest.mark.parametrize("seed", [8, 9])
@@ -705,3 +712,121 @@ def test_global_update_prices_are_the_distances_with_few_bucket_entries(seed: in
                               np.empty(n + 1, dtype=np.int64), entries)
         assert ops > 0
         assert np.array_equal(p, want)
+
+
+def _star(n: int, tail: I64, head: I64) -> tuple[I64, I64]:
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * len(tail), dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    return start, adj
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), budget=st.integers(0, 60))
+def test_reverse_paths_route_any_reduced_cost_optimal_start(seed: int, nodes: int,
+                                                            budget: int) -> None:
+    """From random prices made reduced-cost optimal (every arc of negative reduced cost
+    saturated), paths from the deficits with no budget route every excess to the
+    optimum OR-Tools finds, prices exact; with a small budget they stop (BUDGET) in a
+    consistent state: excesses that are the flow's, prices still exact."""
+    from schedulers.flow.mcf import kernels as K
+
+    rng = np.random.default_rng(seed)
+    net = RandomNet(rng, nodes).arrays()
+    try:
+        want = OrToolsSolver().solve(net).cost
+    except SolveError:
+        return
+    n = net.nodes
+    tail, head, cost = net.tail, net.head, net.cost
+    cap = net.capacity - net.lower
+    start, adj = _star(n, tail, head)
+    pi0 = rng.integers(-40, 40, n).astype(np.int64)
+    for limit in (2**62, budget):
+        x = np.zeros(len(tail), dtype=np.int64)
+        e = net.supply[:n].copy()
+        np.subtract.at(e, tail, net.lower)
+        np.add.at(e, head, net.lower)
+        pi = pi0.copy()
+        K.make_optimal(tail, head, cap, cost, x, e, pi)
+        stats = np.zeros(K.NSTATS, dtype=np.int64)
+        status = K.reverse_paths(n, start, adj, tail, head, cap, cost, x, e, pi, limit,
+                                 stats, np.empty(7 * n, dtype=np.int64))
+        rc = cost - pi[tail] + pi[head]
+        assert (rc[x < cap] >= 0).all() and (rc[x > 0] <= 0).all()
+        assert ((x >= 0) & (x <= cap)).all()
+        bal = net.supply[:n].copy()
+        np.subtract.at(bal, tail, x + net.lower)
+        np.add.at(bal, head, x + net.lower)
+        assert np.array_equal(bal, e)
+        if limit == 2**62:
+            assert status == K.DONE and not e.any()
+            assert int(((x + net.lower) * cost).sum()) == want
+        else:
+            assert status in (K.DONE, K.BUDGET)
+            assert status == K.BUDGET or not e.any()
+
+
+def test_reverse_paths_stop_at_the_first_scan_of_a_plateau() -> None:
+    """The case they are for (a large job on a full cell): the deficit sits one price
+    step from a hub whose in-arcs all have reduced cost 0 (the sink, with every full
+    machine behind it), and the excess reaches one of those in-neighbours at reduced
+    cost 0. The path is found while the hub is scanned: the hub's 2,000 in-neighbours,
+    each with 20 more behind it, are labelled but never scanned (40,000 half-arcs a
+    search to the end of the plateau would look at)."""
+    from schedulers.flow.mcf import kernels as K
+
+    hubs, fan = 2000, 20
+    deficit, hub, excess = 0, 1, 2
+    arcs = [(hub, deficit, 1, 1)]  # one price step (cost 1) from the hub to the deficit
+    first = 3
+    for i in range(hubs):
+        arcs.append((first + i, hub, 1, 0))
+    nxt = first + hubs
+    for i in range(hubs):
+        for _ in range(fan):
+            arcs.append((nxt, first + i, 1, 0))
+            nxt += 1
+    arcs.append((excess, first + hubs // 2, 1, 0))  # neither the first nor the last
+    n = nxt
+    rows = np.array(arcs, dtype=np.int64)
+    tail, head, cap, cost = (rows[:, i].copy() for i in range(4))
+    start, adj = _star(n, tail, head)
+    x = np.zeros(len(tail), dtype=np.int64)
+    e = np.zeros(n, dtype=np.int64)
+    e[excess], e[deficit] = 1, -1
+    pi = np.zeros(n, dtype=np.int64)
+    stats = np.zeros(K.NSTATS, dtype=np.int64)
+    status = K.reverse_paths(n, start, adj, tail, head, cap, cost, x, e, pi, 2**62, stats,
+                             np.empty(7 * n, dtype=np.int64))
+    assert status == K.DONE and not e.any() and stats[K.ST_PATHS] == 1
+    assert int((x * cost).sum()) == 1 and x[0] == 1 and x[-1] == 1
+    assert stats[K.ST_OPS] < 2 * hubs + 100, stats[K.ST_OPS]
+    rc = cost - pi[tail] + pi[head]
+    assert (rc[x < cap] >= 0).all() and (rc[x > 0] <= 0).all()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_auto_finishes_relaxation_by_paths_from_the_deficits(seed: int) -> None:
+    """A relaxation that hands over at once (no warm budget: one tree) leaves the rest to the
+    paths from the deficits, which (with a budget for a search per unit on this small
+    cell) finish the rounds without cost scaling; every round matches OR-Tools, and a
+    twin solver fed the same rounds returns the same flow."""
+    cell = FullCell(np.random.default_rng(seed), machines=12, slots=4)
+    cell.arrive(60)
+    kw: dict[str, Any] = {"warm_budget": 0.0, "reverse_budget": 200.0, "reverse_units": 1000}
+    solver, twin = FirmamentSolver("auto", **kw), FirmamentSolver("auto", **kw)
+    finished = []
+    for _ in range(6):
+        net = cell.arrays()
+        want = OrToolsSolver().solve(net)
+        got = solver.solve(net)
+        check_flow(net, got)
+        assert got.cost == want.cost, solver.last
+        assert np.array_equal(twin.solve(net).flow, got.flow)
+        assert solver.last is not None
+        finished.append(solver.last.reverse_paths > 0 and not solver.last.fallback)
+        cell.advance(want.flow, net)
+        cell.arrive(15)
+    assert finished[0] is False and all(finished[1:]), finished  # the cold round: relax

@@ -41,7 +41,8 @@ ST_PUSH = 3  # cost scaling: pushes
 ST_RELABEL = 4  # cost scaling: relabels
 ST_PHASES = 5  # cost scaling: refine phases
 ST_UPDATES = 6  # cost scaling: global price updates
-NSTATS = 7
+ST_PATHS = 7  # reverse_paths: shortest paths from the deficits
+NSTATS = 8
 
 _CHECK = 4095  # look at the abort flag every 4,096 arcs
 _LOOK = 64  # relaxation looks ahead from joining nodes of at most this degree
@@ -116,20 +117,30 @@ def _place(n, tail, head, start, fpos, bpos, adj):  # type: ignore[no-untyped-de
 
 @njit(cache=True, nogil=True)
 def _restar(n, old_n, tail, head, same, old_start, old_adj,  # type: ignore[no-untyped-def]
-            ins, nins, start, fpos, bpos, adj):
+            ins, nins, start, fpos, bpos, adj, touched):
     """``_place`` from the previous round's star (``old_start``, ``old_adj``, nodes
     ``old_n``): each node's half-arcs whose arc is the same (``same[a]``: same index,
     same ends) are copied in their old order, then the ``nins`` arcs of ``ins`` (every
     other arc) are placed after them as ``_place`` places arcs. The old star is read
     node by node and the new one written in order, so only the changed arcs cost a
     scattered write; each node's forward half-arcs still come before its backward
-    ones. ``start``/``fpos`` hold degrees as for ``_place``."""
+    ones. ``start``/``fpos`` hold degrees as for ``_place``. A node that no arc was
+    added to or taken from (``touched[v]`` False) has its half-arcs copied as they
+    were without looking each one's arc up in ``same`` (a scattered read per
+    half-arc: the copy of a 1.2 M-arc star took 42-47 ms that way, against 10-19 ms
+    for a plain copy of its array)."""
     for v in range(n):
         start[v + 1] += start[v]
     for v in range(n):
         bpos[v] = start[v] + fpos[v]
         fpos[v] = start[v]
     for v in range(min(n, old_n)):
+        if not touched[v]:
+            o = old_start[v]
+            f = start[v]
+            for k in range(start[v + 1] - f):
+                adj[f + k] = old_adj[o + k]
+            continue
         f = fpos[v]
         b = bpos[v]
         for k in range(old_start[v], old_start[v + 1]):
@@ -283,8 +294,9 @@ def prepare(n, supply, tail, head, lower, capacity, cost,  # type: ignore[no-unt
     if star:
         for a in range(m, old_m):
             same[a] = False
+        # Every node looked at arc by arc: a full set-up does not track which changed.
         _restar(n, old_n, tail, head, same, old_start, old_adj, ins, nins, start, fpos,
-                bpos, adj)
+                bpos, adj, np.ones(n, dtype=np.bool_))
     else:
         _place(n, tail, head, start, fpos, bpos, adj)
     return bad, reused, imbalance, moved, cmax, smax, ident == m
@@ -309,7 +321,7 @@ def changed_slots(version, since, lower, out):  # type: ignore[no-untyped-def]
 def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def]
                     tail, head, capacity, cost, dirty, born, since, ends_of, x, e, pi,
                     deg, outdeg, same, optimal, start, adj, old_start, old_adj, seen,
-                    de, fpos, bpos, best, fresh, ins):
+                    de, fpos, bpos, best, fresh, ins, touched):
     """``prepare`` from the previous solve's state, looking only at what changed: the
     slots ``dirty`` (each once) whose arcs changed since that solve and the nodes
     ``born`` after it (``since``), with every arc at the index of its slot and no
@@ -338,6 +350,7 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
             old_supply[v] = supply[v]
         de[v] = 0
         seen[v] = born[v] <= since
+        touched[v] = False
     moved = 0
     cmax = 0
     nfresh = 0
@@ -370,6 +383,10 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
             deg[t0] -= 1
             deg[h0] -= 1
             outdeg[t0] -= 1
+            touched[t0] = True
+            touched[h0] = True
+        touched[t] = True
+        touched[h] = True
         deg[t] += 1
         deg[h] += 1
         outdeg[t] += 1
@@ -391,7 +408,7 @@ def prepare_changes(n, old_n, supply, old_supply,  # type: ignore[no-untyped-def
         start[v + 1] = deg[v]
         fpos[v] = outdeg[v]
     _restar(n, old_n, tail, head, same, old_start, old_adj, ins, nins, start, fpos,
-            bpos, adj)
+            bpos, adj, touched)
     for i in range(nins):
         same[ins[i]] = True
     return -1, m - nfresh, imbalance, moved, cmax, m - 1, True
@@ -832,6 +849,253 @@ def drain(n, start, adj, tail, head, cap, cost, x, e, pi, limit, ws):  # type: i
                 qn += 1
                 inq[w] = True
     return moved
+
+
+# -- shortest paths from the deficits ------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _sift_up(i, key, v, hv, pos, dist):  # type: ignore[no-untyped-def]
+    """Put node v (distance ``key``) at heap index i or above it."""
+    while i > 0:
+        p = (i - 1) >> 1
+        w = hv[p]
+        if dist[w] <= key:
+            break
+        hv[i] = w
+        pos[w] = i
+        i = p
+    hv[i] = v
+    pos[v] = i
+
+
+@njit(cache=True, nogil=True)
+def _pop_min(size, hv, pos, dist):  # type: ignore[no-untyped-def]
+    """Take the heap's least node out; returns the new size (the node was hv[0])."""
+    pos[hv[0]] = -1
+    size -= 1
+    if size == 0:
+        return 0
+    v = hv[size]
+    key = dist[v]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and dist[hv[c + 1]] < dist[hv[c]]:
+            c += 1
+        if dist[hv[c]] >= key:
+            break
+        hv[i] = hv[c]
+        pos[hv[i]] = i
+        i = c
+    hv[i] = v
+    pos[v] = i
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _excess_through(w, via, tail, head, e):  # type: ignore[no-untyped-def]
+    """The excess node whose zero-reduced-cost half-arc ``via[w]`` reaches w, if it
+    still has excess; else -1."""
+    h = via[w]
+    if h < 0:
+        return -1
+    a = h >> 1
+    s = tail[a] if h & 1 == 0 else head[a]
+    return s if e[s] > 0 else -1
+
+
+@njit(cache=True, nogil=True)
+def reverse_paths(n, start, adj, tail, head, cap, cost, x, e, pi,  # type: ignore[no-untyped-def]
+                  budget, stats, ws):
+    """Route what excess is left by successive shortest paths grown from the
+    deficits: the mirror of relaxation's trees, for the rounds where those never end.
+
+    Precondition: reduced-cost optimality (relaxation's state); it holds throughout.
+    After a large job arrives on a full cell, relaxation routes all but a few units;
+    each of the last ones' trees (over half-arcs of reduced cost 0) spans ~20,000
+    nodes and 0.8 M arcs without meeting a deficit: the deficits it must reach
+    (machines where tasks ended, whose residual in-arcs all have a positive reduced
+    cost) sit alone one price step away. Grown from those deficits instead, Dijkstra
+    over residual half-arcs backwards (lengths are reduced costs, >= 0) crosses that
+    step at once, to the sink and then every full machine at the same distance: a
+    plateau as wide as relaxation's tree. So the excess nodes' own half-arcs of
+    reduced cost 0 mark their ends first, and the search stops the moment it labels
+    an excess node or a marked node at the distance being settled (D: no node is
+    nearer, so that is the excess's distance), usually at the first scan of the
+    plateau (the sink's). Then every settled node v (distance d(v) <= D) gets the
+    price pi[v] + d(v) - D, which keeps every residual half-arc's reduced cost >= 0
+    (the unsettled nodes are at distance >= D) and makes the path tight, and the path
+    takes min(excess, deficit, residual capacities) units. Prices here fall where
+    relaxation raises them: only differences matter.
+
+    Stops with ``BUDGET`` once ``budget`` half-arcs have been looked at in all, or
+    where no excess can be reached from the deficits left (for cost scaling to
+    finish, or to find the network infeasible); the state is consistent after every
+    path. ``stats[ST_PATHS]`` counts the paths. ``ws`` (7n) is scratch."""
+    dist = ws[0:n]
+    pos = ws[n:2 * n]
+    hv = ws[2 * n:3 * n]
+    pred = ws[3 * n:4 * n]
+    touched = ws[4 * n:5 * n]
+    via = ws[5 * n:6 * n]
+    marks = ws[6 * n:7 * n]
+    deficits = 0
+    excesses = 0
+    for v in range(n):
+        dist[v] = INF
+        pos[v] = -1
+        via[v] = -1
+        if e[v] < 0:
+            deficits += 1
+        elif e[v] > 0:
+            excesses += 1
+    sinks = np.empty(deficits, dtype=np.int64)
+    sources = np.empty(excesses, dtype=np.int64)
+    deficits = 0
+    excesses = 0
+    for v in range(n):
+        if e[v] < 0:
+            sinks[deficits] = v
+            deficits += 1
+        elif e[v] > 0:
+            sources[excesses] = v
+            excesses += 1
+    ops = stats[ST_OPS]
+    while True:
+        size = 0
+        nt = 0
+        for i in range(deficits):
+            v = sinks[i]
+            if e[v] < 0:
+                dist[v] = 0
+                pred[v] = -1
+                touched[nt] = v
+                nt += 1
+                hv[size] = v
+                pos[v] = size
+                size += 1
+        if size == 0:
+            stats[ST_OPS] = ops
+            return DONE  # supplies sum to zero: no deficit left, no excess either
+        nm = 0
+        for i in range(excesses):
+            s = sources[i]
+            if e[s] <= 0:
+                continue
+            ops += start[s + 1] - start[s]
+            for k in range(start[s], start[s + 1]):
+                h = adj[k]
+                a = h >> 1
+                if h & 1 == 0:
+                    w = head[a]
+                    zero = x[a] < cap[a] and cost[a] - pi[s] + pi[w] == 0
+                else:
+                    w = tail[a]
+                    zero = x[a] > 0 and -cost[a] - pi[s] + pi[w] == 0
+                if zero and via[w] < 0:
+                    via[w] = h
+                    marks[nm] = w
+                    nm += 1
+        hit = -1
+        level = 0
+        while size > 0 and hit < 0:
+            v = hv[0]
+            level = dist[v]
+            size = _pop_min(size, hv, pos, dist)
+            pos[v] = -2  # settled
+            if e[v] > 0 or _excess_through(v, via, tail, head, e) >= 0:
+                hit = v
+                break
+            if ops > budget:
+                break
+            ops += start[v + 1] - start[v]
+            for k in range(start[v], start[v + 1]):
+                h = adj[k]
+                a = h >> 1
+                # The residual half-arc u -> v, if any, and its reduced cost.
+                if h & 1 == 0:
+                    if x[a] == 0:
+                        continue
+                    u = head[a]
+                    ln = -cost[a] + pi[v] - pi[u]
+                else:
+                    if x[a] == cap[a]:
+                        continue
+                    u = tail[a]
+                    ln = cost[a] - pi[u] + pi[v]
+                if pos[u] == -2:
+                    continue
+                nd = level + max(ln, 0)
+                if nd >= dist[u]:
+                    continue
+                if dist[u] == INF:
+                    touched[nt] = u
+                    nt += 1
+                    dist[u] = nd
+                    pred[u] = h
+                    _sift_up(size, nd, u, hv, pos, dist)
+                    size += 1
+                else:
+                    dist[u] = nd
+                    pred[u] = h
+                    _sift_up(pos[u], nd, u, hv, pos, dist)
+                if nd == level and (e[u] > 0 or _excess_through(u, via, tail, head, e) >= 0):
+                    hit = u  # no node is nearer: its distance is final
+                    break
+        if hit >= 0:
+            for i in range(nt):
+                w = touched[i]
+                if pos[w] == -2:
+                    pi[w] += dist[w] - level
+            src = hit if e[hit] > 0 else _excess_through(hit, via, tail, head, e)
+            # The path's capacity: the excess's own half-arc to the hit node (if it is
+            # not the excess), then the search's half-arcs to a deficit.
+            d = e[src]
+            if src != hit:
+                a = via[hit] >> 1
+                d = min(d, cap[a] - x[a] if via[hit] & 1 == 0 else x[a])
+            w = hit
+            while pred[w] >= 0:
+                h = pred[w]
+                a = h >> 1
+                if h & 1 == 0:
+                    d = min(d, x[a])
+                    w = tail[a]
+                else:
+                    d = min(d, cap[a] - x[a])
+                    w = head[a]
+            d = min(d, -e[w])
+            e[w] += d
+            e[src] -= d
+            if src != hit:
+                a = via[hit] >> 1
+                if via[hit] & 1 == 0:
+                    x[a] += d
+                else:
+                    x[a] -= d
+            w = hit
+            while pred[w] >= 0:
+                h = pred[w]
+                a = h >> 1
+                if h & 1 == 0:
+                    x[a] -= d
+                    w = tail[a]
+                else:
+                    x[a] += d
+                    w = head[a]
+            stats[ST_PATHS] += 1
+        for i in range(nt):
+            w = touched[i]
+            dist[w] = INF
+            pos[w] = -1
+        for i in range(nm):
+            via[marks[i]] = -1
+        if hit < 0:
+            stats[ST_OPS] = ops
+            return BUDGET
 
 
 # -- cost scaling -----------------------------------------------------------------------
