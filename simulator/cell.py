@@ -102,6 +102,12 @@ class SimCell:
     def on_changes(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def off_changes(self, listener: Listener) -> None:
+        """Stop announcing changes to ``listener`` (one given to :meth:`on_changes`):
+        every listener is handed every change, so one whose reader is gone is work for
+        nothing (and whatever it keeps from the changes grows for the rest of the run)."""
+        self._listeners.remove(listener)
+
     # -- the Committer side (schedulers.runtime) ---------------------------------------------
     # Commits always see the current state: there is no working view to set up.
 
