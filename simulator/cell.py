@@ -105,7 +105,7 @@ class SimCell:
     def off_changes(self, listener: Listener) -> None:
         """Stop announcing changes to ``listener`` (one given to :meth:`on_changes`):
         every listener is handed every change, so one whose reader is gone is work for
-        nothing (and whatever it keeps from the changes grows for the rest of the run)."""
+        nothing."""
         self._listeners.remove(listener)
 
     # -- the Committer side (schedulers.runtime) ---------------------------------------------

@@ -276,8 +276,8 @@ class Simulation:
                 break
             self._committed(attempt, inst.finish(attempt))
         inst.stop()
-        # Gone for good: the changes of the rest of the run are not its to follow (they
-        # were a quarter of the cell's listening, and its queue kept every job's id).
+        # Gone for good: the changes of the rest of the run are not its to follow (each
+        # was handed to it, to find what kinds of record changed, and then dropped).
         source.detach()
 
     # -- events ----------------------------------------------------------------------------
