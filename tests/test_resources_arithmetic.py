@@ -1,10 +1,10 @@
 """Resources arithmetic (cellstate/model.py) against an independent oracle.
 
-``+``, ``-``, ``add_each``, ``sum_resources`` and ``exceeding_with`` have fast paths for vectors over
-the same two dimensions (cpu and mem, nearly every vector a run adds); the simulator's
-outputs must stay byte-identical, so each result must be exactly the oracle's: the
-same dimensions and the same float bits (0.0 and -0.0 told apart), for canonical
-vectors and for the uncanonical ones arithmetic can make (negative, tiny)."""
+``+``, ``-``, ``add_each``, ``sum_resources`` and ``exceeding_with`` have fast paths
+for vectors over the same two dimensions (cpu and mem, nearly every vector a run adds);
+the simulator's outputs must stay byte-identical, so each result must be exactly the
+oracle's: the same dimensions and the same float bits (0.0 and -0.0 told apart), for
+canonical vectors and for the uncanonical ones arithmetic can make (negative, tiny)."""
 
 from __future__ import annotations
 
