@@ -42,6 +42,7 @@ from cellstate.model import (
     TaskRecord,
     TaskResult,
     TaskState,
+    add_each,
     check_status_text,
     split_task_id,
     sum_resources,
@@ -205,7 +206,7 @@ def ended_tasks(cell: CellReader, tids: Iterable[str], outcome: TaskState,
     simulator, for every job's end) needs no guards and no (kind, id) keys."""
     by_machine: dict[str, list[str]] = {}
     out: dict[str, TaskRecord] = {}
-    removed: dict[str, Resources] = {}
+    freed: dict[str, list[Resources]] = {}  # per scheduler, summed at the end
     tasks, machines = cell.tasks, cell.machines
     for tid in tids:
         rec = tasks.get(tid)
@@ -225,9 +226,13 @@ def ended_tasks(cell: CellReader, tids: Iterable[str], outcome: TaskState,
         out[tid] = trusted_task_record(
             rec.job, rec.index, outcome, mid, rec.scheduler, "", rec.placed_at,
             with_event(rec, trusted_task_event(at, outcome, mid)))
-        removed[a.scheduler] = removed.get(a.scheduler, _NOTHING) + a.resources
+        held = freed.get(a.scheduler)
+        if held is None:
+            freed[a.scheduler] = [a.resources]
+        else:
+            held.append(a.resources)
     return Ended(out, {mid: _without(machines[mid], gone) for mid, gone in by_machine.items()},
-                 removed)
+                 {s: add_each(_NOTHING, held) for s, held in freed.items()})
 
 
 def _without(m: Machine, gone: Sequence[str]) -> Machine:

@@ -275,6 +275,35 @@ def trusted_resources(amounts: tuple[tuple[str, float], ...]) -> Resources:
     return _resources(amounts)
 
 
+def add_each(total: Resources, items: Iterable[Resources]) -> Resources:
+    """``total + items[0] + items[1] + ...``, added left to right as ``__add__`` adds
+    (the same float operations, so the same vector), without building the vectors in
+    between while the running total and the next item share their two dimensions: a
+    commit adds each placed task's vector to what its scheduler holds."""
+    it = iter(items)
+    for r in it:
+        a, b = total.amounts, r.amounts
+        if len(a) == 2 and len(b) == 2 and a[0][0] == b[0][0] and a[1][0] == b[1][0]:
+            (n0, x0), (n1, x1) = a
+            s0, s1 = x0 + b[0][1], x1 + b[1][1]
+            if s0 and s1:  # else __add__'s general path, below
+                x0, x1 = s0, s1
+                for r in it:
+                    b = r.amounts
+                    if len(b) == 2 and b[0][0] == n0 and b[1][0] == n1:
+                        s0, s1 = x0 + b[0][1], x1 + b[1][1]
+                        if s0 and s1:
+                            x0, x1 = s0, s1
+                            continue
+                    total = _resources(((n0, x0), (n1, x1))) + r
+                    break
+                else:
+                    return _resources(((n0, x0), (n1, x1)))
+                continue
+        total = total + r
+    return total
+
+
 def sum_resources(items: Iterable[Resources]) -> Resources:
     it = iter(items)
     total: dict[str, float] = {}

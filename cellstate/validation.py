@@ -92,6 +92,7 @@ from cellstate.model import (
     Transaction,
     TxnMode,
     UsageRecord,
+    add_each,
     check_amount,
     check_name,
     is_name,
@@ -395,6 +396,9 @@ class _Work:
         self.machines: dict[str, Machine] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.added: dict[str, Resources] = {}
+        # What accepted claims add to the scheduler's holding since ``added`` was last
+        # brought up to date (:meth:`added_by`): summed when read, in the same order.
+        self.adding: list[Resources] = []
         self.removed: dict[str, Resources] = {}
         self.evicted: list[str] = []
         self.read_machines: set[str] = set()
@@ -411,6 +415,15 @@ class _Work:
         # The job and machine of the claim that just passed its checks, for _apply.
         self.taking: tuple[Job, Machine] | None = None
         self.at = 0.0  # the commit's time, for the records' placed_at and history
+
+    def added_by(self, scheduler: str) -> Resources:
+        """What ``scheduler`` holds more after the claims accepted so far (``added``
+        brought up to date: every claim adds to the transaction's scheduler)."""
+        if self.adding:
+            s = self.txn.scheduler
+            self.added[s] = add_each(self.added.get(s, _NOTHING), self.adding)
+            self.adding.clear()
+        return self.added.get(scheduler, _NOTHING)
 
     def machine(self, mid: str) -> Machine | None:
         self.read_machines.add(mid)
@@ -500,6 +513,7 @@ def validate(
             (), tuple(ordered[c.task] for c in txn.claims), {}, {}, (), {}, {}, reads,
             claim_machines,
         )
+    w.added_by(txn.scheduler)
     return Decision(
         tuple(accepted),
         tuple(rejected),
@@ -919,7 +933,7 @@ def _check_usage_limit(w: _Work, claim: Claim, need: Resources,
             Reason.LIMIT_EXCEEDED,
             f"usage of scheduler {scheduler!r} is not known yet; retry",
         )
-    held = record.used + w.added.get(scheduler, Resources()) - w.removed.get(
+    held = record.used + w.added_by(scheduler) - w.removed.get(
         scheduler, Resources()
     ) - (returned or Resources())
     miss = fit.quota(held, need, limits.max_resources, scheduler)
@@ -985,7 +999,7 @@ def _apply(w: _Work, claim: Claim) -> None:
         job.id, claim.index, _RUNNING, m.id, w.txn.scheduler, w.gang, w.at,
         with_event(old, trusted_task_event(w.at, _RUNNING, m.id, w.txn.scheduler, why)),
     )
-    w.added[w.txn.scheduler] = w.added.get(w.txn.scheduler, _NOTHING) + job.task_resources
+    w.adding.append(job.task_resources)
 
 
 def _without_void_holds(w: _Work, m: Machine) -> dict[str, Allocation]:

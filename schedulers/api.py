@@ -324,6 +324,11 @@ class Policy:
     #: runtime is configured to (``RuntimeConfig.absorb_when_idle``). Read when the
     #: instance is made; a policy may set its own from its options.
     absorbs_changes: bool = False
+    #: A policy that never reads ``Context.changes`` may set this False: its instance
+    #: then keeps no list of them (every change of the cell is handed to every
+    #: instance) and its decisions get None there. A policy absorbing changes gets
+    #: them whatever this says.
+    reads_changes: bool = True
     #: A policy that divides its scheduler's resource limit itself (fair share within
     #: a quota, making room by preemption) sets this. Otherwise the runtime keeps
     #: plans within the limit and holds back the jobs it cannot take now

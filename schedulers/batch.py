@@ -32,6 +32,9 @@ from schedulers.placement import Reclaimer, can_host, impossible, why_not
 
 class BatchPolicy(Policy):
     name = "batch"
+    # First fit reads the cell as it is, never what changed (a subclass that does says
+    # so: Policy.reads_changes).
+    reads_changes = False
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

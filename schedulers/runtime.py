@@ -270,6 +270,8 @@ class SchedulerInstance:
         self._machines_touched: set[str] | None = None
         # Every change wakes run(): the policy takes it in while nothing is due.
         self._absorbs = self.config.absorb_when_idle and policy.absorbs_changes
+        # Whether the changes are kept for the policy (Context.changes) at all.
+        self._tracks_changes = policy.reads_changes or policy.absorbs_changes
         if isinstance(store, CellStore):
             follow_source(store, source)
         source.on_changes(self._on_changes)
@@ -415,6 +417,8 @@ class SchedulerInstance:
         """The changes the policy has not been told of (taken before the snapshot is
         read, as in :meth:`_take_changes`); handed back by :meth:`_keep_seen` when no
         decision is made."""
+        if not self._tracks_changes:
+            return None
         with self._lock:
             seen, self._seen = self._seen, set()
         return frozenset(seen) if seen is not None else None

@@ -81,7 +81,7 @@ class SimCell:
         # each such value, kept as machines are written: the load spread sampled over a
         # run then costs O(distinct values) instead of a scan of every machine.
         self._cpu_share: dict[str, float] = {}
-        self._cpu_shares: Counter[float] = Counter()
+        self._cpu_shares: dict[float, int] = {}  # a plain dict: a Counter's reads are slower
         self._tagged: set[str] = set()  # machines whose use depends on gang records
         # Machines written since the counts above were brought up to date, as written
         # last (None: removed): the counts are read only when sampled (every minute or
@@ -101,6 +101,12 @@ class SimCell:
 
     def on_changes(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def off_changes(self, listener: Listener) -> None:
+        """Stop announcing changes to ``listener`` (one given to :meth:`on_changes`):
+        every listener is handed every change, so one whose reader is gone is work for
+        nothing."""
+        self._listeners.remove(listener)
 
     # -- the Committer side (schedulers.runtime) ---------------------------------------------
     # Commits always see the current state: there is no working view to set up.
@@ -403,27 +409,34 @@ class SimCell:
         share_of, counts, tagged = self._cpu_share, self._cpu_shares, self._tagged
         capacity, cap = None, 0.0  # machines share their capacity vector: read it once
         for mid, m in self._stale.items():
-            old = share_of.pop(mid, None)
+            share: float | None = None  # removed, or no CPUs
+            if m is None:
+                tagged.discard(mid)
+            else:
+                if m.has_tags:
+                    tagged.add(mid)
+                elif tagged:
+                    tagged.discard(mid)
+                if m.capacity is not capacity:
+                    capacity = m.capacity
+                    cap = capacity.get("cpu")
+                if cap > 0:
+                    used = m.settled_used.amounts  # sorted by name: cpu, if held, first
+                    share = (used[0][1] if used and used[0][0] == "cpu"
+                             else m.settled_used.get("cpu")) / cap
+            old = share_of.get(mid)
+            if old == share:
+                continue  # written since, and back where it was: most machines
             if old is not None:
                 left = counts[old] - 1
                 if left:
                     counts[old] = left
                 else:
                     del counts[old]
-            if m is None:
-                tagged.discard(mid)
-                continue
-            if m.has_tags:
-                tagged.add(mid)
-            elif tagged:
-                tagged.discard(mid)
-            if m.capacity is not capacity:
-                capacity = m.capacity
-                cap = capacity.get("cpu")
-            if cap > 0:
-                used = m.settled_used.amounts  # sorted by name: cpu, if held, first
-                share = share_of[mid] = (used[0][1] if used and used[0][0] == "cpu"
-                                         else m.settled_used.get("cpu")) / cap
+            if share is None:
+                share_of.pop(mid, None)
+            else:
+                share_of[mid] = share
                 counts[share] = counts.get(share, 0) + 1
         self._stale.clear()
 

@@ -52,7 +52,7 @@ from schedulers.batch import BatchPolicy
 from schedulers.flow import FlowPolicy
 from schedulers.registry import Registry
 from schedulers.runtime import Attempt, RuntimeConfig, SchedulerInstance, owner_of
-from simulator.cell import Changes, SimCell, capacity_of
+from simulator.cell import Changes, Listener, SimCell, capacity_of
 from simulator.config import Architecture, SchedulerSpec, SimConfig
 from simulator.constraints import machine_labels
 from simulator.drivers import InstanceDriver, decision_cost
@@ -256,7 +256,8 @@ class Simulation:
         # Placed by an instance under the owner's name, so that the tasks are the
         # owner's (a flow scheduler re-offers them); it leaves before the owner starts.
         owner = p.scheduler or "prefill"
-        inst = SchedulerInstance(BatchPolicy(), self.cell, self.cell, scheduler=owner,
+        source = _Detachable(self.cell)
+        inst = SchedulerInstance(BatchPolicy(), self.cell, source, scheduler=owner,
                                  instance="prefill", clock=self.loop.clock,
                                  rng=stream(self.config.seed, "prefill"),
                                  config=RuntimeConfig(lease_ttl=_NEVER, idle_wait=math.inf,
@@ -275,6 +276,9 @@ class Simulation:
                 break
             self._committed(attempt, inst.finish(attempt))
         inst.stop()
+        # Gone for good: the changes of the rest of the run are not its to follow (each
+        # was handed to it, to find what kinds of record changed, and then dropped).
+        source.detach()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -547,6 +551,27 @@ class Simulation:
                    if job.id not in self._prefilled and job.id not in snap.statuses
                    for i in range(job.task_count)
                    if _state(snap, task_id(job.id, i)) in PLACEABLE)
+
+
+class _Detachable:
+    """The cell as a scheduler instance's snapshot source, whose listeners can be
+    taken off the cell again (:meth:`detach`): for an instance that leaves for good."""
+
+    def __init__(self, cell: SimCell) -> None:
+        self._cell = cell
+        self._listeners: list[Listener] = []
+
+    def snapshot(self) -> CellSnapshot:
+        return self._cell.snapshot()
+
+    def on_changes(self, listener: Listener) -> None:
+        self._cell.on_changes(listener)
+        self._listeners.append(listener)
+
+    def detach(self) -> None:
+        for listener in self._listeners:
+            self._cell.off_changes(listener)
+        self._listeners.clear()
 
 
 def _state(snap: CellSnapshot, tid: str) -> TaskState:

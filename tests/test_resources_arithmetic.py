@@ -1,10 +1,10 @@
 """Resources arithmetic (cellstate/model.py) against an independent oracle.
 
-``+``, ``-``, ``sum_resources`` and ``exceeding_with`` have fast paths for vectors over
-the same two dimensions (cpu and mem, nearly every vector a run adds); the simulator's
-outputs must stay byte-identical, so each result must be exactly the oracle's: the
-same dimensions and the same float bits (0.0 and -0.0 told apart), for canonical
-vectors and for the uncanonical ones arithmetic can make (negative, tiny)."""
+``+``, ``-``, ``add_each``, ``sum_resources`` and ``exceeding_with`` have fast paths
+for vectors over the same two dimensions (cpu and mem, nearly every vector a run adds);
+the simulator's outputs must stay byte-identical, so each result must be exactly the
+oracle's: the same dimensions and the same float bits (0.0 and -0.0 told apart), for
+canonical vectors and for the uncanonical ones arithmetic can make (negative, tiny)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from cellstate.model import _FIT_SLACK, Resources, sum_resources
+from cellstate.model import _FIT_SLACK, Resources, add_each, sum_resources
 
 DIMS = ("cpu", "disk", "gpu", "mem")
 AMOUNTS = st.one_of(
@@ -91,6 +91,27 @@ def test_add_and_sub_match_the_oracle_bit_for_bit(a: Resources, b: Resources) ->
 def test_sum_matches_the_oracle_bit_for_bit(items: list[Resources]) -> None:
     assert _bits(sum_resources(items)) == _bits(oracle_sum(items))
     assert _bits(sum_resources(iter(items))) == _bits(oracle_sum(items))
+
+
+@settings(max_examples=400, deadline=None)
+@given(vectors(), st.lists(vectors(), max_size=8))
+def test_add_each_is_the_sums_one_at_a_time_bit_for_bit(start: Resources,
+                                                        items: list[Resources]) -> None:
+    want = start
+    for r in items:
+        want = oracle_add(want, r)
+    assert _bits(add_each(start, items)) == _bits(want)
+    assert _bits(add_each(start, iter(items))) == _bits(want)
+
+
+def test_add_each_of_one_shape_many_times() -> None:
+    # A commit's case: one task shape added once per placed task.
+    task = Resources.of(cpu=0.1, mem=0.3)
+    want = Resources()
+    for _ in range(1000):
+        want = want + task
+    assert _bits(add_each(Resources(), [task] * 1000)) == _bits(want)
+    assert add_each(task, []) is task
 
 
 @settings(max_examples=400, deadline=None)
