@@ -12,7 +12,7 @@ from cellstate.kv.base import KV
 from cellstate.kv.memory import MemoryKV
 
 pytest_plugins = ["tests.run_summary", "tests.etcd_fixture", "tests.invariant_check",
-                  "tests.terminate_cleanly", "tests.numba_warmup"]
+                  "tests.terminate_cleanly", "tests.numba_warmup", "tests.precompile"]
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])

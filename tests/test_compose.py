@@ -8,6 +8,7 @@ health checks gating start-up, restart policies, named volumes."""
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -41,11 +42,18 @@ def _flags(command: list[str]) -> dict[str, str]:
     return dict(f.removeprefix("--").split("=", 1) for f in command[1:])
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    # Made once: the whole command line's parser takes 40 ms of CPU, and the
+    # parametrizations and tests below parse every service's command dozens of times.
+    return build_parser()
+
+
 def _args(name: str) -> argparse.Namespace:
     command = SERVICES[name]["command"]
     assert command[0] == "omega", f"{name}: {command}"
     try:
-        return build_parser().parse_args([str(c) for c in command[1:]])
+        return _parser().parse_args([str(c) for c in command[1:]])
     except SystemExit:
         pytest.fail(f"{name}: `{' '.join(map(str, command))}` is not a valid omega command")
 

@@ -11,6 +11,10 @@ service reported. The checker (tests/faults/checker.py) holds etcd's history to 
 
     python -m tests.faults.driver --cellstate A,B --out acks.jsonl [--seed N] ...
 
+With ``--start-file`` it starts, imports and waits until that file exists before its
+first request: the test starts it while the rest of the cell comes up, so that its
+interpreter's start overlaps theirs.
+
 Once the file ``--quiet-file`` exists: no more submissions or kills, only placing the
 driver's own jobs until they are done (the test then waits for every job to end).
 SIGTERM: stop. (Not a signal for quieting: any signal wakes the SIGTERM watcher.)
@@ -266,6 +270,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--durations", type=float, nargs=2, default=(1.0, 2.5))
     p.add_argument("--marker-file", default="", help="tasks run sh, noting start and end here")
     p.add_argument("--quiet-file", default="", help="once this file exists, only place")
+    p.add_argument("--start-file", default="", help="begin once this file exists")
     return p.parse_args(argv)
 
 
@@ -273,6 +278,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     die_with_parent()  # a test that dies leaves no driver behind
     args = parse(argv)
     stop = stop_event_on_signals()
+    if args.start_file:
+        while not Path(args.start_file).exists():
+            if stop.wait(0.05):
+                return
     log = Log(args.out)
     client = CellClient([e for e in args.cellstate.split(",") if e])
     driver = Driver(client, log, args)

@@ -117,7 +117,11 @@ def test_committer_killed_before_the_commit_point_leaves_nothing(
     mid = store.read_snapshot()
     assert placed_tasks_of(mid, "huge") == 0
     assert violations(mid) == []  # staged holds count, so nothing is over-committed
-    time.sleep(TTL + 2.5)  # the dead committer's lease lapses, taking its gang record
+    # The dead committer's lease lapses (TTL seconds after its last keep-alive), taking
+    # its gang record: waited for, not slept for (a fixed TTL + 2.5 s before).
+    deadline = time.monotonic() + TTL + 30
+    while store.read_snapshot().gangs and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert len(store.read_snapshot().gangs) == 0
     # A starting server recovers only when its replica's copy shows something to settle.
     assert CellStore.needs_recovery(store.read_snapshot())
