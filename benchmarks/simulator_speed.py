@@ -177,7 +177,8 @@ def load() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hours", type=float, default=2.0, help="simulated hours per run")
+    p.add_argument("--hours", type=float, default=2.0,
+                   help="simulated hours per architecture's run (0: skip them)")
     p.add_argument("--arch", default=",".join(ARCHITECTURES),
                    help="comma-separated: " + ", ".join(ARCHITECTURES))
     p.add_argument("--seed", type=int, default=1)
@@ -189,7 +190,14 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
-    names = [n.strip() for n in args.arch.split(",")]
+    for flag, value in (("--hours", args.hours), ("--task-cost-hours", args.task_cost_hours)):
+        if not value >= 0:  # NaN too
+            p.error(f"{flag} must be 0 (skip) or more, got {value}")
+    names = [n.strip() for n in args.arch.split(",")] if args.hours > 0 else []
+    unknown = sorted(set(names) - ARCHITECTURES.keys())
+    if unknown:
+        p.error(f"--arch: no architecture {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(ARCHITECTURES)}")
     print(f"start: {load()}")
     print(f"{'architecture':24} {'prefill s':>9} {'run s':>8} {'cpu s':>7} {'sim-s/s':>9} "
           f"{'sim-s/cpu-s':>11} {'tasks/s':>8} {'7 days':>9}  goal >= {GOAL:,.0f} sim-s/s")

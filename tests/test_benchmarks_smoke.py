@@ -120,6 +120,20 @@ def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: 
         proc.stderr)
 
 
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--hours", "-1"), "--hours must be 0 (skip) or more, got -1.0"),
+    (("--task-cost-hours", "nan"), "--task-cost-hours must be 0 (skip) or more"),
+    (("--arch", "shared-state,mesos"), "--arch: no architecture 'mesos'; known:"),
+])
+def test_simulator_speed_refuses_bad_flags_before_running(flags: tuple[str, ...],
+                                                          said: str) -> None:
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "simulator_speed.py"), *flags],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "start:" not in proc.stdout  # refused before any run
+
+
 def test_leader_core_refuses_unknown_modes_and_baselines(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = str(BENCHMARKS / "leader_core.py")
