@@ -408,6 +408,58 @@ def test_the_repair_step_counts_a_machines_use_as_its_record_does(policy: str,
     assert vouched > 30 and claimed > 0  # the count was used, and claims were made
 
 
+@pytest.mark.parametrize("policy", ["load-spread", "quincy", "network"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fit_rows_follow_each_machine_through_changes(policy: str, seed: int) -> None:
+    """``GraphManager.fit_rows``, kept from one update to the next and made again only
+    for the machines an update changed, are at every step what ``used_on`` says of
+    each machine (counted where it vouches and the machine is up) and its capacity
+    plus the slack, less the margin; a machine whose record is newer than the
+    network's is not counted. And the extraction that claims on them makes the
+    claims checking every arrival makes, over random change sequences."""
+    churn = Churn(seed, net=policy == "network")
+    gm = GraphManager(make_cost_model(policy), FLOW, move_guard=GUARD,
+                      preempt_below=random.Random(seed).choice([None, 3]))
+    counted = proven = stale = 0
+    for step in range(30):
+        snap, changes = churn.take()
+        gm.update(snap, changes, churn.now)
+        mids = sorted(snap.machines)
+        dims, used, limit, ok = gm.fit_rows(snap, mids)
+        for i, mid in enumerate(mids):
+            m = snap.machines[mid]
+            u = gm.used_on(m)
+            assert ok[i] == (u is not None and m.state is MachineState.UP), (seed, step, mid)
+            if not ok[i]:
+                continue
+            assert u is not None
+            counted += 1
+            assert {d: used[i, c] for d, c in dims.items() if used[i, c]} == dict(u.amounts)
+            for d, c in dims.items():
+                cap = m.capacity.get(d)
+                assert limit[i, c] < cap + 1e-9 * max(cap, 1.0)
+                assert limit[i, c] > cap + 0.998e-9 * max(cap, 1.0)
+        net = gm.net.arrays()
+        flow = OrToolsSolver().solve(net).flow
+        bulk, unit = CellView(snap, FLOW), CellView(snap, FLOW)
+        got = extract(gm, net, flow, bulk, snap)
+        want = extract(gm, net, flow, unit, snap, per_unit=True)
+        assert (got.claims, got.placed, got.repaired, got.spilled, got.unscheduled) == (
+            want.claims, want.placed, want.repaired, want.spilled, want.unscheduled)
+        assert [tuple(m.allocations) for m in bulk.machines()] == [
+            tuple(m.allocations) for m in unit.machines()]
+        proven += got.proven
+        churn.step(gm)
+        # Records newer than the network's: not counted until an update takes them.
+        newer = churn.snap()
+        _, _, _, ok = gm.fit_rows(newer, mids)
+        for i, mid in enumerate(mids):
+            if newer.machines.get(mid) is not snap.machines[mid]:
+                stale += 1
+                assert not ok[i], (seed, step, mid)
+    assert counted > 30 and proven > 0 and stale > 0
+
+
 def rounds_digest() -> str:
     """A digest of the networks (as arrays, in slot order) and claims of rounds over
     random change sequences, and the order this process iterates a set of names in."""

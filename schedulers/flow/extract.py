@@ -27,9 +27,13 @@ bulk (:func:`_claim_plain`): per machine and job the room is asked once for the 
 of arrivals there (``Resources.fit_times``, the same float operations as asking task
 by task) and the claims are made together (``CellView.claim_many``); at the first
 arrival it cannot settle so, that arrival and the rest of its machine's take the
-per-unit path above. The claims, their order and everything counted are the same as
-checking every arrival on its own (``per_unit=True``,
-``tests/test_flow_extract_bulk.py``).
+per-unit path above. Before that, all machines are looked at at once (:func:`_proven`):
+the graph manager keeps what holds each machine and what it may hold as rows of
+floats (``GraphManager.fit_rows``), and a machine whose arrivals, added up on arrays,
+stay within that with a margin is claimed without asking at all (most are: a round's
+1,500 arrivals land on as many machines). The claims, their order and everything
+counted are the same as checking every arrival on its own (``per_unit=True``,
+``tests/test_flow_extract_bulk.py``, ``tests/test_flow_graph.py``).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class Extraction:
     unscheduled: dict[str, int] = attrs.field(factory=dict)  # job -> units left waiting
     placed: int = 0
     bulk: int = 0  # of those, claimed with their machine's others at once (_claim_plain)
+    proven: int = 0  # of those, on machines where all surely fit (_proven): none asked
     migrated: int = 0
     preempted: int = 0
     repaired: int = 0  # arrivals the fit rules turned back
@@ -300,11 +305,13 @@ def extract(graph: GraphManager, net: Arrays, flow: np.ndarray, view: CellView,
         if not _place(ex, view, used, a, jid, i, victims, final=False):
             retry.append((a, jid, i))
     k, n = 0, len(waiting.machines)
+    # Machines whose arrivals all surely fit, proven on arrays for all at once.
+    proven = {} if per_unit else _proven(graph, view, used, waiting)
     while k < n:
         if not per_unit:
             # Claimed together for as long as they surely fit, then the rest of the
             # machine where that stopped one by one.
-            k = _claim_plain(ex, view, used, waiting, k)
+            k = _claim_plain(ex, view, used, waiting, k, proven)
             if k == n:
                 break
         mid = waiting.machines[k]
@@ -407,6 +414,28 @@ class _Used:
         # machine's jobs (asked once for the whole extraction).
         self.calm = calm(view)
         self._plain: dict[str, bool] = {}
+        # Machines whose arrivals were claimed on a proof (_proven), not counted yet:
+        # machine -> the jobs of those placements, in order. Counted (used_on, then
+        # each placement added) only if asked about again, which few are.
+        self._proven: dict[str, list[Job]] = {}
+
+    def touched(self) -> set[str]:
+        """Machines this extraction counts already, or counts the usual way."""
+        return self._used.keys() | self._off | self._proven.keys()
+
+    def bulk(self, mid: str, jobs: list[Job]) -> None:
+        """Placements of one task of each of ``jobs`` on ``mid``, a machine not
+        counted yet whose record is the snapshot's and the network's (_proven): what
+        :meth:`added` counts, summed only if the machine is asked about again."""
+        self._proven[mid] = jobs
+
+    def _count_proven(self, mid: str) -> None:
+        jobs = self._proven.pop(mid)
+        m = self._view.snap.machines.get(mid)
+        u = self._graph.used_on(m) if m is not None else None
+        assert u is not None, "a proven machine is counted by the network"
+        self._used[mid] = u
+        self._added.setdefault(mid, []).extend(j.task_resources for j in jobs)
 
     def plain(self, job: Job) -> bool:
         """Whether only room can keep a task of ``job`` off a machine that is up: no
@@ -422,6 +451,8 @@ class _Used:
     def known(self, mid: str) -> Resources | None:
         """What holds ``mid`` if this extraction counts it already (:meth:`of` asked
         before), with its placements since."""
+        if mid in self._proven:
+            self._count_proven(mid)
         u = self._used.get(mid)
         if u is not None:
             added = self._added.pop(mid, None)
@@ -436,6 +467,8 @@ class _Used:
         record ``m`` (``overlaid``: ``CellView.overlaid``, asked only then); None
         where the view shows claims on the machine or it is not counted here."""
         mid = m.id
+        if mid in self._proven:
+            self._count_proven(mid)
         u = self._used.get(mid)
         if u is not None:
             return self.known(mid) if mid in self._added else u
@@ -450,6 +483,8 @@ class _Used:
 
     def of(self, m: Machine) -> Resources | None:
         mid = m.id
+        if mid in self._proven:
+            self._count_proven(mid)
         if mid in self._off:
             return None
         u = self.known(mid)
@@ -472,6 +507,9 @@ class _Used:
     def claimed(self, c: Claim, need: Resources) -> None:
         """Count a claim just made: a placement adds to its machine; anything that
         also frees room (an eviction, a move) leaves both machines to the usual sum."""
+        for mid in (c.machine, c.moves_from):
+            if mid in self._proven:
+                self._count_proven(mid)
         if c.evict or c.moves_from or c.machine not in self._used:
             for mid in (c.machine, c.moves_from):
                 if mid:
@@ -483,8 +521,55 @@ class _Used:
             self._added.setdefault(c.machine, []).append(need)
 
 
+def _proven(graph: GraphManager, view: CellView, used: _Used, waiting: _Waiting
+            ) -> dict[str, int]:
+    """The machines where :func:`_claim_plain` would claim every waiting arrival in
+    bulk, each with the index past its last arrival: every arrival there of a plain
+    job (:meth:`_Used.plain`), the machine up and counted by the network as the
+    snapshot shows it (``GraphManager.fit_rows``), no claim on it yet in the view nor
+    counted by this extraction, and the sum of what all its arrivals need, added up
+    on arrays, within what it may hold with a margin (so each ``fit_times`` along the
+    way surely says yes). Worked out for all machines at once; the others take the
+    usual path."""
+    mids, jids = waiting.machines, waiting.jobs
+    n = len(mids)
+    if not n:
+        return {}
+    jobs = view.jobs
+    job_of: dict[str, int] = {}
+    needs: list[Resources | None] = []
+    for jid in dict.fromkeys(jids):
+        job = jobs.get(jid)
+        job_of[jid] = len(needs)
+        needs.append(job.task_resources if job is not None and used.plain(job) else None)
+    # Machine runs: the arrivals are grouped by machine, in the order claimed.
+    starts = [0, *(k for k in range(1, n) if mids[k] != mids[k - 1])]
+    machines = [mids[k] for k in starts]
+    dims, held, limit, counted = graph.fit_rows(view.snap, machines)
+    # A job needing a dimension no machine counted has no column: never proven.
+    table = np.zeros((len(needs), len(dims)), dtype=np.float64)
+    plain = np.zeros(len(needs), dtype=bool)
+    for j, need in enumerate(needs):
+        if need is not None and all(d in dims for d, _ in need.amounts):
+            plain[j] = True
+            for d, a in need.amounts:
+                table[j, dims[d]] = a
+    of_arrival = np.array([job_of[j] for j in jids], dtype=np.int64)
+    at = np.array(starts, dtype=np.int64)
+    all_plain = np.minimum.reduceat(plain[of_arrival], at)
+    total = held + np.add.reduceat(table[of_arrival], at, axis=0)
+    ok = counted & all_plain & (total <= limit).all(axis=1)
+    # Claims already on a machine (migrations, claims since the snapshot): the view
+    # shows it other than the snapshot, and _claim_plain would stop there.
+    gone = used.touched()
+    overlaid = view.overlaid
+    ends = [*starts[1:], n]
+    return {mid: end for mid, end, good in zip(machines, ends, ok.tolist(), strict=True)
+            if good and mid not in gone and not overlaid(mid)}
+
+
 def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
-                 start: int) -> int:
+                 start: int, proven: dict[str, int]) -> int:
     """Claim the arrivals ``waiting[start:]`` in order for as long as :func:`_place`
     would claim each with the resource rule alone, with the same claims: jobs with no
     constraint and no neighbour's in the cell (:meth:`_Used.plain`), machines that are
@@ -505,6 +590,20 @@ def _claim_plain(ex: Extraction, view: CellView, used: _Used, waiting: _Waiting,
     job: Job | None = None
     while k < n:
         if mids[k] != mid:
+            end = proven.get(mids[k])
+            if end is not None:
+                # Every arrival here surely fits (_proven): claimed without asking.
+                mid = mids[k]
+                m = snap_get(mid)
+                assert m is not None  # counted by the network (_proven)
+                placed = list(map(jobs.__getitem__, jids[k:end]))
+                batch.extend(placed)
+                indexes.extend(idxs[k:end])
+                records.extend([m] * (end - k))
+                used.bulk(mid, placed)
+                ex.proven += end - k
+                k, mid, jid = end, "", ""
+                continue
             mid = mids[k]
             # As _place finds the machine and what holds it, where the view shows
             # the snapshot's record (no claim of this decision's on it yet).

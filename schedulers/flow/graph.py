@@ -71,6 +71,12 @@ _ROW = itemgetter(1)  # and its row there
 _T = TypeVar("_T")
 #: Most tasks of one shape counted as fitting on one machine.
 MAX_FIT = 100_000
+# Resources.exceeding's slack (cellstate/model.py): a sum up to capacity + slack fits.
+_FIT_SLACK = 1e-9
+# How far below that limit a sum of a machine's arrivals, added up on arrays, must
+# stay for the fit to be proven: far more than the rounding of a dozen additions
+# (about 1e-15 of the capacity), far less than the slack itself.
+_PROOF_MARGIN = 1e-12
 
 
 class ArcKind(enum.IntEnum):
@@ -372,6 +378,7 @@ class GraphManager:
         # One object per distinct shape and group key: dict look-ups by them then find
         # the very object and skip comparing fields.
         self._interned: dict[Any, Any] = {}
+        self._rows = FitRows()
         self._snap: CellSnapshot | None = None
         self._now = 0.0
         self.built = False
@@ -580,6 +587,7 @@ class GraphManager:
                 if e.task_nodes:
                     self._wait_costs(e, waited)
         self._runs.write(self.net, self.model, now)
+        self._rows.refresh(self, snap)
         self.net.set_supply(SINK, 0)
         self.net.set_supply(SINK, -self.net.total_supply)
         return UpdateStats(full_build, len(rearc), len(machines), batched)
@@ -654,6 +662,7 @@ class GraphManager:
 
     def _load_machine(self, snap: CellSnapshot, mid: str, rearc: set[str],
                       reload: bool = False) -> None:
+        self._rows.stale.add(mid)  # what holds it may change: its row is worked out again
         m = snap.machines.get(mid)
         old = self.machines.get(mid)
         preferring = self._pref_in.get(mid)
@@ -1468,6 +1477,21 @@ class GraphManager:
             return None
         return me.used()
 
+    def fit_rows(self, snap: CellSnapshot, mids: Sequence[str]
+                 ) -> tuple[dict[str, int], npt.NDArray[np.float64], npt.NDArray[np.float64],
+                            npt.NDArray[np.bool_]]:
+        """What holds each machine of ``mids`` and the most it may hold, as rows of
+        floats over the dimensions named (dimension -> column): :meth:`used_on` of the
+        snapshot's record and the capacity plus ``Resources.exceeding``'s slack, less a
+        margin that covers the rounding of adding a machine's arrivals up on arrays
+        (so a sum within the limit surely passes ``exceeding_with`` added one at a
+        time); and whether :meth:`used_on` counts the machine at all (False: gone,
+        not up, tags, not the network's record; its row means nothing). Rows are
+        kept from one call to the next and worked out again only for machines updated
+        since (``MachineEntry.used`` then, once per change rather than once per round
+        that places there)."""
+        return self._rows.rows(self, snap, mids)
+
     def group_tasks(self, key: NodeKey) -> list[str]:
         """The task ids a group node ``("G", machine, GroupKey)`` stands for that may
         move now (not moved within ``move_guard``), sorted."""
@@ -1483,6 +1507,111 @@ class GraphManager:
                 "shapes": len(self.shapes),
                 "task_nodes": sum(len(e.task_nodes) for e in self.jobs.values())
                 + len(self._runs)}
+
+
+class FitRows:
+    """:meth:`GraphManager.fit_rows`' rows, one per machine: made again for the
+    machines each update changed (:meth:`refresh`), so a round's extraction finds
+    them made."""
+
+    def __init__(self) -> None:
+        self.stale: set[str] = set()  # machines updated since their row was made
+        self._row: dict[str, int] = {}
+        self._record: list[Machine | None] = []  # the snapshot's record a row is of
+        self._dims: dict[str, int] = {}
+        self._used = np.zeros((0, 0), dtype=np.float64)
+        self._limit = np.zeros((0, 0), dtype=np.float64)
+        self._counted = np.zeros(0, dtype=bool)  # used_on counts the machine
+        self._limits: dict[Resources, list[float]] = {}  # capacity -> its limit row
+
+    def refresh(self, graph: GraphManager, snap: CellSnapshot) -> None:
+        """The rows of the machines updated since they were made."""
+        if self.stale:
+            get = snap.machines.get
+            self._make(graph, [(mid, get(mid)) for mid in sorted(self.stale)])
+
+    def rows(self, graph: GraphManager, snap: CellSnapshot, mids: Sequence[str]
+             ) -> tuple[dict[str, int], npt.NDArray[np.float64], npt.NDArray[np.float64],
+                        npt.NDArray[np.bool_]]:
+        row_of, record, stale = self._row, self._record, self.stale
+        get = snap.machines.get
+        todo = []
+        for mid in mids:
+            r = row_of.get(mid)
+            m = get(mid)
+            if r is None or record[r] is not m or mid in stale:
+                todo.append((mid, m))
+        if todo:
+            self._make(graph, todo)
+        at = np.fromiter(map(row_of.__getitem__, mids), dtype=np.int64, count=len(mids))
+        return self._dims, self._used[at], self._limit[at], self._counted[at]
+
+    def _make(self, graph: GraphManager, todo: list[tuple[str, Machine | None]]) -> None:
+        counted: list[tuple[Machine, Resources] | None] = []
+        for mid, m in todo:
+            self.stale.discard(mid)
+            u = graph.used_on(m) if m is not None and m.state is MachineState.UP else None
+            if u is not None:
+                assert m is not None
+                for d, _ in (*u.amounts, *m.capacity.amounts):
+                    if d not in self._dims:
+                        self._column(d)
+                counted.append((m, u))
+            else:
+                counted.append(None)
+        rows = []
+        for mid, _ in todo:
+            r = self._row.get(mid)
+            if r is None:
+                r = self._row[mid] = len(self._record)
+                self._record.append(None)
+            rows.append(r)
+        if max(rows) >= len(self._counted):
+            grow = max(max(rows) + 1 - len(self._counted), 64, len(self._counted))
+            width = len(self._dims)
+            self._used = np.concatenate([self._used, np.zeros((grow, width))])
+            self._limit = np.concatenate([self._limit, np.zeros((grow, width))])
+            self._counted = np.concatenate([self._counted, np.zeros(grow, dtype=bool)])
+        cols, width = self._dims, len(self._dims)
+        used_rows: list[list[float]] = []
+        limit_rows: list[list[float]] = []
+        nothing = [0.0] * width
+        for (_, m), r, got in zip(todo, rows, counted, strict=True):
+            self._record[r] = m
+            if got is None:
+                used_rows.append(nothing)
+                limit_rows.append(nothing)
+                continue
+            m, u = got
+            row = nothing.copy()
+            for d, a in u.amounts:
+                row[cols[d]] = a
+            used_rows.append(row)
+            limit = self._limits.get(m.capacity)
+            if limit is None or len(limit) != width:
+                limit = self._limits[m.capacity] = self._limit_row(m.capacity)
+            limit_rows.append(limit)
+        at = np.array(rows, dtype=np.int64)
+        self._used[at] = np.array(used_rows, dtype=np.float64).reshape(len(rows), width)
+        self._limit[at] = np.array(limit_rows, dtype=np.float64).reshape(len(rows), width)
+        self._counted[at] = [got is not None for got in counted]
+
+    def _limit_row(self, capacity: Resources) -> list[float]:
+        # Dimensions the machine has no capacity in: a capacity of 0 (exceeding's rule).
+        row = [_FIT_SLACK - _PROOF_MARGIN] * len(self._dims)
+        for d, c in capacity.amounts:
+            scale = c if c > 1.0 else 1.0
+            row[self._dims[d]] = c + _FIT_SLACK * scale - _PROOF_MARGIN * scale
+        return row
+
+    def _column(self, dim: str) -> None:
+        """A dimension no row named before: every row counted holds none of it and
+        has no capacity in it (had it either, the dimension would have a column)."""
+        self._dims[dim] = len(self._dims)
+        n = len(self._counted)
+        self._used = np.concatenate([self._used, np.zeros((n, 1))], axis=1)
+        self._limit = np.concatenate(
+            [self._limit, np.full((n, 1), _FIT_SLACK - _PROOF_MARGIN)], axis=1)
 
 
 def _run_of(key: NodeKey) -> tuple[str, str]:
