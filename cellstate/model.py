@@ -33,9 +33,10 @@ MAX_INPUT_LOCATIONS = 10_000
 # record stays well below etcd's request limit (1.5 MiB) at about 60 bytes a copy.
 MAX_TASK_INPUT_COPIES = 20_000
 MAX_BLOCK_COPIES = 16
-# Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
-# less than this fraction of it still fits.
-_FIT_SLACK = 1e-9
+#: Float sums of many allocations drift by a few ulps; a claim that exceeds capacity by
+#: less than this fraction of it (of 1 below 1) still fits. Everything that counts fits
+#: (the flow network's room, its proofs) uses this one value.
+FIT_SLACK = 1e-9
 
 
 def is_name(value: object) -> bool:
@@ -157,7 +158,7 @@ class Resources:
         """The first dimension in which ``self`` exceeds ``capacity``, or None if it fits."""
         for name, amount in self.amounts:
             cap = capacity.get(name)
-            if amount > cap + _FIT_SLACK * max(cap, 1.0):
+            if amount > cap + FIT_SLACK * max(cap, 1.0):
                 return name
         return None
 
@@ -176,9 +177,9 @@ class Resources:
                 else:
                     x0 = -1.0  # other dimensions: the general path below
                 if x0 >= 0.0:
-                    if x0 + y0 > c0 + _FIT_SLACK * (c0 if c0 > 1.0 else 1.0):
+                    if x0 + y0 > c0 + FIT_SLACK * (c0 if c0 > 1.0 else 1.0):
                         return n0
-                    if x1 + y1 > c1 + _FIT_SLACK * (c1 if c1 > 1.0 else 1.0):
+                    if x1 + y1 > c1 + FIT_SLACK * (c1 if c1 > 1.0 else 1.0):
                         return n1
                     return None
         total = dict(a)
@@ -188,7 +189,7 @@ class Resources:
         # In name order, as exceeding() reports; already so unless extra added a name.
         for name in total if len(total) == known else sorted(total):
             cap = capacity.get(name)
-            if total[name] > cap + _FIT_SLACK * (cap if cap > 1.0 else 1.0):
+            if total[name] > cap + FIT_SLACK * (cap if cap > 1.0 else 1.0):
                 return name
         return None
 
@@ -209,8 +210,8 @@ class Resources:
                 # once (the first sum from nothing is ``extra``, as __add__ returns it).
                 x0, x1 = (a[0][1], a[1][1]) if a else (0.0, 0.0)
                 if x0 >= 0.0:
-                    lim0 = c0 + _FIT_SLACK * (c0 if c0 > 1.0 else 1.0)
-                    lim1 = c1 + _FIT_SLACK * (c1 if c1 > 1.0 else 1.0)
+                    lim0 = c0 + FIT_SLACK * (c0 if c0 > 1.0 else 1.0)
+                    lim1 = c1 + FIT_SLACK * (c1 if c1 > 1.0 else 1.0)
                     while n < most:
                         s0, s1 = x0 + y0, x1 + y1
                         if s0 > lim0 or s1 > lim1:
@@ -231,7 +232,7 @@ class Resources:
         """Like :meth:`exceeding`, but dimensions the limit does not name are unlimited."""
         for name, cap in limit.amounts:
             amount = self.get(name)
-            if amount > cap + _FIT_SLACK * max(cap, 1.0):
+            if amount > cap + FIT_SLACK * max(cap, 1.0):
                 return name
         return None
 

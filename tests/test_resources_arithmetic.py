@@ -12,7 +12,7 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from cellstate.model import _FIT_SLACK, Resources, add_each, sum_resources
+from cellstate.model import FIT_SLACK, Resources, add_each, sum_resources
 
 DIMS = ("cpu", "disk", "gpu", "mem")
 AMOUNTS = st.one_of(
@@ -74,7 +74,7 @@ def oracle_exceeding_with(used: Resources, extra: Resources, cap: Resources) -> 
         total[n] = total.get(n, 0.0) + x
     for n in sorted(total):
         c = cap.get(n)
-        if total[n] > c + _FIT_SLACK * max(c, 1.0):
+        if total[n] > c + FIT_SLACK * max(c, 1.0):
             return n
     return None
 

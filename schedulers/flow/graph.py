@@ -40,6 +40,7 @@ import numpy.typing as npt
 from cellstate.cell import CellSnapshot, alloc_placed, holding, task_view
 from cellstate.keys import KeyKind
 from cellstate.model import (
+    FIT_SLACK,
     PLACEABLE,
     Allocation,
     Job,
@@ -71,8 +72,6 @@ _ROW = itemgetter(1)  # and its row there
 _T = TypeVar("_T")
 #: Most tasks of one shape counted as fitting on one machine.
 MAX_FIT = 100_000
-# Resources.exceeding's slack (cellstate/model.py): a sum up to capacity + slack fits.
-_FIT_SLACK = 1e-9
 # How far below that limit a sum of a machine's arrivals, added up on arrays, must
 # stay for the fit to be proven: far more than the rounding of a dozen additions
 # (about 1e-15 of the capacity), far less than the slack itself.
@@ -119,7 +118,7 @@ def fit_count(avail: Resources, shape: Shape, m: Machine,
     for dim, amount in shape.resources.amounts:
         if amount <= 0 or (dims is not None and dim not in dims):
             continue
-        n = min(n, math.floor(avail.get(dim) / amount + 1e-9))
+        n = min(n, math.floor(avail.get(dim) / amount + FIT_SLACK))
         if n <= 0:
             return 0
     return n
@@ -187,7 +186,7 @@ def _fit_counts(room: npt.NDArray[np.float64], amounts: npt.NDArray[np.float64],
     for i in range(amounts.shape[0]):
         cols = np.flatnonzero(amounts[i] > 0)
         if len(cols):
-            n = np.floor(room[:, cols] / amounts[i, cols] + 1e-9).min(axis=1)
+            n = np.floor(room[:, cols] / amounts[i, cols] + FIT_SLACK).min(axis=1)
             out[:, i] = np.clip(n, 0, MAX_FIT)
     out[~gate] = 0
     return out
@@ -1201,7 +1200,7 @@ class GraphManager:
                 capacity = self._capacities(dim)
                 unknown |= np.isnan(capacity)
                 # _could_fit's test, on the same floats
-                ok &= capacity + 1e-9 >= amount
+                ok &= capacity + FIT_SLACK >= amount
         out[ok] = 1
         out[~ok] = 0
         out[unknown] = -1
@@ -1223,7 +1222,7 @@ class GraphManager:
 
     @staticmethod
     def _could_fit(s: Shape, m: Machine) -> bool:
-        return _selects(s, m) and all(amount <= 0 or m.capacity.get(dim) + 1e-9 >= amount
+        return _selects(s, m) and all(amount <= 0 or m.capacity.get(dim) + FIT_SLACK >= amount
                    for dim, amount in s.resources.amounts)
 
     def _task_group_arcs(self, key: NodeKey, mid: str, gk: GroupKey, movable: int) -> None:
@@ -1598,10 +1597,10 @@ class FitRows:
 
     def _limit_row(self, capacity: Resources) -> list[float]:
         # Dimensions the machine has no capacity in: a capacity of 0 (exceeding's rule).
-        row = [_FIT_SLACK - _PROOF_MARGIN] * len(self._dims)
+        row = [FIT_SLACK - _PROOF_MARGIN] * len(self._dims)
         for d, c in capacity.amounts:
             scale = c if c > 1.0 else 1.0
-            row[self._dims[d]] = c + _FIT_SLACK * scale - _PROOF_MARGIN * scale
+            row[self._dims[d]] = c + FIT_SLACK * scale - _PROOF_MARGIN * scale
         return row
 
     def _column(self, dim: str) -> None:
@@ -1611,7 +1610,7 @@ class FitRows:
         n = len(self._counted)
         self._used = np.concatenate([self._used, np.zeros((n, 1))], axis=1)
         self._limit = np.concatenate(
-            [self._limit, np.full((n, 1), _FIT_SLACK - _PROOF_MARGIN)], axis=1)
+            [self._limit, np.full((n, 1), FIT_SLACK - _PROOF_MARGIN)], axis=1)
 
 
 def _run_of(key: NodeKey) -> tuple[str, str]:
