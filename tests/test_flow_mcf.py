@@ -330,6 +330,14 @@ def forward_star(n: int, tail: I64, head: I64) -> list[list[int]]:
     return lists
 
 
+def _star(n: int, tail: I64, head: I64) -> tuple[I64, I64]:
+    """``forward_star`` as the kernels' ``start`` and ``adj`` arrays."""
+    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * len(tail), dtype=np.int64)
+    for v, lst in enumerate(forward_star(n, tail, head)):
+        start[v + 1] = start[v] + len(lst)
+        adj[start[v]:start[v + 1]] = lst
+    return start, adj
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31), nodes=st.integers(4, 14), warm=st.booleans())
 def test_prepare_builds_the_start_the_solvers_expect(seed: int, nodes: int, warm: bool) -> None:
@@ -400,10 +408,7 @@ def test_global_update_keeps_eps_optimality_and_opens_a_path(seed: int, nodes: i
     e = net.supply[:n].copy()
     np.subtract.at(e, tail, x + net.lower)
     np.add.at(e, head, x + net.lower)
-    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
-    for v, lst in enumerate(forward_star(n, tail, head)):
-        start[v + 1] = start[v] + len(lst)
-        adj[start[v]:start[v + 1]] = lst
+    start, adj = _star(n, tail, head)
     dist, state = (np.empty(n, dtype=np.int64) for _ in range(2))
     width = int(rng.integers(1, n + 2))  # Dijkstra's window of buckets
     entries = int(rng.integers(n + 1, 3 * n + 2))  # few: buckets rebuilt when out
@@ -589,14 +594,11 @@ def test_price_refine_makes_any_prices_exact_for_an_optimal_flow(seed: int, node
         flow = OrToolsSolver().solve(net).flow
     except SolveError:
         return
-    n, m = net.nodes, len(net.tail)
+    n = net.nodes
     tail, head, cost = net.tail, net.head, net.cost
     cap = net.capacity - net.lower
     x = flow - net.lower
-    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
-    for v, lst in enumerate(forward_star(n, tail, head)):
-        start[v + 1] = start[v] + len(lst)
-        adj[start[v]:start[v + 1]] = lst
+    start, adj = _star(n, tail, head)
     pi = rng.integers(-100, 100, n).astype(np.int64)
     assert K.exact_prices(n, start, adj, tail, head, cap, cost, x, pi, 50 * (n + 1),
                           n + 1 if up else 0)
@@ -621,10 +623,7 @@ def test_relaxation_drops_a_tree_that_passes_its_budget() -> None:
     net = Arrays(n, supply, tail, head, np.zeros(m, dtype=np.int64),
                  np.ones(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
                  np.zeros(m, dtype=np.int8), np.arange(m, dtype=np.int64))
-    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
-    for v, lst in enumerate(forward_star(n, tail, head)):
-        start[v + 1] = start[v] + len(lst)
-        adj[start[v]:start[v + 1]] = lst
+    start, adj = _star(n, tail, head)
     for budget, status in ((0, K.BUDGET), (10 * (n + m), K.DONE)):
         x, e, pi = np.zeros(m, dtype=np.int64), supply.copy(), np.zeros(n, dtype=np.int64)
         stats = np.zeros(K.NSTATS, dtype=np.int64)
@@ -676,10 +675,7 @@ def test_global_update_prices_are_the_distances_with_few_bucket_entries(seed: in
     net = cell.arrays()
     n, m = net.nodes, len(net.tail)
     tail, head, cap, cost = net.tail, net.head, net.capacity, net.cost
-    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * m, dtype=np.int64)
-    for v, lst in enumerate(forward_star(n, tail, head)):
-        start[v + 1] = start[v] + len(lst)
-        adj[start[v]:start[v + 1]] = lst
+    start, adj = _star(n, tail, head)
     rng = np.random.default_rng(seed)
     x = np.zeros(m, dtype=np.int64)
     e = net.supply[:n].copy()
@@ -712,14 +708,6 @@ def test_global_update_prices_are_the_distances_with_few_bucket_entries(seed: in
                               np.empty(n + 1, dtype=np.int64), entries)
         assert ops > 0
         assert np.array_equal(p, want)
-
-
-def _star(n: int, tail: I64, head: I64) -> tuple[I64, I64]:
-    start, adj = np.zeros(n + 1, dtype=np.int64), np.zeros(2 * len(tail), dtype=np.int64)
-    for v, lst in enumerate(forward_star(n, tail, head)):
-        start[v + 1] = start[v] + len(lst)
-        adj[start[v]:start[v + 1]] = lst
-    return start, adj
 
 
 @settings(max_examples=120, deadline=None)
