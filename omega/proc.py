@@ -170,6 +170,16 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (empty where there is no /proc)."""
+    found = []
+    for child in process_ids():
+        fields = _stat_fields(child)
+        if fields is not None and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+            found.append(child)
+    return found
+
+
 def process_group(pid: int) -> int | None:
     fields = _stat_fields(pid)
     return int(fields[2]) if fields is not None else None

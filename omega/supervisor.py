@@ -188,7 +188,8 @@ class Supervisor:
         """End the way the child ended."""
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those take no handler
+                signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(self.me, sig)
             return 128 + sig  # a signal whose default is not to end the process

@@ -39,7 +39,6 @@ import pytest
 from cellstate.kv.base import Delete, KVError
 from cellstate.kv.etcd import EtcdKV
 from omega.etcd_launcher import LocalEtcd, server_flags
-from omega.proc import supervised
 from tests import run_summary
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
@@ -129,11 +128,10 @@ def _container_etcd() -> Iterator[EtcdServer]:
 
 
 def etcd_args_for_tests(**kwargs: Any) -> dict[str, Any]:
-    """LocalEtcd arguments for a test's etcd: no fsync, no version warning, and run
-    under omega's supervisor, bound to this process, so that a test run killed by a
-    signal no finalizer sees (SIGKILL: CI's timeout) still takes its etcds with it."""
-    return {"unsafe_no_fsync": True, "quiet_version_warning": True,
-            "command_prefix": supervised([], grace=5.0), **kwargs}
+    """LocalEtcd arguments for a test's etcd: no fsync, no version warning (LocalEtcd
+    binds it to this process by default, so that a test run killed by a signal no
+    finalizer sees, SIGKILL from CI's timeout, still takes its etcds with it)."""
+    return {"unsafe_no_fsync": True, "quiet_version_warning": True, **kwargs}
 
 
 def make_local_etcd(**kwargs: Any) -> LocalEtcd:

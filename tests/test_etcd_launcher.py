@@ -181,6 +181,10 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _parent(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[1])
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -259,6 +263,59 @@ def test_cli_runs_until_interrupted(started_ignoring_sigint: bool) -> None:
         _stop_launcher(proc)
 
 
+def test_etcd_goes_with_a_parent_killed_by_sigkill() -> None:
+    """A process that started etcd with LocalEtcd's defaults and is then SIGKILLed (no
+    finalizer, no atexit) leaves no etcd running: it runs under the supervisor."""
+    proc = _run_python(
+        """
+        import time
+        from omega.etcd_launcher import LocalEtcd
+        s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
+        print(s.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    etcd = 0
+    try:
+        assert proc.stdout is not None
+        etcd = int(proc.stdout.readline())
+        assert Path(f"/proc/{etcd}/comm").read_text().strip() == "etcd"
+        proc.kill()
+        proc.wait()
+        assert _wait_gone(etcd, 30), "etcd outlived the process that started it"
+    finally:
+        _stop_launcher(proc)
+        if etcd and not _gone(etcd):
+            _kill(etcd)
+
+
+def test_pause_stalls_etcd_itself_and_resume_wakes_it(fresh_etcd: LocalEtcd) -> None:
+    """:attr:`LocalEtcd.pid` is etcd's own process, not its supervisor's: pause
+    (SIGSTOP) freezes the server, as the fault suite's stall of a member needs, and
+    resume (SIGCONT) wakes it."""
+    pid = fresh_etcd.pid
+    assert pid is not None and Path(f"/proc/{pid}/comm").read_text().strip() == "etcd"
+    with EtcdKV([fresh_etcd.endpoint], timeout=1.0) as kv:
+        kv.txn([], [Put(b"/stall", b"1")])
+        fresh_etcd.pause()
+        try:
+            assert Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+            with pytest.raises(UnavailableError):
+                kv.range(b"/stall")
+        finally:
+            fresh_etcd.resume()
+        assert kv.range(b"/stall").kvs[0].value == b"1"
+
+
+def test_unbound_etcd_is_the_launchers_own_child() -> None:
+    server = make_local_etcd(bound_to_parent=False)
+    try:
+        server.start()
+        assert server.pid is not None and _parent(server.pid) == os.getpid()
+    finally:
+        server.stop()
+
+
 def test_a_failed_test_leaves_no_etcd_behind() -> None:
     """_stop_launcher on a launcher that ignores SIGINT (as a hung one would): both
     the launcher and its etcd are gone afterwards."""
@@ -276,7 +333,8 @@ def test_a_failed_test_leaves_no_etcd_behind() -> None:
     try:
         assert proc.stdout is not None
         etcd = int(proc.stdout.readline())
-        assert not _gone(etcd) and _children(proc.pid) == [etcd]
+        # etcd runs under the supervisor that binds it to the launcher's process.
+        assert not _gone(etcd) and _children(proc.pid) == [_parent(etcd)]
     finally:
         _stop_launcher(proc, grace=1.0)
         if etcd and not _wait_gone(etcd):  # a SIGKILL takes a moment to land
@@ -339,8 +397,8 @@ def test_a_stopped_test_run_stops_the_etcd_a_test_started(
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
             time.sleep(0.1)
         _, pid_text, data_dir = said.read_text().split()
-        started = [int(pid_text), *_children(int(pid_text))]
-        assert len(started) == 2 and not any(map(_gone, started)), \
+        started = [_parent(int(pid_text)), int(pid_text)]
+        assert not any(map(_gone, started)) and _children(started[0]) == started[1:], \
             f"the child test run did not start its etcd under a supervisor: {started}"
         proc.send_signal(sig)
         try:

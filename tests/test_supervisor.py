@@ -26,6 +26,10 @@ def test_ends_the_way_its_command_ended() -> None:
     time.sleep(0.3)
     p.terminate()  # forwarded to the command
     assert p.wait(10) == -signal.SIGTERM
+    # A command killed by SIGKILL (the OOM killer, a crash test): the supervisor cannot
+    # take a handler for it, and still ends by it, not with an error of its own.
+    p = _start(["sh", "-c", "kill -KILL $$"])
+    assert p.wait(10) == -signal.SIGKILL
 
 
 def test_outlives_the_thread_that_started_it() -> None:

@@ -140,6 +140,10 @@ _MSG_NO_SPACE: Final = "database space exceeded"
 # Failover: first try every endpoint once without waiting, then back off between rounds.
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 0.5
+# With more than one endpoint, how long one attempt may wait for an answer before the
+# call moves on: a member that stalls (paused, partitioned) holds the connection open
+# without answering, and neither UNAVAILABLE nor the keep-alive (40 s) would move it.
+DEFAULT_ATTEMPT_TIMEOUT: Final = 2.0
 
 
 
@@ -348,10 +352,15 @@ class EtcdKV:
     ``https://`` or any TLS material below turns TLS on). One gRPC channel is kept per
     endpoint; calls go to one endpoint until it answers UNAVAILABLE, then move on to the
     next, trying every endpoint once at once and then backing off (50 ms doubling to
-    0.5 s). Every call, retries included, ends within about ``timeout`` seconds; when no
-    endpoint answered it raises :class:`UnavailableError` naming the endpoints. A retry
-    may re-send a write whose first attempt was applied before the connection broke;
-    writes guarded by a revision compare are safe (the replay fails its compare).
+    0.5 s). With more than one endpoint an attempt that gets no answer within
+    ``attempt_timeout`` seconds moves on too (a stalled member: paused or partitioned,
+    its connection open), and each round of endpoints that all missed it doubles the
+    wait, so a slow answer still comes in time. Every call, retries included, ends
+    within about ``timeout`` seconds; when no endpoint answered it raises
+    :class:`UnavailableError` naming the endpoints. A retry may re-send a write whose
+    first attempt was applied before the connection broke (or, by a stalled member, after
+    the retry); writes guarded by a revision compare are safe (the replay fails its
+    compare).
 
     Errors: compaction -> :class:`CompactedError` (with the compacted revision),
     future revision -> :class:`FutureRevisionError`, too many ops / too many bytes ->
@@ -382,6 +391,7 @@ class EtcdKV:
         endpoints: Sequence[str],
         *,
         timeout: float = 10.0,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         username: str | None = None,
         password: str | None = None,
         ca_cert: bytes | None = None,
@@ -399,8 +409,10 @@ class EtcdKV:
             raise ValueError("give both username and password, or neither")
         if (cert_chain is None) != (private_key is None):
             raise ValueError("give both cert_chain and private_key (client TLS), or neither")
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        if not attempt_timeout > 0:
+            raise ValueError(f"attempt_timeout must be positive, not {attempt_timeout!r}")
         parsed = [_strip_scheme(e) for e in endpoints]
         tls = ca_cert is not None or cert_chain is not None or any(t for _, t in parsed)
         credentials = (
@@ -414,6 +426,7 @@ class EtcdKV:
         self._probe_key = probe_key
         self.max_request_bytes = max_request_bytes
         self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
         self._endpoints = [_Endpoint(address, credentials) for address, _ in parsed]
         self._current = 0  # index of the endpoint in use; moved on UNAVAILABLE
         self._lock = threading.Lock()  # guards _current, _watchers, _closed
@@ -466,10 +479,13 @@ class EtcdKV:
         *,
         login: bool = True,
         key: bytes = b"\x00",
+        per_attempt: bool = True,
     ) -> T:
         """Run ``attempt(endpoint, timeout, metadata)`` with failover, re-login and error
         mapping. ``attempt`` raises ``grpc.RpcError`` for a failed call; ``key`` is one
-        the caller may read (used to find the compacted revision for CompactedError)."""
+        the caller may read (used to find the compacted revision for CompactedError).
+        ``per_attempt``: the attempt's ``timeout`` is the per-attempt one (False for a
+        call that sets its own, longer, deadline)."""
         if self._closed:
             raise KVError("EtcdKV is closed")
         if login and self._login_needed:
@@ -477,19 +493,26 @@ class EtcdKV:
         n = len(self._endpoints)
         start = time.monotonic()
         deadline = start + self.timeout
-        tried = 0  # attempts that failed with UNAVAILABLE
+        tried = 0  # attempts that failed with UNAVAILABLE or missed their own deadline
+        missed = 0  # of those, attempts that missed their own deadline
         relogged = False
         last_error = ""
         while True:
             index = self._current
             endpoint = self._endpoints[index]
             remaining = deadline - time.monotonic()
+            budget = remaining
+            if per_attempt and n > 1:
+                budget = min(remaining, self.attempt_timeout * 2 ** (missed // n))
             metadata = self._metadata if login else None
             try:
-                return attempt(endpoint, max(remaining, 0.001), metadata)
+                return attempt(endpoint, max(budget, 0.001), metadata)
             except grpc.RpcError as err:
                 code = err.code()
-                if code is _UNAVAILABLE:
+                stalled = code is _DEADLINE_EXCEEDED and budget < remaining
+                if stalled:
+                    missed += 1
+                if code is _UNAVAILABLE or stalled:
                     tried += 1
                     last_error = f"{endpoint.address}: {err.details()}"
                     with self._lock:
@@ -707,7 +730,8 @@ class EtcdKV:
         :class:`CompactedError`, above the store revision :class:`FutureRevisionError`."""
         request = pb.CompactionRequest(revision=revision, physical=physical)
         self._call(lambda ep, t, md: ep.kv.Compact(
-            request, timeout=t if timeout is None else timeout, metadata=md))
+            request, timeout=t if timeout is None else timeout, metadata=md),
+            per_attempt=False)
 
     def watch(
         self,
@@ -742,15 +766,17 @@ class EtcdKV:
                 raise
             return watcher
 
+        # A watch waits for its confirmation the whole call's timeout (it raises
+        # UnavailableError itself, so a stalled member is not skipped here).
         try:
-            watcher = self._call(attempt, key=key)
+            watcher = self._call(attempt, key=key, per_attempt=False)
         except EtcdAuthError:
             # etcd 3.5 reports an expired token on a watch as "permission denied" on the
             # create response, indistinguishable from a real denial: log in once more.
             if self._username is None:
                 raise
             self._login(stale=self._metadata)
-            watcher = self._call(attempt, key=key)
+            watcher = self._call(attempt, key=key, per_attempt=False)
         with self._lock:
             if self._closed:
                 watcher.cancel()

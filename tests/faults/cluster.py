@@ -225,10 +225,9 @@ class FaultCell:
     def stall_etcd(self, index: int, sig: int = signal.SIGSTOP) -> float:
         """Freeze (SIGSTOP) or wake (SIGCONT) etcd member ``index``: to its clients, a
         network stall. Returns (and, for a freeze, records) the wall-clock time."""
-        pid = self.etcd.members[index].pid
-        assert pid is not None, f"etcd member {index} is not running"
+        member = self.etcd.members[index]
         t = time.time()
-        os.kill(pid, sig)
+        member.pause() if sig == signal.SIGSTOP else member.resume()
         if sig == signal.SIGSTOP:
             self.faults.append((f"SIGSTOP etcd member {index}", t))
         return t
