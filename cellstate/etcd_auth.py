@@ -38,7 +38,7 @@ import attrs
 from cellstate.errors import ConfigError
 from cellstate.keys import Keyspace, leader_key, metrics_prefix, pending_prefix
 from cellstate.kv.base import prefix_end
-from cellstate.kv.etcd import EtcdKV
+from cellstate.kv.etcd import DEFAULT_ATTEMPT_TIMEOUT, EtcdKV
 from cellstate.maintenance import LOCK_KEY
 
 ROOT: Final = "root"
@@ -122,14 +122,20 @@ class EtcdAccess:
     key: Path | None = None
     user: str | None = None
     password_file: Path | None = None
-    # Seconds one etcd request may take before it is tried on the next endpoint (and,
-    # past its retries, fails): an unreachable etcd is reported after about this long.
+    # Seconds one etcd request may take, its retries on other endpoints included: an
+    # unreachable etcd is reported after about this long.
     timeout: float = 10.0
+    # Seconds one attempt may go unanswered before the request moves to the next
+    # endpoint (a stalled member), doubling each round (EtcdKV's attempt_timeout).
+    attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT
 
     def __attrs_post_init__(self) -> None:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ConfigError(f"etcd timeout (--etcd-timeout): {self.timeout!r} is not a "
                               "number of seconds above 0")
+        if not (math.isfinite(self.attempt_timeout) and self.attempt_timeout > 0):
+            raise ConfigError(f"etcd attempt timeout (--etcd-attempt-timeout): "
+                              f"{self.attempt_timeout!r} is not a number of seconds above 0")
         if self.cert is not None and self.ca is None:
             raise ConfigError("etcd.cert (--etcd-cert) without etcd.ca (--etcd-ca): give "
                               "the CA that signed etcd's certificate too")
@@ -164,7 +170,8 @@ class EtcdAccess:
             password = _read(self.password_file, "etcd.password_file").decode().strip()
             if not password:
                 raise ConfigError(f"etcd.password_file: {self.password_file} is empty")
-        return EtcdKV(list(endpoints), timeout=timeout or self.timeout, username=self.user,
+        return EtcdKV(list(endpoints), timeout=timeout or self.timeout,
+                      attempt_timeout=self.attempt_timeout, username=self.user,
                       password=password,
                       ca_cert=ca, cert_chain=cert, private_key=key,
                       probe_key=probe_key(cell))

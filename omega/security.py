@@ -276,9 +276,13 @@ def add_etcd_flags(p: argparse.ArgumentParser) -> None:
                    help="file holding that user's password (default "
                         "$OMEGA_ETCD_PASSWORD_FILE)")
     g.add_argument("--etcd-timeout", type=float, metavar="SECONDS",
-                   help="seconds one etcd request may take before the next endpoint is "
-                        "tried; an unreachable etcd is reported after about this long "
-                        "(default 10)")
+                   help="seconds one etcd request may take, its retries on the other "
+                        "endpoints included; an unreachable etcd is reported after about "
+                        "this long (default 10)")
+    g.add_argument("--etcd-attempt-timeout", type=float, metavar="SECONDS",
+                   help="with several endpoints: seconds one attempt may go unanswered "
+                        "before the request moves to the next endpoint (a stalled "
+                        "member), doubling each round (default 2)")
 
 
 def etcd_access_from_args(args: argparse.Namespace,
@@ -292,8 +296,9 @@ def etcd_access_from_args(args: argparse.Namespace,
     def path(flag: str | None, current: Path | None) -> Path | None:
         return Path(flag) if flag else current
 
-    timeout = args.etcd_timeout
+    timeout, attempt = args.etcd_timeout, args.etcd_attempt_timeout
     return EtcdAccess(path(args.etcd_ca, base.ca), path(args.etcd_cert, base.cert),
                       path(args.etcd_key, base.key), args.etcd_user or base.user,
                       path(args.etcd_password_file, base.password_file),
-                      base.timeout if timeout is None else timeout)
+                      base.timeout if timeout is None else timeout,
+                      base.attempt_timeout if attempt is None else attempt)

@@ -208,11 +208,18 @@ def test_unreachable_etcd_exits_3_not_1(argv: list[str]) -> None:
     ("-3", "etcd timeout (--etcd-timeout): -3.0 is not a number of seconds above 0"),
     ("inf", "etcd timeout (--etcd-timeout): inf is not a number of seconds above 0"),
     ("soon", "argument --etcd-timeout: invalid float value: 'soon'"),
+    ("attempt:0", "etcd attempt timeout (--etcd-attempt-timeout): 0.0 is not a number of "
+                  "seconds above 0"),
+    ("attempt:nan", "etcd attempt timeout (--etcd-attempt-timeout): nan is not a number of "
+                    "seconds above 0"),
+    ("attempt:soon", "argument --etcd-attempt-timeout: invalid float value: 'soon'"),
 ])
 def test_a_bad_etcd_timeout_is_named(capsys: pytest.CaptureFixture[str], value: str,
                                      says: str) -> None:
+    flag = "--etcd-attempt-timeout" if value.startswith("attempt:") else "--etcd-timeout"
     try:
-        code, _, err = _run(capsys, "check", "--etcd", "127.0.0.1:1", "--etcd-timeout", value)
+        code, _, err = _run(capsys, "check", "--etcd", "127.0.0.1:1", flag,
+                            value.removeprefix("attempt:"))
     except SystemExit as e:  # argparse's own refusal
         code, err = int(str(e.code)), capsys.readouterr().err
     assert code == 2 and says in err and "Traceback" not in err
