@@ -43,7 +43,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     # 1,000 machines: the 10,000 and 15,000 of the full run's cells only fill longer.
     "simulator_speed.py": ("--hours", "0.05", "--task-cost-hours", "0.05", "--repeat", "1",
                            "--machines", "1000"),
-    "soak.py": ("--minutes", "0.1", "--sample", "2", "--machines", "50", "--no-fsync"),
+    "soak.py": ("--minutes", "0.05", "--sample", "1", "--machines", "50", "--no-fsync"),
     "split_cells.py": ("--ranges", "1,2", "--commits", "200"),
     "status_calls.py": ("--machines", "50", "--tasks", "1000", "--placed", "100",
                         "--small-jobs", "5", "--repeat", "1", "--follow", "100"),
