@@ -13,7 +13,7 @@ CPU second of this process (``time.process_time``) is printed beside the wall ra
 and the load average at the start and end of the run.
 
     python benchmarks/simulator_speed.py [--hours 2] [--arch shared,...] [--seed 1]
-        [--task-cost-hours 1] [--repeat 3] [--base 24db2ef]
+        [--task-cost-hours 1] [--repeat 3] [--base 24db2ef] [--machines N]
 
 Each architecture runs with the cyclic garbage collector as an experiment's run has it
 (``cellstate.gc_tuning.SweptCollector``). Then the ratio of two-level's main-loop CPU
@@ -51,10 +51,11 @@ import time
 from pathlib import Path
 
 from cellstate.gc_tuning import SweptCollector
-from simulator.config import Architecture, SimConfig, monolithic, shared_state
+from simulator.config import Architecture, CellSpec, SimConfig, monolithic, shared_state
 from simulator.sim import Simulation
 
 GOAL = 7 * 86_400 / 300  # simulated seconds per wall second
+EXAMPLE_MACHINES = CellSpec().machines  # Omega's example cell
 ROOT = Path(__file__).resolve().parents[1]
 # The code before issue 32's speed work (main when it started).
 BASE = "24db2ef738d05e8d2d1e6d9d60663c4bed214df1"
@@ -67,13 +68,14 @@ ARCHITECTURES = {
 }
 
 
-def measure(name: str, hours: float, seed: int, profile: cProfile.Profile | None = None
-            ) -> tuple[float, float, float, float, int]:
-    """(prefill wall s, run wall s, run CPU s, simulated s, tasks placed); ``profile``
-    is enabled for the run after the prefill."""
+def measure(name: str, hours: float, seed: int, profile: cProfile.Profile | None = None,
+            machines: int = EXAMPLE_MACHINES) -> tuple[float, float, float, float, int]:
+    """(prefill wall s, run wall s, run CPU s, simulated s, tasks placed) on a cell of
+    ``machines``; ``profile`` is enabled for the run after the prefill."""
     arch, schedulers = ARCHITECTURES[name]
     horizon = hours * 3600
-    sim = Simulation(SimConfig(arch, schedulers, horizon=horizon, day=horizon, seed=seed))
+    sim = Simulation(SimConfig(arch, schedulers, cell=CellSpec(machines=machines),
+                               horizon=horizon, day=horizon, seed=seed))
     marks: list[tuple[float, float]] = [(time.perf_counter(), time.process_time())]
     collector = SweptCollector()
 
@@ -103,13 +105,14 @@ from pathlib import Path
 import attrs
 from simulator.experiment import load
 from simulator import point
-hours, tree = float(sys.argv[1]), Path(sys.argv[2])
+hours, tree, machines = float(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 exp = load(tree / "experiments/omega/fig8_batch_rate.toml")
 want = {"cluster": "B", "seed": 1, "batch_rate": 1}
 i = next(i for i, r in enumerate(exp.runs) if all(r.point.get(k) == v for k, v in want.items()))
 h = hours * 3600
 run = exp.runs[i]
-cfg = attrs.evolve(run.config, horizon=h, day=h / 3,
+cell = attrs.evolve(run.config.cell, machines=machines) if machines else run.config.cell
+cfg = attrs.evolve(run.config, horizon=h, day=h / 3, cell=cell,
                    sample_interval=min(run.config.sample_interval, h / 10))
 exp = attrs.evolve(exp, runs=[attrs.evolve(r, config=cfg) if j == i else r
                               for j, r in enumerate(exp.runs)])
@@ -122,10 +125,12 @@ print(json.dumps({"cpu": cpu, "placed": placed, "sha1": hashlib.sha1(doc).hexdig
 """
 
 
-def task_cost(tree: Path, hours: float) -> dict[str, float | str]:
-    """One cluster-B run with the code of ``tree``, in a subprocess."""
+def task_cost(tree: Path, hours: float, machines: int | None) -> dict[str, float | str]:
+    """One cluster-B run with the code of ``tree``, in a subprocess (on ``machines``
+    machines, or cluster B's own number)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", TASK_COST_SCRIPT, str(hours), str(tree)],
+    out = subprocess.run([sys.executable, "-c", TASK_COST_SCRIPT, str(hours), str(tree),
+                          str(machines or 0)],
                          env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"cluster-B run with the code of {tree} failed:\n{out.stderr}")
@@ -148,15 +153,16 @@ def extract(commit: str, into: Path) -> Path:
     return tree
 
 
-def compare_task_cost(base: str, hours: float, repeat: int) -> None:
-    print(f"\nA placed task's cost: cluster B at 1x, {hours:g} simulated h, main loop, "
+def compare_task_cost(base: str, hours: float, repeat: int, machines: int | None) -> None:
+    size = f" on {machines:,} machines" if machines else ""
+    print(f"\nA placed task's cost: cluster B{size} at 1x, {hours:g} simulated h, main loop, "
           f"{repeat} alternated runs each; old = {base[:10]}, new = this tree")
     with tempfile.TemporaryDirectory() as tmp:
         old_tree = extract(base, Path(tmp))
         runs: dict[str, list[dict[str, float | str]]] = {"old": [], "new": []}
         for i in range(repeat):
             for name, tree in (("old", old_tree), ("new", ROOT)):
-                r = task_cost(tree, hours)
+                r = task_cost(tree, hours, machines)
                 runs[name].append(r)
                 us = float(r["cpu"]) / float(r["placed"]) * 1e6
                 print(f"  run {i + 1} {name}: {float(r['cpu']):6.2f} CPU s, "
@@ -187,9 +193,15 @@ def main() -> None:
                    help="simulated hours of the old/new cluster-B runs (0: skip them)")
     p.add_argument("--repeat", type=int, default=3, help="old/new runs of each")
     p.add_argument("--base", default=BASE, help="the old code's commit")
+    p.add_argument("--machines", type=int, default=None,
+                   help=f"machines in every run's cell (default: {EXAMPLE_MACHINES:,} for the "
+                   "architectures, cluster B's own for the placed task's cost); fewer make "
+                   "a quick check, whose rates the goals do not speak of")
     args = p.parse_args()
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.machines is not None and args.machines < 1:
+        p.error(f"--machines must be at least 1, got {args.machines}")
     for flag, value in (("--hours", args.hours), ("--task-cost-hours", args.task_cost_hours)):
         if not value >= 0:  # NaN too
             p.error(f"{flag} must be 0 (skip) or more, got {value}")
@@ -205,7 +217,8 @@ def main() -> None:
     cpu_per_sim_s: dict[str, float] = {}
     for name in names:
         prof = profiles[name] = cProfile.Profile(time.process_time) if args.profile else None
-        prefill, wall, cpu, horizon, placed = measure(name, args.hours, args.seed, prof)
+        prefill, wall, cpu, horizon, placed = measure(
+            name, args.hours, args.seed, prof, args.machines or EXAMPLE_MACHINES)
         rate = horizon / wall
         cpu_rate = horizon / cpu
         # An architecture named twice: the least (other work on the machine only adds).
@@ -220,7 +233,7 @@ def main() -> None:
               "(goal <= 1.25)")
     print(f"end: {load()}")
     if args.task_cost_hours > 0:
-        compare_task_cost(args.base, args.task_cost_hours, args.repeat)
+        compare_task_cost(args.base, args.task_cost_hours, args.repeat, args.machines)
     for name, prof in profiles.items():
         if prof is None:
             continue

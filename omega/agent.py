@@ -609,7 +609,16 @@ class Agent:
     def _tend_lease(self, now: float) -> None:
         if now < self._next_lease_work:
             return
-        if self._lease is not None and (self._renewing or self._keep_alive(now)):
+        if self._renewing:
+            with self._lease_lock:
+                if self._lease is not None:
+                    # The renewal thread keeps this lease alive, and if it is lost sets
+                    # this back to 0 and wakes the loop. Left in the past, the lease work
+                    # was due at every step, so run() never slept: each agent process
+                    # spun, a third of a core or more.
+                    self._next_lease_work = now + self._ttl / 3
+                    return
+        elif self._lease is not None and self._keep_alive(now):
             return
         self._register(now)
 

@@ -511,3 +511,49 @@ def test_run_loop_follows_a_syncing_replica(kv: KV) -> None:
         assert not thread.is_alive()
         snap = store.read_snapshot()
         assert "a1" not in snap.agents and snap.machines[M1].state is MachineState.DOWN
+
+
+class CountingAgent(Agent):
+    """Counts its steps."""
+
+    steps = 0
+
+    def step(self) -> float:
+        self.steps += 1
+        return super().step()
+
+
+class CountingBackend(DirectBackend):
+    """Counts the lease's keep-alives."""
+
+    keep_alives = 0
+
+    def keep_alive(self, lease: int) -> bool:
+        self.keep_alives += 1
+        return super().keep_alive(lease)
+
+
+def test_run_loop_sleeps_while_its_renewal_thread_keeps_the_lease() -> None:
+    """With nothing to do, the loop of an agent process sleeps between steps (at most
+    0.25 s apart). It used to find the lease's work due at every step once the first
+    keep-alive's time had passed (the renewal thread does that work), and spun: a third
+    of a core or more for every agent process."""
+    kv = MemoryKV()
+    backend = CountingBackend(CellStore(kv))
+    with Replica(kv) as replica:
+        agent = CountingAgent(backend, replica, "a1", SPEC.machines(), ttl=1)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            # Three keep-alives, every ttl / 3: a second past the first one's due time.
+            while backend.keep_alives < 4:
+                assert time.monotonic() < deadline, "the lease was not kept alive"
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not thread.is_alive()
+    # About a step every 0.25 s (a busy loop: thousands); a slow machine steps less.
+    assert agent.steps < 40, f"{agent.steps} steps in {backend.keep_alives} keep-alives"

@@ -40,8 +40,10 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "server_restart.py": ("--machines", "50", "--jobs", "5", "--rounds", "1"),
     "service_throughput.py": ("--quick", "--seconds", "0.5", "--sync-seconds", "0.5",
                               "--processes", "1", "--machines", "50", "--no-fsync"),
-    "simulator_speed.py": ("--hours", "0.05", "--task-cost-hours", "0.05", "--repeat", "1"),
-    "soak.py": ("--minutes", "0.1", "--sample", "2", "--machines", "50", "--no-fsync"),
+    # 1,000 machines: the 10,000 and 15,000 of the full run's cells only fill longer.
+    "simulator_speed.py": ("--hours", "0.05", "--task-cost-hours", "0.05", "--repeat", "1",
+                           "--machines", "1000"),
+    "soak.py": ("--minutes", "0.05", "--sample", "1", "--machines", "50", "--no-fsync"),
     "split_cells.py": ("--ranges", "1,2", "--commits", "200"),
     "status_calls.py": ("--machines", "50", "--tasks", "1000", "--placed", "100",
                         "--small-jobs", "5", "--repeat", "1", "--follow", "100"),
@@ -124,6 +126,7 @@ def test_service_throughput_refuses_baseline_paths_without_a_checkout(tmp_path: 
     (("--hours", "-1"), "--hours must be 0 (skip) or more, got -1.0"),
     (("--task-cost-hours", "nan"), "--task-cost-hours must be 0 (skip) or more"),
     (("--arch", "shared-state,mesos"), "--arch: no architecture 'mesos'; known:"),
+    (("--machines", "0"), "--machines must be at least 1, got 0"),
 ])
 def test_simulator_speed_refuses_bad_flags_before_running(flags: tuple[str, ...],
                                                           said: str) -> None:

@@ -110,8 +110,12 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     a command task submitted from that shell runs and `omega logs` shows its output
     (issue 34 items 3 and 8)."""
     proc = subprocess.Popen(
+        # A light workload (a job every 2 s, not 4 a second): what is tested is the
+        # shell, the command task and the stop; the default load was most of the CPU
+        # its 11 processes spent (50 s of CPU in a 40 s demo, 22 s at this rate).
         [sys.executable, "-m", "omega.cli", "demo", "--duration", "120", "--no-fsync",
-         "--data-dir", str(tmp_path), "--allow-commands", "--no-dashboard"],
+         "--data-dir", str(tmp_path), "--allow-commands", "--no-dashboard",
+         "--jobs-per-second", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

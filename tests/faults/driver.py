@@ -67,6 +67,7 @@ class Driver:
         self.rng = random.Random(args.seed)
         self.lease: int | None = None
         self.submitted = 0
+        self.mine: set[str] = set()  # the jobs it submitted (acknowledged)
         self.quiet_file = Path(args.quiet_file) if args.quiet_file else None
         self.machines: list[str] = []
         self.machines_at = 0.0
@@ -136,6 +137,7 @@ class Driver:
             return None
         self.log.write(op="submit", job=doc["id"], scheduler=doc["scheduler"],
                        tasks=doc["task_count"], rev=rev, t0=t0, t1=time.time())
+        self.mine.add(str(doc["id"]))
         return str(doc["id"])
 
     def kill(self, job: str) -> None:
@@ -148,14 +150,17 @@ class Driver:
         self.log.write(op="kill", job=job, rev=rev, t0=t0, t1=time.time())
 
     def kill_one(self) -> None:
-        """Kill a job whose tasks all run (not one a scheduler may be placing: that
-        race is its own test, ``--kill-fresh``)."""
+        """Kill a job of its own whose tasks all run (not one a scheduler may be
+        placing: that race is its own test, ``--kill-fresh``). Never a job the test
+        submitted: a test waits for its gang job to run, and a gang killed while the
+        test restarted a server never ran again (the wait timed out)."""
         try:
             jobs = self.client.list_jobs()
         except (KVError, StoreError) as e:
             self._error("list_jobs", e, time.time())
             return
-        running = [j["spec"]["id"] for j in jobs if j["state"] == "running"
+        running = [j["spec"]["id"] for j in jobs if j["spec"]["id"] in self.mine
+                   and j["state"] == "running"
                    and j["task_states"] == {"running": j["spec"]["task_count"]}]
         if running:
             self.kill(self.rng.choice(running))
