@@ -92,29 +92,32 @@ _WEEK = 7 * _DAY
 Profile = tuple[float, Keep | list[Keep]]
 LONG: dict[str, Profile | list[Profile]] = {
     # Fig. 5/6: shared state on cluster B, t_job(service) from fast to the paper's
-    # slowest (the other four of its seven values: not yet).
-    "fig5_6_shared_state": (_DAY, {"cluster": ["B"], "seed": [1],
-                                   "t_job_service": [0.1, 10, 100]}),
+    # slowest, then the other four of its seven values.
+    "fig5_6_shared_state": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
+                            for t in ([0.1, 10, 100], [1, 3, 30, 0.01])],
     # Fig. 5/6: single and multi-path, first at the t_job where single path saturates
     # and multi-path shows head-of-line blocking, then the saturated values (cheap: few
     # decisions), then the fast one (multi-path at 0.1 s is single path at 0.1 s: every
     # job decides in 0.1 s; the short profile's numbers are the same), then single
     # path's last unsaturated values (between 0.1 s and 3 s it saturates) and
-    # multi-path's below 10 s.
+    # multi-path's below 10 s, then its fastest.
     "fig5_6_single_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job": t})
                            for t in ([10], [100, 30, 3], [0.1], [1, 0.01])],
     "fig5_6_multi_path": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
-                          for t in ([10], [100, 30], [3, 1])],
+                          for t in ([10], [100, 30], [3, 1], [0.01])],
     # Fig. 8: cluster B at 1x for the paper's week; at B's saturation multiple (6x) for
     # 3 hours, what the budget allowed (a saturated point costs about 6 times the CPU
     # of 1x per simulated second; 10x: Fig. 9's one scheduler); cluster C (the paper's
-    # 9.5x) at 1x for the week.
+    # 9.5x) at 1x for the week; cluster A (the paper's 2.5x) at 1x for a day (its week
+    # would be about 1.4 CPU-hours: A places the most tasks per simulated second).
     "fig8_batch_rate": [(_WEEK, {"cluster": ["B"], "seed": [1], "batch_rate": [1]}),
                         (3 * 3600.0, {"cluster": ["B"], "seed": [1], "batch_rate": [6]}),
-                        (_WEEK, {"cluster": ["C"], "seed": [1], "batch_rate": [1]})],
+                        (_WEEK, {"cluster": ["C"], "seed": [1], "batch_rate": [1]}),
+                        (_DAY, {"cluster": ["A"], "seed": [1], "batch_rate": [1]})],
     # Fig. 7c: abandoned jobs at a slow service scheduler (the paper's ~200 a day at
-    # 100 s; a day of two-level on B costs about 1,000 CPU s, so 10 s waits its turn).
-    "fig7_two_level": (_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": [100]}),
+    # 100 s; a day of two-level on B costs about 500-1,000 CPU s), then at 10 s.
+    "fig7_two_level": [(_DAY, {"cluster": ["B"], "seed": [1], "t_job_service": t})
+                       for t in ([100], [10])],
     # Fig. 14 and 9: conflict comparisons, 3 seeds, at the length this machine's
     # budget allowed (issue 32: about 1.5 CPU-hours for the pass that ran them; a day
     # each is the paper set's job, --scheduler). Fig. 14 on cluster B, not the paper's
