@@ -263,18 +263,26 @@ def test_cli_runs_until_interrupted(started_ignoring_sigint: bool) -> None:
         _stop_launcher(proc)
 
 
-def test_etcd_goes_with_a_parent_killed_by_sigkill() -> None:
-    """A process that started etcd with LocalEtcd's defaults and is then SIGKILLed (no
-    finalizer, no atexit) leaves no etcd running: it runs under the supervisor."""
-    proc = _run_python(
-        """
-        import time
+def _launcher_holding_etcd(ignoring_sigint: bool) -> subprocess.Popen[str]:
+    """A Python process that starts etcd with LocalEtcd's defaults, prints etcd's pid
+    and sleeps (with SIGINT ignored, as a hung one would)."""
+    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)" if ignoring_sigint else ""
+    return _run_python(
+        f"""
+        import signal, time
         from omega.etcd_launcher import LocalEtcd
         s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
+        {ignore}
         print(s.pid, flush=True)
         time.sleep(600)
         """
     )
+
+
+def test_etcd_goes_with_a_parent_killed_by_sigkill() -> None:
+    """A process that started etcd with LocalEtcd's defaults and is then SIGKILLed (no
+    finalizer, no atexit) leaves no etcd running: it runs under the supervisor."""
+    proc = _launcher_holding_etcd(ignoring_sigint=False)
     etcd = 0
     try:
         assert proc.stdout is not None
@@ -319,16 +327,7 @@ def test_unbound_etcd_is_the_launchers_own_child() -> None:
 def test_a_failed_test_leaves_no_etcd_behind() -> None:
     """_stop_launcher on a launcher that ignores SIGINT (as a hung one would): both
     the launcher and its etcd are gone afterwards."""
-    proc = _run_python(
-        """
-        import signal, time
-        from omega.etcd_launcher import LocalEtcd
-        s = LocalEtcd(unsafe_no_fsync=True, quiet_version_warning=True).start()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print(s.pid, flush=True)
-        time.sleep(600)
-        """
-    )
+    proc = _launcher_holding_etcd(ignoring_sigint=True)
     etcd = 0
     try:
         assert proc.stdout is not None
