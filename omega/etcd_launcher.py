@@ -45,7 +45,7 @@ from cellstate.api.tls import TlsFiles, channel_credentials
 from cellstate.kv.base import DEFAULT_MAX_REQUEST_BYTES
 from cellstate.kv.etcdpb.etcdserverpb import rpc_pb2 as pb, rpc_pb2_grpc as pb_grpc
 from cellstate.maintenance import DEFAULT_QUOTA_BACKEND_BYTES
-from omega.proc import alive, children, supervised
+from omega.proc import alive, all_threads_stopped, children, supervised
 
 __all__ = [
     "AUTO_COMPACTION_MODE",
@@ -253,14 +253,6 @@ def _stop_forgotten() -> None:
             server.stop()
 
 
-def _stat_state(stat: Path) -> str:
-    """A process's or thread's state letter from its /proc stat file ("" if gone)."""
-    try:
-        return stat.read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
 class LocalEtcd:
     """A single-member etcd server on 127.0.0.1, owned by this process.
 
@@ -393,8 +385,8 @@ class LocalEtcd:
         program it runs under)."""
         if self._proc is None:
             return None
-        if not self._prefix():
-            return self._proc.pid
+        if not (self.command_prefix or self.bound_to_parent):
+            return self._proc.pid  # etcd is our own child
         if self._server_pid is None:
             found = children(self._proc.pid)
             if len(found) == 1:
@@ -620,8 +612,7 @@ class LocalEtcd:
         if pid is None or not self.running:
             raise RuntimeError("etcd is not running")
         os.kill(pid, signal.SIGSTOP)
-        while not all(_stat_state(task) == "T"
-                      for task in Path(f"/proc/{pid}/task").glob("*/stat")):
+        while not all_threads_stopped(pid):
             time.sleep(0.01)
 
     def resume(self) -> None:

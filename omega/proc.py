@@ -148,9 +148,11 @@ def process_ids() -> list[int]:
         return []
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def _stat_fields(pid: int, stat: Path | None = None) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` (or of ``stat``, a thread's) after the command
+    name; None if the process is gone."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = (stat or Path(f"/proc/{pid}/stat")).read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces or parentheses.
@@ -168,6 +170,16 @@ def start_time(pid: int) -> int | None:
     reused pid does not share. None if there is no such process."""
     fields = _stat_fields(pid)
     return int(fields[19]) if fields is not None else None
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (SIGSTOP lands thread by thread); also
+    True once it is gone."""
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        fields = _stat_fields(pid, stat)
+        if fields is not None and fields[0] != "T":
+            return False
+    return True
 
 
 def children(pid: int) -> list[int]:

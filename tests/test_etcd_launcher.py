@@ -24,6 +24,7 @@ from omega.etcd_launcher import (
     find_etcd_binary,
     server_flags,
 )
+from omega.proc import children as _children
 from tests.etcd_fixture import make_local_etcd
 
 pytestmark = pytest.mark.etcd
@@ -166,19 +167,6 @@ def _run_python(code: str) -> subprocess.Popen[str]:
         env=env,
         cwd=ROOT,
     )
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int(
-                    (entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
-                out.append(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            pass
-    return out
 
 
 def _parent(pid: int) -> int:
